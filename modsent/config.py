@@ -1,0 +1,100 @@
+"""Configuration checking: the JSON schema, then what a schema cannot say.
+
+The workflow calls :func:`check_config` before planning anything. Errors name the config key
+(``corpora.per_language.de.max_sentences``) and what was expected, one per line, all at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from modsent import languages as registry
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
+PIVOT_LANGUAGE = "en"  # the method aligns every language to English
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message lists every problem with its key."""
+
+
+def load_schema(path: str | Path = SCHEMA_PATH) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def _key(path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    """One readable line for a schema error: the key, then what was expected."""
+    key = _key(error.absolute_path)
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(allowed)) if isinstance(error.instance, dict) else []
+        hint = f"; allowed keys: {', '.join(allowed)}" if allowed else ""
+        return f"{key}: unknown key(s) {', '.join(map(repr, extra))}{hint}"
+    if error.validator == "oneOf" and error.context:
+        # show the alternative that got furthest (the deepest error)
+        best = max(error.context, key=lambda e: len(e.absolute_path))
+        if len(best.absolute_path) > len(error.absolute_path):
+            return _describe(best)
+        return f"{key}: {error.instance!r} is not valid: {error.schema.get('description', '').strip() or best.message}"
+    if error.validator == "propertyNames":
+        return f"{key}: key {error.instance!r} is not allowed: {error.message}"
+    if error.validator == "pattern" and key.startswith("languages") or (
+        error.validator == "pattern" and error.schema.get("pattern", "").startswith("^[a-z]{2,3}")
+    ):
+        return f"{key}: {registry.unknown_message(error.instance)}"
+    return f"{key}: {error.message}"
+
+
+def schema_errors(config: dict, schema: dict | None = None) -> list[str]:
+    schema = schema or load_schema()
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    return [_describe(e) for e in errors]
+
+
+def semantic_errors(config: dict) -> list[str]:
+    """Checks beyond the schema: registered languages, English present."""
+    problems = []
+    langs = config.get("languages") or []
+    for i, code in enumerate(langs):
+        if isinstance(code, str) and not registry.is_registered(code):
+            problems.append(f"languages[{i}]: {registry.unknown_message(code)}")
+    if langs and PIVOT_LANGUAGE not in langs:
+        problems.append(
+            f"languages: must include {PIVOT_LANGUAGE!r}: cross-lingual alignment maps every "
+            "language onto the English encoder"
+        )
+    per_language = (config.get("corpora") or {}).get("per_language") or {}
+    for code in per_language:
+        if code not in langs:
+            problems.append(
+                f"corpora.per_language.{code}: {code!r} is not in `languages` ({', '.join(langs)})"
+            )
+    return problems
+
+
+def check_config(config: dict, schema: dict | None = None) -> None:
+    """Raise ConfigError listing every problem, schema violations first."""
+    problems = schema_errors(config, schema)
+    if not problems:
+        problems = semantic_errors(config)
+    if problems:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(dict.fromkeys(problems)))
+
+
+def corpus_settings(config: dict, lang: str) -> dict:
+    """The corpus settings for one language: defaults with its per-language overrides."""
+    corpora = dict(config["corpora"])
+    overrides = corpora.pop("per_language", {}).get(lang, {})
+    return {**corpora, **overrides}

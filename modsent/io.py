@@ -1,0 +1,81 @@
+"""Small I/O helpers shared by every stage: atomic outputs and strict UTF-8 input.
+
+Every output is written to a temporary sibling first and renamed into place only when it is
+complete, so an interrupted job never leaves a file or directory that a rerun would trust.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+class InputError(ValueError):
+    """Bad user input: the message names the file, line or key and what was expected."""
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, *, directory: bool = False) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; move it to ``path`` only on success.
+
+    With ``directory=True`` the temporary path is an empty directory. On an exception the
+    temporary is removed and ``path`` is left untouched (an older complete version survives).
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{final.name}.tmp-"
+    if directory:
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=final.parent))
+    else:
+        fd, name = tempfile.mkstemp(prefix=prefix, dir=final.parent)
+        os.close(fd)
+        tmp = Path(name)
+    try:
+        yield tmp
+        if directory:
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        else:
+            os.replace(tmp, final)
+    except BaseException:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs) -> Iterator:
+    """``open()`` for writing whose result appears at ``path`` only when the block succeeds."""
+    if "b" not in mode:
+        kwargs.setdefault("encoding", "utf-8")
+    with atomic_path(path) as tmp:
+        with open(tmp, mode, **kwargs) as handle:
+            yield handle
+
+
+def iter_utf8_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+    """Yield ``(line_number, line)`` of a UTF-8 text file, newline stripped.
+
+    Invalid UTF-8 raises :class:`InputError` naming the file, the 1-based line number and the
+    byte offset inside that line, instead of a bare ``UnicodeDecodeError`` somewhere later.
+    """
+    path = Path(path)
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise InputError(
+                    f"{path}: line {number}: invalid UTF-8 at byte {err.start} of the line "
+                    f"({raw[max(0, err.start - 10):err.start + 10]!r}); the file must be UTF-8 text"
+                ) from None
+            if number == 1 and text.startswith("\ufeff"):
+                text = text[1:]
+            yield number, text.rstrip("\r\n")

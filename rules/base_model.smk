@@ -1,0 +1,17 @@
+# The base multilingual sentence encoder, as a local sentence-transformers directory.
+
+
+rule base_model:
+    """Convert the built-in model, download a Hub model (safetensors only) or copy a local one."""
+    output:
+        directory("resources/base_models/{base}"),
+    params:
+        source=config["base_model"]["source"],
+        revision=config["base_model"].get("revision"),
+        trust_remote_code=config["base_model"]["trust_remote_code"],
+    log:
+        "logs/base_model/{base}.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/base_model.py"

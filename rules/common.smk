@@ -1,0 +1,90 @@
+# Helpers shared by all stages (config checking, names, input functions, targets).
+# No rule lives here; each stage has its own file.
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(workflow.basedir)))  # import modsent from this checkout
+
+from modsent import config as modsent_config
+from modsent import languages as registry
+
+LANGUAGE_REGEX = registry.wildcard_regex()
+SLUG_REGEX = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+ENV = "../envs/modsent.yaml"
+
+
+def check_and_fill_config(config):
+    """Fail before planning when the config is wrong; messages name the key."""
+    try:
+        modsent_config.check_config(config)
+    except modsent_config.ConfigError as err:
+        raise WorkflowError(str(err)) from None
+
+
+def base_name():
+    return config["base_model"]["name"]
+
+
+def languages():
+    return list(config["languages"])
+
+
+def non_english():
+    return [lang for lang in languages() if lang != modsent_config.PIVOT_LANGUAGE]
+
+
+# ---- inputs -------------------------------------------------------------------------------
+
+
+def base_model_dir():
+    """The base model as a local sentence-transformers directory (made by base_model)."""
+    return f"resources/base_models/{base_name()}"
+
+
+def corpus_path(lang):
+    return f"resources/corpora/{lang}.txt"
+
+
+def corpus_settings(wildcards):
+    return modsent_config.corpus_settings(config, wildcards.lang)
+
+
+def paraphrase_spec(wildcards):
+    return config["paraphrases"][wildcards.dataset]
+
+
+def paraphrase_source_paths():
+    return expand("resources/paraphrases/{dataset}.parquet", dataset=list(config["paraphrases"]))
+
+
+def translation_targets():
+    if config["translations"]["source"] is None:
+        return []
+    return expand("resources/translations/{lang}.parquet", lang=non_english())
+
+
+def evaluation_data_targets():
+    if not config["evaluation_data"]["builtin"]:
+        return []
+    return expand(
+        "resources/eval/{task}/{lang}.parquet",
+        task=["parallel", "classification"],
+        lang=languages(),
+    )
+
+
+def input_targets():
+    return (
+        [base_model_dir()]
+        + [corpus_path(lang) for lang in languages()]
+        + paraphrase_source_paths()
+        + translation_targets()
+        + evaluation_data_targets()
+        + ["resources/inputs_summary.md"]
+    )
+
+
+def all_targets():
+    """Everything the configured run produces: the target list of the default target."""
+    return input_targets()

@@ -1,0 +1,84 @@
+# Inputs: every source declared in the config, written in the design's contracts.
+
+
+rule corpus:
+    """Monolingual text of one language: cleaned, deduplicated, capped; one sentence a line."""
+    output:
+        "resources/corpora/{lang}.txt",
+    params:
+        settings=corpus_settings,
+    log:
+        "logs/corpora/{lang}.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/corpus.py"
+
+
+rule paraphrase_source:
+    """One English paraphrase dataset in the contract (pair_id, dataset, anchor, positive, negative)."""
+    output:
+        "resources/paraphrases/{dataset}.parquet",
+    params:
+        spec=paraphrase_spec,
+    log:
+        "logs/paraphrases/{dataset}.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/paraphrase_source.py"
+
+
+rule provided_translations:
+    """Existing human translations EN→X (english, translation), used by the `provided` engine."""
+    output:
+        "resources/translations/{lang}.parquet",
+    params:
+        source=config["translations"]["source"],
+    log:
+        "logs/translations/{lang}.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/provided_translations.py"
+
+
+rule builtin_parallel_eval:
+    """The built-in held-out sentences of one language, aligned by id across languages
+    (bitext mining, RSIM)."""
+    output:
+        "resources/eval/parallel/{lang}.parquet",
+    log:
+        "logs/eval/parallel/{lang}.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/builtin_eval.py"
+
+
+rule builtin_classification_eval:
+    """The built-in held-out labelled sentences of one language (topic classification)."""
+    output:
+        "resources/eval/classification/{lang}.parquet",
+    log:
+        "logs/eval/classification/{lang}.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/builtin_eval.py"
+
+
+rule inputs_summary:
+    """A table of what every input holds: rows, sources, and time of preparation."""
+    input:
+        corpora=expand("resources/corpora/{lang}.txt", lang=languages()),
+        paraphrases=paraphrase_source_paths(),
+        translations=translation_targets(),
+    output:
+        "resources/inputs_summary.md",
+    log:
+        "logs/inputs_summary.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/inputs_summary.py"

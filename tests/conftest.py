@@ -1,0 +1,24 @@
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Nothing in the tests may reach the Hugging Face Hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+def snakemake_exe() -> str:
+    exe = shutil.which("snakemake")
+    if exe is None:
+        pytest.fail("snakemake is not on PATH: run the tests through ./run test")
+    return exe

@@ -1,0 +1,128 @@
+import copy
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from modsent.config import ConfigError, check_config
+
+from conftest import REPO, snakemake_exe
+
+SHIPPED = ["config.yaml", *sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml"))]
+
+
+def load(name):
+    with open(REPO / name, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_configs_are_valid(name):
+    check_config(load(name))
+
+
+def broken(mutate):
+    config = copy.deepcopy(load("config.yaml"))
+    mutate(config)
+    return config
+
+
+CASES = [
+    # (what is wrong, mutation, text the message must contain)
+    ("wrong type", lambda c: c["corpora"].update(max_sentences="many"),
+     ["corpora.max_sentences", "'many' is not of type 'integer'"]),
+    ("zero", lambda c: c["corpora"].update(max_sentences=0),
+     ["corpora.max_sentences", "less than the minimum of 1"]),
+    ("unknown top-level key", lambda c: c.update(tokeniser={"vocab_size": 5}),
+     ["unknown key(s) 'tokeniser'", "allowed keys:"]),
+    ("unknown nested key", lambda c: c["base_model"].update(trust_remote=True),
+     ["base_model: unknown key(s) 'trust_remote'", "trust_remote_code"]),
+    ("unknown language", lambda c: c["languages"].append("xx"),
+     ["languages[4]", "'xx' is not a registered language"]),
+    ("language alias", lambda c: c["languages"].append("deu"),
+     ["languages[4]", "'deu' is not a modsent language code; write 'de'"]),
+    ("path in language", lambda c: c["languages"].append("../x"),
+     ["languages[4]", "'../x' is not a language code"]),
+    ("no English", lambda c: c.update(languages=["de", "kk"]),
+     ["languages: must include 'en'"]),
+    ("duplicate language", lambda c: c["languages"].append("de"),
+     ["languages", "non-unique elements"]),
+    ("bad source", lambda c: c["corpora"].update(source="s3://bucket/x"),
+     ["corpora.source", "'s3://bucket/x' is not valid"]),
+    ("bad hf mapping", lambda c: c["corpora"].update(source={"hf": "x/y", "colums": {}}),
+     ["corpora.source", "'colums'"]),
+    ("override for unconfigured language",
+     lambda c: c["corpora"].update(per_language={"fr": {"max_sentences": 5}}),
+     ["corpora.per_language.fr", "not in `languages`"]),
+    ("missing base model", lambda c: c.pop("base_model"),
+     ["'base_model' is a required property"]),
+    ("base name with a slash", lambda c: c["base_model"].update(name="a/b"),
+     ["base_model.name", "does not match"]),
+    ("bool as count", lambda c: c["paraphrases"]["builtin"].update(max_pairs=True),
+     ["paraphrases.builtin.max_pairs"]),
+]
+
+
+@pytest.mark.parametrize("what,mutate,expected", CASES, ids=[c[0] for c in CASES])
+def test_broken_configs_rejected_naming_the_key(what, mutate, expected):
+    with pytest.raises(ConfigError) as err:
+        check_config(broken(mutate))
+    for text in expected:
+        assert text in str(err.value), f"{what}: {text!r} not in {err.value}"
+
+
+def run_snakemake(*args, cwd=REPO, check=True):
+    proc = subprocess.run([snakemake_exe(), *args], cwd=cwd, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        pytest.fail(f"snakemake {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_dry_run_of_every_shipped_config(name, tmp_path):
+    proc = run_snakemake("-n", "--configfile", name, "--directory", str(tmp_path), "--snakefile",
+                         str(REPO / "Snakefile"))
+    config = load(name)
+    out = proc.stdout
+    assert "corpus" in out
+    for lang in config["languages"]:
+        assert f"resources/corpora/{lang}.txt" in out
+
+
+def test_schema_error_stops_snakemake_before_planning(tmp_path):
+    bad = broken(lambda c: c["languages"].append("../x"))
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    proc = run_snakemake("-n", "--configfile", str(path), "--directory", str(tmp_path),
+                         "--snakefile", str(REPO / "Snakefile"), check=False)
+    assert proc.returncode != 0
+    assert "'../x' is not a language code" in proc.stdout + proc.stderr
+    assert "Job stats" not in proc.stdout
+
+
+def test_defaults_come_from_the_schema(tmp_path):
+    minimal = {"base_model": {"name": "m", "source": "builtin:multilingual-e5-small"},
+               "languages": ["en", "de"]}
+    path = tmp_path / "minimal.yaml"
+    path.write_text(yaml.safe_dump(minimal))
+    proc = run_snakemake("-n", "--configfile", str(path), "--directory", str(tmp_path),
+                         "--snakefile", str(REPO / "Snakefile"), "--printshellcmds")
+    assert "resources/paraphrases/builtin.parquet" in proc.stdout  # the schema's default dataset
+
+
+def test_lint_has_no_warnings():
+    proc = run_snakemake("--lint", check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text
+    assert "Lints for" not in text, text
+
+
+def test_cli_check_config(tmp_path, capsys):
+    from modsent.cli import main
+
+    assert main(["check-config", str(REPO / "config.yaml")]) == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(broken(lambda c: c["corpora"].update(max_chars="x"))))
+    assert main(["check-config", str(bad)]) == 1
+    assert "corpora.max_chars" in capsys.readouterr().err

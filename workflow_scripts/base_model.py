@@ -1,0 +1,11 @@
+# rule base_model: the base model as a local sentence-transformers directory.
+from modsent.base_models import prepare_base_model
+from modsent.logs import setup_logging
+
+setup_logging(snakemake.log[0])
+prepare_base_model(
+    snakemake.params.source,
+    snakemake.output[0],
+    revision=snakemake.params.revision,
+    trust_remote_code=snakemake.params.trust_remote_code,
+)
