@@ -81,6 +81,44 @@ def semantic_errors(config: dict) -> list[str]:
             problems.append(
                 f"corpora.per_language.{code}: {code!r} is not in `languages` ({', '.join(langs)})"
             )
+    problems += source_errors(config)
+    return problems
+
+
+def source_errors(config: dict) -> list[str]:
+    """Sources that cannot serve a configured language, found without reading any data."""
+    from modsent.io import InputError
+    from modsent.sources.builtin_catalogs import SUPPORTED_LANGUAGES
+    from modsent.sources.hub import get_definition
+
+    problems = []
+    langs = [code for code in config.get("languages") or [] if registry.is_registered(code)]
+    corpora = config.get("corpora") or {}
+    for lang in langs:
+        override = (corpora.get("per_language") or {}).get(lang, {})
+        key = f"corpora.per_language.{lang}.source" if "source" in override else "corpora.source"
+        spec = override.get("source", corpora.get("source", "builtin"))
+        if spec == "builtin" and lang not in SUPPORTED_LANGUAGES:
+            problems.append(f"{key}: the built-in data has no text in {lang!r}; built-in languages: "
+                            f"{', '.join(SUPPORTED_LANGUAGES)}")
+        elif isinstance(spec, str) and spec.startswith("hf:"):
+            try:
+                get_definition(spec[3:]).source_codes(lang)
+            except InputError as err:
+                problems.append(f"{key}: {err}")
+    for name, dataset in (config.get("paraphrases") or {}).items():
+        spec = dataset.get("source") if isinstance(dataset, dict) else None
+        if isinstance(spec, str) and spec.startswith("hf:"):
+            try:
+                get_definition(spec[3:])
+            except InputError as err:
+                problems.append(f"paraphrases.{name}.source: {err}")
+    translations = (config.get("translations") or {}).get("source")
+    if translations == "builtin":
+        for lang in langs:
+            if lang not in SUPPORTED_LANGUAGES:
+                problems.append(f"translations.source: the built-in data has no translations into "
+                                f"{lang!r}; built-in languages: {', '.join(SUPPORTED_LANGUAGES)}")
     return problems
 
 

@@ -59,6 +59,13 @@ CASES = [
      ["'base_model' is a required property"]),
     ("base name with a slash", lambda c: c["base_model"].update(name="a/b"),
      ["base_model.name", "does not match"]),
+    ("language without built-in data", lambda c: c["languages"].append("sw"),
+     ["corpora.source: the built-in data has no text in 'sw'", "translations.source"]),
+    ("language missing from a Hub source",
+     lambda c: c.update(languages=["en", "mt"], corpora={"source": "hf:cc100"}, translations={}),
+     ["corpora.source", "'mt'", "'cc100'"]),
+    ("unknown Hub catalog name", lambda c: c["paraphrases"].update(x={"source": "hf:nope"}),
+     ["paraphrases.x.source", "'nope'"]),
     ("bool as count", lambda c: c["paraphrases"]["builtin"].update(max_pairs=True),
      ["paraphrases.builtin.max_pairs"]),
 ]

@@ -1,0 +1,250 @@
+"""From a config source spec to the design's contracts: the functions the input rules call.
+
+A source spec is what the config says under ``source:`` (see schemas/config.schema.yaml):
+``"builtin"``, ``"builtin:NAME"``, ``"hf:NAME"`` (an entry of :data:`modsent.sources.hub.CATALOG`),
+``"local:PATH"`` (``{lang}`` in PATH becomes the language code), or a mapping for any Hub
+dataset (``{hf: ID, config, split, data_files, columns, revision, streaming}``) or local file
+(``{local: PATH, format, columns}``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pandas as pd
+
+from modsent.io import InputError, atomic_open, atomic_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    kind: str  # "builtin" | "hf" | "local"
+    name: str | None = None  # builtin:NAME or hf:NAME
+    path: str | None = None  # local path (may hold {lang})
+    options: Mapping[str, object] = dataclasses.field(default_factory=dict)  # mapping form
+
+    def describe(self) -> str:
+        if self.kind == "local":
+            return f"local:{self.path}"
+        if self.kind == "hf" and self.name is None:
+            return f"hf:{self.options['hf']}"
+        return f"{self.kind}:{self.name}" if self.name else self.kind
+
+
+def parse_source(spec: str | Mapping | None, key: str = "source") -> Source:
+    """Parse a config source spec; :class:`InputError` names ``key`` when it is malformed."""
+    if isinstance(spec, Mapping):
+        if "hf" in spec:
+            return Source("hf", options=dict(spec))
+        if "local" in spec:
+            return Source("local", path=str(spec["local"]), options=dict(spec))
+        raise InputError(f"{key}: a source mapping needs an 'hf' or a 'local' key, got {sorted(spec)}")
+    if not isinstance(spec, str) or not spec:
+        raise InputError(f"{key}: expected a source such as 'builtin', 'hf:NAME' or 'local:PATH', got {spec!r}")
+    if spec == "builtin":
+        return Source("builtin")
+    kind, _, value = spec.partition(":")
+    if kind == "builtin" and value:
+        return Source("builtin", name=value)
+    if kind == "hf" and value:
+        return Source("hf", name=value)
+    if kind == "local" and value:
+        return Source("local", path=value)
+    raise InputError(f"{key}: {spec!r} is not a source: expected 'builtin', 'hf:NAME' or 'local:PATH'")
+
+
+def _custom_hub_definition(source: Source, kind: str, dataset: str):
+    """A :class:`~modsent.sources.hub.HubDataset` for a mapping-form Hub source."""
+    from modsent.sources.hub import KIND_COLUMNS, HubDataset
+
+    opts = dict(source.options)
+    templated = lambda s: s.replace("{lang}", "{code}") if isinstance(s, str) else s  # noqa: E731
+    data_files = templated(opts.get("data_files"))
+    config = templated(opts.get("config"))
+    per_language = "{code}" in (data_files or "") + (config or "")
+    builder = None
+    if data_files:
+        suffixes = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".jsonl.gz": "json",
+                    ".json.gz": "json", ".txt": "text", ".txt.gz": "text", ".csv": "csv", ".tsv": "csv"}
+        builder = next((b for s, b in suffixes.items() if data_files.endswith(s)), None)
+        if builder is None:
+            raise InputError(f"source hf:{opts['hf']}: cannot tell the format of data_files {data_files!r}")
+    columns = dict(opts.get("columns") or {})
+    for column in KIND_COLUMNS[kind]:
+        columns.setdefault(column, column)
+    return HubDataset(
+        name=str(opts["hf"]), dataset=dataset, kind=kind, columns=columns, repo_id=str(opts["hf"]),
+        builder=builder, config=config, data_files=data_files, split=str(opts.get("split", "train")),
+        builder_kwargs={"delimiter": "\t"} if (data_files or "").endswith(".tsv") else {},
+        revision=opts.get("revision"), languages=None if per_language else frozenset({"en"}),
+    )
+
+
+# ---- corpora ------------------------------------------------------------------------------
+
+
+def corpus_records(source: Source, lang: str, *, split_documents) -> tuple[Iterable, bool]:
+    """The records of a corpus source for ``lang`` and whether they are documents."""
+    if source.kind == "builtin":
+        from modsent.sources.builtin import builtin_corpus
+
+        return builtin_corpus(lang), split_documents is True
+    if source.kind == "local":
+        from modsent.sources.local import iter_local_records
+
+        path = source.path.replace("{lang}", lang)
+        columns = source.options.get("columns") or None
+        records = iter_local_records(path, format=source.options.get("format"), columns=columns)
+        return records, split_documents is True
+    from modsent.sources.hub import get_definition, iter_hub_records
+
+    if source.name is not None:
+        definition = get_definition(source.name)
+    else:
+        kind = "documents" if split_documents is True else "sentences"
+        definition = _custom_hub_definition(source, kind, dataset=f"corpus-{lang}")
+    documents = definition.kind == "documents" if split_documents == "auto" else bool(split_documents)
+    streaming = bool(source.options.get("streaming", True))
+    return iter_hub_records(definition, lang=lang, streaming=streaming,
+                            revision=source.options.get("revision")), documents
+
+
+def prepare_corpus(lang: str, settings: Mapping, out_path: str | Path) -> int:
+    """Write ``resources/corpora/{lang}.txt`` from the language's corpus settings."""
+    from modsent.sources.corpus import build_corpus, write_corpus
+
+    source = parse_source(settings["source"], key=f"corpora source of {lang!r}")
+    start = time.perf_counter()
+    records, documents = corpus_records(source, lang, split_documents=settings["split_documents"])
+    stats: dict[str, int] = {}
+    sentences = build_corpus(
+        records, settings["max_sentences"], settings["min_chars"], settings["max_chars"],
+        documents, lang, source=f"{source.describe()} ({lang})", stats=stats,
+    )
+    count = write_corpus(sentences, out_path, source=f"{source.describe()} ({lang})")
+    log.info("corpus %s from %s: %d sentences in %.1f s; %s", lang, source.describe(), count,
+             time.perf_counter() - start, stats)
+    return count
+
+
+# ---- paraphrases --------------------------------------------------------------------------
+
+
+def prepare_paraphrase_dataset(name: str, spec: Mapping, out_path: str | Path) -> int:
+    """Write one English paraphrase dataset in the contract to ``out_path``."""
+    from modsent.sources.paraphrase import (cap_pairs, combine_pairs, pairs_frame,
+                                            read_hub_pairs, read_local_pairs, write_pairs)
+
+    source = parse_source(spec["source"], key=f"paraphrases.{name}.source")
+    if source.kind == "builtin":
+        from modsent.sources.builtin import builtin_paraphrases
+
+        pairs = builtin_paraphrases()
+        if source.name is not None:
+            pairs = pairs[pairs["dataset"] == source.name]
+            if pairs.empty:
+                raise InputError(f"paraphrases.{name}.source: no built-in paraphrase set {source.name!r}; "
+                                 f"built-in sets: {', '.join(sorted(builtin_paraphrases()['dataset'].unique()))}")
+        # each built-in subset keeps its own name in `dataset` (it says where a pair comes from)
+        pairs = combine_pairs(pairs_frame(group.to_dict("records"), subset, source="builtin")
+                              for subset, group in pairs.groupby("dataset", sort=True))
+    elif source.kind == "local":
+        pairs = read_local_pairs(source.path, name, format=source.options.get("format"),
+                                 columns=source.options.get("columns") or None)
+    elif source.name is not None:
+        pairs = read_hub_pairs(source.name)
+    else:
+        columns = source.options.get("columns") or {}
+        kind = "triplets" if "negative" in columns else "pairs"
+        definition = _custom_hub_definition(source, kind, dataset=name)
+        pairs = read_hub_pairs(definition, streaming=bool(source.options.get("streaming", True)))
+    before = len(pairs)
+    pairs = cap_pairs(pairs, spec.get("max_pairs"))
+    if pairs.empty:
+        raise InputError(f"paraphrases.{name}: source {source.describe()} gave no pairs")
+    count = write_pairs(pairs, out_path)
+    log.info("paraphrases %s from %s: %d pairs (%d before the cap)", name, source.describe(), count, before)
+    return count
+
+
+# ---- provided translations ----------------------------------------------------------------
+
+
+def prepare_translations(spec, lang: str, out_path: str | Path) -> int:
+    """Write human translations EN→``lang`` (``english, translation``) to ``out_path``."""
+    source = parse_source(spec, key="translations.source")
+    if source.kind == "builtin":
+        from modsent.sources.builtin import builtin_translations
+
+        frame = builtin_translations(lang)
+    elif source.kind == "local":
+        from modsent.sources.local import iter_local_records
+
+        path = source.path.replace("{lang}", lang)
+        columns = source.options.get("columns") or {"english": "english", "translation": "translation"}
+        frame = pd.DataFrame(list(iter_local_records(path, format=source.options.get("format"),
+                                                     columns=columns)))
+    else:
+        raise InputError(f"translations.source: {source.describe()} is not supported for provided "
+                         "translations; use 'builtin' or a local file with english and translation columns")
+    frame = frame[["english", "translation"]].astype("string")
+    frame = frame.dropna()
+    frame = frame[(frame["english"].str.strip() != "") & (frame["translation"].str.strip() != "")]
+    frame = frame.drop_duplicates("english", keep="first").reset_index(drop=True)
+    if frame.empty:
+        raise InputError(f"translations.source: {source.describe()} has no translations into {lang!r}")
+    with atomic_path(out_path) as tmp:
+        frame.to_parquet(tmp, index=False)
+    log.info("translations en→%s from %s: %d", lang, source.describe(), len(frame))
+    return len(frame)
+
+
+# ---- built-in evaluation data -------------------------------------------------------------
+
+
+def prepare_builtin_eval(task: str, lang: str, out_path: str | Path) -> int:
+    """Held-out built-in data for one language.
+
+    ``parallel``: ``id, text`` — every evaluation sentence the language has, aligned across
+    languages by ``id`` (evaluation intersects the ids of the languages it compares, so a file
+    never depends on which other languages are configured). ``classification``:
+    ``id, text, label, split``.
+    """
+    from modsent.sources import builtin
+
+    if task == "parallel":
+        frame = builtin.builtin_parallel_eval([lang]).rename(columns={lang: "text"})[["id", "text"]]
+    elif task == "classification":
+        frame = builtin.builtin_classification(lang)
+    else:
+        raise ValueError(f"unknown built-in evaluation task {task!r}")
+    with atomic_path(out_path) as tmp:
+        frame.to_parquet(tmp, index=False)
+    log.info("built-in %s evaluation data for %s: %d rows", task, lang, len(frame))
+    return len(frame)
+
+
+# ---- summary ------------------------------------------------------------------------------
+
+
+def write_inputs_summary(corpora: list[str], paraphrases: list[str], translations: list[str],
+                         out_path: str | Path) -> None:
+    """A Markdown table of what each prepared input holds."""
+    import pyarrow.parquet as pq
+
+    lines = ["# Prepared inputs", "", "| input | rows | size (KiB) |", "|---|---:|---:|"]
+    for path in corpora:
+        with open(path, "rb") as handle:
+            rows = sum(1 for _ in handle)
+        lines.append(f"| {path} | {rows} | {Path(path).stat().st_size / 1024:.1f} |")
+    for path in [*paraphrases, *translations]:
+        rows = pq.ParquetFile(path).metadata.num_rows
+        lines.append(f"| {path} | {rows} | {Path(path).stat().st_size / 1024:.1f} |")
+    with atomic_open(out_path) as handle:
+        handle.write("\n".join(lines) + "\n")
