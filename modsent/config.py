@@ -92,6 +92,14 @@ def source_errors(config: dict) -> list[str]:
     from modsent.sources.hub import get_definition
 
     problems = []
+    base_source = (config.get("base_model") or {}).get("source")
+    if isinstance(base_source, str):
+        from modsent.base_models import parse_source
+
+        try:
+            parse_source(base_source)
+        except InputError as err:
+            problems.append(str(err))
     langs = [code for code in config.get("languages") or [] if registry.is_registered(code)]
     corpora = config.get("corpora") or {}
     for lang in langs:

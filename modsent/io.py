@@ -41,6 +41,9 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False) -> Iterator
     try:
         yield tmp
         if directory:
+            for item in tmp.rglob("*"):  # e.g. safetensors writes 0600 files
+                if item.is_file() and item.stat().st_mode & 0o777 == 0o600:
+                    os.chmod(item, 0o666 & ~umask)
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)

@@ -66,6 +66,8 @@ CASES = [
      ["corpora.source", "'mt'", "'cc100'"]),
     ("unknown Hub catalog name", lambda c: c["paraphrases"].update(x={"source": "hf:nope"}),
      ["paraphrases.x.source", "'nope'"]),
+    ("unknown built-in model", lambda c: c["base_model"].update(source="builtin:labse"),
+     ["base_model.source: unknown built-in model 'labse'", "tiny-xlmr-random"]),
     ("bool as count", lambda c: c["paraphrases"]["builtin"].update(max_pairs=True),
      ["paraphrases.builtin.max_pairs"]),
 ]

