@@ -33,6 +33,7 @@ wildcard_constraints:
 
 include: "rules/base_model.smk"
 include: "rules/inputs.smk"
+include: "rules/specialization.smk"
 
 
 rule all:

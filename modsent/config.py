@@ -75,12 +75,12 @@ def semantic_errors(config: dict) -> list[str]:
             f"languages: must include {PIVOT_LANGUAGE!r}: cross-lingual alignment maps every "
             "language onto the English encoder"
         )
-    per_language = (config.get("corpora") or {}).get("per_language") or {}
-    for code in per_language:
-        if code not in langs:
-            problems.append(
-                f"corpora.per_language.{code}: {code!r} is not in `languages` ({', '.join(langs)})"
-            )
+    for section in ("corpora", "tokenizer", "language_adapter"):
+        per_language = (config.get(section) or {}).get("per_language") or {}
+        for code in per_language:
+            if code not in langs:
+                problems.append(f"{section}.per_language.{code}: {code!r} is not in `languages` "
+                                f"({', '.join(langs)})")
     problems += source_errors(config)
     return problems
 
@@ -144,3 +144,23 @@ def corpus_settings(config: dict, lang: str) -> dict:
     corpora = dict(config["corpora"])
     overrides = corpora.pop("per_language", {}).get(lang, {})
     return {**corpora, **overrides}
+
+
+def _merged(config: dict, section: str, lang: str) -> dict:
+    values = dict(config[section])
+    overrides = values.pop("per_language", {}).get(lang, {})
+    return {**values, **overrides}
+
+
+def tokenizer_settings(config: dict, lang: str) -> dict:
+    return _merged(config, "tokenizer", lang)
+
+
+def language_adapter_settings(config: dict, lang: str) -> dict:
+    return _merged(config, "language_adapter", lang)
+
+
+def specialized_languages(config: dict) -> list[str]:
+    """Languages that get a tokenizer, FOCUS embeddings and an LA (not skipped)."""
+    return [lang for lang in config["languages"]
+            if not language_adapter_settings(config, lang)["skip"]]

@@ -85,6 +85,31 @@ def input_targets():
     )
 
 
+# ---- monolingual specialization -----------------------------------------------------------
+
+
+def tokenizer_settings(wildcards):
+    return modsent_config.tokenizer_settings(config, wildcards.lang)
+
+
+def language_adapter_settings(wildcards):
+    return modsent_config.language_adapter_settings(config, wildcards.lang)
+
+
+def language_adapter_dirs(wildcards):
+    return expand(
+        "results/{base}/language_adapters/{lang}",
+        base=wildcards.base,
+        lang=modsent_config.specialized_languages(config),
+    )
+
+
+def specialization_targets():
+    if not modsent_config.specialized_languages(config):
+        return []
+    return [f"results/{base_name()}/language_adapters/summary.md"]
+
+
 def all_targets():
     """Everything the configured run produces: the target list of the default target."""
-    return input_targets()
+    return input_targets() + specialization_targets()

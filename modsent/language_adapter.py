@@ -1,0 +1,574 @@
+"""The language adapter (LA): continued masked-language-model training of one language.
+
+What is trained: the language's new embedding matrix (FOCUS-initialised, tied to the MLM
+decoder), the MLM head's own layers (base sentence encoders ship without an MLM head, so it
+starts untrained and must learn), and a LoRA adapter on attention query/key/value. Everything
+else stays frozen. The result is a directory:
+
+    tokenizer files          the language's tokenizer (AutoTokenizer loads the directory)
+    embeddings.safetensors   input_embeddings [V, H] (+ output_embeddings if untied) and the
+                             MLM head (mlm_head.*): everything trained besides the LoRA weights
+    adapter/                 the LoRA adapter (PEFT: adapter_config.json, adapter_model.safetensors)
+    metrics.json             held-out MLM loss before/after, steps, tokens, tokens/s
+    loss.tsv, loss.png       the training curve
+
+:func:`load_language_model` rebuilds the model from the base model and this directory.
+
+The loop is written out (no Trainer) so a reader can follow it top to bottom, and so that
+checkpoints hold safetensors only: trainable weights, AdamW moments and RNG state, no pickles.
+A job killed midway and rerun continues from its last checkpoint, bit for bit on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from modsent.io import InputError, atomic_path, iter_utf8_lines
+
+log = logging.getLogger(__name__)
+
+EMBEDDINGS_NAME = "embeddings.safetensors"
+ADAPTER_DIR = "adapter"
+CHECKPOINT_STATE = "state.safetensors"
+CHECKPOINT_META = "meta.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class LanguageAdapterConfig:
+    """Hyperparameters of LA training (the config's `language_adapter` section)."""
+
+    steps: int = 1000
+    batch_size: int = 32
+    seq_len: int = 128
+    learning_rate: float = 1e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    mlm_probability: float = 0.15
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_dropout: float = 0.1
+    target_modules: tuple[str, ...] = ("query", "key", "value")
+    eval_sentences: int = 500
+    checkpoint_every: int = 500
+    log_every: int = 10
+    seed: int = 0
+    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on the CPU
+    tracking: str = "none"  # none | tensorboard | wandb
+
+    @classmethod
+    def from_config(cls, section: dict) -> "LanguageAdapterConfig":
+        lora = section.get("lora", {})
+        return cls(
+            steps=section["steps"], batch_size=section["batch_size"], seq_len=section["seq_len"],
+            learning_rate=section["learning_rate"], warmup_steps=section["warmup_steps"],
+            weight_decay=section["weight_decay"], mlm_probability=section["mlm_probability"],
+            lora_r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16),
+            lora_dropout=lora.get("dropout", 0.1),
+            target_modules=tuple(lora.get("target_modules", ("query", "key", "value"))),
+            eval_sentences=section["eval_sentences"], checkpoint_every=section["checkpoint_every"],
+            log_every=section["log_every"], seed=section["seed"], precision=section["precision"],
+            tracking=section["tracking"],
+        )
+
+    def fingerprint(self) -> str:
+        """What a checkpoint must match to be resumed (log/checkpoint cadence may change)."""
+        relevant = {k: v for k, v in dataclasses.asdict(self).items()
+                    if k not in ("checkpoint_every", "log_every", "tracking")}
+        return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---- data -----------------------------------------------------------------------------------
+
+
+def split_heldout(lines: list[str], count: int) -> tuple[list[str], list[str]]:
+    """(train, heldout): the held-out lines are those with the smallest content hash, so the
+    split does not depend on the corpus order and a line is never in both."""
+    count = min(count, len(lines) // 10)
+    ranked = sorted(range(len(lines)), key=lambda i: hashlib.sha1(lines[i].encode()).digest())
+    held = set(ranked[:count])
+    return ([line for i, line in enumerate(lines) if i not in held],
+            [line for i, line in enumerate(lines) if i in held])
+
+
+def pack_sequences(lines: list[str], tokenizer, seq_len: int) -> torch.Tensor:
+    """Token ids of all lines, concatenated with the separator token and cut into sequences of
+    exactly ``seq_len`` (``cls ... sep``): no position is padding, so no compute is wasted on it.
+    The last partial sequence is dropped unless it is the only one."""
+    body = seq_len - 2
+    if body < 1:
+        raise InputError(f"language_adapter.seq_len must be at least 3, got {seq_len}")
+    encoded = tokenizer(lines, add_special_tokens=False)["input_ids"]
+    stream: list[int] = []
+    for ids in encoded:
+        if ids:
+            stream.extend(ids)
+            stream.append(tokenizer.sep_token_id)
+    if not stream:
+        raise InputError("the corpus has no tokens")
+    if len(stream) < body:
+        stream = stream + [tokenizer.pad_token_id] * (body - len(stream))
+    n = len(stream) // body
+    chunks = torch.tensor(stream[: n * body], dtype=torch.long).view(n, body)
+    cls = torch.full((n, 1), tokenizer.cls_token_id, dtype=torch.long)
+    sep = torch.full((n, 1), tokenizer.sep_token_id, dtype=torch.long)
+    return torch.cat([cls, chunks, sep], dim=1)
+
+
+def mask_tokens(input_ids: torch.Tensor, tokenizer, probability: float,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT's masking: choose ``probability`` of the non-special positions; of those 80% become
+    the mask token, 10% a random token, 10% stay. Returns (inputs, labels with -100 elsewhere).
+    Seeded by ``generator`` so a resumed run masks exactly as an uninterrupted one."""
+    special = torch.zeros_like(input_ids, dtype=torch.bool)
+    for token_id in set(tokenizer.all_special_ids):
+        special |= input_ids == token_id
+    chosen = (torch.rand(input_ids.shape, generator=generator) < probability) & ~special
+    labels = torch.where(chosen, input_ids, torch.full_like(input_ids, -100))
+    inputs = input_ids.clone()
+    roll = torch.rand(input_ids.shape, generator=generator)
+    inputs[chosen & (roll < 0.8)] = tokenizer.mask_token_id
+    random_positions = chosen & (roll >= 0.8) & (roll < 0.9)
+    random_tokens = torch.randint(len(tokenizer), input_ids.shape, generator=generator)
+    inputs[random_positions] = random_tokens[random_positions]
+    return inputs, labels
+
+
+# ---- model ----------------------------------------------------------------------------------
+
+
+def _mlm_parts(model) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(encoder, MLM head) of a *ForMaskedLM model, through a PEFT wrapper if there is one."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    encoder = getattr(inner, inner.base_model_prefix)
+    head = getattr(inner, "cls", None) or getattr(inner, "lm_head", None)
+    if head is None:
+        raise TypeError(f"{type(inner).__name__} has no MLM head (cls or lm_head)")
+    return encoder, head
+
+
+def mlm_loss(model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over masked positions, applying the MLM head to those positions only
+    (the vocabulary projection is the most expensive layer; 85% of its outputs would be
+    thrown away)."""
+    encoder, head = _mlm_parts(model)
+    hidden = encoder(input_ids=input_ids).last_hidden_state
+    selected = labels != -100
+    logits = head(hidden[selected])
+    return torch.nn.functional.cross_entropy(logits.float(), labels[selected])
+
+
+def load_focus_embeddings(model, embeddings_path: Path, vocab_size: int) -> None:
+    """Resize ``model`` to the new vocabulary and load FOCUS (or trained) embeddings."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(embeddings_path))
+    weights = tensors["input_embeddings"]
+    if weights.shape[0] != vocab_size:
+        raise InputError(f"{embeddings_path}: {weights.shape[0]} embedding rows but the tokenizer "
+                         f"has {vocab_size} tokens: embeddings and tokenizer do not belong together")
+    model.resize_token_embeddings(vocab_size, mean_resizing=False)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.copy_(weights)
+        output = model.get_output_embeddings()
+        if "output_embeddings" in tensors and output is not None and output.weight is not model.get_input_embeddings().weight:
+            output.weight.copy_(tensors["output_embeddings"])
+        if "output_bias" in tensors and output is not None and getattr(output, "bias", None) is not None:
+            output.bias.copy_(tensors["output_bias"])
+        head_state = {k[len("mlm_head."):]: v for k, v in tensors.items() if k.startswith("mlm_head.")}
+        if head_state:
+            _mlm_parts(model)[1].load_state_dict(head_state, strict=False)
+
+
+def build_model(base_model_dir: str | Path, tokenizer, embeddings_path: str | Path,
+                cfg: LanguageAdapterConfig):
+    """The base model with the language's embeddings and a fresh LoRA adapter, ready to train."""
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    transformers.logging.set_verbosity_error()  # "newly initialised MLM head" is expected
+    model = transformers.AutoModelForMaskedLM.from_pretrained(
+        str(base_model_dir), attn_implementation="sdpa", dtype=torch.float32)
+    transformers.logging.set_verbosity_warning()
+    load_focus_embeddings(model, Path(embeddings_path), len(tokenizer))
+    model.config.pad_token_id = tokenizer.pad_token_id
+    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=list(cfg.target_modules), bias="none")
+    model = get_peft_model(model, lora)
+    # besides LoRA: the embeddings (tied to the decoder) and the MLM head
+    model.get_input_embeddings().weight.requires_grad_(True)
+    for param in _mlm_parts(model)[1].parameters():
+        param.requires_grad_(True)
+    return model
+
+
+def trainable_state(model) -> dict[str, torch.Tensor]:
+    """Every trainable tensor by name, shared (tied) tensors once."""
+    state, seen = {}, set()
+    for name, param in model.named_parameters():
+        if param.requires_grad and id(param) not in seen:
+            seen.add(id(param))
+            state[name] = param.detach()
+    return state
+
+
+def save_language_adapter(model, tokenizer, out_dir: Path) -> None:
+    """tokenizer files + embeddings.safetensors + adapter/ (PEFT)."""
+    from safetensors.torch import save_file
+
+    tokenizer.save_pretrained(str(out_dir))
+    inner = model.get_base_model()
+    tensors = {"input_embeddings": inner.get_input_embeddings().weight.detach().clone()}
+    output = inner.get_output_embeddings()
+    if output is not None and output.weight is not inner.get_input_embeddings().weight:
+        tensors["output_embeddings"] = output.weight.detach().clone()
+    head = _mlm_parts(model)[1]
+    for name, value in head.state_dict().items():
+        if value.data_ptr() != inner.get_input_embeddings().weight.data_ptr():
+            tensors[f"mlm_head.{name}"] = value.detach().clone()
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / EMBEDDINGS_NAME))
+    model.save_pretrained(str(out_dir / ADAPTER_DIR), save_embedding_layers=False)
+
+
+def load_language_model(base_model_dir: str | Path, la_dir: str | Path, *, mlm: bool = True):
+    """(model, tokenizer) of a trained LA: the base model, the language's embeddings and its
+    LoRA adapter (PEFT, inference mode). ``mlm=False`` gives the encoder without the head."""
+    import transformers
+    from peft import PeftModel
+
+    la_dir = Path(la_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(la_dir))
+    transformers.logging.set_verbosity_error()
+    model = transformers.AutoModelForMaskedLM.from_pretrained(
+        str(base_model_dir), attn_implementation="sdpa", dtype=torch.float32)
+    transformers.logging.set_verbosity_warning()
+    load_focus_embeddings(model, la_dir / EMBEDDINGS_NAME, len(tokenizer))
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model = PeftModel.from_pretrained(model, str(la_dir / ADAPTER_DIR), is_trainable=False)
+    model.eval()
+    if not mlm:
+        model = _mlm_parts(model)[0]
+    return model, tokenizer
+
+
+# ---- evaluation -------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def heldout_mlm_loss(model, sequences: torch.Tensor, tokenizer, *, batch_size: int,
+                     probability: float = 0.15, seed: int = 1234, device="cpu") -> float:
+    """Mean cross-entropy over masked tokens of held-out sequences, with fixed masks."""
+    was_training = model.training
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    total, count = 0.0, 0
+    for start in range(0, len(sequences), batch_size):
+        inputs, labels = mask_tokens(sequences[start:start + batch_size], tokenizer, probability, generator)
+        n = int((labels != -100).sum())
+        if n == 0:
+            continue
+        with _autocast(device):
+            loss = mlm_loss(model, inputs.to(device), labels.to(device))
+        total += float(loss) * n
+        count += n
+    model.train(was_training)
+    return total / max(count, 1)
+
+
+def _autocast(device) -> contextlib.AbstractContextManager:
+    if str(device).startswith("cuda"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+# ---- checkpoints -------------------------------------------------------------------------------
+
+
+def save_checkpoint(path: Path, model, optimizer, step: int, fingerprint: str, history: list) -> None:
+    """Trainable weights, AdamW moments, the dropout RNG: safetensors + JSON, written atomically."""
+    from safetensors.torch import save_file
+
+    params = trainable_state(model)
+    tensors = {f"param/{k}": v.contiguous() for k, v in params.items()}
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    for param, state in optimizer.state.items():
+        name = by_id[id(param)]
+        tensors[f"exp_avg/{name}"] = state["exp_avg"].contiguous()
+        tensors[f"exp_avg_sq/{name}"] = state["exp_avg_sq"].contiguous()
+        tensors[f"step/{name}"] = torch.as_tensor(state["step"]).reshape(1).float()
+    tensors["rng/torch"] = torch.get_rng_state()
+    with atomic_path(path, directory=True) as tmp:
+        save_file(tensors, str(tmp / CHECKPOINT_STATE))
+        meta = {"step": step, "fingerprint": fingerprint, "history": history}
+        (tmp / CHECKPOINT_META).write_text(json.dumps(meta) + "\n", encoding="utf-8")
+
+
+def load_checkpoint(path: Path, model, optimizer, fingerprint: str):
+    """Restore a checkpoint into model and optimizer; (step, history) or None."""
+    from safetensors.torch import load_file
+
+    meta_path = path / CHECKPOINT_META
+    if not meta_path.is_file():
+        return None
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    if meta.get("fingerprint") != fingerprint:
+        log.warning("checkpoint %s was made with other settings: starting over", path)
+        return None
+    tensors = load_file(str(path / CHECKPOINT_STATE))
+    named = dict(model.named_parameters())
+    with torch.no_grad():
+        for key, value in tensors.items():
+            if key.startswith("param/"):
+                named[key[len("param/"):]].copy_(value)
+    for name, param in named.items():
+        if f"exp_avg/{name}" in tensors:
+            optimizer.state[param] = {
+                "step": tensors[f"step/{name}"].reshape(()).clone(),
+                "exp_avg": tensors[f"exp_avg/{name}"].clone(),
+                "exp_avg_sq": tensors[f"exp_avg_sq/{name}"].clone(),
+            }
+    torch.set_rng_state(tensors["rng/torch"])
+    return meta["step"], meta["history"]
+
+
+# ---- training ----------------------------------------------------------------------------------
+
+
+def learning_rate(step: int, cfg: LanguageAdapterConfig) -> float:
+    """Linear warm-up, then linear decay to zero at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.learning_rate * (step + 1) / cfg.warmup_steps
+    remaining = max(cfg.steps - step, 0) / max(cfg.steps - cfg.warmup_steps, 1)
+    return cfg.learning_rate * remaining
+
+
+def batch_indices(step: int, n_sequences: int, batch_size: int, seed: int) -> torch.Tensor:
+    """The sequences of training step ``step``: a pure function of the step, so a resumed run
+    sees exactly the batches an uninterrupted one would (a new permutation every epoch)."""
+    batch_size = min(batch_size, n_sequences)
+    per_epoch = n_sequences // batch_size
+    epoch, offset = divmod(step, per_epoch)
+    order = torch.randperm(n_sequences, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    return order[offset * batch_size:(offset + 1) * batch_size]
+
+
+def step_generator(step: int, seed: int) -> torch.Generator:
+    """The random stream of one step's masking, also a pure function of the step."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + step + 1)
+
+
+class _Tracker:
+    """Optional TensorBoard / Weights & Biases logging of the training curve."""
+
+    def __init__(self, kind: str, out_dir: Path, run_name: str, config: dict):
+        self.kind, self.writer = kind, None
+        if kind == "tensorboard":
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as err:
+                raise InputError("language_adapter.tracking: tensorboard needs the `tensorboard` "
+                                 "package (pip install tensorboard)") from err
+            self.writer = SummaryWriter(log_dir=str(out_dir))
+        elif kind == "wandb":
+            try:
+                import wandb
+            except ImportError as err:
+                raise InputError("language_adapter.tracking: wandb needs the `wandb` package") from err
+            self.writer = wandb.init(project="modsent", name=run_name, config=config, reinit=True)
+
+    def log(self, step: int, values: dict) -> None:
+        if self.kind == "tensorboard":
+            for key, value in values.items():
+                self.writer.add_scalar(key, value, step)
+        elif self.kind == "wandb":
+            self.writer.log(values, step=step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            (self.writer.close if self.kind == "tensorboard" else self.writer.finish)()
+
+
+def read_corpus(path: str | Path) -> list[str]:
+    lines = [line.strip() for _, line in iter_utf8_lines(path)]
+    lines = [line for line in lines if line]
+    if not lines:
+        raise InputError(f"{path}: the corpus is empty")
+    return lines
+
+
+def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path,
+                           embeddings_dir: str | Path, corpus_path: str | Path,
+                           out_dir: str | Path, cfg: LanguageAdapterConfig, *,
+                           checkpoint_dir: str | Path | None = None,
+                           tracking_dir: str | Path | None = None, device: str | None = None,
+                           progress: bool = True, on_step=None) -> dict:
+    """Train the LA of one language and write its directory (atomically); return the metrics.
+
+    ``on_step(step)`` is called after every optimizer step and checkpoint (tests use it to
+    kill the process midway)."""
+    import transformers
+    from tqdm.auto import tqdm
+
+    out_dir = Path(out_dir)
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else out_dir.with_name(out_dir.name + ".checkpoint")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(cfg.seed)
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    train_lines, heldout_lines = split_heldout(read_corpus(corpus_path), cfg.eval_sentences)
+    train = pack_sequences(train_lines, tokenizer, cfg.seq_len)
+    heldout = pack_sequences(heldout_lines, tokenizer, cfg.seq_len) if heldout_lines else train[:0]
+    log.info("corpus %s: %d training lines → %d sequences of %d tokens; %d held-out lines",
+             corpus_path, len(train_lines), len(train), cfg.seq_len, len(heldout_lines))
+
+    model = build_model(base_model_dir, tokenizer, Path(embeddings_dir) / EMBEDDINGS_NAME, cfg).to(device)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    n_trainable = sum(p.numel() for p in {id(p): p for p in trainable}.values())
+    n_total = sum(p.numel() for p in model.parameters())
+    log.info("trainable parameters: %d of %d (%.2f%%)", n_trainable, n_total, 100 * n_trainable / n_total)
+
+    decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.learning_rate)
+    eval_batch = max(1, min(cfg.batch_size, 64))
+
+    loss_before = heldout_mlm_loss(model, heldout, tokenizer, batch_size=eval_batch,
+                                   probability=cfg.mlm_probability, device=device) if len(heldout) else None
+    fingerprint = cfg.fingerprint()
+    step, history = 0, []
+    resumed = load_checkpoint(checkpoint_dir, model, optimizer, fingerprint)
+    if resumed is not None:
+        step, history = resumed
+        log.info("resuming from checkpoint %s at step %d", checkpoint_dir, step)
+
+    tracker = _Tracker(cfg.tracking, Path(tracking_dir or out_dir.with_name(out_dir.name + ".tracking")),
+                       out_dir.name, dataclasses.asdict(cfg))
+    model.train()
+    tokens_seen, start_time = 0, time.perf_counter()
+    bar = tqdm(total=cfg.steps, initial=step, desc=f"LA {out_dir.name}", disable=not progress, unit="step")
+    while step < cfg.steps:
+        index = batch_indices(step, len(train), cfg.batch_size, cfg.seed)
+        inputs, labels = mask_tokens(train[index], tokenizer, cfg.mlm_probability,
+                                     step_generator(step, cfg.seed))
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, cfg)
+        with _autocast(device):
+            loss = mlm_loss(model, inputs.to(device), labels.to(device))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        tokens_seen += inputs.numel()
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            value = loss.item()
+            history.append([step, value, optimizer.param_groups[0]["lr"]])
+            tracker.log(step, {"train/loss": value, "train/lr": optimizer.param_groups[0]["lr"]})
+            bar.set_postfix(loss=f"{value:.3f}")
+        bar.update(1)
+        if step % cfg.checkpoint_every == 0 and step < cfg.steps:
+            save_checkpoint(checkpoint_dir, model, optimizer, step, fingerprint, history)
+        if on_step is not None:
+            on_step(step)
+    bar.close()
+    elapsed = time.perf_counter() - start_time
+
+    loss_after = heldout_mlm_loss(model, heldout, tokenizer, batch_size=eval_batch,
+                                  probability=cfg.mlm_probability, device=device) if len(heldout) else None
+    tracker.log(step, {"heldout/mlm_loss_before": loss_before or math.nan,
+                       "heldout/mlm_loss_after": loss_after or math.nan})
+    tracker.close()
+    metrics = {
+        "heldout_mlm_loss_before": loss_before, "heldout_mlm_loss_after": loss_after,
+        "heldout_lines": len(heldout_lines), "train_lines": len(train_lines),
+        "train_sequences": len(train), "steps": cfg.steps, "resumed_from_step": resumed[0] if resumed else 0,
+        "tokens_per_second": tokens_seen / elapsed if elapsed > 0 else None,
+        "trainable_parameters": n_trainable, "total_parameters": n_total,
+        "device": str(device), "config": dataclasses.asdict(cfg),
+    }
+    with atomic_path(out_dir, directory=True) as tmp:
+        save_language_adapter(model, tokenizer, tmp)
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        write_loss_curve(history, tmp, title=f"language adapter {out_dir.name}", metrics=metrics)
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    log.info("LA %s: held-out MLM loss %s → %s; %.0f tokens/s", out_dir.name,
+             _fmt(loss_before), _fmt(loss_after), metrics["tokens_per_second"] or 0)
+    return metrics
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def write_loss_curve(history: list, out_dir: Path, *, title: str, metrics: dict) -> None:
+    """loss.tsv and loss.png of the training curve, with the held-out losses marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(out_dir / "loss.tsv", "w", encoding="utf-8") as handle:
+        handle.write("step\tloss\tlr\n")
+        for step, loss, lr in history:
+            handle.write(f"{step}\t{loss:.6f}\t{lr:.3e}\n")
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    if history:
+        ax.plot([h[0] for h in history], [h[1] for h in history], label="training loss")
+    for key, style in (("heldout_mlm_loss_before", "--"), ("heldout_mlm_loss_after", ":")):
+        if metrics.get(key) is not None:
+            ax.axhline(metrics[key], linestyle=style, color="grey",
+                       label=f"held-out {key.rsplit('_', 1)[-1]}: {metrics[key]:.2f}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("MLM loss")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "loss.png")
+    plt.close(fig)
+
+
+def write_summary(la_dirs: list[str], table_path: str | Path, plot_path: str | Path) -> None:
+    """Held-out MLM loss before/after LA per language (Markdown table and a bar plot)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from modsent.io import atomic_open
+
+    rows = []
+    for directory in la_dirs:
+        metrics = json.loads((Path(directory) / "metrics.json").read_text(encoding="utf-8"))
+        rows.append((Path(directory).name, metrics))
+    lines = ["# Language adapters: held-out MLM loss", "",
+             "| language | before | after | change | steps | tokens/s | trainable params |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for lang, m in rows:
+        before, after = m["heldout_mlm_loss_before"], m["heldout_mlm_loss_after"]
+        change = f"{after - before:+.3f}" if before is not None and after is not None else "n/a"
+        lines.append(f"| {lang} | {_fmt(before)} | {_fmt(after)} | {change} | {m['steps']} | "
+                     f"{m['tokens_per_second'] or 0:.0f} | {m['trainable_parameters']:,} |")
+    with atomic_open(table_path) as handle:
+        handle.write("\n".join(lines) + "\n")
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(rows)), 3.5), dpi=100)
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [m["heldout_mlm_loss_before"] or 0 for _, m in rows], 0.4, label="before LA")
+    ax.bar([x + 0.2 for x in xs], [m["heldout_mlm_loss_after"] or 0 for _, m in rows], 0.4, label="after LA")
+    ax.set_xticks(list(xs), [lang for lang, _ in rows])
+    ax.set_ylabel("held-out MLM loss")
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(plot_path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)

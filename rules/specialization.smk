@@ -1,0 +1,93 @@
+# Monolingual specialization, per language: tokenizer → fastText → FOCUS embeddings → LA.
+# Each step is its own rule so that each reruns on its own.
+
+
+rule tokenizer:
+    """A new tokenizer of the base model's kind, trained on the language's corpus."""
+    input:
+        corpus="resources/corpora/{lang}.txt",
+        base="resources/base_models/{base}",
+    output:
+        directory("results/{base}/tokenizers/{lang}"),
+    params:
+        settings=tokenizer_settings,
+    log:
+        "logs/{base}/tokenizers/{lang}.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/tokenizer.py"
+
+
+rule fasttext:
+    """Token-level fastText vectors: the corpus tokenised with the new tokenizer."""
+    input:
+        corpus="resources/corpora/{lang}.txt",
+        tokenizer="results/{base}/tokenizers/{lang}",
+    output:
+        directory("results/{base}/fasttext/{lang}"),
+    params:
+        settings=config["fasttext"],
+    threads: config["fasttext"]["threads"]
+    log:
+        "logs/{base}/fasttext/{lang}.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/fasttext.py"
+
+
+rule focus_embeddings:
+    """FOCUS initialisation of the language's embedding matrix."""
+    input:
+        base="resources/base_models/{base}",
+        tokenizer="results/{base}/tokenizers/{lang}",
+        fasttext="results/{base}/fasttext/{lang}",
+    output:
+        directory("results/{base}/embeddings/{lang}"),
+    params:
+        seed=config["focus"]["seed"],
+    log:
+        "logs/{base}/embeddings/{lang}.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/focus_embeddings.py"
+
+
+rule language_adapter:
+    """Continued MLM: the new embeddings and a LoRA adapter on attention q/k/v.
+    Resumes from results/{base}/language_adapters/{lang}.checkpoint when rerun after a kill."""
+    input:
+        base="resources/base_models/{base}",
+        tokenizer="results/{base}/tokenizers/{lang}",
+        embeddings="results/{base}/embeddings/{lang}",
+        corpus="resources/corpora/{lang}.txt",
+    output:
+        directory("results/{base}/language_adapters/{lang}"),
+    params:
+        settings=language_adapter_settings,
+    threads: workflow.cores
+    log:
+        "logs/{base}/language_adapters/{lang}.log",
+    benchmark:
+        "logs/{base}/benchmarks/language_adapter/{lang}.tsv"
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/language_adapter.py"
+
+
+rule language_adapter_summary:
+    """Held-out MLM loss before and after LA training, per language: a table and a plot."""
+    input:
+        language_adapter_dirs,
+    output:
+        table="results/{base}/language_adapters/summary.md",
+        plot="results/{base}/language_adapters/summary.png",
+    log:
+        "logs/{base}/language_adapters/summary.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/language_adapter_summary.py"

@@ -1,0 +1,181 @@
+import json
+import multiprocessing
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from modsent import language_adapter as la
+from modsent.fasttext_embeddings import train_token_fasttext
+from modsent.focus import initialize_embeddings
+from modsent.io import InputError
+from modsent.sources.builtin import builtin_corpus
+from modsent.testing import make_tiny_xlmr, sample_texts
+from modsent.tokenizer_training import train_tokenizer
+
+CFG = la.LanguageAdapterConfig(steps=6, batch_size=4, seq_len=32, learning_rate=2e-3,
+                               warmup_steps=1, eval_sentences=60, checkpoint_every=3, log_every=1)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """A tiny random XLM-R base model, a German corpus, tokenizer, fastText and FOCUS."""
+    root = tmp_path_factory.mktemp("la")
+    base = make_tiny_xlmr(root / "base", sample_texts(600))
+    corpus = root / "de.txt"
+    corpus.write_text("\n".join(builtin_corpus("de")[:1500]) + "\n", encoding="utf-8")
+    train_tokenizer(corpus, base, root / "tok", vocab_size=500)
+    train_token_fasttext(corpus, root / "tok", root / "ft", dim=16, epochs=2, min_count=2)
+    initialize_embeddings(base, root / "tok", root / "ft", root / "emb")
+    return {"base": base, "corpus": corpus, "tok": root / "tok", "emb": root / "emb", "root": root}
+
+
+def tokenizer(inputs):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(inputs["tok"]))
+
+
+def test_pack_sequences_wastes_nothing_on_padding(inputs):
+    tok = tokenizer(inputs)
+    lines = la.read_corpus(inputs["corpus"])[:200]
+    packed = la.pack_sequences(lines, tok, 32)
+    assert packed.shape[1] == 32
+    assert (packed[:, 0] == tok.cls_token_id).all() and (packed[:, -1] == tok.sep_token_id).all()
+    assert not (packed == tok.pad_token_id).any()
+    body = packed[:, 1:-1].flatten().tolist()
+    stream = []
+    for ids in tok(lines, add_special_tokens=False)["input_ids"]:
+        stream += ids + [tok.sep_token_id]
+    assert body == stream[: len(body)]  # the token stream, in order
+
+
+def test_masking_follows_bert(inputs):
+    tok = tokenizer(inputs)
+    packed = la.pack_sequences(la.read_corpus(inputs["corpus"]), tok, 32)
+    inputs_, labels = la.mask_tokens(packed, tok, 0.15, torch.Generator().manual_seed(0))
+    chosen = labels != -100
+    special = torch.isin(packed, torch.tensor(tok.all_special_ids))
+    assert not (chosen & special).any()
+    rate = chosen.sum() / (~special).sum()
+    assert 0.13 < rate < 0.17
+    assert (labels[chosen] == packed[chosen]).all()
+    masked = (inputs_ == tok.mask_token_id) & chosen
+    assert 0.75 < masked.sum() / chosen.sum() < 0.85
+    assert (inputs_[~chosen] == packed[~chosen]).all()
+    again = la.mask_tokens(packed, tok, 0.15, torch.Generator().manual_seed(0))
+    assert torch.equal(again[0], inputs_) and torch.equal(again[1], labels)
+
+
+def test_masked_only_loss_equals_the_full_head_loss(inputs):
+    tok = tokenizer(inputs)
+    model = la.build_model(inputs["base"], tok, inputs["emb"] / la.EMBEDDINGS_NAME, CFG).eval()
+    packed = la.pack_sequences(la.read_corpus(inputs["corpus"])[:100], tok, 32)[:4]
+    masked, labels = la.mask_tokens(packed, tok, 0.15, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = la.mlm_loss(model, masked, labels)
+        reference = model(input_ids=masked, labels=labels).loss  # transformers' own MLM loss
+    assert torch.allclose(ours, reference, atol=1e-5)
+
+
+def test_only_embeddings_head_and_lora_train(inputs):
+    tok = tokenizer(inputs)
+    model = la.build_model(inputs["base"], tok, inputs["emb"] / la.EMBEDDINGS_NAME, CFG)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert any("lora_A" in n for n in trainable)
+    assert all(("lora_" in n) or ("word_embeddings" in n) or ("lm_head" in n) for n in trainable)
+    lora_targets = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trainable if "lora_" in n}
+    assert lora_targets == {"query", "key", "value"}
+    focus = load_file(str(inputs["emb"] / la.EMBEDDINGS_NAME))["input_embeddings"]
+    assert torch.equal(model.get_input_embeddings().weight.detach(), focus)
+
+
+def test_training_lowers_heldout_loss_and_reloads(inputs, tmp_path):
+    cfg = la.LanguageAdapterConfig(**{**CFG.__dict__, "steps": 30})
+    out = tmp_path / "de"
+    metrics = la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
+                                        out, cfg, progress=False)
+    assert metrics["heldout_mlm_loss_after"] < metrics["heldout_mlm_loss_before"]
+    assert not Path(str(out) + ".checkpoint").exists()  # removed once the output is complete
+    files = {p.name for p in out.rglob("*") if p.is_file()}
+    assert {"embeddings.safetensors", "adapter_model.safetensors", "adapter_config.json",
+            "tokenizer.json", "metrics.json", "loss.tsv", "loss.png"} <= files
+    assert not [f for f in files if f.endswith((".bin", ".pt", ".pkl"))]
+    model, tok = la.load_language_model(inputs["base"], out)
+    # the base model's own weights did not move; LoRA did
+    from transformers import AutoModel
+
+    base = AutoModel.from_pretrained(str(inputs["base"]))
+    layer = model.get_base_model().roberta.encoder.layer[0].attention.self.query
+    assert torch.equal(layer.base_layer.weight, base.encoder.layer[0].attention.self.query.weight)
+    assert layer.lora_B["default"].weight.abs().sum() > 0
+    assert len(tok) == len(tokenizer(inputs))
+    heldout = la.split_heldout(la.read_corpus(inputs["corpus"]), cfg.eval_sentences)[1]
+    loss = la.heldout_mlm_loss(model, la.pack_sequences(heldout, tok, cfg.seq_len), tok,
+                               batch_size=min(cfg.batch_size, 64))
+    assert loss == pytest.approx(metrics["heldout_mlm_loss_after"], abs=1e-4)
+    curve = (out / "loss.tsv").read_text().splitlines()
+    assert curve[0] == "step\tloss\tlr" and len(curve) == 31
+
+
+def _train_and_die(inputs, out, die_at):
+    def die(step):
+        if step == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    torch.set_num_threads(1)
+    la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
+                              out, CFG, progress=False, on_step=die)
+
+
+def test_killed_job_resumes_from_its_last_checkpoint(inputs, tmp_path):
+    torch.set_num_threads(1)
+    straight = tmp_path / "straight"
+    la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
+                              straight, CFG, progress=False)
+    resumed = tmp_path / "resumed"
+    process = multiprocessing.get_context("fork").Process(target=_train_and_die, args=(inputs, resumed, 4))
+    process.start()
+    process.join()
+    assert process.exitcode == -signal.SIGKILL
+    assert not resumed.exists()  # nothing Snakemake would accept
+    checkpoint = Path(str(resumed) + ".checkpoint")
+    assert json.loads((checkpoint / "meta.json").read_text())["step"] == 3
+    metrics = la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
+                                        resumed, CFG, progress=False)
+    assert metrics["resumed_from_step"] == 3
+    a = load_file(str(straight / "embeddings.safetensors"))
+    b = load_file(str(resumed / "embeddings.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # bit for bit what an unbroken run gives
+    a = load_file(str(straight / "adapter" / "adapter_model.safetensors"))
+    b = load_file(str(resumed / "adapter" / "adapter_model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_checkpoint_of_other_settings_is_not_resumed(inputs, tmp_path):
+    out = tmp_path / "x"
+    process = multiprocessing.get_context("fork").Process(target=_train_and_die, args=(inputs, out, 4))
+    process.start()
+    process.join()
+    other = la.LanguageAdapterConfig(**{**CFG.__dict__, "learning_rate": 1e-3})
+    metrics = la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
+                                        out, other, progress=False)
+    assert metrics["resumed_from_step"] == 0
+
+
+def test_embeddings_of_another_tokenizer_are_refused(inputs, tmp_path):
+    from transformers import AutoTokenizer
+
+    base_tok = AutoTokenizer.from_pretrained(str(inputs["base"]))
+    with pytest.raises(InputError, match="do not belong together"):
+        la.build_model(inputs["base"], base_tok, inputs["emb"] / la.EMBEDDINGS_NAME, CFG)
+
+
+def test_empty_corpus(tmp_path):
+    empty = tmp_path / "e.txt"
+    empty.write_text("\n\n", encoding="utf-8")
+    with pytest.raises(InputError, match="empty"):
+        la.read_corpus(empty)

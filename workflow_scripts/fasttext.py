@@ -1,0 +1,17 @@
+# rule fasttext: token-level fastText vectors for FOCUS.
+from modsent.fasttext_embeddings import train_token_fasttext
+from modsent.logs import setup_logging
+
+setup_logging(snakemake.log[0])
+settings = snakemake.params.settings
+train_token_fasttext(
+    snakemake.input.corpus,
+    snakemake.input.tokenizer,
+    snakemake.output[0],
+    dim=settings["dim"],
+    epochs=settings["epochs"],
+    min_count=settings["min_count"],
+    threads=snakemake.threads,
+    model=settings["model"],
+    max_sentences=settings["max_sentences"],
+)

@@ -1,0 +1,12 @@
+# rule focus_embeddings: FOCUS initialisation of the language's embedding matrix.
+from modsent.focus import initialize_embeddings
+from modsent.logs import setup_logging
+
+setup_logging(snakemake.log[0])
+initialize_embeddings(
+    snakemake.input.base,
+    snakemake.input.tokenizer,
+    snakemake.input.fasttext,
+    snakemake.output[0],
+    seed=snakemake.params.seed,
+)

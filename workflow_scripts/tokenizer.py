@@ -1,0 +1,13 @@
+# rule tokenizer: a tokenizer of the base model's kind trained on the language's corpus.
+from modsent.logs import setup_logging
+from modsent.tokenizer_training import train_tokenizer
+
+setup_logging(snakemake.log[0])
+settings = snakemake.params.settings
+train_tokenizer(
+    snakemake.input.corpus,
+    snakemake.input.base,
+    snakemake.output[0],
+    vocab_size=settings["vocab_size"],
+    max_sentences=settings["max_sentences"],
+)
