@@ -25,6 +25,10 @@ check_and_fill_config(config)
 validate(config, "schemas/config.schema.yaml")  # fills in the schema's defaults
 
 
+scattergather:
+    translation=config["translation"]["shards"],
+
+
 wildcard_constraints:
     lang=LANGUAGE_REGEX,
     base=SLUG_REGEX,
@@ -34,6 +38,7 @@ wildcard_constraints:
 include: "rules/base_model.smk"
 include: "rules/inputs.smk"
 include: "rules/specialization.smk"
+include: "rules/paraphrase.smk"
 
 
 rule all:

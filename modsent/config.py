@@ -121,11 +121,13 @@ def source_errors(config: dict) -> list[str]:
                 get_definition(spec[3:])
             except InputError as err:
                 problems.append(f"paraphrases.{name}.source: {err}")
-    translations = (config.get("translations") or {}).get("source")
-    if translations == "builtin":
+    translation = config.get("translation") or {}
+    if translation.get("engine") == "provided" and translation.get("provided") is None:
+        problems.append("translation.provided: engine 'provided' needs a source of human translations")
+    if translation.get("engine") == "provided" and translation.get("provided") == "builtin":
         for lang in langs:
             if lang not in SUPPORTED_LANGUAGES:
-                problems.append(f"translations.source: the built-in data has no translations into "
+                problems.append(f"translation.provided: the built-in data has no translations into "
                                 f"{lang!r}; built-in languages: {', '.join(SUPPORTED_LANGUAGES)}")
     return problems
 

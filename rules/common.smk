@@ -59,7 +59,7 @@ def paraphrase_source_paths():
 
 
 def translation_targets():
-    if config["translations"]["source"] is None:
+    if config["translation"]["engine"] != "provided":
         return []
     return expand("resources/translations/{lang}.parquet", lang=non_english())
 
@@ -83,6 +83,24 @@ def input_targets():
         + evaluation_data_targets()
         + ["resources/inputs_summary.md"]
     )
+
+
+# ---- paraphrase data and translation ------------------------------------------------------
+
+
+def translation_model_input(wildcards):
+    """The converted CTranslate2 model for that engine; nothing for transformers (it loads
+    the checkpoint itself, from the Hub or a local path)."""
+    if config["translation"]["engine"] == "ctranslate2":
+        return ["resources/mt_models/ct2"]
+    return []
+
+
+def paraphrase_targets():
+    targets = expand("results/paraphrase/{lang}.parquet", lang=languages())
+    if non_english():
+        targets.append("results/translation/quality.md")
+    return targets
 
 
 # ---- monolingual specialization -----------------------------------------------------------
@@ -112,4 +130,4 @@ def specialization_targets():
 
 def all_targets():
     """Everything the configured run produces: the target list of the default target."""
-    return input_targets() + specialization_targets()
+    return input_targets() + paraphrase_targets() + specialization_targets()

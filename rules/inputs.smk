@@ -34,7 +34,7 @@ rule provided_translations:
     output:
         "resources/translations/{lang}.parquet",
     params:
-        source=config["translations"]["source"],
+        source=config["translation"]["provided"],
     log:
         "logs/translations/{lang}.log",
     conda:

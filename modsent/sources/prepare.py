@@ -178,7 +178,7 @@ def prepare_paraphrase_dataset(name: str, spec: Mapping, out_path: str | Path) -
 
 def prepare_translations(spec, lang: str, out_path: str | Path) -> int:
     """Write human translations EN→``lang`` (``english, translation``) to ``out_path``."""
-    source = parse_source(spec, key="translations.source")
+    source = parse_source(spec, key="translation.provided")
     if source.kind == "builtin":
         from modsent.sources.builtin import builtin_translations
 
@@ -191,14 +191,14 @@ def prepare_translations(spec, lang: str, out_path: str | Path) -> int:
         frame = pd.DataFrame(list(iter_local_records(path, format=source.options.get("format"),
                                                      columns=columns)))
     else:
-        raise InputError(f"translations.source: {source.describe()} is not supported for provided "
+        raise InputError(f"translation.provided: {source.describe()} is not supported for provided "
                          "translations; use 'builtin' or a local file with english and translation columns")
     frame = frame[["english", "translation"]].astype("string")
     frame = frame.dropna()
     frame = frame[(frame["english"].str.strip() != "") & (frame["translation"].str.strip() != "")]
     frame = frame.drop_duplicates("english", keep="first").reset_index(drop=True)
     if frame.empty:
-        raise InputError(f"translations.source: {source.describe()} has no translations into {lang!r}")
+        raise InputError(f"translation.provided: {source.describe()} has no translations into {lang!r}")
     with atomic_path(out_path) as tmp:
         frame.to_parquet(tmp, index=False)
     log.info("translations en→%s from %s: %d", lang, source.describe(), len(frame))

@@ -1,0 +1,173 @@
+"""Multi-parallel paraphrase data: the English set, translation units, per-language files and
+the pair builders the training stages use.
+
+Files (all parquet):
+
+    results/paraphrase/en.parquet          pair_id, dataset, anchor, positive, negative
+    results/translation/units.parquet      unit_id, text   (unique English sentences)
+    results/translation/{lang}.parquet     unit_id, text, translation
+    results/paraphrase/{lang}.parquet      the English pairs with every sentence translated
+
+A pair exists in language L when all of its sentences have a translation into L; machine
+translation returns every unit, so then every language has the same pair_ids. With provided
+(human) translations a pair may be missing in a language; the count is logged and reported,
+and builders that combine languages use the pair_ids the languages share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from modsent.io import InputError, atomic_path
+
+log = logging.getLogger(__name__)
+
+PAIR_COLUMNS = ("pair_id", "dataset", "anchor", "positive", "negative")
+SENTENCE_COLUMNS = ("anchor", "positive", "negative")
+
+
+def unit_id(text: str) -> str:
+    """Content-hash id of an English sentence: 16 hex characters of SHA-256."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def write_parquet(frame: pd.DataFrame, path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        frame.to_parquet(tmp, index=False)
+
+
+def merge_english(paths: Iterable[str | Path]) -> pd.DataFrame:
+    """The configured English datasets (each already capped) as one contract frame; a pair id
+    that occurs in two datasets is kept once (the first)."""
+    frames = [pd.read_parquet(p) for p in paths]
+    for path, frame in zip(paths, frames):
+        missing = set(PAIR_COLUMNS) - set(frame.columns)
+        if missing:
+            raise InputError(f"{path}: missing paraphrase columns {sorted(missing)}")
+    merged = pd.concat([f[list(PAIR_COLUMNS)] for f in frames], ignore_index=True)
+    merged = merged.drop_duplicates("pair_id", keep="first").reset_index(drop=True)
+    if merged.empty:
+        raise InputError("the English paraphrase datasets hold no pairs")
+    return merged
+
+
+def translation_units(pairs: pd.DataFrame) -> pd.DataFrame:
+    """Every distinct English sentence of the pairs once, with its content-hash id, sorted by
+    id: a sentence in several pairs or datasets is translated once per language."""
+    texts = pd.unique(pd.concat([pairs[c] for c in SENTENCE_COLUMNS]).dropna())
+    units = pd.DataFrame({"unit_id": [unit_id(t) for t in texts], "text": texts})
+    units = units.sort_values("unit_id", kind="stable").reset_index(drop=True)
+    clash = units["unit_id"].duplicated()
+    if clash.any():  # 64-bit ids: practically never; fail loudly rather than mix sentences up
+        raise RuntimeError(f"unit id collision for {units.loc[clash, 'text'].tolist()[:3]}")
+    return units
+
+
+def shard_of(unit_ids: pd.Series, n_shards: int) -> pd.Series:
+    """The shard of each unit: its id modulo the shard count (stable when units are added)."""
+    return unit_ids.map(lambda u: int(u, 16) % n_shards)
+
+
+def align_provided(units: pd.DataFrame, provided: pd.DataFrame, lang: str) -> tuple[pd.DataFrame, int]:
+    """Human translations aligned on the English text; returns (translated units, dropped)."""
+    table = dict(zip(provided["english"], provided["translation"]))
+    translation = units["text"].map(table)
+    kept = units.assign(translation=translation).dropna(subset=["translation"])
+    kept = kept[kept["translation"].str.strip() != ""].reset_index(drop=True)
+    dropped = len(units) - len(kept)
+    if kept.empty:
+        raise InputError(f"no English paraphrase sentence has a provided translation into {lang!r}")
+    log.info("provided translations into %s: %d of %d sentences; %d dropped (no translation)",
+             lang, len(kept), len(units), dropped)
+    return kept, dropped
+
+
+def gather_shards(units: pd.DataFrame, shard_paths: Iterable[str | Path]) -> pd.DataFrame:
+    """Join the shards of one language; every unit must come back exactly once."""
+    parts = pd.concat([pd.read_parquet(p) for p in shard_paths], ignore_index=True)
+    if parts["unit_id"].duplicated().any():
+        raise RuntimeError("a translation unit came back twice from the shards")
+    merged = units.merge(parts[["unit_id", "translation"]], on="unit_id", how="left")
+    if merged["translation"].isna().any():
+        raise RuntimeError(f"{int(merged['translation'].isna().sum())} units have no translation")
+    return merged
+
+
+def translate_pairs(english: pd.DataFrame, translations: pd.DataFrame) -> pd.DataFrame:
+    """The English pairs with each sentence replaced by its translation; pairs with an
+    untranslated sentence are dropped."""
+    table = dict(zip(translations["text"], translations["translation"]))
+    out = english.copy()
+    keep = pd.Series(True, index=out.index)
+    for column in SENTENCE_COLUMNS:
+        mapped = out[column].map(table)
+        if column == "negative":
+            keep &= out[column].isna() | mapped.notna()
+        else:
+            keep &= mapped.notna()
+        out[column] = mapped
+    return out[keep].reset_index(drop=True)
+
+
+# ---- pair builders --------------------------------------------------------------------------
+
+
+def monolingual_pairs(pairs_l: pd.DataFrame) -> pd.DataFrame:
+    """(anchor, positive, negative) in language L: the SE adapter's training data."""
+    return pairs_l[["pair_id", "anchor", "positive", "negative"]].reset_index(drop=True)
+
+
+def crosslingual_paraphrase_pairs(pairs_en: pd.DataFrame, pairs_l: pd.DataFrame) -> pd.DataFrame:
+    """(English anchor, its paraphrase in L): the `pp` alignment data. The hard negative, where
+    there is one, is in L too (it competes with the positive)."""
+    joined = pairs_en[["pair_id", "anchor"]].merge(
+        pairs_l[["pair_id", "positive", "negative"]], on="pair_id", how="inner")
+    return joined.reset_index(drop=True)
+
+
+def parallel_pairs(translations: pd.DataFrame) -> pd.DataFrame:
+    """(English sentence, its translation in L): the `pl` alignment data, one row per unit."""
+    return translations.rename(columns={"text": "english"})[["unit_id", "english", "translation"]]
+
+
+def monolingual_mix_batches(pairs_by_lang: dict[str, pd.DataFrame], batch_size: int, seed: int,
+                            ) -> Iterator[tuple[str, pd.DataFrame]]:
+    """Full_m: batches of monolingual pairs, each batch in one randomly chosen language.
+
+    Every language's pairs are shuffled and cut into batches; the batches of all languages are
+    then interleaved in random order, so each pair is seen once per epoch in its languages."""
+    rng = np.random.default_rng(seed)
+    batches = []
+    for lang in sorted(pairs_by_lang):
+        frame = pairs_by_lang[lang]
+        order = rng.permutation(len(frame))
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            batches.append((lang, order[start:start + batch_size]))
+    for i in rng.permutation(len(batches)):
+        lang, rows = batches[i]
+        yield lang, pairs_by_lang[lang].iloc[rows].reset_index(drop=True)
+
+
+def crosslingual_mix(pairs_by_lang: dict[str, pd.DataFrame], seed: int) -> pd.DataFrame:
+    """Full_c: for every pair id the languages share, the anchor's and the positive's language
+    are drawn at random (independently, from all languages, English included)."""
+    langs = sorted(pairs_by_lang)
+    shared = set.intersection(*(set(f["pair_id"]) for f in pairs_by_lang.values()))
+    ids = sorted(shared)
+    indexed = {lang: f.set_index("pair_id") for lang, f in pairs_by_lang.items()}
+    rng = np.random.default_rng(seed)
+    a_lang = rng.choice(langs, size=len(ids))
+    p_lang = rng.choice(langs, size=len(ids))
+    rows = []
+    for pid, la, lp in zip(ids, a_lang, p_lang):
+        rows.append({"pair_id": pid, "anchor_lang": la, "anchor": indexed[la].at[pid, "anchor"],
+                     "positive_lang": lp, "positive": indexed[lp].at[pid, "positive"],
+                     "negative": indexed[lp].at[pid, "negative"]})
+    return pd.DataFrame(rows, columns=["pair_id", "anchor_lang", "anchor", "positive_lang",
+                                       "positive", "negative"])

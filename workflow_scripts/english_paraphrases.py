@@ -1,0 +1,11 @@
+# rule english_paraphrases: the configured datasets merged into results/paraphrase/en.parquet.
+import logging
+
+from modsent.logs import setup_logging
+from modsent.paraphrase_data import merge_english, write_parquet
+
+setup_logging(snakemake.log[0])
+pairs = merge_english(list(snakemake.input))
+write_parquet(pairs, snakemake.output[0])
+logging.getLogger("modsent").info("English paraphrases: %d pairs; per dataset %s",
+                                  len(pairs), pairs["dataset"].value_counts().to_dict())

@@ -1,0 +1,9 @@
+# rule gather_translations: one language's shards joined, every unit exactly once.
+import pandas as pd
+
+from modsent.logs import setup_logging
+from modsent.paraphrase_data import gather_shards, write_parquet
+
+setup_logging(snakemake.log[0])
+units = pd.read_parquet(snakemake.input.units)
+write_parquet(gather_shards(units, list(snakemake.input.shards)), snakemake.output[0])

@@ -1,0 +1,14 @@
+# rule paraphrase_language: the English pairs in one language.
+import logging
+
+import pandas as pd
+
+from modsent.logs import setup_logging
+from modsent.paraphrase_data import translate_pairs, write_parquet
+
+setup_logging(snakemake.log[0])
+english = pd.read_parquet(snakemake.input.english)
+pairs = translate_pairs(english, pd.read_parquet(snakemake.input.translations))
+write_parquet(pairs, snakemake.output[0])
+logging.getLogger("modsent").info("%s: %d of %d pairs (%d dropped: a sentence without translation)",
+                                  snakemake.wildcards.lang, len(pairs), len(english), len(english) - len(pairs))

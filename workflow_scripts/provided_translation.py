@@ -1,0 +1,10 @@
+# rule provided_translation: human translations aligned on the English units.
+import pandas as pd
+
+from modsent.logs import setup_logging
+from modsent.paraphrase_data import align_provided, write_parquet
+
+setup_logging(snakemake.log[0])
+units = pd.read_parquet(snakemake.input.units)
+translated, dropped = align_provided(units, pd.read_parquet(snakemake.input.provided), snakemake.wildcards.lang)
+write_parquet(translated, snakemake.output[0])

@@ -1,0 +1,26 @@
+# rule translate_shard: machine-translate one shard of the English units into {lang}.
+import torch
+
+from modsent.logs import setup_logging
+from modsent.translation import translate_shard
+
+setup_logging(snakemake.log[0])
+torch.set_num_threads(snakemake.threads)
+settings = snakemake.params.settings
+index, total = (int(x) for x in snakemake.wildcards.scatteritem.split("-of-"))
+engine = settings["engine"]
+translate_shard(
+    snakemake.input.units,
+    snakemake.output[0],
+    shard=index - 1,
+    n_shards=total,
+    engine=engine,
+    model=snakemake.input.model[0] if engine == "ctranslate2" else settings["model"],
+    tokenizer=settings["model"],
+    tgt_lang=snakemake.wildcards.lang,
+    batch_size=settings["batch_size"],
+    beam_size=settings["beam_size"],
+    max_length=settings["max_length"],
+    compute_type=settings["compute_type"],
+    checkpoint_every=settings["checkpoint_every"],
+)
