@@ -1,0 +1,124 @@
+import json
+from collections import Counter
+
+import pandas as pd
+import pytest
+
+from modsent import paraphrase_data as pd_
+from modsent.sources.builtin import builtin_paraphrases, builtin_translations
+from modsent.translation_quality import copy_rate, quality_report, write_quality_report
+
+
+@pytest.fixture(scope="module")
+def english():
+    return builtin_paraphrases()
+
+
+@pytest.fixture(scope="module")
+def units(english):
+    return pd_.translation_units(english)
+
+
+def provided(lang):
+    return builtin_translations(lang)
+
+
+def test_units_are_the_distinct_sentences(english, units):
+    sentences = set(english["anchor"]) | set(english["positive"]) | set(english["negative"].dropna())
+    assert set(units["text"]) == sentences
+    assert units["unit_id"].is_unique and units["text"].is_unique
+    assert units["unit_id"].tolist() == sorted(units["unit_id"])
+    assert units.loc[0, "unit_id"] == pd_.unit_id(units.loc[0, "text"])
+
+
+def test_shards_partition_the_units(units):
+    shards = pd_.shard_of(units["unit_id"], 3)
+    assert set(shards) <= {0, 1, 2}
+    # adding units never moves existing ones to another shard
+    more = pd.concat([units, pd.DataFrame({"unit_id": ["ffffffffffffffff"], "text": ["x"]})])
+    assert pd_.shard_of(more["unit_id"], 3).iloc[: len(units)].tolist() == shards.tolist()
+
+
+def test_merge_english_keeps_a_pair_once(tmp_path, english):
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    english.iloc[:50].to_parquet(a)
+    english.iloc[40:80].to_parquet(b)
+    merged = pd_.merge_english([a, b])
+    assert len(merged) == 80 and merged["pair_id"].is_unique
+
+
+def test_provided_alignment_counts_the_dropped(units):
+    table = provided("de")
+    partial = table[table["english"] != units.loc[0, "text"]]
+    kept, dropped = pd_.align_provided(units, partial, "de")
+    assert dropped == 1 and len(kept) == len(units) - 1
+    assert dict(zip(kept["text"], kept["translation"]))[units.loc[1, "text"]] == \
+        dict(zip(table["english"], table["translation"]))[units.loc[1, "text"]]
+
+
+def test_language_files_are_multi_parallel(english, units):
+    per_lang = {"en": english}
+    for lang in ["de", "zh", "ky"]:
+        translated, dropped = pd_.align_provided(units, provided(lang), lang)
+        assert dropped == 0  # the built-in translations cover every paraphrase sentence
+        per_lang[lang] = pd_.translate_pairs(english, translated)
+    for lang, frame in per_lang.items():
+        assert frame["pair_id"].tolist() == english["pair_id"].tolist(), lang
+    de = per_lang["de"].set_index("pair_id")
+    row = english.iloc[0]
+    table = dict(zip(provided("de")["english"], provided("de")["translation"]))
+    assert de.at[row["pair_id"], "anchor"] == table[row["anchor"]]
+
+
+def test_pair_builders(english, units):
+    translated, _ = pd_.align_provided(units, provided("ky"), "ky")
+    ky = pd_.translate_pairs(english, translated)
+    cross = pd_.crosslingual_paraphrase_pairs(english, ky)
+    first = cross.iloc[0]
+    assert first["anchor"] == english.set_index("pair_id").at[first["pair_id"], "anchor"]
+    assert first["positive"] == ky.set_index("pair_id").at[first["pair_id"], "positive"]
+    parallel = pd_.parallel_pairs(translated)
+    assert list(parallel.columns) == ["unit_id", "english", "translation"] and len(parallel) == len(units)
+
+
+def test_full_m_batches_are_monolingual_and_cover_each_pair_once(english):
+    frames = {"en": english, "de": english.assign(anchor="de:" + english["anchor"])}
+    seen = Counter()
+    langs = []
+    for lang, batch in pd_.monolingual_mix_batches(frames, batch_size=16, seed=0):
+        assert len(batch) == 16
+        assert batch["anchor"].str.startswith("de:").all() == (lang == "de")
+        seen.update((lang, pid) for pid in batch["pair_id"])
+        langs.append(lang)
+    assert max(seen.values()) == 1
+    assert set(langs) == {"en", "de"} and langs != sorted(langs)  # interleaved at random
+
+
+def test_full_c_draws_languages_independently(english):
+    frames = {lang: english.assign(anchor=f"{lang}:" + english["anchor"],
+                                   positive=f"{lang}:" + english["positive"]) for lang in ["en", "de", "ky"]}
+    mix = pd_.crosslingual_mix(frames, seed=0)
+    assert len(mix) == len(english)
+    assert (mix["anchor"].str.split(":").str[0] == mix["anchor_lang"]).all()
+    assert (mix["positive"].str.split(":").str[0] == mix["positive_lang"]).all()
+    assert (mix["anchor_lang"] != mix["positive_lang"]).mean() > 0.5  # 2/3 expected
+
+
+def test_copy_rate():
+    assert copy_rate("Log in to Django", "Django-ге кирүү") == pytest.approx(1 / 3)  # django, ге, кирүү
+    assert copy_rate("a", "") == 0.0
+
+
+def test_quality_report_flags_problems(tmp_path):
+    rows = pd.DataFrame({
+        "unit_id": ["1", "2", "3", "4"],
+        "text": ["Change password", "Log out of the site now", "Save", "Delete the selected items"],
+        "translation": ["Сырсөздү өзгөртүү", "", "Save", "Ө"],
+    })
+    report = quality_report(rows, "ky")
+    assert (report["empty"], report["untranslated"], report["short"]) == (1, 1, 1)
+    path = tmp_path / "ky.parquet"
+    rows.to_parquet(path)
+    out = write_quality_report(path, "ky", tmp_path / "ky.json", tmp_path / "ky.png")
+    assert json.loads((tmp_path / "ky.json").read_text())["units"] == 4 == out["units"]
+    assert (tmp_path / "ky.png").read_bytes()[:4] == b"\x89PNG"
