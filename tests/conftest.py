@@ -1,10 +1,14 @@
 import os
+import sys
 import shutil
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+# deepfocus (the FOCUS reference implementation) lives outside site-packages: see ./run
+sys.path.append(str(REPO / ".venv" / "reference"))
 
 # Nothing in the tests may reach the Hugging Face Hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -14,4 +14,6 @@ train_token_fasttext(
     threads=snakemake.threads,
     model=settings["model"],
     max_sentences=settings["max_sentences"],
+    bucket=settings["bucket"],
+    keep_model=settings["keep_model"],
 )
