@@ -122,6 +122,15 @@ def source_errors(config: dict) -> list[str]:
             except InputError as err:
                 problems.append(f"paraphrases.{name}.source: {err}")
     translation = config.get("translation") or {}
+    engine = translation.get("engine", "transformers")
+    if engine in ("transformers", "ctranslate2") and langs:
+        from modsent.translation import check_languages
+
+        try:  # before any GPU job: a language the model does not cover is named here
+            check_languages(engine, translation.get("model", "facebook/nllb-200-3.3B"),
+                            [lang for lang in langs if lang != PIVOT_LANGUAGE] + [PIVOT_LANGUAGE])
+        except InputError as err:
+            problems.append(f"translation.model: {err}")
     if translation.get("engine") == "provided" and translation.get("provided") is None:
         problems.append("translation.provided: engine 'provided' needs a source of human translations")
     if translation.get("engine") == "provided" and translation.get("provided") == "builtin":

@@ -16,7 +16,6 @@ and builders that combine languages use the pair_ids the languages share.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -25,16 +24,12 @@ import numpy as np
 import pandas as pd
 
 from modsent.io import InputError, atomic_path
+from modsent.translation import make_units, shard_of, unit_id  # noqa: F401  (one definition)
 
 log = logging.getLogger(__name__)
 
 PAIR_COLUMNS = ("pair_id", "dataset", "anchor", "positive", "negative")
 SENTENCE_COLUMNS = ("anchor", "positive", "negative")
-
-
-def unit_id(text: str) -> str:
-    """Content-hash id of an English sentence: 16 hex characters of SHA-256."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def write_parquet(frame: pd.DataFrame, path: str | Path) -> None:
@@ -60,18 +55,7 @@ def merge_english(paths: Iterable[str | Path]) -> pd.DataFrame:
 def translation_units(pairs: pd.DataFrame) -> pd.DataFrame:
     """Every distinct English sentence of the pairs once, with its content-hash id, sorted by
     id: a sentence in several pairs or datasets is translated once per language."""
-    texts = pd.unique(pd.concat([pairs[c] for c in SENTENCE_COLUMNS]).dropna())
-    units = pd.DataFrame({"unit_id": [unit_id(t) for t in texts], "text": texts})
-    units = units.sort_values("unit_id", kind="stable").reset_index(drop=True)
-    clash = units["unit_id"].duplicated()
-    if clash.any():  # 64-bit ids: practically never; fail loudly rather than mix sentences up
-        raise RuntimeError(f"unit id collision for {units.loc[clash, 'text'].tolist()[:3]}")
-    return units
-
-
-def shard_of(unit_ids: pd.Series, n_shards: int) -> pd.Series:
-    """The shard of each unit: its id modulo the shard count (stable when units are added)."""
-    return unit_ids.map(lambda u: int(u, 16) % n_shards)
+    return make_units(pd.concat([pairs[c] for c in SENTENCE_COLUMNS]).dropna().tolist())
 
 
 def align_provided(units: pd.DataFrame, provided: pd.DataFrame, lang: str) -> tuple[pd.DataFrame, int]:

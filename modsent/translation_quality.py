@@ -18,7 +18,10 @@ import pandas as pd
 
 from modsent.io import atomic_open, atomic_path
 
-SHORT_RATIO = 0.3  # output shorter than 30% of the source (in characters): likely truncated
+# Output shorter than 30% of the language's typical length ratio: likely truncated or dropped
+# content. Relative to the median because scripts differ (Chinese needs a third of the
+# characters English does).
+SHORT_RATIO = 0.3
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
@@ -46,7 +49,8 @@ def quality_report(translations: pd.DataFrame, lang: str) -> dict:
     empty = output.str.strip() == ""
     untranslated = (output.str.strip().str.casefold() == source.str.strip().str.casefold()) & ~empty
     ratio = output.str.len() / source.str.len().clip(lower=1)
-    short = (ratio < SHORT_RATIO) & ~empty
+    typical = ratio[~empty].median() if (~empty).any() else 1.0
+    short = (ratio < SHORT_RATIO * typical) & ~empty
     copies = np.array([copy_rate(s, o) for s, o in zip(source, output)])
     identifier = _identifier()
     lid_code = lang.split("-")[0]
@@ -88,7 +92,8 @@ def write_quality_report(translations_path: str | Path, lang: str, json_path: st
         handle.write(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     fig, axes = plt.subplots(1, 2, figsize=(8, 3), dpi=100)
     axes[0].hist(np.clip(ratio, 0, 3), bins=30)
-    axes[0].axvline(SHORT_RATIO, color="red", linestyle="--", label="likely truncated")
+    axes[0].axvline(SHORT_RATIO * float(np.median(ratio)) if ratio else SHORT_RATIO, color="red",
+                    linestyle="--", label="likely truncated")
     axes[0].set_xlabel("length ratio (translation / English, chars)")
     axes[0].legend()
     axes[1].hist(copies, bins=20, range=(0, 1))
@@ -106,7 +111,7 @@ def write_quality_report(translations_path: str | Path, lang: str, json_path: st
 def write_quality_summary(json_paths: list[str | Path], out_path: str | Path) -> None:
     rows = [json.loads(Path(p).read_text(encoding="utf-8")) for p in json_paths]
     lines = ["# Translation quality", "",
-             "| language | sentences | empty | untranslated | short (<30%) | median length ratio | "
+             "| language | sentences | empty | untranslated | short | median length ratio | "
              "mean copy rate | language ID agreement |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:

@@ -72,6 +72,10 @@ CASES = [
      ["translation.provided: engine 'provided' needs a source"]),
     ("unknown engine", lambda c: c["translation"].update(engine="google"),
      ["translation.engine", "'google' is not one of"]),
+    ("language NLLB does not cover",
+     lambda c: c.update(languages=["en", "ar-Latn"], corpora={"source": "local:/x/{lang}.txt"},
+                        translation={"engine": "transformers"}),
+     ["translation.model", "'ar-Latn'", "not covered by NLLB-200"]),
     ("bool as count", lambda c: c["paraphrases"]["builtin"].update(max_pairs=True),
      ["paraphrases.builtin.max_pairs"]),
 ]

@@ -16,7 +16,7 @@ translate_shard(
     n_shards=total,
     engine=engine,
     model=snakemake.input.model[0] if engine == "ctranslate2" else settings["model"],
-    tokenizer=settings["model"],
+    tokenizer=None,  # transformers: the checkpoint's own; ctranslate2: saved with the conversion
     tgt_lang=snakemake.wildcards.lang,
     batch_size=settings["batch_size"],
     beam_size=settings["beam_size"],
