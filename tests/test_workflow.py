@@ -63,3 +63,32 @@ def test_rerun_has_nothing_to_do(run):
 def test_no_hidden_temporaries_left(run):
     leftovers = [p for p in (run / "resources").rglob(".*.tmp-*")]
     assert leftovers == []
+
+
+def test_machine_translation_path_scatters_and_gathers(tmp_path):
+    """engine: transformers with a tiny random NLLB, 2 shards per language: the shards run as
+    separate jobs, every unit comes back exactly once, and the pair files stay parallel."""
+    from modsent.testing import sample_texts
+    from modsent.translation import make_random_nllb
+
+    model = make_random_nllb(tmp_path / "nllb", sample_texts(300), vocab_size=400)
+    config = yaml.safe_load(CONFIG.read_text())
+    config["languages"] = ["en", "ky"]
+    config["translation"] = {"engine": "transformers", "model": f"local:{model}", "shards": 2,
+                             "batch_size": 16, "beam_size": 1, "max_length": 8}
+    path = tmp_path / "mt.yaml"
+    path.write_text(yaml.safe_dump(config))
+    workdir = tmp_path / "work"
+    proc = subprocess.run(
+        [snakemake_exe(), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+         "--configfile", str(path), "--cores", "2", "results/paraphrase/ky.parquet",
+         "results/translation/quality.md"],
+        capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    shards = sorted(p.name for p in (workdir / "results/translation/ky/shards").iterdir())
+    assert shards == ["1-of-2.parquet", "2-of-2.parquet"]
+    units = pd.read_parquet(workdir / "results/translation/units.parquet")
+    ky = pd.read_parquet(workdir / "results/translation/ky.parquet")
+    assert sorted(ky["unit_id"]) == sorted(units["unit_id"])
+    en = pd.read_parquet(workdir / "results/paraphrase/en.parquet")
+    assert pd.read_parquet(workdir / "results/paraphrase/ky.parquet")["pair_id"].tolist() == en["pair_id"].tolist()
