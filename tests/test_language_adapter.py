@@ -179,3 +179,16 @@ def test_empty_corpus(tmp_path):
     empty.write_text("\n\n", encoding="utf-8")
     with pytest.raises(InputError, match="empty"):
         la.read_corpus(empty)
+
+
+def test_tensorboard_tracking_writes_the_curve(inputs, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = la.LanguageAdapterConfig(**{**CFG.__dict__, "tracking": "tensorboard"})
+    la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
+                              tmp_path / "de", cfg, tracking_dir=tmp_path / "tb", progress=False)
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    losses = events.Scalars("train/loss")
+    assert [e.step for e in losses] == list(range(1, cfg.steps + 1))
+    assert "heldout/mlm_loss_after" in events.Tags()["scalars"]
