@@ -131,6 +131,13 @@ def source_errors(config: dict) -> list[str]:
                             [lang for lang in langs if lang != PIVOT_LANGUAGE] + [PIVOT_LANGUAGE])
         except InputError as err:
             problems.append(f"translation.model: {err}")
+    if translation.get("engine") == "provided" and translation.get("provided") == "hf:xnli":
+        from modsent.sources.xnli import LANGUAGES as XNLI_LANGUAGES
+
+        for lang in langs:
+            if lang != PIVOT_LANGUAGE and lang not in XNLI_LANGUAGES:
+                problems.append(f"translation.provided: language {lang!r} is not in XNLI (XNLI "
+                                f"languages: {', '.join(XNLI_LANGUAGES)})")
     if translation.get("engine") == "provided" and translation.get("provided") is None:
         problems.append("translation.provided: engine 'provided' needs a source of human translations")
     if translation.get("engine") == "provided" and translation.get("provided") == "builtin":

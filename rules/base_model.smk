@@ -9,6 +9,8 @@ rule base_model:
         source=config["base_model"]["source"],
         revision=config["base_model"].get("revision"),
         trust_remote_code=config["base_model"]["trust_remote_code"],
+        prompts=config["base_model"].get("prompts"),
+        default_prompt_name=config["base_model"].get("default_prompt_name"),
     log:
         "logs/base_model/{base}.log",
     conda:

@@ -42,3 +42,24 @@ def test_local_model_without_safetensors_is_refused(tmp_path):
     with pytest.raises(InputError):
         prepare_base_model(f"local:{src}", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_e5_models_get_their_prompts_unless_declared():
+    from modsent.base_models import needs_e5_prompts
+
+    assert needs_e5_prompts("intfloat/multilingual-e5-base", {})
+    assert needs_e5_prompts("intfloat/e5-large-v2", None)
+    assert not needs_e5_prompts("intfloat/multilingual-e5-base", {"query": "query: "})
+    assert not needs_e5_prompts("sentence-transformers/LaBSE", {})
+
+
+def test_configured_prompts_are_written(tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    src = make_tiny_xlmr(tmp_path / "src", sample_texts(200))
+    out = prepare_base_model(f"local:{src}", tmp_path / "out", prompts={"query": "query: "})
+    model = SentenceTransformer(str(out), device="cpu")
+    assert model.prompts["query"] == "query: " and model.default_prompt_name == "query"
+    with_prompt = model.encode(["a test"])
+    without = model.encode(["a test"], prompt="")
+    assert not (with_prompt == without).all()  # the prefix is applied by default

@@ -76,6 +76,8 @@ CASES = [
      lambda c: c.update(languages=["en", "ar-Latn"], corpora={"source": "local:/x/{lang}.txt"},
                         translation={"engine": "transformers"}),
      ["translation.model", "'ar-Latn'", "not covered by NLLB-200"]),
+    ("language XNLI lacks", lambda c: c["translation"].update(provided="hf:xnli"),
+     ["translation.provided: language 'ky' is not in XNLI"]),
     ("bool as count", lambda c: c["paraphrases"]["builtin"].update(max_pairs=True),
      ["paraphrases.builtin.max_pairs"]),
 ]

@@ -184,3 +184,21 @@ def test_builtin_eval_files_align_by_id(tmp_path):
     frame = pd.read_parquet(classification)
     assert {"text", "label", "split"} <= set(frame.columns)
     assert set(frame["split"]) == {"train", "test"}
+
+
+def test_xnli_as_provided_translations(tmp_path):
+    # a local mirror laid out like facebook/xnli: the same load_dataset(repo, lang, split) calls
+    out = tmp_path / "de.parquet"
+    count = prepare_translations({"hf": str(FIXTURES / "facebook-xnli")}, "de", out)
+    frame = pd.read_parquet(out)
+    en = pd.read_parquet(FIXTURES / "facebook-xnli/en/validation-00000-of-00001.parquet")
+    de = pd.read_parquet(FIXTURES / "facebook-xnli/de/validation-00000-of-00001.parquet")
+    table = dict(zip(frame["english"], frame["translation"]))
+    assert count == 12
+    assert table[en.loc[0, "premise"]] == de.loc[0, "premise"]
+    assert table[en.loc[2, "hypothesis"]] == de.loc[2, "hypothesis"]
+
+
+def test_xnli_lacks_a_language(tmp_path):
+    with pytest.raises(InputError, match="'ky' is not in XNLI"):
+        prepare_translations("hf:xnli", "ky", tmp_path / "x.parquet")

@@ -8,4 +8,6 @@ prepare_base_model(
     snakemake.output[0],
     revision=snakemake.params.revision,
     trust_remote_code=snakemake.params.trust_remote_code,
+    prompts=snakemake.params.prompts,
+    default_prompt_name=snakemake.params.default_prompt_name,
 )

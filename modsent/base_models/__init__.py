@@ -50,9 +50,32 @@ def check_model_dir(path: Path) -> None:
         raise InputError(f"{path}: no tokenizer files")
 
 
+E5_PROMPTS = {"query": "query: ", "passage": "passage: ", "document": "passage: "}
+
+
+def set_prompts(model_dir: Path, prompts: dict[str, str], default_prompt_name: str | None) -> None:
+    """Write prompts into the directory's sentence-transformers config."""
+    path = model_dir / "config_sentence_transformers.json"
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    config["prompts"] = dict(prompts)
+    config["default_prompt_name"] = default_prompt_name
+    path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def needs_e5_prompts(source: str, prompts: dict | None) -> bool:
+    """E5 models expect "query: " / "passage: " prefixes; older Hub copies declare none."""
+    name = source.rsplit("/", 1)[-1].lower()
+    return not prompts and (name.startswith("e5") or "-e5" in name or "_e5" in name)
+
+
 def prepare_base_model(source: str, out_dir: str | Path, *, revision: str | None = None,
-                       trust_remote_code: bool = False) -> Path:
-    """Write the base model named by ``source`` to ``out_dir`` (atomically)."""
+                       trust_remote_code: bool = False, prompts: dict[str, str] | None = None,
+                       default_prompt_name: str | None = None) -> Path:
+    """Write the base model named by ``source`` to ``out_dir`` (atomically).
+
+    The model keeps its sentence-transformers pooling, normalisation and prompts; ``prompts``
+    (config ``base_model.prompts``) replaces them, and an E5 model that declares none gets E5's
+    ("query: " by default)."""
     kind, value = parse_source(source)
     out_dir = Path(out_dir)
     with atomic_path(out_dir, directory=True) as tmp:
@@ -85,6 +108,13 @@ def prepare_base_model(source: str, out_dir: str | Path, *, revision: str | None
         from sentence_transformers import SentenceTransformer
 
         model = SentenceTransformer(str(tmp), device="cpu", trust_remote_code=trust_remote_code)
+        if prompts:
+            set_prompts(tmp, prompts, default_prompt_name or next(iter(prompts)))
+        elif kind == "hf" and needs_e5_prompts(value, model.prompts):
+            log.info("%s declares no prompts; adding E5's (%s)", value, E5_PROMPTS)
+            set_prompts(tmp, E5_PROMPTS, "query")
+        if prompts or (kind == "hf" and needs_e5_prompts(value, model.prompts)):
+            model = SentenceTransformer(str(tmp), device="cpu", trust_remote_code=trust_remote_code)
         info = {"source": source, "revision": revision,
                 "dimension": model.get_embedding_dimension(),
                 "prompts": model.prompts, "max_seq_length": model.max_seq_length}

@@ -190,9 +190,18 @@ def prepare_translations(spec, lang: str, out_path: str | Path) -> int:
         columns = source.options.get("columns") or {"english": "english", "translation": "translation"}
         frame = pd.DataFrame(list(iter_local_records(path, format=source.options.get("format"),
                                                      columns=columns)))
+    elif source.kind == "hf" and (source.name == "xnli" or source.options.get("hf") == "facebook/xnli"):
+        from modsent.sources.xnli import xnli_translations
+
+        frame = xnli_translations(lang, revision=source.options.get("revision"))
+    elif source.kind == "hf" and source.name is None and "xnli" in str(source.options.get("hf")).lower():
+        from modsent.sources.xnli import xnli_translations  # a local mirror of facebook/xnli
+
+        frame = xnli_translations(lang, repo_id=str(source.options["hf"]))
     else:
         raise InputError(f"translation.provided: {source.describe()} is not supported for provided "
-                         "translations; use 'builtin' or a local file with english and translation columns")
+                         "translations; use 'builtin', 'hf:xnli' or a local file with english and "
+                         "translation columns")
     frame = frame[["english", "translation"]].astype("string")
     frame = frame.dropna()
     frame = frame[(frame["english"].str.strip() != "") & (frame["translation"].str.strip() != "")]
