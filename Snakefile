@@ -1,7 +1,7 @@
 # modsent: modular multilingual sentence encoders.
 #
 #   snakemake --cores 2                     # the embedded demo (config.yaml), offline, CPU
-#   snakemake --profile slurm --configfile configs/paper-labse.yaml
+#   snakemake --configfile configs/paper-labse.yaml --executor slurm ...   # on a cluster
 #
 # The config is checked against schemas/config.schema.yaml before anything is planned.
 

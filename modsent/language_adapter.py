@@ -46,46 +46,55 @@ CHECKPOINT_META = "meta.json"
 
 @dataclasses.dataclass(frozen=True)
 class LanguageAdapterConfig:
-    """Hyperparameters of LA training (the config's `language_adapter` section)."""
+    """Hyperparameters of LA training: the config's `language_adapter` section, whose defaults
+    live in schemas/config.schema.yaml (the ones here only serve direct library use)."""
 
-    steps: int = 1000
-    batch_size: int = 32
-    seq_len: int = 128
-    learning_rate: float = 1e-4
-    warmup_steps: int = 100
+    steps: int
+    batch_size: int
+    seq_len: int
+    learning_rate: float
+    warmup_steps: int = 0
     weight_decay: float = 0.01
     mlm_probability: float = 0.15
     lora_r: int = 8
     lora_alpha: int = 16
     lora_dropout: float = 0.1
     target_modules: tuple[str, ...] = ("query", "key", "value")
-    eval_sentences: int = 500
-    checkpoint_every: int = 500
-    log_every: int = 10
+    eval_sentences: int = 1000
+    checkpoint_every: int = 1000
+    log_every: int = 50
+    head_warmup_steps: int = 0
     seed: int = 0
-    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on the CPU
+    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on the CPU; fp32: never autocast
     tracking: str = "none"  # none | tensorboard | wandb
 
     @classmethod
     def from_config(cls, section: dict) -> "LanguageAdapterConfig":
-        lora = section.get("lora", {})
+        """From the validated config section (the schema filled in every default)."""
+        lora = section["lora"]
         return cls(
             steps=section["steps"], batch_size=section["batch_size"], seq_len=section["seq_len"],
             learning_rate=section["learning_rate"], warmup_steps=section["warmup_steps"],
             weight_decay=section["weight_decay"], mlm_probability=section["mlm_probability"],
-            lora_r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16),
-            lora_dropout=lora.get("dropout", 0.1),
-            target_modules=tuple(lora.get("target_modules", ("query", "key", "value"))),
+            lora_r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+            target_modules=tuple(lora["target_modules"]),
             eval_sentences=section["eval_sentences"], checkpoint_every=section["checkpoint_every"],
-            log_every=section["log_every"], seed=section["seed"], precision=section["precision"],
-            tracking=section["tracking"],
+            log_every=section["log_every"], head_warmup_steps=section["head_warmup_steps"],
+            seed=section["seed"], precision=section["precision"], tracking=section["tracking"],
         )
 
-    def fingerprint(self) -> str:
-        """What a checkpoint must match to be resumed (log/checkpoint cadence may change)."""
+    def fingerprint(self, *inputs: str | Path) -> str:
+        """What a checkpoint must match to be resumed: the hyperparameters (log/checkpoint
+        cadence may change) and the content of the input files (a retrained tokenizer or new
+        embeddings of the same shape must not resume a stale checkpoint)."""
         relevant = {k: v for k, v in dataclasses.asdict(self).items()
                     if k not in ("checkpoint_every", "log_every", "tracking")}
-        return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(json.dumps(relevant, sort_keys=True).encode())
+        for path in inputs:
+            with open(path, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+        return digest.hexdigest()[:16]
 
 
 # ---- data -----------------------------------------------------------------------------------
@@ -266,7 +275,8 @@ def load_language_model(base_model_dir: str | Path, la_dir: str | Path, *, mlm: 
 
 @torch.no_grad()
 def heldout_mlm_loss(model, sequences: torch.Tensor, tokenizer, *, batch_size: int,
-                     probability: float = 0.15, seed: int = 1234, device="cpu") -> float:
+                     probability: float = 0.15, seed: int = 1234, device="cpu",
+                     precision: str = "auto") -> float:
     """Mean cross-entropy over masked tokens of held-out sequences, with fixed masks."""
     was_training = model.training
     model.eval()
@@ -277,7 +287,7 @@ def heldout_mlm_loss(model, sequences: torch.Tensor, tokenizer, *, batch_size: i
         n = int((labels != -100).sum())
         if n == 0:
             continue
-        with _autocast(device):
+        with _autocast(device, precision):
             loss = mlm_loss(model, inputs.to(device), labels.to(device))
         total += float(loss) * n
         count += n
@@ -285,8 +295,8 @@ def heldout_mlm_loss(model, sequences: torch.Tensor, tokenizer, *, batch_size: i
     return total / max(count, 1)
 
 
-def _autocast(device) -> contextlib.AbstractContextManager:
-    if str(device).startswith("cuda"):
+def _autocast(device, precision: str = "auto") -> contextlib.AbstractContextManager:
+    if str(device).startswith("cuda") and precision == "auto":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -398,6 +408,34 @@ class _Tracker:
             (self.writer.close if self.kind == "tensorboard" else self.writer.finish)()
 
 
+def warm_up_head(model, train: torch.Tensor, tokenizer, cfg: LanguageAdapterConfig, device) -> None:
+    """``cfg.head_warmup_steps`` steps training the MLM head alone (its own optimizer), before
+    the "before" loss is measured. Uses steps past the end of the LA's batch sequence."""
+    if cfg.head_warmup_steps <= 0:
+        return
+    head = _mlm_parts(model)[1]
+    tied = model.get_input_embeddings().weight
+    params = [p for p in head.parameters() if p.requires_grad and p is not tied]
+    frozen = [p for p in model.parameters() if p.requires_grad and all(p is not q for q in params)]
+    for p in frozen:
+        p.requires_grad_(False)
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate)
+    model.train()
+    for i in range(cfg.head_warmup_steps):
+        step = cfg.steps + i  # batches the LA's own steps do not use in the same epoch order
+        index = batch_indices(step, len(train), cfg.batch_size, cfg.seed)
+        inputs, labels = mask_tokens(train[index], tokenizer, cfg.mlm_probability,
+                                     step_generator(step, cfg.seed + 1))
+        with _autocast(device, cfg.precision):
+            loss = mlm_loss(model, inputs.to(device), labels.to(device))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    for p in frozen:
+        p.requires_grad_(True)
+    log.info("MLM head warmed up alone for %d steps (last loss %.3f)", cfg.head_warmup_steps, loss.item())
+
+
 def read_corpus(path: str | Path) -> list[str]:
     lines = [line.strip() for _, line in iter_utf8_lines(path)]
     lines = [line for line in lines if line]
@@ -443,14 +481,22 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
                                    {"params": no_decay, "weight_decay": 0.0}], lr=cfg.learning_rate)
     eval_batch = max(1, min(cfg.batch_size, 64))
 
-    loss_before = heldout_mlm_loss(model, heldout, tokenizer, batch_size=eval_batch,
-                                   probability=cfg.mlm_probability, device=device) if len(heldout) else None
-    fingerprint = cfg.fingerprint()
+    fingerprint = cfg.fingerprint(Path(tokenizer_dir) / "tokenizer.json",
+                                  Path(embeddings_dir) / EMBEDDINGS_NAME, corpus_path)
     step, history = 0, []
     resumed = load_checkpoint(checkpoint_dir, model, optimizer, fingerprint)
     if resumed is not None:
         step, history = resumed
+        loss_before = history.pop(0)[1] if history and history[0][0] == "before" else None
         log.info("resuming from checkpoint %s at step %d", checkpoint_dir, step)
+    else:
+        # Base sentence encoders ship without an MLM head: a new head would make the "before"
+        # loss meaningless (worse than uniform guessing). Fit the head alone first, everything
+        # else frozen; the held-out loss after that is the base model's with FOCUS embeddings.
+        warm_up_head(model, train, tokenizer, cfg, device)
+        loss_before = heldout_mlm_loss(model, heldout, tokenizer, batch_size=eval_batch,
+                                       probability=cfg.mlm_probability, device=device,
+                                       precision=cfg.precision) if len(heldout) else None
 
     tracker = _Tracker(cfg.tracking, Path(tracking_dir or out_dir.with_name(out_dir.name + ".tracking")),
                        out_dir.name, dataclasses.asdict(cfg))
@@ -463,7 +509,7 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
                                      step_generator(step, cfg.seed))
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, cfg)
-        with _autocast(device):
+        with _autocast(device, cfg.precision):
             loss = mlm_loss(model, inputs.to(device), labels.to(device))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -478,19 +524,22 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
             bar.set_postfix(loss=f"{value:.3f}")
         bar.update(1)
         if step % cfg.checkpoint_every == 0 and step < cfg.steps:
-            save_checkpoint(checkpoint_dir, model, optimizer, step, fingerprint, history)
+            save_checkpoint(checkpoint_dir, model, optimizer, step, fingerprint,
+                            [["before", loss_before, 0.0]] + history)
         if on_step is not None:
             on_step(step)
     bar.close()
     elapsed = time.perf_counter() - start_time
 
     loss_after = heldout_mlm_loss(model, heldout, tokenizer, batch_size=eval_batch,
-                                  probability=cfg.mlm_probability, device=device) if len(heldout) else None
+                                  probability=cfg.mlm_probability, device=device,
+                                  precision=cfg.precision) if len(heldout) else None
     tracker.log(step, {"heldout/mlm_loss_before": loss_before or math.nan,
                        "heldout/mlm_loss_after": loss_after or math.nan})
     tracker.close()
     metrics = {
         "heldout_mlm_loss_before": loss_before, "heldout_mlm_loss_after": loss_after,
+        "uniform_guess_loss": math.log(len(tokenizer)), "head_warmup_steps": cfg.head_warmup_steps,
         "heldout_lines": len(heldout_lines), "train_lines": len(train_lines),
         "train_sequences": len(train), "steps": cfg.steps, "resumed_from_step": resumed[0] if resumed else 0,
         "tokens_per_second": tokens_seen / elapsed if elapsed > 0 else None,

@@ -412,10 +412,12 @@ class CTranslate2Translator(Translator):
         return [self.tokenizer.convert_tokens_to_ids(r.hypotheses[0]) for r in results]
 
 
-def _load_tokenizer(location: str, family: str, src_code: str):
+def _load_tokenizer(location: str, family: str, src_code: str, revision: str | None = None):
     from transformers import AutoTokenizer
 
     options = {"src_lang": src_code}
+    if revision:
+        options["revision"] = revision
     if family == "nllb":
         options["legacy_behaviour"] = False  # [src_lang] tokens </s>: the layout NLLB was trained on
     return AutoTokenizer.from_pretrained(location, **options)
@@ -435,7 +437,8 @@ def _torch_dtype(compute_type: str | None, device: str):
 def load_translator(engine: str, model: str | os.PathLike, *, src_lang: str, tgt_lang: str,
                     tokenizer: str | os.PathLike | None = None, beam_size: int = 4,
                     max_length: int = 256, max_input_length: int = 512, min_length: int = 0,
-                    device: str | None = None, compute_type: str | None = None) -> Translator:
+                    device: str | None = None, compute_type: str | None = None,
+                    revision: str | None = None) -> Translator:
     """Load a :class:`Translator` for ``src_lang`` → ``tgt_lang`` (our registry codes).
 
     ``model``: for ``transformers`` a checkpoint (Hub id, path or ``local:PATH``); for
@@ -446,6 +449,8 @@ def load_translator(engine: str, model: str | os.PathLike, *, src_lang: str, tgt
     ``cpu``. ``compute_type``: transformers ``float32``/``bfloat16``/``float16`` (default bfloat16
     on a GPU, float32 on a CPU); ctranslate2 any of its compute types (default bfloat16 on a GPU,
     the converted weights' type on a CPU; ``auto`` lets CTranslate2 pick the fastest).
+    ``revision``: the Hub revision of the checkpoint. Weights are read from safetensors only
+    (facebook/nllb-200-3.3B has them on revision refs/pr/10; its main branch has pickles only).
     """
     _check_engine(engine)
     codes = check_languages(engine, tokenizer or model, [src_lang, tgt_lang])
@@ -457,10 +462,12 @@ def load_translator(engine: str, model: str | os.PathLike, *, src_lang: str, tgt
     if engine == "transformers":
         from transformers import AutoModelForSeq2SeqLM
 
-        tok = _load_tokenizer(_model_location(tokenizer or model), family, codes[src_lang])
+        tok = _load_tokenizer(_model_location(tokenizer or model), family, codes[src_lang],
+                              None if tokenizer else revision)
         dtype = _torch_dtype(compute_type, device)
         log.info("loading %s (%s) on %s as %s", location, family, device, dtype)
-        seq2seq = AutoModelForSeq2SeqLM.from_pretrained(location, dtype=dtype).to(device).eval()
+        seq2seq = AutoModelForSeq2SeqLM.from_pretrained(
+            location, dtype=dtype, use_safetensors=True, revision=revision).to(device).eval()
         return TransformersTranslator(seq2seq, tok, family, codes[src_lang], codes[tgt_lang], **options)
 
     import ctranslate2
@@ -488,7 +495,7 @@ def load_translator(engine: str, model: str | os.PathLike, *, src_lang: str, tgt
 
 
 def convert_checkpoint(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                       quantization: str | None = None) -> Path:
+                       quantization: str | None = None, revision: str | None = None) -> Path:
     """Convert an NLLB/M2M100 checkpoint for CTranslate2 into ``out_dir``, atomically.
 
     Runs ``ctranslate2.converters.TransformersConverter`` (what ``ct2-transformers-converter``
@@ -511,12 +518,27 @@ def convert_checkpoint(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
         raise InputError(f"quantization {quantization!r}: expected one of {', '.join(CT2_QUANTIZATIONS)} "
                          f"(or auto: keep the checkpoint's weights type)")
     with atomic_path(out_dir, directory=True) as tmp:
+        if not Path(location).is_dir():
+            # safetensors only: the converter would otherwise unpickle pytorch_model*.bin
+            from huggingface_hub import snapshot_download
+
+            log.info("downloading %s (revision %s), safetensors only", location, revision)
+            location = snapshot_download(
+                repo_id=location, revision=revision, local_dir=tmp / ".download",
+                allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"])
+            if not list(Path(location).glob("*.safetensors")):
+                raise InputError(f"{model_dir} (revision {revision}) has no safetensors weights; set "
+                                 "translation.revision to one that has (facebook/nllb-200-3.3B: refs/pr/10)")
         log.info("converting %s for CTranslate2 %s (quantization %s)", location, ctranslate2.__version__,
                  quantization or "none")
         start = time.perf_counter()
-        TransformersConverter(location, low_cpu_mem_usage=True).convert(
-            str(tmp), quantization=quantization, force=True)
-        AutoTokenizer.from_pretrained(location).save_pretrained(tmp / CONVERTED_TOKENIZER_DIR)
+        TransformersConverter(str(location), low_cpu_mem_usage=True).convert(
+            str(tmp / "ct2"), quantization=quantization, force=True)
+        for item in (tmp / "ct2").iterdir():
+            item.rename(tmp / item.name)
+        (tmp / "ct2").rmdir()
+        AutoTokenizer.from_pretrained(str(location)).save_pretrained(tmp / CONVERTED_TOKENIZER_DIR)
+        shutil.rmtree(tmp / ".download", ignore_errors=True)
         info = {"source": str(model_dir), "family": family, "quantization": quantization,
                 "ctranslate2": ctranslate2.__version__, "transformers": transformers.__version__}
         (tmp / CONVERSION_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
@@ -607,6 +629,7 @@ def translate_shard(
     compute_type: str | None = None,
     checkpoint_every: int = 20,
     on_batch: Callable[[list[str]], None] | None = None,
+    revision: str | None = None,
 ) -> Path:
     """Translate the units of ``units_path`` into ``tgt_lang``; write ``out_path`` (parquet).
 
@@ -650,7 +673,8 @@ def translate_shard(
         translator = load_translator(
             engine, model, src_lang=src_lang, tgt_lang=tgt_lang, tokenizer=tokenizer,
             beam_size=beam_size, max_length=max_length, max_input_length=max_input_length,
-            device=device, compute_type=compute_type)
+            device=device, compute_type=compute_type,
+            revision=None if engine == "ctranslate2" else revision)
         if not partial.exists():
             partial.mkdir(parents=True)
             with atomic_open(partial / "settings.json") as handle:

@@ -22,6 +22,10 @@ from modsent.io import atomic_open, atomic_path
 # content. Relative to the median because scripts differ (Chinese needs a third of the
 # characters English does).
 SHORT_RATIO = 0.3
+# Language ID is unreliable on names and single words: agreement counts outputs this long only.
+LID_MIN_CHARS = 20
+# py3langid labels that name a variety of one of our languages
+LID_ALIASES = {"wuu": "zh", "yue": "zh", "cmn": "zh", "nb": "no", "nn": "no"}
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
@@ -55,9 +59,10 @@ def quality_report(translations: pd.DataFrame, lang: str) -> dict:
     identifier = _identifier()
     lid_code = lang.split("-")[0]
     supported = lid_code in identifier.nb_classes
-    if supported:
-        predicted = [identifier.classify(o)[0] if o.strip() else "" for o in output]
-        agreement = float(np.mean([p == lid_code for p in predicted])) if n else 0.0
+    long_enough = [o for o in output if len(o.strip()) >= LID_MIN_CHARS]
+    if supported and long_enough:
+        predicted = [LID_ALIASES.get(identifier.classify(o)[0], identifier.classify(o)[0]) for o in long_enough]
+        agreement = float(np.mean([p == lid_code for p in predicted]))
         confusions = pd.Series(predicted)[[p != lid_code for p in predicted]].value_counts().head(5)
     else:
         agreement, confusions = None, pd.Series(dtype=int)
@@ -71,6 +76,7 @@ def quality_report(translations: pd.DataFrame, lang: str) -> dict:
         "length_ratio_quantiles": {f"{q:.2f}": round(float(v), 3) for q, v in quantiles.items()},
         "copy_rate_mean": round(float(copies.mean()), 4) if n else None,
         "language_id_agreement": None if agreement is None else round(agreement, 4),
+        "language_id_checked": len(long_enough) if supported else 0,
         "language_id_supported": supported,
         "language_id_confusions": {str(k): int(v) for k, v in confusions.items()},
         "examples_untranslated": source[untranslated].head(5).tolist(),
@@ -80,13 +86,17 @@ def quality_report(translations: pd.DataFrame, lang: str) -> dict:
 
 
 def write_quality_report(translations_path: str | Path, lang: str, json_path: str | Path,
-                         plot_path: str | Path) -> dict:
+                         plot_path: str | Path, units_path: str | Path | None = None) -> dict:
+    """The report as JSON and a plot; with ``units_path`` it also counts the units that have no
+    translation at all (dropped by the provided engine)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     report = quality_report(pd.read_parquet(translations_path), lang)
+    if units_path is not None:
+        report["missing"] = int(pd.read_parquet(units_path, columns=["unit_id"]).shape[0] - report["units"])
     ratio, copies = report.pop("_ratio"), report.pop("_copies")
     with atomic_open(json_path) as handle:
         handle.write(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
@@ -111,14 +121,14 @@ def write_quality_report(translations_path: str | Path, lang: str, json_path: st
 def write_quality_summary(json_paths: list[str | Path], out_path: str | Path) -> None:
     rows = [json.loads(Path(p).read_text(encoding="utf-8")) for p in json_paths]
     lines = ["# Translation quality", "",
-             "| language | sentences | empty | untranslated | short | median length ratio | "
-             "mean copy rate | language ID agreement |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| language | sentences | missing | empty | untranslated | short | median length ratio | "
+             "mean copy rate | language ID agreement (outputs of 20+ chars) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         agreement = r["language_id_agreement"]
         lines.append(
-            f"| {r['language']} | {r['units']} | {r['empty']} | {r['untranslated']} | {r['short']} | "
+            f"| {r['language']} | {r['units']} | {r.get('missing', 0)} | {r['empty']} | {r['untranslated']} | {r['short']} | "
             f"{r['length_ratio_quantiles'].get('0.50', float('nan')):.2f} | {r['copy_rate_mean']:.2f} | "
-            f"{'n/a' if agreement is None else f'{agreement:.1%}'} |")
+            f"{'n/a' if agreement is None else f'{agreement:.1%} of {r["language_id_checked"]}'} |")
     with atomic_open(out_path) as handle:
         handle.write("\n".join(lines) + "\n")

@@ -92,6 +92,7 @@ if config["translation"]["engine"] == "ctranslate2":
         params:
             model=config["translation"]["model"],
             compute_type=config["translation"]["compute_type"],
+            revision=config["translation"]["revision"],
         log:
             "logs/translation/convert.log",
         conda:
@@ -118,7 +119,8 @@ rule paraphrase_language:
 rule translation_quality:
     """Empty, untranslated, short outputs, length ratios, copy rate, language-ID agreement."""
     input:
-        "results/translation/{lang}.parquet",
+        translations="results/translation/{lang}.parquet",
+        units="results/translation/units.parquet",
     output:
         report="results/translation/quality/{lang}.json",
         plot="results/translation/quality/{lang}.png",

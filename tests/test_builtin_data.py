@@ -28,7 +28,7 @@ from modsent.sources.builtin_catalogs import read_mo
 
 
 def _simple_key(text: str) -> str:
-    """The normalisation the brief names: casefold and whitespace."""
+    """The plain normalisation: casefold and collapsed whitespace."""
     return " ".join(text.casefold().split())
 
 

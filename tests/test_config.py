@@ -145,3 +145,17 @@ def test_cli_check_config(tmp_path, capsys):
     bad.write_text(yaml.safe_dump(broken(lambda c: c["corpora"].update(max_chars="x"))))
     assert main(["check-config", str(bad)]) == 1
     assert "corpora.max_chars" in capsys.readouterr().err
+
+
+def test_skipping_the_language_adapter_of_a_language(tmp_path):
+    config = load("config.yaml")
+    config["language_adapter"]["per_language"] = {"de": {"skip": True}}
+    path = tmp_path / "skip.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = run_snakemake("-n", "--configfile", str(path), "--directory", str(tmp_path),
+                         "--snakefile", str(REPO / "Snakefile"))
+    out = proc.stdout
+    for stage in ["tokenizers", "fasttext", "embeddings", "language_adapters"]:
+        assert f"results/me5-small/{stage}/de" not in out
+        assert f"results/me5-small/{stage}/ky" in out
+    assert "resources/corpora/de.txt" in out  # the language itself is still prepared

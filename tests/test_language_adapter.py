@@ -17,7 +17,8 @@ from modsent.testing import make_tiny_xlmr, sample_texts
 from modsent.tokenizer_training import train_tokenizer
 
 CFG = la.LanguageAdapterConfig(steps=6, batch_size=4, seq_len=32, learning_rate=2e-3,
-                               warmup_steps=1, eval_sentences=60, checkpoint_every=3, log_every=1)
+                               warmup_steps=1, eval_sentences=60, checkpoint_every=3, log_every=1,
+                               head_warmup_steps=2)
 
 
 @pytest.fixture(scope="module")
@@ -192,3 +193,24 @@ def test_tensorboard_tracking_writes_the_curve(inputs, tmp_path):
     losses = events.Scalars("train/loss")
     assert [e.step for e in losses] == list(range(1, cfg.steps + 1))
     assert "heldout/mlm_loss_after" in events.Tags()["scalars"]
+
+
+def test_head_warmup_trains_the_head_alone(inputs):
+    tok = tokenizer(inputs)
+    model = la.build_model(inputs["base"], tok, inputs["emb"] / la.EMBEDDINGS_NAME, CFG)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    train = la.pack_sequences(la.read_corpus(inputs["corpus"]), tok, CFG.seq_len)
+    la.warm_up_head(model, train, tok, CFG, "cpu")
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lm_head" in n for n in changed)
+    assert not any("word_embeddings" in n or "lora_" in n for n in changed)
+    # everything trainable before is trainable again
+    assert any(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
+
+
+def test_checkpoint_of_changed_inputs_is_not_resumed(inputs, tmp_path):
+    a = CFG.fingerprint(inputs["tok"] / "tokenizer.json", inputs["corpus"])
+    other = tmp_path / "corpus.txt"
+    other.write_text(inputs["corpus"].read_text(encoding="utf-8") + "noch ein Satz\n", encoding="utf-8")
+    assert CFG.fingerprint(inputs["tok"] / "tokenizer.json", other) != a
+    assert CFG.fingerprint(inputs["tok"] / "tokenizer.json", inputs["corpus"]) == a

@@ -55,13 +55,34 @@ def test_all_outputs_exist_and_reload(run):
     assert "resources/corpora/ky.txt" in summary
 
 
+def test_language_adapters_reload_and_are_summarised(run):
+    import json
+
+    from modsent.language_adapter import load_language_model
+
+    config = yaml.safe_load(CONFIG.read_text())
+    summary = (run / "results/tiny/language_adapters/summary.md").read_text()
+    for lang in config["languages"]:
+        la_dir = run / f"results/tiny/language_adapters/{lang}"
+        metrics = json.loads((la_dir / "metrics.json").read_text())
+        assert metrics["steps"] == config["language_adapter"]["steps"]
+        assert metrics["heldout_mlm_loss_after"] is not None
+        model, tokenizer = load_language_model(run / "resources/base_models/tiny", la_dir)
+        assert len(tokenizer) == model.get_input_embeddings().weight.shape[0]
+        assert f"| {lang} |" in summary
+    assert (run / "results/tiny/language_adapters/summary.png").read_bytes()[:4] == b"\x89PNG"
+    report = (run / "results/translation/quality.md").read_text()
+    assert "| ky |" in report and "| de |" in report
+
+
 def test_rerun_has_nothing_to_do(run):
     proc = snakemake(run, "-n")
     assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
-def test_no_hidden_temporaries_left(run):
-    leftovers = [p for p in (run / "resources").rglob(".*.tmp-*")]
+def test_no_temporaries_checkpoints_or_partials_left(run):
+    leftovers = [p for folder in ("resources", "results") for pattern in (".*.tmp-*", "*.checkpoint", "*.partial")
+                 for p in (run / folder).rglob(pattern)]
     assert leftovers == []
 
 

@@ -3,4 +3,5 @@ from modsent.logs import setup_logging
 from modsent.translation import convert_checkpoint
 
 setup_logging(snakemake.log[0])
-convert_checkpoint(snakemake.params.model, snakemake.output[0], quantization=snakemake.params.compute_type)
+convert_checkpoint(snakemake.params.model, snakemake.output[0], quantization=snakemake.params.compute_type,
+                   revision=snakemake.params.revision)

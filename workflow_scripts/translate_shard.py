@@ -23,4 +23,5 @@ translate_shard(
     max_length=settings["max_length"],
     compute_type=settings["compute_type"],
     checkpoint_every=settings["checkpoint_every"],
+    revision=settings["revision"],
 )

@@ -3,4 +3,5 @@ from modsent.logs import setup_logging
 from modsent.translation_quality import write_quality_report
 
 setup_logging(snakemake.log[0])
-write_quality_report(snakemake.input[0], snakemake.wildcards.lang, snakemake.output.report, snakemake.output.plot)
+write_quality_report(snakemake.input.translations, snakemake.wildcards.lang, snakemake.output.report,
+                     snakemake.output.plot, units_path=snakemake.input.units)

@@ -101,8 +101,9 @@ def prepare_base_model(source: str, out_dir: str | Path, *, revision: str | None
             from huggingface_hub import snapshot_download
 
             log.info("downloading %s (revision %s) from the Hub, safetensors only", value, revision)
-            snapshot_download(repo_id=value, revision=revision, local_dir=tmp,
-                              allow_patterns=HUB_PATTERNS)
+            # model code only when the config trusts it (base_model.trust_remote_code)
+            patterns = HUB_PATTERNS + (["*.py", "**/*.py"] if trust_remote_code else [])
+            snapshot_download(repo_id=value, revision=revision, local_dir=tmp, allow_patterns=patterns)
         check_model_dir(tmp)
         # Loading it once proves the directory is complete before anything trusts it.
         from sentence_transformers import SentenceTransformer
