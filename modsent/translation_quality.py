@@ -24,6 +24,8 @@ from modsent.io import atomic_open, atomic_path
 SHORT_RATIO = 0.3
 # Language ID is unreliable on names and single words: agreement counts outputs this long only.
 LID_MIN_CHARS = 20
+# Scripts that write a word in one or two characters: a third of the length is enough.
+DENSE_SCRIPTS = {"Hans", "Hant", "Jpan", "Hang", "Kore"}
 # py3langid labels that name a variety of one of our languages
 LID_ALIASES = {"wuu": "zh", "yue": "zh", "cmn": "zh", "nb": "no", "nn": "no"}
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -59,7 +61,11 @@ def quality_report(translations: pd.DataFrame, lang: str) -> dict:
     identifier = _identifier()
     lid_code = lang.split("-")[0]
     supported = lid_code in identifier.nb_classes
-    long_enough = [o for o in output if len(o.strip()) >= LID_MIN_CHARS]
+    from modsent import languages
+
+    dense = languages.get(lang).script in DENSE_SCRIPTS if languages.is_registered(lang) else False
+    min_chars = LID_MIN_CHARS // 3 if dense else LID_MIN_CHARS
+    long_enough = [o for o in output if len(o.strip()) >= min_chars]
     if supported and long_enough:
         predicted = [LID_ALIASES.get(identifier.classify(o)[0], identifier.classify(o)[0]) for o in long_enough]
         agreement = float(np.mean([p == lid_code for p in predicted]))
@@ -122,13 +128,14 @@ def write_quality_summary(json_paths: list[str | Path], out_path: str | Path) ->
     rows = [json.loads(Path(p).read_text(encoding="utf-8")) for p in json_paths]
     lines = ["# Translation quality", "",
              "| language | sentences | missing | empty | untranslated | short | median length ratio | "
-             "mean copy rate | language ID agreement (outputs of 20+ chars) |",
+             "mean copy rate | language ID agreement (outputs of 20+ chars; CJK 6+) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         agreement = r["language_id_agreement"]
+        checked = r.get("language_id_checked", 0)
         lines.append(
             f"| {r['language']} | {r['units']} | {r.get('missing', 0)} | {r['empty']} | {r['untranslated']} | {r['short']} | "
             f"{r['length_ratio_quantiles'].get('0.50', float('nan')):.2f} | {r['copy_rate_mean']:.2f} | "
-            f"{'n/a' if agreement is None else f'{agreement:.1%} of {r["language_id_checked"]}'} |")
+            f"{'n/a' if agreement is None else f'{agreement:.1%} of {checked}'} |")
     with atomic_open(out_path) as handle:
         handle.write("\n".join(lines) + "\n")

@@ -119,3 +119,8 @@ def test_quality_report_flags_problems(tmp_path):
     out = write_quality_report(path, "ky", tmp_path / "ky.json", tmp_path / "ky.png")
     assert json.loads((tmp_path / "ky.json").read_text())["units"] == 4 == out["units"]
     assert (tmp_path / "ky.png").read_bytes()[:4] == b"\x89PNG"
+    from modsent.translation_quality import write_quality_summary
+
+    write_quality_summary([tmp_path / "ky.json"], tmp_path / "quality.md")
+    table = (tmp_path / "quality.md").read_text().splitlines()
+    assert table[-1].startswith("| ky | 4 | 0 | 1 | 1 | 1 |")
