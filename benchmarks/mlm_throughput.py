@@ -6,9 +6,11 @@
 Compares, in one run and on the same batches, the LA step as modsent runs it (MLM head on the
 masked positions only) with the usual full-sequence head (transformers' own MLM loss), and prints
 tokens/s and their ratio. On a GPU (--device cuda) it also prints the model FLOPs utilisation
-(MFU) against the GPU's bf16 peak (--peak-tflops, default 989 for an H100 SXM): 6 x trainable-path
-FLOPs per token is approximated by 6 x parameters of the encoder + 2 x for the frozen weights'
-backward through activations, i.e. the common 6N rule with N = encoder parameters.
+(MFU) against the GPU's bf16 peak (--peak-tflops, default 989 for an H100 SXM), counting
+6N + 12·L·d·s FLOPs per token (N: non-embedding parameters, L layers, width d, sequence s: the
+usual dense estimate plus attention scores). Frozen weights still cost their backward through
+activations, so 6N holds for adapter training as for full fine-tuning, minus the weight
+gradients of frozen layers (so this slightly overstates the work done).
 
 --labse-random builds a LaBSE-sized BERT (12 layers, hidden 768, 501,153-token vocabulary is
 replaced by a 50,000-token per-language vocabulary as in the method) from its config with
@@ -35,6 +37,7 @@ def build(args):
         config = transformers.BertConfig(vocab_size=50_000, hidden_size=768, num_hidden_layers=12,
                                          num_attention_heads=12, intermediate_size=3072,
                                          max_position_embeddings=512)
+        config._attn_implementation = "sdpa"
         model = transformers.BertForMaskedLM(config)
         vocab = 50_000
     else:
@@ -111,7 +114,9 @@ def main() -> None:
         for name, tps in results.items():
             line = f"{seq_len:7d}  {name:21s} {tps:9.0f}  {tps / base:6.2f}"
             if cuda:
-                line += f"  {6 * encoder_params * tps / (args.peak_tflops * 1e12):5.1%}"
+                cfg = model.get_base_model().config
+                flops = 6 * encoder_params + 12 * cfg.num_hidden_layers * cfg.hidden_size * seq_len
+                line += f"  {flops * tps / (args.peak_tflops * 1e12):5.1%}"
             print(line)
 
 
