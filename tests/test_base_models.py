@@ -14,6 +14,8 @@ def test_parse_source():
     assert parse_source("local:/models/x") == ("local", "/models/x")
     with pytest.raises(InputError, match="built-in models: multilingual-e5-small"):
         parse_source("builtin:labse")
+    with pytest.raises(InputError, match="write 'local:/models/labse'"):
+        parse_source("/models/labse")
 
 
 def test_local_base_model_is_copied_checked_and_described(tmp_path):

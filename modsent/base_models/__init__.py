@@ -35,6 +35,9 @@ def parse_source(source: str) -> tuple[str, str]:
         return "builtin", name
     if source.startswith("local:"):
         return "local", source.split(":", 1)[1]
+    if source.startswith(("/", "./", "../", "~")):
+        raise InputError(f"base_model.source: {source!r} looks like a path; write 'local:{source}' "
+                         "for a local model directory (a bare name is a Hub id)")
     return "hf", source
 
 
