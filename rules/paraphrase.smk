@@ -95,6 +95,8 @@ if config["translation"]["engine"] == "ctranslate2":
             revision=config["translation"]["revision"],
         log:
             "logs/translation/convert.log",
+        benchmark:
+            "logs/benchmarks/translation/convert.tsv"
         conda:
             ENV
         script:

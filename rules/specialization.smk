@@ -13,6 +13,8 @@ rule tokenizer:
         settings=tokenizer_settings,
     log:
         "logs/{base}/tokenizers/{lang}.log",
+    benchmark:
+        "logs/{base}/benchmarks/tokenizer/{lang}.tsv"
     conda:
         ENV
     script:
@@ -31,6 +33,8 @@ rule fasttext:
     threads: config["fasttext"]["threads"]
     log:
         "logs/{base}/fasttext/{lang}.log",
+    benchmark:
+        "logs/{base}/benchmarks/fasttext/{lang}.tsv"
     conda:
         ENV
     script:
@@ -49,6 +53,8 @@ rule focus_embeddings:
         seed=config["focus"]["seed"],
     log:
         "logs/{base}/embeddings/{lang}.log",
+    benchmark:
+        "logs/{base}/benchmarks/embeddings/{lang}.tsv"
     conda:
         ENV
     script:

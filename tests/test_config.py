@@ -130,8 +130,18 @@ def test_defaults_come_from_the_schema(tmp_path):
     assert "resources/paraphrases/builtin.parquet" in proc.stdout  # the schema's default dataset
 
 
-def test_lint_has_no_warnings():
-    proc = run_snakemake("--lint", check=False)
+LINT_CONFIGS = ["config.yaml", "configs/paper-labse.yaml", "configs/test.yaml", "ctranslate2"]
+
+
+@pytest.mark.parametrize("name", LINT_CONFIGS)
+def test_lint_has_no_warnings(name, tmp_path):
+    if name == "ctranslate2":  # the rules that exist only for that engine
+        config = load("configs/paper-labse.yaml")
+        config["translation"]["engine"] = "ctranslate2"
+        path = tmp_path / "ct2.yaml"
+        path.write_text(yaml.safe_dump(config))
+        name = str(path)
+    proc = run_snakemake("--lint", "--configfile", name, check=False)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text
     assert "Lints for" not in text, text

@@ -202,3 +202,12 @@ def test_xnli_as_provided_translations(tmp_path):
 def test_xnli_lacks_a_language(tmp_path):
     with pytest.raises(InputError, match="'ky' is not in XNLI"):
         prepare_translations("hf:xnli", "ky", tmp_path / "x.parquet")
+
+
+def test_local_triplets_keep_their_negative_without_a_mapping(tmp_path):
+    source = tmp_path / "triplets.jsonl"
+    source.write_text(json.dumps({"anchor": "Save", "positive": "Save changes", "negative": "Delete"}) + "\n",
+                      "utf-8")
+    out = tmp_path / "t.parquet"
+    prepare_paraphrase_dataset("mine", {"source": f"local:{source}"}, out)
+    assert pd.read_parquet(out)["negative"].tolist() == ["Delete"]
