@@ -509,8 +509,10 @@ def _rows(definition: HubDataset, dataset) -> Iterator[dict]:
     """Rows projected onto the contract names, with a clear error for a missing column."""
     wanted = dict(definition.columns)
     first = True
+    read = 0
     try:
         for row in dataset:
+            read += 1
             if first:
                 missing = [source for source in wanted.values() if source not in row]
                 if missing:
@@ -521,7 +523,9 @@ def _rows(definition: HubDataset, dataset) -> Iterator[dict]:
                 first = False
             yield {name: row[source] for name, source in wanted.items()}
     except UnicodeDecodeError as err:
-        raise InputError(f"source {definition.name!r}: invalid UTF-8 in the data ({err})") from None
+        files = ", ".join(map(str, definition.data_files and [definition.data_files] or [definition.repo_id]))
+        raise InputError(f"source {definition.name!r} ({files}): invalid UTF-8 in record {read + 1} "
+                         f"of the stream ({err})") from None
 
 
 def _json_line_records(definition: HubDataset, rows: Iterator[dict]) -> Iterator[dict]:
