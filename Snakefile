@@ -39,6 +39,7 @@ include: "rules/base_model.smk"
 include: "rules/inputs.smk"
 include: "rules/specialization.smk"
 include: "rules/paraphrase.smk"
+include: "rules/sentence_encoding.smk"
 
 
 rule all:

@@ -128,6 +128,33 @@ def specialization_targets():
     return [f"results/{base_name()}/language_adapters/summary.md"]
 
 
+# ---- sentence encoding -----------------------------------------------------------------------
+
+
+def sentence_adapter_inputs(wildcards):
+    """Base model, the language's pairs and, unless the language skips it, its LA."""
+    inputs = {
+        "base": f"resources/base_models/{wildcards.base}",
+        "pairs": f"results/paraphrase/{wildcards.lang}.parquet",
+    }
+    if wildcards.lang in modsent_config.specialized_languages(config):
+        inputs["language_adapter"] = f"results/{wildcards.base}/language_adapters/{wildcards.lang}"
+    return inputs
+
+
+def sentence_adapter_dirs(wildcards):
+    return expand("results/{base}/sentence_adapters/{lang}", base=wildcards.base, lang=languages())
+
+
+def sentence_encoding_targets():
+    return [f"results/{base_name()}/sentence_adapters/summary.md"]
+
+
 def all_targets():
     """Everything the configured run produces: the target list of the default target."""
-    return input_targets() + paraphrase_targets() + specialization_targets()
+    return (
+        input_targets()
+        + paraphrase_targets()
+        + specialization_targets()
+        + sentence_encoding_targets()
+    )

@@ -75,6 +75,27 @@ def test_language_adapters_reload_and_are_summarised(run):
     assert "| ky |" in report and "| de |" in report
 
 
+def test_sentence_adapters_reload_and_encode(run):
+    import json
+
+    import numpy as np
+
+    from modsent.sentence_adapter import load_sentence_encoder
+
+    config = yaml.safe_load(CONFIG.read_text())
+    summary = (run / "results/tiny/sentence_adapters/summary.md").read_text()
+    base = run / "resources/base_models/tiny"
+    for lang in config["languages"]:
+        se_dir = run / f"results/tiny/sentence_adapters/{lang}"
+        metrics = json.loads((se_dir / "metrics.json").read_text())
+        assert metrics["steps"] == config["sentence_adapter"]["max_steps"]
+        encoder = load_sentence_encoder(base, run / f"results/tiny/language_adapters/{lang}", se_dir)
+        vectors = encoder.encode(["Hallo Welt", "Guten Tag"])
+        assert vectors.shape == (2, 32)
+        assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+        assert f"| {lang} | yes |" in summary
+
+
 def test_rerun_has_nothing_to_do(run):
     proc = snakemake(run, "-n")
     assert "Nothing to be done" in proc.stdout + proc.stderr

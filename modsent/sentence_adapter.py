@@ -1,0 +1,560 @@
+"""The sentence-encoding (SE) adapter: LoRA on every linear layer of the encoder, stacked on the
+language's frozen language adapter (LA), trained with Multiple Negatives Ranking Loss (MNRL) on
+the language's monolingual paraphrase pairs.
+
+The model of one language L, from the bottom up:
+
+    tokenizer + embeddings      L's (from the LA directory), frozen
+    encoder weights             the base's, with the LA's LoRA (q/k/v) merged in, frozen
+    SE LoRA                     on every nn.Linear of the encoder layers (attention q/k/v and
+                                output, FFN in and out; not the embeddings), trained
+    pooling [+ Dense] [+ Norm]  the base's sentence-transformers modules (modules.json), frozen
+
+Merging the LA's LoRA into a private copy of the weights (``merge_and_unload``) and adding a new
+LoRA on top computes exactly the stacked adapters: ``W x + B_la A_la x + B_se A_se x`` with
+``W + B_la A_la`` precomputed. (The only difference from keeping the LA as a separate frozen
+LoRA: its dropout, active in training mode, no longer applies to the LA's branch.) The saved SE
+adapter is a plain PEFT directory whose base is "base + merged LA" — :func:`load_sentence_encoder`
+rebuilds that base the same way before loading it. ``la_dir=None`` (the Mod_m-LA ablation) puts
+the SE adapter directly on the base model with its own tokenizer and embeddings.
+
+Pooling, the optional Dense layer (LaBSE: CLS -> Dense(tanh)) and Normalize are the base
+directory's own sentence-transformers modules, run by sentence-transformers' code on our
+encoder's token embeddings, so the sentence embedding is defined exactly as the base model's.
+Prompts (E5's "query: ") are not added: the pairs are symmetric paraphrases.
+
+The output directory:
+
+    adapter/          the SE LoRA (PEFT: adapter_config.json, adapter_model.safetensors)
+    metrics.json      MNRL first/last, steps, pairs/s, held-out retrieval accuracy before/after
+    loss.tsv, loss.png
+
+The loop is written out top to bottom (no Trainer). Batches hold no text twice (anchor, positive
+or negative of any pair), so no in-batch negative is secretly a positive: sentence-transformers'
+NoDuplicatesBatchSampler rule, seeded and a pure function of (seed, epoch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from modsent.io import InputError, atomic_path
+
+log = logging.getLogger(__name__)
+
+ADAPTER_DIR = "adapter"
+PAIR_TEXT_COLUMNS = ("anchor", "positive", "negative")
+
+
+@dataclasses.dataclass(frozen=True)
+class SentenceAdapterConfig:
+    """Hyperparameters of SE training (defaults: the paper's). ``max_steps`` (if set) replaces
+    ``epochs``: training runs that many steps, starting a new epoch whenever one ends."""
+
+    batch_size: int = 128
+    seq_len: int = 128
+    learning_rate: float = 2e-5
+    epochs: int = 1
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_dropout: float = 0.1
+    target_modules: str | tuple[str, ...] = "all-linear"
+    scale: float = 20.0
+    eval_pairs: int = 500
+    seed: int = 0
+    max_steps: int | None = None
+    log_every: int = 10
+    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on the CPU; fp32: never
+
+    @classmethod
+    def from_config(cls, section: dict) -> "SentenceAdapterConfig":
+        """From a config section: these field names, LoRA settings under ``lora: {r, alpha,
+        dropout, target_modules}``; missing keys take the defaults, unknown keys are an error."""
+        section = dict(section)
+        lora = section.pop("lora", None) or {}
+        for key, value in lora.items():
+            section[f"lora_{key}" if key != "target_modules" else key] = value
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(section) - known)
+        if unknown:
+            raise InputError(f"sentence_adapter: unknown key(s) {', '.join(unknown)}; allowed: "
+                             f"{', '.join(sorted(known))}")
+        if isinstance(section.get("target_modules"), list):
+            section["target_modules"] = tuple(section["target_modules"])
+        return cls(**section)
+
+    def __post_init__(self):
+        if self.batch_size < 2:
+            raise InputError("sentence_adapter.batch_size must be at least 2 (in-batch negatives), "
+                             f"got {self.batch_size}")
+        if self.seq_len < 3:
+            raise InputError(f"sentence_adapter.seq_len must be at least 3, got {self.seq_len}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise InputError(f"sentence_adapter.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise InputError(f"sentence_adapter.max_steps must be at least 1 or null, got {self.max_steps}")
+        if self.epochs < 1:
+            raise InputError(f"sentence_adapter.epochs must be at least 1, got {self.epochs}")
+
+
+# ---- the loss ----------------------------------------------------------------------------------
+
+
+class MultipleNegativesRankingLoss(nn.Module):
+    """MNRL (Henderson et al. 2017; sentence-transformers' loss of the same name).
+
+    Pulls each anchor towards its own positive and pushes it away from every other candidate in
+    the batch: the other pairs' positives (in-batch negatives) and every hard negative present.
+    Cross-entropy over ``scale * cos(anchor_i, candidate_j)``, target j = i. Pairs without a hard
+    negative simply contribute no extra candidate (``negatives`` may hold fewer rows than the
+    batch; with all or none present this is sentence-transformers' loss exactly).
+    """
+
+    def __init__(self, scale: float = 20.0):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, anchors: torch.Tensor, positives: torch.Tensor,
+                negatives: torch.Tensor | None = None) -> torch.Tensor:
+        candidates = positives
+        if negatives is not None and len(negatives):
+            candidates = torch.cat([positives, negatives])
+        scores = self.scale * _cos_sim(anchors, candidates)
+        target = torch.arange(len(anchors), device=anchors.device)
+        return nn.functional.cross_entropy(scores.float(), target)
+
+
+def _cos_sim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return nn.functional.normalize(a, dim=-1) @ nn.functional.normalize(b, dim=-1).T
+
+
+# ---- data --------------------------------------------------------------------------------------
+
+
+def read_pairs(path: str | Path) -> pd.DataFrame:
+    """anchor, positive, negative (None where absent) of a pair file, empty texts dropped."""
+    frame = pd.read_parquet(path)
+    missing = {"anchor", "positive"} - set(frame.columns)
+    if missing:
+        raise InputError(f"{path}: missing pair columns {sorted(missing)} "
+                         "(expected anchor, positive, negative)")
+    out = pd.DataFrame({c: frame[c] if c in frame.columns else None for c in PAIR_TEXT_COLUMNS})
+    if "pair_id" in frame.columns:
+        out.insert(0, "pair_id", frame["pair_id"].astype(str))
+    for column in PAIR_TEXT_COLUMNS:
+        out[column] = out[column].map(lambda t: t.strip() if isinstance(t, str) and t.strip() else None)
+    out = out.dropna(subset=["anchor", "positive"]).reset_index(drop=True)
+    # a "negative" equal to its own anchor or positive contradicts the pair: no negative then
+    contradictory = (out["negative"] == out["anchor"]) | (out["negative"] == out["positive"])
+    out.loc[contradictory, "negative"] = None
+    if len(out) < 2:
+        raise InputError(f"{path}: {len(out)} usable pairs; MNRL needs at least 2")
+    return out
+
+
+def split_heldout(pairs: pd.DataFrame, count: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(train, heldout): the held-out pairs are those with the smallest hash of their anchor and
+    positive (order-independent), at most a tenth of the pairs. Held-out pairs whose anchor or
+    positive repeats a text of another held-out pair are dropped (retrieval would be ambiguous)."""
+    count = min(count, len(pairs) // 10)
+    keys = [hashlib.sha1(f"{a}\t{p}".encode()).digest() for a, p in zip(pairs["anchor"], pairs["positive"])]
+    ranked = sorted(range(len(pairs)), key=keys.__getitem__)
+    held = sorted(ranked[:count])
+    train = pairs.drop(index=held).reset_index(drop=True)
+    heldout = pairs.iloc[held]
+    heldout = heldout[~heldout["anchor"].duplicated(keep=False) & ~heldout["positive"].duplicated(keep=False)]
+    return train, heldout.reset_index(drop=True)
+
+
+def no_duplicate_batches(pairs: pd.DataFrame, batch_size: int, seed: int, epoch: int = 0,
+                         *, min_size: int = 2) -> list[list[int]]:
+    """Row indices of the batches of one epoch: a seeded shuffle, then each batch takes, in that
+    order, the next rows none of whose texts (anchor, positive, negative) is already in the batch
+    (sentence-transformers' NoDuplicatesBatchSampler). Rows that clash wait for a later batch.
+    The last batch may be smaller; batches under ``min_size`` rows are dropped."""
+    order = np.random.default_rng([seed, epoch]).permutation(len(pairs)).tolist()
+    texts = [tuple(t for t in row if isinstance(t, str))
+             for row in pairs[list(PAIR_TEXT_COLUMNS)].itertuples(index=False)]
+    remaining = dict.fromkeys(order)  # insertion-ordered set
+    batches = []
+    while remaining:
+        batch, seen = [], set()
+        for index in remaining:
+            row = texts[index]  # anchor == positive within a row is allowed (as in s-t)
+            if any(t in seen for t in row):
+                continue
+            batch.append(index)
+            seen.update(row)
+            if len(batch) == batch_size:
+                break
+        for index in batch:
+            del remaining[index]
+        if len(batch) >= min_size:
+            batches.append(batch)
+    return batches
+
+
+# ---- the model ---------------------------------------------------------------------------------
+
+
+def _sentence_head(base_model_dir: str | Path) -> tuple[nn.Sequential, int]:
+    """(the base's modules after the transformer — Pooling, [Dense], [Normalize] — frozen,
+    the base's max_seq_length), loaded by sentence-transformers from the base directory."""
+    from sentence_transformers import SentenceTransformer
+
+    modules_json = Path(base_model_dir) / "modules.json"
+    if not modules_json.is_file():
+        raise InputError(f"{base_model_dir}: no modules.json: the base must be a sentence-transformers "
+                         "model directory (it says how to pool)")
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # its load report: the MLM head is unused
+    try:
+        st = SentenceTransformer(str(base_model_dir), device="cpu")
+    finally:
+        transformers.logging.set_verbosity_warning()
+    head = nn.Sequential(*[st[i] for i in range(1, len(st))])
+    head.requires_grad_(False)
+    return head, int(st.max_seq_length or 512)
+
+
+def _base_encoder(base_model_dir: str | Path, la_dir: str | Path | None):
+    """(encoder, tokenizer): the base's encoder (no head), with L's LA merged in when given."""
+    import transformers
+
+    from modsent import language_adapter as la
+
+    if la_dir is not None:
+        model, tokenizer = la.load_language_model(base_model_dir, la_dir, mlm=True)
+        model = model.merge_and_unload()  # a private copy: base weights + LA LoRA, no LoRA layers
+    else:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(base_model_dir))
+        transformers.logging.set_verbosity_error()  # sentence encoders ship without an MLM head
+        model = transformers.AutoModelForMaskedLM.from_pretrained(
+            str(base_model_dir), attn_implementation="sdpa", dtype=torch.float32)
+        transformers.logging.set_verbosity_warning()
+    encoder = la._mlm_parts(model)[0]  # the same module names with and without an LA
+    encoder.requires_grad_(False)
+    return encoder, tokenizer
+
+
+class SentenceEncoderModel(nn.Module):
+    """encoder (+ SE LoRA) -> the base's pooling modules; ``forward(texts) -> embeddings``."""
+
+    def __init__(self, encoder: nn.Module, tokenizer, head: nn.Sequential, max_seq_length: int):
+        super().__init__()
+        self.encoder, self.head = encoder, head
+        self.tokenizer, self.max_seq_length = tokenizer, max_seq_length
+
+    def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        return self.tokenizer(list(texts), padding=True, truncation=True,
+                              max_length=self.max_seq_length, return_tensors="pt")
+
+    def forward(self, texts: Sequence[str]) -> torch.Tensor:
+        device = next(self.encoder.parameters()).device
+        features = {k: v.to(device) for k, v in self.tokenize(texts).items()}
+        out = self.encoder(**features)
+        features["token_embeddings"] = out.last_hidden_state
+        return self.head(features)["sentence_embedding"]
+
+    @torch.no_grad()
+    def encode(self, sentences: Sequence[str], batch_size: int = 64, *, normalize: bool = True,
+               precision: str = "auto") -> np.ndarray:
+        """Embeddings [n, dim] (float32 numpy), L2-normalised unless ``normalize=False`` (then
+        exactly what the base's modules give). Sentences are batched by length (less padding)."""
+        was_training = self.training
+        self.eval()
+        sentences = list(sentences)
+        order = np.argsort([-len(s) for s in sentences], kind="stable")
+        device = next(self.encoder.parameters()).device
+        chunks = []
+        for start in range(0, len(sentences), batch_size):
+            with _autocast(device, precision):
+                emb = self([sentences[i] for i in order[start:start + batch_size]]).float()
+            if normalize:
+                emb = nn.functional.normalize(emb, dim=-1)
+            chunks.append(emb.cpu().numpy())
+        self.train(was_training)
+        if not chunks:
+            return np.zeros((0, 0), dtype=np.float32)
+        stacked = np.concatenate(chunks)
+        out = np.empty_like(stacked)
+        out[order] = stacked  # back to the caller's order
+        return out
+
+
+def lora_config(cfg: SentenceAdapterConfig):
+    from peft import LoraConfig
+
+    targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
+    return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=targets, bias="none")
+
+
+def build_model(base_model_dir: str | Path, la_dir: str | Path | None,
+                cfg: SentenceAdapterConfig) -> SentenceEncoderModel:
+    """L's frozen model (base + merged LA, or the base alone) with a fresh SE LoRA (its B is zero:
+    the model starts as exactly the frozen one); only the SE LoRA is trainable."""
+    from peft import get_peft_model
+
+    encoder, tokenizer = _base_encoder(base_model_dir, la_dir)
+    head, max_len = _sentence_head(base_model_dir)
+    encoder = get_peft_model(encoder, lora_config(cfg))  # freezes all but LoRA
+    for name, param in encoder.named_parameters():
+        param.requires_grad_("lora_" in name)
+    return SentenceEncoderModel(encoder, tokenizer, head, min(cfg.seq_len, max_len))
+
+
+class SentenceEncoder:
+    """A loaded encoder of one language: ``.encode(sentences, batch_size) -> np.ndarray``."""
+
+    def __init__(self, model: SentenceEncoderModel):
+        self.model = model
+        self.tokenizer = model.tokenizer
+
+    def encode(self, sentences: Sequence[str], batch_size: int = 64, *, normalize: bool = True) -> np.ndarray:
+        return self.model.encode(sentences, batch_size, normalize=normalize)
+
+    __call__ = encode
+
+
+def load_sentence_encoder(base_model_dir: str | Path, la_dir: str | Path | None,
+                          se_dir: str | Path | None, *, device: str | None = None,
+                          max_seq_length: int | None = None) -> SentenceEncoder:
+    """L's sentence encoder: base + LA (merged; none when ``la_dir`` is None) + the SE adapter of
+    ``se_dir`` (the training output directory, or its ``adapter/``; none when None), pooled as
+    the base's sentence-transformers config says. Inference mode."""
+    from peft import PeftModel
+
+    encoder, tokenizer = _base_encoder(base_model_dir, la_dir)
+    head, max_len = _sentence_head(base_model_dir)
+    if se_dir is not None:
+        se_dir = Path(se_dir)
+        adapter = se_dir / ADAPTER_DIR if (se_dir / ADAPTER_DIR).is_dir() else se_dir
+        encoder = PeftModel.from_pretrained(encoder, str(adapter), is_trainable=False)
+    if max_seq_length is None and se_dir is not None and (se_dir / "metrics.json").is_file():
+        trained = json.loads((se_dir / "metrics.json").read_text(encoding="utf-8"))
+        max_seq_length = trained.get("config", {}).get("seq_len")
+    model = SentenceEncoderModel(encoder, tokenizer, head, min(max_seq_length or max_len, max_len))
+    model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")).eval()
+    return SentenceEncoder(model)
+
+
+# ---- evaluation ----------------------------------------------------------------------------------
+
+
+def retrieval_accuracy(model: SentenceEncoderModel, anchors: Sequence[str], positives: Sequence[str],
+                       *, batch_size: int = 64, precision: str = "auto") -> float | None:
+    """Share of anchors whose most similar positive (cosine, over all the given positives) is
+    their own: in-batch retrieval over the held-out slice as one batch."""
+    if len(anchors) < 2:
+        return None
+    a = model.encode(anchors, batch_size, precision=precision)
+    p = model.encode(positives, batch_size, precision=precision)
+    return float(((a @ p.T).argmax(axis=1) == np.arange(len(a))).mean())
+
+
+def _autocast(device, precision: str = "auto") -> contextlib.AbstractContextManager:
+    if str(device).startswith("cuda") and precision == "auto":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+# ---- training ------------------------------------------------------------------------------------
+
+
+def learning_rate(step: int, total: int, cfg: SentenceAdapterConfig) -> float:
+    """Linear warm-up over ``warmup_ratio`` of the steps, then linear decay to zero
+    (sentence-transformers' WarmupLinear)."""
+    warmup = int(round(cfg.warmup_ratio * total))
+    if step < warmup:
+        return cfg.learning_rate * (step + 1) / warmup
+    return cfg.learning_rate * max(total - step, 0) / max(total - warmup, 1)
+
+
+def iter_batches(pairs: pd.DataFrame, cfg: SentenceAdapterConfig, total_steps: int) -> Iterator[list[int]]:
+    """``total_steps`` batches: epoch after epoch of :func:`no_duplicate_batches`."""
+    step, epoch = 0, 0
+    while step < total_steps:
+        batches = no_duplicate_batches(pairs, cfg.batch_size, cfg.seed, epoch)
+        if not batches:
+            raise InputError("no batch of at least 2 pairs without duplicate texts can be formed")
+        for batch in batches:
+            if step == total_steps:
+                return
+            yield batch
+            step += 1
+        epoch += 1
+
+
+def batch_loss(model: SentenceEncoderModel, loss_fn: MultipleNegativesRankingLoss,
+               rows: pd.DataFrame) -> torch.Tensor:
+    """MNRL of one batch; all its texts are encoded in one forward pass."""
+    anchors, positives = rows["anchor"].tolist(), rows["positive"].tolist()
+    negatives = [t for t in rows["negative"] if isinstance(t, str)]
+    emb = model(anchors + positives + negatives)
+    n = len(anchors)
+    return loss_fn(emb[:n], emb[n:2 * n], emb[2 * n:] if negatives else None)
+
+
+def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None,
+                           pairs_path: str | Path, out_dir: str | Path,
+                           cfg: SentenceAdapterConfig = SentenceAdapterConfig(), *,
+                           device: str | None = None, progress: bool = True) -> dict:
+    """Train L's SE adapter on its pair file and write ``out_dir`` (atomically); return metrics."""
+    from tqdm.auto import tqdm
+
+    out_dir = Path(out_dir)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(cfg.seed)  # LoRA A initialisation and dropout
+
+    pairs = read_pairs(pairs_path)
+    train, heldout = split_heldout(pairs, cfg.eval_pairs)
+    epoch_batches = len(no_duplicate_batches(train, cfg.batch_size, cfg.seed, 0))
+    total_steps = cfg.max_steps or cfg.epochs * epoch_batches
+    log.info("pairs %s: %d training, %d held out; %d batches per epoch; %d steps",
+             pairs_path, len(train), len(heldout), epoch_batches, total_steps)
+
+    model = build_model(base_model_dir, la_dir, cfg).to(device)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    n_trainable = sum(p.numel() for p in trainable)
+    n_total = sum(p.numel() for p in model.parameters())
+    log.info("trainable parameters: %d of %d (%.2f%%)", n_trainable, n_total, 100 * n_trainable / n_total)
+    decay = [p for p in trainable if p.ndim >= 2]
+    no_decay = [p for p in trainable if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.learning_rate)
+    loss_fn = MultipleNegativesRankingLoss(cfg.scale)
+    eval_batch = max(1, min(cfg.batch_size, 64))
+
+    def evaluate():
+        return retrieval_accuracy(model, heldout["anchor"].tolist(), heldout["positive"].tolist(),
+                                  batch_size=eval_batch, precision=cfg.precision)
+
+    accuracy_before = evaluate()
+    history: list[list[float]] = []
+    losses: list[float] = []
+    pairs_seen, start_time = 0, time.perf_counter()
+    model.train()
+    bar = tqdm(total=total_steps, desc=f"SE {out_dir.name}", disable=not progress, unit="step")
+    for step, batch in enumerate(iter_batches(train, cfg, total_steps)):
+        lr = learning_rate(step, total_steps, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        with _autocast(device, cfg.precision):
+            loss = batch_loss(model, loss_fn, train.iloc[batch])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        pairs_seen += len(batch)
+        value = loss.item()
+        losses.append(value)
+        if (step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == total_steps:
+            history.append([step + 1, value, lr])
+            bar.set_postfix(loss=f"{value:.3f}")
+        bar.update(1)
+    bar.close()
+    elapsed = time.perf_counter() - start_time
+    model.eval()
+    accuracy_after = evaluate()
+
+    metrics = {
+        "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+        "heldout_retrieval_accuracy_before": accuracy_before,
+        "heldout_retrieval_accuracy_after": accuracy_after,
+        "heldout_pairs": len(heldout), "train_pairs": len(train), "steps": len(losses),
+        "batches_per_epoch": epoch_batches, "pairs_per_second": pairs_seen / elapsed if elapsed > 0 else None,
+        "trainable_parameters": n_trainable, "total_parameters": n_total,
+        "language_adapter": None if la_dir is None else str(la_dir),
+        "device": str(device), "config": dataclasses.asdict(cfg),
+    }
+    with atomic_path(out_dir, directory=True) as tmp:
+        model.encoder.save_pretrained(str(tmp / ADAPTER_DIR), save_embedding_layers=False)
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        write_loss_curve(history, tmp, title=f"sentence adapter {out_dir.name}")
+    log.info("SE %s: MNRL %.3f → %.3f; held-out retrieval accuracy %s → %s; %.1f pairs/s",
+             out_dir.name, metrics["loss_first"] or 0, metrics["loss_last"] or 0,
+             accuracy_before, accuracy_after, metrics["pairs_per_second"] or 0)
+    return metrics
+
+
+def write_loss_curve(history: list, out_dir: Path, *, title: str) -> None:
+    """loss.tsv (step, loss, lr) and loss.png of the training curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(out_dir / "loss.tsv", "w", encoding="utf-8") as handle:
+        handle.write("step\tloss\tlr\n")
+        for step, loss, lr in history:
+            handle.write(f"{step}\t{loss:.6f}\t{lr:.3e}\n")
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    if history:
+        ax.plot([h[0] for h in history], [h[1] for h in history], label="training MNRL")
+    ax.set_xlabel("step")
+    ax.set_ylabel("MNRL")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "loss.png")
+    plt.close(fig)
+
+
+def write_summary(se_dirs: list[str], table_path: str | Path, plot_path: str | Path) -> None:
+    """Held-out retrieval accuracy (each anchor's nearest positive among the held-out slice)
+    before and after SE training, per language: a Markdown table and a bar plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from modsent.io import atomic_open
+
+    rows = [(Path(d).name, json.loads((Path(d) / "metrics.json").read_text(encoding="utf-8"))) for d in se_dirs]
+
+    def pct(value):
+        return "n/a" if value is None else f"{100 * value:.1f}"
+
+    lines = ["# Sentence-encoding adapters: held-out retrieval accuracy (%)", "",
+             "Each held-out anchor's nearest neighbour among the held-out positives (cosine); "
+             "before = the language's model without the SE adapter.", "",
+             "| language | LA | held-out pairs | before | after | steps | loss first → last | pairs/s |",
+             "|---|---|---:|---:|---:|---:|---|---:|"]
+    for lang, m in rows:
+        lines.append(
+            f"| {lang} | {'yes' if m['language_adapter'] else 'no'} | {m['heldout_pairs']} | "
+            f"{pct(m['heldout_retrieval_accuracy_before'])} | {pct(m['heldout_retrieval_accuracy_after'])} | "
+            f"{m['steps']} | {m['loss_first'] or 0:.3f} → {m['loss_last'] or 0:.3f} | {m['pairs_per_second'] or 0:.1f} |")
+    with atomic_open(table_path) as handle:
+        handle.write("\n".join(lines) + "\n")
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(rows)), 3.5), dpi=100)
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [m["heldout_retrieval_accuracy_before"] or 0 for _, m in rows], 0.4,
+           label="before SE")
+    ax.bar([x + 0.2 for x in xs], [m["heldout_retrieval_accuracy_after"] or 0 for _, m in rows], 0.4,
+           label="after SE")
+    ax.set_xticks(list(xs), [lang for lang, _ in rows])
+    ax.set_ylabel("held-out retrieval accuracy")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(plot_path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)

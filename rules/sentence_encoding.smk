@@ -1,0 +1,35 @@
+# Sentence encoding, per language: the SE adapter on top of the language's frozen LA.
+
+
+rule sentence_adapter:
+    """LoRA on all linear layers, MNRL on the language's monolingual paraphrase pairs."""
+    input:
+        unpack(sentence_adapter_inputs),
+    output:
+        directory("results/{base}/sentence_adapters/{lang}"),
+    params:
+        settings=config["sentence_adapter"],
+    threads: workflow.cores
+    log:
+        "logs/{base}/sentence_adapters/{lang}.log",
+    benchmark:
+        "logs/{base}/benchmarks/sentence_adapter/{lang}.tsv"
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/sentence_adapter.py"
+
+
+rule sentence_adapter_summary:
+    """Held-out in-batch retrieval accuracy before and after SE training, per language."""
+    input:
+        sentence_adapter_dirs,
+    output:
+        table="results/{base}/sentence_adapters/summary.md",
+        plot="results/{base}/sentence_adapters/summary.png",
+    log:
+        "logs/{base}/sentence_adapters/summary.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/sentence_adapter_summary.py"

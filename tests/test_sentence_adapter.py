@@ -1,0 +1,242 @@
+import hashlib
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from modsent import language_adapter as la
+from modsent import sentence_adapter as sa
+from modsent.fasttext_embeddings import train_token_fasttext
+from modsent.focus import initialize_embeddings
+from modsent.io import InputError
+from modsent.paraphrase_data import align_provided, translate_pairs, translation_units
+from modsent.sources.builtin import builtin_corpus, builtin_paraphrases, builtin_translations
+from modsent.testing import make_tiny_bert, make_tiny_xlmr, sample_texts
+from modsent.tokenizer_training import train_tokenizer
+
+LA_CFG = la.LanguageAdapterConfig(steps=4, batch_size=4, seq_len=32, learning_rate=2e-3,
+                                  warmup_steps=1, eval_sentences=30, checkpoint_every=100, log_every=1)
+# A tiny random model learns only with a large learning rate; dropout off for exact comparisons.
+CFG = sa.SentenceAdapterConfig(batch_size=16, seq_len=32, learning_rate=5e-3, max_steps=80,
+                               lora_dropout=0.0, eval_pairs=30, log_every=5, seed=0)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """A tiny random XLM-R base, a German LA on it, and the built-in paraphrases in German."""
+    torch.set_num_threads(2)
+    root = tmp_path_factory.mktemp("se")
+    base = make_tiny_xlmr(root / "base", sample_texts(600))
+    corpus = root / "de.txt"
+    corpus.write_text("\n".join(builtin_corpus("de")[:600]) + "\n", encoding="utf-8")
+    train_tokenizer(corpus, base, root / "tok", vocab_size=500)
+    train_token_fasttext(corpus, root / "tok", root / "ft", dim=16, epochs=2, min_count=2)
+    initialize_embeddings(base, root / "tok", root / "ft", root / "emb")
+    la.train_language_adapter(base, root / "tok", root / "emb", corpus, root / "la", LA_CFG, progress=False)
+    english = builtin_paraphrases()
+    units, _ = align_provided(translation_units(english), builtin_translations("de"), "de")
+    pairs = translate_pairs(english, units)
+    pairs_path = root / "de.parquet"
+    pairs.to_parquet(pairs_path, index=False)
+    return {"base": base, "la": root / "la", "pairs": pairs_path, "root": root}
+
+
+def _lora_targets(model) -> set[str]:
+    return {n.split(".lora_")[0] for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_lora_covers_every_linear_layer_of_the_encoder_and_nothing_else(inputs):
+    model = sa.build_model(inputs["base"], inputs["la"], CFG)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    targets = {t.split("base_model.model.", 1)[1] for t in _lora_targets(model)}
+    from transformers import AutoModel
+
+    plain = AutoModel.from_pretrained(str(inputs["base"]))  # every linear layer of the encoder
+    linears = {n for n, m in plain.encoder.named_modules() if isinstance(m, torch.nn.Linear)}
+    linears = {f"encoder.{n}" for n in linears}
+    assert targets == linears
+    kinds = {t.split(".", 3)[3] for t in targets}
+    assert kinds == {"attention.self.query", "attention.self.key", "attention.self.value",
+                     "attention.output.dense", "intermediate.dense", "output.dense"}
+    assert not any("embeddings" in t for t in targets)
+    # the pooling head is frozen
+    assert not any(p.requires_grad for p in model.head.parameters())
+
+
+def test_la_is_merged_into_the_frozen_weights(inputs):
+    """With a fresh SE LoRA (B = 0) the model computes exactly L's LA model."""
+    model = sa.build_model(inputs["base"], inputs["la"], CFG).eval()
+    la_model, tok = la.load_language_model(inputs["base"], inputs["la"], mlm=False)
+    texts = builtin_corpus("de")[:6]
+    features = tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ours = model.encoder(**features).last_hidden_state
+        ref = la_model(**features).last_hidden_state
+    assert torch.allclose(ours, ref, atol=1e-5)
+    emb = load_file(str(inputs["la"] / la.EMBEDDINGS_NAME))["input_embeddings"]
+    assert torch.equal(model.encoder.get_input_embeddings().weight, emb)
+
+
+@pytest.mark.parametrize("make, pooling", [(make_tiny_bert, "cls"), (make_tiny_xlmr, "mean")])
+def test_fresh_adapter_without_la_pools_as_the_base(tmp_path, make, pooling):
+    """LaBSE-like (CLS + Dense(tanh) + Normalize) and E5-like (mean + Normalize) heads."""
+    from sentence_transformers import SentenceTransformer
+
+    base = make(tmp_path / "base", sample_texts(300), pooling=pooling)
+    texts = sample_texts(40)[10:40]
+    reference = SentenceTransformer(str(base), device="cpu").encode(texts, batch_size=7)
+    model = sa.build_model(base, None, sa.SentenceAdapterConfig())
+    assert np.allclose(model.encode(texts, batch_size=7), reference, atol=1e-5)
+    loaded = sa.load_sentence_encoder(base, None, None, device="cpu")
+    assert np.allclose(loaded.encode(texts, batch_size=4), reference, atol=1e-5)
+
+
+def test_mnrl_equals_sentence_transformers():
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    generator = torch.Generator().manual_seed(0)
+    a, p, n = (torch.randn(8, 16, generator=generator) for _ in range(3))
+    reference = MultipleNegativesRankingLoss(model=None, scale=20.0)
+    ours = sa.MultipleNegativesRankingLoss(20.0)
+    labels = torch.zeros(8)
+    assert torch.allclose(ours(a, p), reference.compute_loss_from_embeddings([a, p], labels), atol=1e-6)
+    assert torch.allclose(ours(a, p, n), reference.compute_loss_from_embeddings([a, p, n], labels), atol=1e-6)
+    # some pairs without a hard negative: those add no candidate
+    some = n[:3]
+    scores = 20.0 * torch.nn.functional.normalize(a, dim=-1) @ torch.nn.functional.normalize(
+        torch.cat([p, some]), dim=-1).T
+    expected = torch.nn.functional.cross_entropy(scores, torch.arange(8))
+    assert torch.allclose(ours(a, p, some), expected, atol=1e-6)
+
+
+def test_batches_hold_no_text_twice_and_are_seeded(inputs):
+    pairs = sa.read_pairs(inputs["pairs"])
+    # the data has clashes to avoid: a negative that is another pair's positive
+    assert set(pairs["negative"].dropna()) & set(pairs["positive"])
+    for seed, epoch in ((0, 0), (0, 1), (3, 0)):
+        batches = sa.no_duplicate_batches(pairs, 16, seed, epoch)
+        placed = [i for b in batches for i in b]
+        assert len(placed) == len(set(placed)) and len(placed) >= len(pairs) - 16
+        for batch in batches:
+            assert 2 <= len(batch) <= 16
+            _assert_rows_disjoint(pairs, batch)
+    assert sa.no_duplicate_batches(pairs, 16, 0, 0) == sa.no_duplicate_batches(pairs, 16, 0, 0)
+    assert sa.no_duplicate_batches(pairs, 16, 0, 0) != sa.no_duplicate_batches(pairs, 16, 0, 1)
+    clash = pd.DataFrame({"anchor": ["a", "b", "c", "a"], "positive": ["x", "a", "y", "z"],
+                          "negative": [None, None, "x", None]})
+    batches = sa.no_duplicate_batches(clash, 4, 0)
+    # rows 0, 1 and 3 share "a", rows 0 and 2 share "x": no batch holds two of them; a row
+    # left alone at the end is dropped (one pair has no in-batch negative)
+    assert batches and all(len(b) >= 2 for b in batches)
+    for batch in batches:
+        _assert_rows_disjoint(clash, batch)
+
+
+def _assert_rows_disjoint(pairs, batch):
+    """No text of one row (anchor, positive, negative) occurs in another row of the batch."""
+    seen = set()
+    for i in batch:
+        row = {t for t in pairs.loc[i, ["anchor", "positive", "negative"]] if isinstance(t, str)}
+        assert not row & seen
+        seen |= row
+
+
+def _digest(directory) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_only_the_se_lora_moves_and_the_saved_adapter_reloads(inputs, tmp_path):
+    model = sa.build_model(inputs["base"], inputs["la"], CFG)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    pairs = sa.read_pairs(inputs["pairs"])
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    loss_fn = sa.MultipleNegativesRankingLoss(20.0)
+    model.train()
+    for batch in sa.no_duplicate_batches(pairs, 16, 0)[:3]:
+        sa.batch_loss(model, loss_fn, pairs.iloc[batch]).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(".lora_" in n for n in changed)
+    assert any(".lora_B." in n for n in changed)
+    # save as training does, reload through the public loader: the same embeddings
+    model.encoder.save_pretrained(str(tmp_path / "se" / sa.ADAPTER_DIR), save_embedding_layers=False)
+    texts = pairs["anchor"].tolist()[:20]
+    reloaded = sa.load_sentence_encoder(inputs["base"], inputs["la"], tmp_path / "se", device="cpu",
+                                        max_seq_length=CFG.seq_len)
+    assert np.allclose(reloaded.encode(texts, batch_size=8), model.encode(texts, batch_size=5), atol=1e-5)
+    saved = load_file(str(tmp_path / "se" / sa.ADAPTER_DIR / "adapter_model.safetensors"))
+    assert saved and all("lora_" in k for k in saved)
+
+
+def test_training_raises_heldout_retrieval_and_reloads(inputs, tmp_path):
+    la_before = _digest(inputs["la"])
+    out = tmp_path / "de"
+    metrics = sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], out, CFG, device="cpu",
+                                         progress=False)
+    assert metrics["steps"] == CFG.max_steps
+    assert metrics["heldout_pairs"] >= 10
+    assert metrics["heldout_retrieval_accuracy_after"] > metrics["heldout_retrieval_accuracy_before"]
+    assert metrics["loss_last"] < metrics["loss_first"]
+    assert _digest(inputs["la"]) == la_before  # the LA directory is untouched
+    files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert {"adapter/adapter_config.json", "adapter/adapter_model.safetensors", "metrics.json",
+            "loss.tsv", "loss.png"} <= files
+    assert not [f for f in files if f.endswith((".bin", ".pt", ".pkl"))]
+    saved = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    assert all("lora_" in k for k in saved) and not any("embed" in k for k in saved)
+    assert json.loads((out / "adapter" / "adapter_config.json").read_text())["r"] == CFG.lora_r
+    assert (out / "loss.tsv").read_text().splitlines()[0] == "step\tloss\tlr"
+    # reloaded: the held-out accuracy measured in training, and deterministic encodings
+    encoder = sa.load_sentence_encoder(inputs["base"], inputs["la"], out, device="cpu")
+    _, heldout = sa.split_heldout(sa.read_pairs(inputs["pairs"]), CFG.eval_pairs)
+    accuracy = sa.retrieval_accuracy(encoder.model, heldout["anchor"].tolist(), heldout["positive"].tolist())
+    assert accuracy == pytest.approx(metrics["heldout_retrieval_accuracy_after"])
+    emb = encoder.encode(heldout["anchor"].tolist(), batch_size=4)
+    assert np.allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+    again = sa.load_sentence_encoder(inputs["base"], inputs["la"], out, device="cpu")
+    assert np.allclose(again.encode(heldout["anchor"].tolist(), batch_size=16), emb, atol=1e-5)
+
+
+def test_without_language_adapter(inputs, tmp_path):
+    """The Mod_m-LA ablation: the SE adapter on the base with its own tokenizer."""
+    cfg = sa.SentenceAdapterConfig(**{**CFG.__dict__, "max_steps": 3})
+    out = tmp_path / "de-nola"
+    metrics = sa.train_sentence_adapter(inputs["base"], None, inputs["pairs"], out, cfg, device="cpu",
+                                         progress=False)
+    assert metrics["steps"] == 3 and metrics["language_adapter"] is None
+    encoder = sa.load_sentence_encoder(inputs["base"], None, out, device="cpu")
+    from transformers import AutoTokenizer
+
+    assert len(encoder.tokenizer) == len(AutoTokenizer.from_pretrained(str(inputs["base"])))
+    assert encoder.encode(["Republik Namibia", "Namibia"]).shape == (2, 32)
+
+
+def test_bad_pair_files(tmp_path):
+    path = tmp_path / "x.parquet"
+    pd.DataFrame({"anchor": ["a"], "other": ["b"]}).to_parquet(path)
+    with pytest.raises(InputError, match="missing pair columns"):
+        sa.read_pairs(path)
+    pd.DataFrame({"anchor": ["a", " "], "positive": ["b", "c"], "negative": [None, None]}).to_parquet(path)
+    with pytest.raises(InputError, match="at least 2"):
+        sa.read_pairs(path)
+    with pytest.raises(InputError, match="batch_size"):
+        sa.SentenceAdapterConfig(batch_size=1)
+
+
+def test_config_from_a_config_section():
+    cfg = sa.SentenceAdapterConfig.from_config(
+        {"batch_size": 32, "learning_rate": 1e-4, "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
+         "max_steps": None})
+    assert (cfg.batch_size, cfg.learning_rate) == (32, 1e-4)
+    assert (cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout) == (4, 8, 0.0)
+    assert cfg.seq_len == 128 and cfg.scale == 20.0 and cfg.target_modules == "all-linear"
+    with pytest.raises(InputError, match="unknown"):
+        sa.SentenceAdapterConfig.from_config({"batchsize": 32})
