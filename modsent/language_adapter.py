@@ -29,12 +29,13 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Iterator
+
 from pathlib import Path
 
 import torch
 
 from modsent.io import InputError, atomic_path, iter_utf8_lines
+from modsent.plots import write_loss_curve
 
 log = logging.getLogger(__name__)
 
@@ -549,7 +550,8 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
     with atomic_path(out_dir, directory=True) as tmp:
         save_language_adapter(model, tokenizer, tmp)
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-        write_loss_curve(history, tmp, title=f"language adapter {out_dir.name}", metrics=metrics)
+        write_loss_curve(history, tmp, title=f"language adapter {out_dir.name}", ylabel="MLM loss",
+                         lines={"held-out before": loss_before, "held-out after": loss_after})
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     log.info("LA %s: held-out MLM loss %s → %s; %.0f tokens/s", out_dir.name,
              _fmt(loss_before), _fmt(loss_after), metrics["tokens_per_second"] or 0)
@@ -558,33 +560,6 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
 
 def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.3f}"
-
-
-def write_loss_curve(history: list, out_dir: Path, *, title: str, metrics: dict) -> None:
-    """loss.tsv and loss.png of the training curve, with the held-out losses marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    with open(out_dir / "loss.tsv", "w", encoding="utf-8") as handle:
-        handle.write("step\tloss\tlr\n")
-        for step, loss, lr in history:
-            handle.write(f"{step}\t{loss:.6f}\t{lr:.3e}\n")
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    if history:
-        ax.plot([h[0] for h in history], [h[1] for h in history], label="training loss")
-    for key, style in (("heldout_mlm_loss_before", "--"), ("heldout_mlm_loss_after", ":")):
-        if metrics.get(key) is not None:
-            ax.axhline(metrics[key], linestyle=style, color="grey",
-                       label=f"held-out {key.rsplit('_', 1)[-1]}: {metrics[key]:.2f}")
-    ax.set_xlabel("step")
-    ax.set_ylabel("MLM loss")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "loss.png")
-    plt.close(fig)
 
 
 def write_summary(la_dirs: list[str], table_path: str | Path, plot_path: str | Path) -> None:

@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from modsent.io import InputError, atomic_path
+from modsent.plots import write_loss_curve
 
 log = logging.getLogger(__name__)
 
@@ -99,17 +100,22 @@ class SentenceAdapterConfig:
         return cls(**section)
 
     def __post_init__(self):
-        if self.batch_size < 2:
-            raise InputError("sentence_adapter.batch_size must be at least 2 (in-batch negatives), "
-                             f"got {self.batch_size}")
+        check_contrastive_settings("sentence_adapter", self)
         if self.seq_len < 3:
             raise InputError(f"sentence_adapter.seq_len must be at least 3, got {self.seq_len}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise InputError(f"sentence_adapter.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise InputError(f"sentence_adapter.max_steps must be at least 1 or null, got {self.max_steps}")
-        if self.epochs < 1:
-            raise InputError(f"sentence_adapter.epochs must be at least 1, got {self.epochs}")
+
+
+def check_contrastive_settings(section: str, cfg) -> None:
+    """Settings every contrastive training stage shares (direct library use; the workflow's
+    config is already checked by the schema)."""
+    if cfg.batch_size < 2:
+        raise InputError(f"{section}.batch_size must be at least 2 (in-batch negatives), got {cfg.batch_size}")
+    if not 0 <= cfg.warmup_ratio < 1:
+        raise InputError(f"{section}.warmup_ratio must be in [0, 1), got {cfg.warmup_ratio}")
+    if cfg.max_steps is not None and cfg.max_steps < 1:
+        raise InputError(f"{section}.max_steps must be at least 1 or null, got {cfg.max_steps}")
+    if cfg.epochs < 1:
+        raise InputError(f"{section}.epochs must be at least 1, got {cfg.epochs}")
 
 
 # ---- the loss ----------------------------------------------------------------------------------
@@ -412,12 +418,45 @@ def batch_loss(model: SentenceEncoderModel, loss_fn: MultipleNegativesRankingLos
     return loss_fn(emb[:n], emb[n:2 * n], emb[2 * n:] if negatives else None)
 
 
+def fit(model, optimizer, trainable, batches, total_steps: int, loss_of_batch, lr_of_step, *,
+        device, precision: str, max_grad_norm: float, log_every: int, desc: str,
+        progress: bool = True) -> tuple[list[float], list[list[float]], int, float]:
+    """The training loop shared by the SE and CLA adapters: set the step's learning rate,
+    compute the batch loss (autocast on GPUs), clip, step. Returns (losses, logged history
+    [step, loss, lr], pairs seen, seconds)."""
+    from tqdm.auto import tqdm
+
+    history: list[list[float]] = []
+    losses: list[float] = []
+    pairs_seen, start_time = 0, time.perf_counter()
+    model.train()
+    bar = tqdm(total=total_steps, desc=desc, disable=not progress, unit="step")
+    for step, batch in enumerate(batches):
+        lr = lr_of_step(step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        with _autocast(device, precision):
+            loss = loss_of_batch(batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        pairs_seen += len(batch)
+        value = loss.item()
+        losses.append(value)
+        if (step + 1) % log_every == 0 or step == 0 or step + 1 == total_steps:
+            history.append([step + 1, value, lr])
+            bar.set_postfix(loss=f"{value:.3f}")
+        bar.update(1)
+    bar.close()
+    return losses, history, pairs_seen, time.perf_counter() - start_time
+
+
 def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None,
                            pairs_path: str | Path, out_dir: str | Path,
                            cfg: SentenceAdapterConfig = SentenceAdapterConfig(), *,
                            device: str | None = None, progress: bool = True) -> dict:
     """Train L's SE adapter on its pair file and write ``out_dir`` (atomically); return metrics."""
-    from tqdm.auto import tqdm
 
     out_dir = Path(out_dir)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -447,30 +486,12 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
                                   batch_size=eval_batch, precision=cfg.precision)
 
     accuracy_before = evaluate()
-    history: list[list[float]] = []
-    losses: list[float] = []
-    pairs_seen, start_time = 0, time.perf_counter()
-    model.train()
-    bar = tqdm(total=total_steps, desc=f"SE {out_dir.name}", disable=not progress, unit="step")
-    for step, batch in enumerate(iter_batches(train, cfg, total_steps)):
-        lr = learning_rate(step, total_steps, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        with _autocast(device, cfg.precision):
-            loss = batch_loss(model, loss_fn, train.iloc[batch])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        pairs_seen += len(batch)
-        value = loss.item()
-        losses.append(value)
-        if (step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == total_steps:
-            history.append([step + 1, value, lr])
-            bar.set_postfix(loss=f"{value:.3f}")
-        bar.update(1)
-    bar.close()
-    elapsed = time.perf_counter() - start_time
+    losses, history, pairs_seen, elapsed = fit(
+        model, optimizer, trainable, iter_batches(train, cfg, total_steps), total_steps,
+        lambda batch: batch_loss(model, loss_fn, train.iloc[batch]),
+        lambda step: learning_rate(step, total_steps, cfg), device=device, precision=cfg.precision,
+        max_grad_norm=cfg.max_grad_norm, log_every=cfg.log_every, desc=f"SE {out_dir.name}",
+        progress=progress)
     model.eval()
     accuracy_after = evaluate()
 
@@ -487,34 +508,11 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
     with atomic_path(out_dir, directory=True) as tmp:
         model.encoder.save_pretrained(str(tmp / ADAPTER_DIR), save_embedding_layers=False)
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-        write_loss_curve(history, tmp, title=f"sentence adapter {out_dir.name}")
+        write_loss_curve(history, tmp, title=f"sentence adapter {out_dir.name}", ylabel="MNRL loss")
     log.info("SE %s: MNRL %.3f → %.3f; held-out retrieval accuracy %s → %s; %.1f pairs/s",
              out_dir.name, metrics["loss_first"] or 0, metrics["loss_last"] or 0,
              accuracy_before, accuracy_after, metrics["pairs_per_second"] or 0)
     return metrics
-
-
-def write_loss_curve(history: list, out_dir: Path, *, title: str) -> None:
-    """loss.tsv (step, loss, lr) and loss.png of the training curve."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    with open(out_dir / "loss.tsv", "w", encoding="utf-8") as handle:
-        handle.write("step\tloss\tlr\n")
-        for step, loss, lr in history:
-            handle.write(f"{step}\t{loss:.6f}\t{lr:.3e}\n")
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    if history:
-        ax.plot([h[0] for h in history], [h[1] for h in history], label="training MNRL")
-    ax.set_xlabel("step")
-    ax.set_ylabel("MNRL")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "loss.png")
-    plt.close(fig)
 
 
 def write_summary(se_dirs: list[str], table_path: str | Path, plot_path: str | Path) -> None:

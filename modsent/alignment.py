@@ -1,0 +1,474 @@
+"""Cross-lingual alignment (CLA) training: a parallel adapter on L's frozen LA + SE model that
+pulls L's sentence embeddings towards the frozen English encoder's (method steps 6-7).
+
+The model of a non-English language L during CLA training:
+
+    L's tokenizer + embeddings, base + merged LA, SE LoRA, pooling      frozen
+    parallel adapters beside every FFN (modsent.parallel_adapter)       trained
+
+The English side is frozen: :func:`embed_english` encodes every English training sentence once
+per base model with the English LA + SE encoder and writes
+
+    {out}.safetensors        embeddings [N, d] float32 (what ``SentenceEncoder.encode`` returns:
+                             L2-normalised), metadata: the base identity, N, d, a hash of the ids
+    {out stem}.units.parquet unit_id, text — row i of ``embeddings`` is ``unit_id[i]``
+
+(:func:`units_path` names the second file). Each language's CLA training looks English vectors
+up by content-hash id (``modsent.translation.unit_id``) instead of re-encoding them.
+
+Objectives (``kind``):
+
+    pp   MNRL: ``scale * cos(en_anchor_i, [pos_L_j ..., neg_L_j ...])``, cross-entropy with
+         target j = i; the English anchor is looked up, L's positive and hard negative (where
+         present) are encoded by the trainable model; batches hold no text twice
+         (``sentence_adapter.no_duplicate_batches``). Data: ``crosslingual_paraphrase_pairs``.
+    pl   sentence-transformers' CosineSimilarityLoss with label 1: ``mean((cos(en_i, l_i) - 1)^2)``
+         between the English sentence's frozen embedding and its translation encoded by the
+         trainable model. Data: ``parallel_pairs`` (unit_id, english, translation).
+
+The output directory of :func:`train_alignment_adapter` (written atomically):
+
+    adapter/          the parallel adapter (parallel_adapter.safetensors + config; metadata
+                      {language, kind, ...}); :func:`merge_alignment_adapters` writes the same layout
+    metrics.json      loss first/last, steps, pairs/s, held-out English→L retrieval accuracy
+                      before and after
+    loss.tsv, loss.png
+
+Held-out slice: the pairs with the smallest content hash (``sentence_adapter.split_heldout``);
+training pairs sharing an English or L text with a held-out pair are dropped, so the held-out
+texts are never trained on. Retrieval: for each held-out English sentence (its stored frozen
+embedding), is its own L text the most similar (cosine) among the held-out L texts?
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from modsent import parallel_adapter as pa
+from modsent import sentence_adapter as sa
+from modsent.plots import write_loss_curve
+from modsent.io import InputError, atomic_path
+from modsent.translation import make_units, unit_id
+
+log = logging.getLogger(__name__)
+
+KINDS = ("pp", "pl")
+ADAPTER_DIR = "adapter"
+EMBEDDINGS_KEY = "embeddings"
+EMBEDDINGS_FORMAT = "modsent-english-embeddings/1"
+ENGLISH_TEXT_COLUMNS = ("text", "english", "anchor", "positive", "negative")
+
+
+# ---- configuration ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AlignmentConfig:
+    """Hyperparameters of CLA training (defaults: the paper's). ``max_steps`` (if set) replaces
+    ``epochs``. ``seq_len`` None: the SE adapter's training length (its metrics.json), else the
+    base's maximum. ``adapter``: the parallel adapter's shape (``ParallelAdapterConfig``)."""
+
+    batch_size: int = 256
+    learning_rate: float = 2e-5
+    epochs: int = 1
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    scale: float = 20.0
+    seq_len: int | None = None
+    eval_pairs: int = 500
+    seed: int = 0
+    max_steps: int | None = None
+    log_every: int = 10
+    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on the CPU; fp32: never
+    adapter: pa.ParallelAdapterConfig = dataclasses.field(default_factory=pa.ParallelAdapterConfig)
+
+    @classmethod
+    def from_config(cls, section: dict) -> "AlignmentConfig":
+        """From a config section: these field names (``lr`` is accepted for ``learning_rate``),
+        the adapter's under ``adapter: {reduction_factor, bottleneck_size, scaling, dropout,
+        layers}``; missing keys take the defaults, unknown keys are an error."""
+        section = dict(section or {})
+        if "lr" in section:
+            if "learning_rate" in section:
+                raise InputError("alignment: give learning_rate or lr, not both")
+            section["learning_rate"] = section.pop("lr")
+        adapter = section.pop("adapter", None)
+        known = {f.name for f in dataclasses.fields(cls)} - {"adapter"}
+        unknown = sorted(set(section) - known)
+        if unknown:
+            raise InputError(f"alignment: unknown key(s) {', '.join(unknown)}; allowed: "
+                             f"{', '.join(sorted(known | {'adapter'}))}")
+        if adapter is not None:
+            if isinstance(adapter, dict) and isinstance(adapter.get("layers"), list):
+                adapter = {**adapter, "layers": tuple(adapter["layers"])}
+            section["adapter"] = pa.ParallelAdapterConfig.from_dict(adapter)
+        return cls(**section)
+
+    def __post_init__(self):
+        sa.check_contrastive_settings("alignment", self)
+        if self.seq_len is not None and self.seq_len < 3:
+            raise InputError(f"alignment.seq_len must be at least 3 or null, got {self.seq_len}")
+        if self.log_every < 1:
+            raise InputError(f"alignment.log_every must be at least 1, got {self.log_every}")
+        if not isinstance(self.adapter, pa.ParallelAdapterConfig):
+            raise InputError("alignment.adapter must be a ParallelAdapterConfig")
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["adapter"] = self.adapter.to_dict()
+        return out
+
+
+# ---- English embeddings ------------------------------------------------------------------------
+
+
+def units_path(embeddings_path: str | Path) -> Path:
+    """The parquet (unit_id, text) beside an English embeddings file, rows in the same order."""
+    path = Path(embeddings_path)
+    return path.with_name(f"{path.stem}.units.parquet")
+
+
+def _english_sentences(source) -> list[str]:
+    """Texts from a list, or from parquet file(s): every column of ENGLISH_TEXT_COLUMNS present
+    (a units file's ``text``, a parallel file's ``english``, a pair file's anchor/positive/negative)."""
+    if isinstance(source, (str, Path)):
+        source = [source]
+    source = list(source)
+    if source and all(isinstance(s, Path) or (isinstance(s, str) and s.endswith(".parquet")) for s in source):
+        texts: list[str] = []
+        for path in source:
+            frame = pd.read_parquet(path)
+            columns = [c for c in ENGLISH_TEXT_COLUMNS if c in frame.columns]
+            if not columns:
+                raise InputError(f"{path}: no sentence column (expected one of {', '.join(ENGLISH_TEXT_COLUMNS)})")
+            for column in columns:
+                texts.extend(t for t in frame[column] if isinstance(t, str))
+        return texts
+    return source
+
+
+def embed_english(base_model_dir: str | Path, en_la_dir: str | Path | None, en_se_dir: str | Path | None,
+                  sentences, out_path: str | Path, batch_size: int = 64, *,
+                  device: str | None = None) -> Path:
+    """Encode the distinct English sentences once with the frozen English encoder (LA + SE) and
+    write ``out_path`` (safetensors: ``embeddings`` [N, d] float32, rows sorted by unit id) and
+    :func:`units_path` (unit_id, text), both atomically. ``sentences``: a list of texts or parquet
+    path(s) (see :func:`_english_sentences`). Returns ``out_path``."""
+    from safetensors.torch import save_file
+
+    units = make_units(_english_sentences(sentences))
+    if units.empty:
+        raise InputError("embed_english: no English sentences")
+    encoder = sa.load_sentence_encoder(base_model_dir, en_la_dir, en_se_dir, device=device)
+    start = time.perf_counter()
+    embeddings = encoder.encode(units["text"].tolist(), batch_size).astype(np.float32)
+    elapsed = time.perf_counter() - start
+    identity = pa.base_model_identity(encoder.model.encoder)
+    metadata = {
+        "format": EMBEDDINGS_FORMAT, "rows": str(len(units)), "dim": str(embeddings.shape[1]),
+        "units_sha256": _ids_digest(units["unit_id"]), "normalized": "true",
+        "base_model": json.dumps(identity, sort_keys=True),
+        "language_adapter": str(en_la_dir or ""), "sentence_adapter": str(en_se_dir or ""),
+    }
+    out_path = Path(out_path)
+    with atomic_path(units_path(out_path)) as tmp:
+        units.to_parquet(tmp, index=False)
+    with atomic_path(out_path) as tmp:
+        save_file({EMBEDDINGS_KEY: torch.from_numpy(np.ascontiguousarray(embeddings))}, str(tmp),
+                  metadata=metadata)
+    log.info("English embeddings: %d sentences, dim %d, %.1f sentences/s -> %s", len(units),
+             embeddings.shape[1], len(units) / elapsed if elapsed > 0 else 0.0, out_path)
+    return out_path
+
+
+def _ids_digest(ids) -> str:
+    return hashlib.sha256("\n".join(ids).encode()).hexdigest()
+
+
+@dataclasses.dataclass
+class EnglishEmbeddings:
+    """The frozen English vectors: ``vectors`` [N, d] float32 tensor, ``index`` unit_id -> row,
+    ``base_model`` the identity of the base they were made on."""
+
+    vectors: torch.Tensor
+    index: dict[str, int]
+    base_model: dict
+
+    def rows(self, texts: Sequence[str]) -> list[int]:
+        """Row of each text; an InputError lists texts that have no embedding."""
+        rows, missing = [], []
+        for text in texts:
+            row = self.index.get(unit_id(text))
+            if row is None:
+                missing.append(text)
+            rows.append(row)
+        if missing:
+            raise InputError(f"{len(missing)} English sentence(s) have no stored embedding (not among the "
+                             f"sentences given to embed_english), e.g. {missing[:3]!r}")
+        return rows
+
+    def lookup(self, texts: Sequence[str]) -> torch.Tensor:
+        return self.vectors[self.rows(texts)]
+
+
+def read_english_embeddings(path: str | Path) -> EnglishEmbeddings:
+    """Read what :func:`embed_english` wrote, checking that the two files belong together."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    ids_path = units_path(path)
+    if not path.is_file() or not ids_path.is_file():
+        raise InputError(f"{path}: English embeddings need {path.name} and {ids_path.name} (embed_english)")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            vectors = handle.get_tensor(EMBEDDINGS_KEY)
+    except (SafetensorError, OSError) as err:
+        raise InputError(f"{path}: unreadable English embeddings: {err}") from None
+    if metadata.get("format") != EMBEDDINGS_FORMAT:
+        raise InputError(f"{path}: not an English embeddings file of format {EMBEDDINGS_FORMAT}")
+    ids = pd.read_parquet(ids_path)["unit_id"].astype(str).tolist()
+    if len(ids) != vectors.shape[0] or _ids_digest(ids) != metadata.get("units_sha256"):
+        raise InputError(f"{ids_path}: does not match {path.name} (rows or ids differ): rerun embed_english")
+    return EnglishEmbeddings(vectors.float(), {u: i for i, u in enumerate(ids)},
+                             json.loads(metadata.get("base_model", "{}")))
+
+
+# ---- data --------------------------------------------------------------------------------------
+
+
+def alignment_pairs(kind: str, pairs) -> pd.DataFrame:
+    """The training rows of ``kind`` as ``anchor`` (English), ``positive`` (L), ``negative`` (L or
+    None): from ``crosslingual_paraphrase_pairs`` (pp) or ``parallel_pairs`` (pl), a frame or a
+    parquet path. Empty or missing texts are dropped."""
+    _check_kind(kind)
+    frame = pd.read_parquet(pairs) if isinstance(pairs, (str, Path)) else pd.DataFrame(pairs)
+    need = ("anchor", "positive") if kind == "pp" else ("english", "translation")
+    missing = set(need) - set(frame.columns)
+    if missing:
+        raise InputError(f"{kind} pairs: missing columns {sorted(missing)} (expected {', '.join(need)})")
+    if kind == "pp":
+        out = pd.DataFrame({"anchor": frame["anchor"], "positive": frame["positive"],
+                            "negative": frame["negative"] if "negative" in frame.columns else None})
+    else:
+        out = pd.DataFrame({"anchor": frame["english"], "positive": frame["translation"], "negative": None})
+    # texts exactly as given (the English side is looked up by the hash of its exact text)
+    for column in sa.PAIR_TEXT_COLUMNS:
+        out[column] = out[column].map(lambda t: t if isinstance(t, str) and t.strip() else None)
+    out = out.dropna(subset=["anchor", "positive"]).reset_index(drop=True)
+    contradictory = out["negative"] == out["positive"]
+    out.loc[contradictory, "negative"] = None
+    if len(out) < 2:
+        raise InputError(f"{kind} pairs: {len(out)} usable pairs; at least 2 are needed")
+    return out
+
+
+def split_pairs(pairs: pd.DataFrame, count: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(train, heldout): ``sentence_adapter.split_heldout``, then training rows that share any
+    text with a held-out row are dropped."""
+    train, heldout = sa.split_heldout(pairs, count)
+    held_texts = set(heldout["anchor"]) | set(heldout["positive"])
+    clash = train["anchor"].isin(held_texts) | train["positive"].isin(held_texts) \
+        | train["negative"].isin(held_texts)
+    return train[~clash].reset_index(drop=True), heldout
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise InputError(f"alignment kind must be one of {', '.join(KINDS)}, not {kind!r}")
+
+
+# ---- the model -----------------------------------------------------------------------------------
+
+
+def build_alignment_model(base_model_dir, la_dir, se_dir, cfg: AlignmentConfig, *,
+                          device: str | None = None) -> sa.SentenceEncoderModel:
+    """L's frozen encoder (base + LA + SE) with fresh parallel adapters, the only trainable part.
+    A fresh adapter adds zero: the model starts as exactly L's SE encoder."""
+    encoder = sa.load_sentence_encoder(base_model_dir, la_dir, se_dir, device=device,
+                                       max_seq_length=cfg.seq_len)
+    model = encoder.model
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)  # the down-projections' initialisation
+        pa.add_parallel_adapters(model.encoder, cfg.adapter)
+    pa.freeze_all_but_adapters(model)
+    return model
+
+
+def cosine_similarity_loss(u: torch.Tensor, v: torch.Tensor, labels: torch.Tensor | float = 1.0) -> torch.Tensor:
+    """sentence-transformers' CosineSimilarityLoss: MSE between cos(u_i, v_i) and the label."""
+    cos = nn.functional.cosine_similarity(u.float(), v.float(), dim=-1)
+    labels = torch.as_tensor(labels, dtype=cos.dtype, device=cos.device).expand_as(cos)
+    return nn.functional.mse_loss(cos, labels)
+
+
+def batch_loss(kind: str, model: sa.SentenceEncoderModel, english: EnglishEmbeddings, rows: pd.DataFrame,
+               scale: float = 20.0) -> torch.Tensor:
+    """The loss of one batch: the English side looked up, L's texts encoded in one forward pass."""
+    device = next(model.encoder.parameters()).device
+    anchors = english.lookup(rows["anchor"].tolist()).to(device)
+    positives = rows["positive"].tolist()
+    if kind == "pl":
+        return cosine_similarity_loss(anchors, model(positives))
+    negatives = [t for t in rows["negative"] if isinstance(t, str)]
+    emb = model(positives + negatives).float()
+    n = len(positives)
+    return sa.MultipleNegativesRankingLoss(scale)(anchors, emb[:n], emb[n:] if negatives else None)
+
+
+def retrieval_accuracy(model: sa.SentenceEncoderModel, english: EnglishEmbeddings, anchors: Sequence[str],
+                       targets: Sequence[str], *, batch_size: int = 64, precision: str = "auto") -> float | None:
+    """English→L: share of English sentences (their stored embeddings) whose most similar L text
+    among ``targets`` (encoded by ``model``) is their own."""
+    if len(anchors) < 2:
+        return None
+    a = nn.functional.normalize(english.lookup(anchors), dim=-1).numpy()
+    t = model.encode(targets, batch_size, precision=precision)
+    return float(((a @ t.T).argmax(axis=1) == np.arange(len(a))).mean())
+
+
+# ---- training ------------------------------------------------------------------------------------
+
+
+def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str | Path | None,
+                            se_dir: str | Path | None, pairs, english_embeddings_path: str | Path,
+                            out_dir: str | Path, cfg: AlignmentConfig = AlignmentConfig(), *,
+                            language: str | None = None, device: str | None = None,
+                            progress: bool = True) -> dict:
+    """Train L's ``kind`` (pp or pl) CLA adapter on ``pairs`` (frame or parquet, see
+    :func:`alignment_pairs`) against the English embeddings; write ``out_dir`` atomically and
+    return the metrics."""
+
+    _check_kind(kind)
+    out_dir = Path(out_dir)
+    language = language or out_dir.name
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+    english = read_english_embeddings(english_embeddings_path)
+    data = alignment_pairs(kind, pairs)
+    english.rows(data["anchor"].tolist())  # every English text must have a vector: fail early
+    train, heldout = split_pairs(data, cfg.eval_pairs)
+    if len(train) < 2:
+        raise InputError(f"{kind} pairs: {len(train)} training pairs after holding out {len(heldout)}")
+    epoch_batches = len(sa.no_duplicate_batches(train, cfg.batch_size, cfg.seed, 0))
+    total_steps = cfg.max_steps or cfg.epochs * epoch_batches
+    log.info("CLA %s %s: %d training pairs, %d held out; %d batches per epoch; %d steps",
+             kind, language, len(train), len(heldout), epoch_batches, total_steps)
+
+    model = build_alignment_model(base_model_dir, la_dir, se_dir, cfg, device=device)
+    identity = pa.base_model_identity(model.encoder)
+    mismatch = pa._identity_mismatch(english.base_model, identity, ("English embeddings", "model"))
+    if mismatch:
+        raise InputError(f"{english_embeddings_path}: made on another base model than "
+                         f"{base_model_dir}: {'; '.join(mismatch)}")
+    if english.vectors.shape[1] != model.encode(data["positive"].tolist()[:1]).shape[1]:
+        raise InputError(f"{english_embeddings_path}: dimension {english.vectors.shape[1]} differs from the model's")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    n_trainable = sum(p.numel() for p in trainable)
+    n_total = sum(p.numel() for p in model.parameters())
+    decay = [p for p in trainable if p.ndim >= 2]
+    no_decay = [p for p in trainable if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.learning_rate)
+    eval_batch = max(1, min(cfg.batch_size, 64))
+
+    def evaluate():
+        return retrieval_accuracy(model, english, heldout["anchor"].tolist(), heldout["positive"].tolist(),
+                                  batch_size=eval_batch, precision=cfg.precision)
+
+    accuracy_before = evaluate()
+    schedule = sa.SentenceAdapterConfig(learning_rate=cfg.learning_rate, warmup_ratio=cfg.warmup_ratio)
+    batching = sa.SentenceAdapterConfig(batch_size=cfg.batch_size, seed=cfg.seed)
+    torch.manual_seed(cfg.seed)  # dropout
+    losses, history, pairs_seen, elapsed = sa.fit(
+        model, optimizer, trainable, sa.iter_batches(train, batching, total_steps), total_steps,
+        lambda batch: batch_loss(kind, model, english, train.iloc[batch], cfg.scale),
+        lambda step: sa.learning_rate(step, total_steps, schedule), device=device,
+        precision=cfg.precision, max_grad_norm=cfg.max_grad_norm, log_every=cfg.log_every,
+        desc=f"CLA {kind} {language}", progress=progress)
+    model.eval()
+    accuracy_after = evaluate()
+
+    metrics = {
+        "kind": kind, "language": language, "loss": "MNRL" if kind == "pp" else "cosine MSE",
+        "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+        "heldout_retrieval_accuracy_before": accuracy_before,
+        "heldout_retrieval_accuracy_after": accuracy_after,
+        "heldout_pairs": len(heldout), "train_pairs": len(train), "steps": len(losses),
+        "batches_per_epoch": epoch_batches, "pairs_per_second": pairs_seen / elapsed if elapsed > 0 else None,
+        "trainable_parameters": n_trainable, "total_parameters": n_total,
+        "language_adapter": None if la_dir is None else str(la_dir),
+        "sentence_adapter": None if se_dir is None else str(se_dir),
+        "english_embeddings": str(english_embeddings_path),
+        "device": str(device), "config": cfg.to_dict(),
+    }
+    with atomic_path(out_dir, directory=True) as tmp:
+        pa.save_parallel_adapters(model.encoder, tmp / ADAPTER_DIR, metadata={
+            "language": language, "kind": kind, "steps": len(losses),
+            "heldout_retrieval_accuracy_after": accuracy_after})
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        write_loss_curve(history, tmp, title=f"CLA {kind} {language}", ylabel=metrics["loss"])
+    log.info("CLA %s %s: loss %.3f → %.3f; held-out en→%s retrieval accuracy %s → %s; %.1f pairs/s",
+             kind, language, metrics["loss_first"] or 0, metrics["loss_last"] or 0, language,
+             accuracy_before, accuracy_after, metrics["pairs_per_second"] or 0)
+    return metrics
+
+
+# ---- merging and loading -------------------------------------------------------------------------
+
+
+def adapter_path(cla_dir: str | Path) -> Path:
+    """The parallel adapter inside a CLA output directory (``adapter/``), or the directory itself
+    when it is a bare adapter directory."""
+    cla_dir = Path(cla_dir)
+    inner = cla_dir / ADAPTER_DIR
+    return inner if (inner / pa.CONFIG_NAME).is_file() else cla_dir
+
+
+def merge_alignment_adapters(pp_dir: str | Path, pl_dir: str | Path, weights: Sequence[float] = (0.5, 0.5),
+                             out_dir: str | Path = None, *, metadata: dict | None = None) -> Path:
+    """``w_pp · pp + w_pl · pl`` (``parallel_adapter.merge_parallel_adapters``) written as
+    ``out_dir/adapter/`` (atomically), the layout of a training output. Returns ``out_dir``."""
+    if out_dir is None:
+        raise InputError("merge_alignment_adapters: out_dir is required")
+    weights = tuple(weights)
+    if len(weights) != 2:
+        raise InputError(f"merge_alignment_adapters: two weights (pp, pl) expected, got {list(weights)}")
+    records = [pa.read_adapter_config(adapter_path(d)) for d in (pp_dir, pl_dir)]
+    languages = {r.get("metadata", {}).get("language") for r in records} - {None}
+    if len(languages) > 1:
+        raise InputError(f"merge_alignment_adapters: adapters of different languages {sorted(languages)}")
+    meta = {"kind": "merged", "weights": {"pp": weights[0], "pl": weights[1]}, **(metadata or {})}
+    if languages:
+        meta.setdefault("language", languages.pop())
+    out_dir = Path(out_dir)
+    with atomic_path(out_dir, directory=True) as tmp:
+        pa.merge_parallel_adapters([adapter_path(pp_dir), adapter_path(pl_dir)], weights,
+                                   tmp / ADAPTER_DIR, metadata=meta)
+    return out_dir
+
+
+def load_aligned_encoder(base_model_dir: str | Path, la_dir: str | Path | None, se_dir: str | Path | None,
+                         cla_dir: str | Path | None, *, device: str | None = None,
+                         max_seq_length: int | None = None) -> sa.SentenceEncoder:
+    """L's encoder: base + LA + SE + the CLA adapter of ``cla_dir`` (a training or merge output,
+    or a bare adapter directory; none when None). An adapter made on another base model is an
+    InputError. Inference mode; ``.encode(sentences)``."""
+    encoder = sa.load_sentence_encoder(base_model_dir, la_dir, se_dir, device=device,
+                                       max_seq_length=max_seq_length)
+    if cla_dir is not None:
+        pa.load_parallel_adapters(encoder.model.encoder, adapter_path(cla_dir))
+        encoder.model.eval()
+    return encoder

@@ -1,0 +1,34 @@
+"""Training curves shared by every training stage: loss.tsv and loss.png beside the outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_loss_curve(history: list, out_dir: Path, *, title: str, ylabel: str = "loss",
+                     lines: dict[str, float | None] | None = None) -> None:
+    """``loss.tsv`` (step, loss, lr) and ``loss.png`` of ``history`` ([step, loss, lr] rows);
+    ``lines`` adds labelled horizontal reference lines (e.g. held-out losses)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(Path(out_dir) / "loss.tsv", "w", encoding="utf-8") as handle:
+        handle.write("step\tloss\tlr\n")
+        for step, loss, lr in history:
+            handle.write(f"{step}\t{loss:.6f}\t{lr:.3e}\n")
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    if history:
+        ax.plot([h[0] for h in history], [h[1] for h in history], label=f"training {ylabel}")
+    for (label, value), style in zip((lines or {}).items(), ("--", ":", "-.")):
+        if value is not None:
+            ax.axhline(value, linestyle=style, color="grey", label=f"{label}: {value:.2f}")
+    if history or lines:
+        ax.legend()
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(Path(out_dir) / "loss.png")
+    plt.close(fig)

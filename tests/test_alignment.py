@@ -1,0 +1,262 @@
+import hashlib
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from modsent import alignment as al
+from modsent import language_adapter as la
+from modsent import parallel_adapter as pa
+from modsent import sentence_adapter as sa
+from modsent.fasttext_embeddings import train_token_fasttext
+from modsent.focus import initialize_embeddings
+from modsent.io import InputError
+from modsent.paraphrase_data import (align_provided, crosslingual_paraphrase_pairs, parallel_pairs,
+                                     translate_pairs, translation_units)
+from modsent.sources.builtin import builtin_corpus, builtin_paraphrases, builtin_translations
+from modsent.testing import make_tiny_xlmr, sample_texts
+from modsent.tokenizer_training import train_tokenizer
+
+LA_CFG = la.LanguageAdapterConfig(steps=3, batch_size=4, seq_len=32, learning_rate=2e-3,
+                                  warmup_steps=1, eval_sentences=20, checkpoint_every=100, log_every=1)
+SE_CFG = sa.SentenceAdapterConfig(batch_size=16, seq_len=32, learning_rate=5e-3, max_steps=60,
+                                  lora_dropout=0.0, eval_pairs=20, log_every=4, seed=0)
+# A tiny random model learns only with a large learning rate.
+CFG = al.AlignmentConfig(batch_size=16, learning_rate=1e-2, max_steps=120, warmup_ratio=0.1,
+                         eval_pairs=40, log_every=10, seed=0, seq_len=32)
+
+
+def _language_modules(root, base, lang, pairs):
+    """A tiny LA + SE of ``lang`` on ``base`` (few steps: a fixture, not a quality test)."""
+    corpus = root / f"{lang}.txt"
+    corpus.write_text("\n".join(builtin_corpus(lang)[:400]) + "\n", encoding="utf-8")
+    train_tokenizer(corpus, base, root / f"tok-{lang}", vocab_size=400)
+    train_token_fasttext(corpus, root / f"tok-{lang}", root / f"ft-{lang}", dim=16, epochs=1, min_count=2)
+    initialize_embeddings(base, root / f"tok-{lang}", root / f"ft-{lang}", root / f"emb-{lang}")
+    la.train_language_adapter(base, root / f"tok-{lang}", root / f"emb-{lang}", corpus, root / f"la-{lang}",
+                              LA_CFG, progress=False)
+    pairs_path = root / f"pairs-{lang}.parquet"
+    pairs.to_parquet(pairs_path, index=False)
+    sa.train_sentence_adapter(base, root / f"la-{lang}", pairs_path, root / f"se-{lang}", SE_CFG,
+                              device="cpu", progress=False)
+    return root / f"la-{lang}", root / f"se-{lang}"
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """A tiny random XLM-R base, English and German LA + SE, the built-in data aligned."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: a second thread on shared cores is 100x slower
+    root = tmp_path_factory.mktemp("cla")
+    base = make_tiny_xlmr(root / "base", sample_texts(600))
+    english = builtin_paraphrases()
+    units = translation_units(english)
+    de_units, _ = align_provided(units, builtin_translations("de"), "de")
+    de_pairs = translate_pairs(english, de_units)
+    en_la, en_se = _language_modules(root, base, "en", english)
+    de_la, de_se = _language_modules(root, base, "de", de_pairs)
+    units_path = root / "units.parquet"
+    units.to_parquet(units_path, index=False)
+    embeddings = al.embed_english(base, en_la, en_se, units_path, root / "english.safetensors", batch_size=32,
+                                  device="cpu")
+    # The same without LAs (one tokenizer for both languages): for this tiny random model the
+    # task the held-out retrieval measures is learnable only then (with separate tokenizers and
+    # FOCUS embeddings from 16-dimensional fastText vectors, 130 training pairs do not generalise).
+    for lang in ("en", "de"):
+        sa.train_sentence_adapter(base, None, root / f"pairs-{lang}.parquet", root / f"se-{lang}-nola", SE_CFG,
+                                  device="cpu", progress=False)
+    embeddings_nola = al.embed_english(base, None, root / "se-en-nola", units["text"].tolist(),
+                                       root / "english-nola.safetensors", device="cpu")
+    yield {"base": base, "root": root, "en_la": en_la, "en_se": en_se, "de_la": de_la, "de_se": de_se,
+           "units": units, "embeddings": embeddings, "de_se_nola": root / "se-de-nola",
+           "embeddings_nola": embeddings_nola,
+           "pp": crosslingual_paraphrase_pairs(english, de_pairs), "pl": parallel_pairs(de_units)}
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def trained(inputs):
+    """pp and pl adapters trained on German (each once for the module), without LAs (learnable)."""
+    out = {}
+    for kind in ("pp", "pl"):
+        directory = inputs["root"] / f"cla-{kind}"
+        metrics = al.train_alignment_adapter(kind, inputs["base"], None, inputs["de_se_nola"], inputs[kind],
+                                             inputs["embeddings_nola"], directory, CFG, language="de",
+                                             device="cpu", progress=False)
+        out[kind] = (directory, metrics)
+    return out
+
+
+def _digest(directory) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_english_embeddings_are_the_english_encoder_s(inputs):
+    saved = load_file(str(inputs["embeddings"]))["embeddings"]
+    ids = pd.read_parquet(al.units_path(inputs["embeddings"]))
+    assert ids["unit_id"].tolist() == inputs["units"]["unit_id"].tolist()  # rows in id order
+    assert saved.dtype == torch.float32 and saved.shape == (len(ids), 32)
+    encoder = sa.load_sentence_encoder(inputs["base"], inputs["en_la"], inputs["en_se"], device="cpu")
+    texts = ids["text"].tolist()
+    assert np.allclose(saved.numpy(), encoder.encode(texts, batch_size=7), atol=1e-5)
+    english = al.read_english_embeddings(inputs["embeddings"])
+    some = texts[5:9]
+    assert torch.equal(english.lookup(some), saved[5:9])
+    with pytest.raises(InputError, match="no stored embedding"):
+        english.lookup(["a sentence nobody embedded"])
+    # a list of sentences works too; duplicates are embedded once
+    small = al.embed_english(inputs["base"], inputs["en_la"], inputs["en_se"], [texts[0], texts[1], texts[0]],
+                             inputs["root"] / "small.safetensors", device="cpu")
+    assert load_file(str(small))["embeddings"].shape == (2, 32)
+
+
+def test_fresh_cla_adapter_is_the_identity_and_only_adapters_train(inputs, tmp_path):
+    texts = inputs["pp"]["positive"].tolist()[:20]
+    reference = sa.load_sentence_encoder(inputs["base"], inputs["de_la"], inputs["de_se"], device="cpu",
+                                         max_seq_length=32).encode(texts)
+    model = al.build_alignment_model(inputs["base"], inputs["de_la"], inputs["de_se"], CFG, device="cpu")
+    assert np.allclose(model.encode(texts), reference, atol=1e-6)
+    pa.save_parallel_adapters(model.encoder, tmp_path / "fresh")
+    loaded = al.load_aligned_encoder(inputs["base"], inputs["de_la"], inputs["de_se"], tmp_path / "fresh",
+                                     device="cpu", max_seq_length=32)
+    assert np.allclose(loaded.encode(texts), reference, atol=1e-6)
+
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(".parallel_adapter." in n for n in trainable)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    english = al.read_english_embeddings(inputs["embeddings"])
+    for kind in ("pp", "pl"):
+        pairs = al.alignment_pairs(kind, inputs[kind])
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        model.train()
+        for batch in sa.no_duplicate_batches(pairs, 16, 0)[:2]:
+            al.batch_loss(kind, model, english, pairs.iloc[batch]).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(".parallel_adapter." in n for n in changed)
+    assert any(".parallel_adapter.up." in n for n in changed)  # no longer the identity
+
+
+def test_pp_batches_hold_no_text_twice(inputs):
+    pairs = al.alignment_pairs("pp", inputs["pp"])
+    assert pairs["negative"].notna().any()
+    for batch in sa.no_duplicate_batches(pairs, 16, 0):
+        texts = [t for i in batch for t in pairs.loc[i, ["anchor", "positive", "negative"]] if isinstance(t, str)]
+        per_row = sum(len({t for t in pairs.loc[i, ["anchor", "positive", "negative"]] if isinstance(t, str)})
+                      for i in batch)
+        assert len(set(texts)) == per_row
+
+
+def test_losses():
+    from sentence_transformers.sentence_transformer.losses import CosineSimilarityLoss
+
+    generator = torch.Generator().manual_seed(0)
+    u, v = torch.randn(8, 16, generator=generator), torch.randn(8, 16, generator=generator)
+    reference = CosineSimilarityLoss(model=None).compute_loss_from_embeddings([u, v], torch.ones(8))
+    assert torch.allclose(al.cosine_similarity_loss(u, v), reference, atol=1e-6)
+    assert al.cosine_similarity_loss(u, u).item() == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["pp", "pl"])
+def test_training_raises_heldout_crosslingual_retrieval(inputs, trained, kind):
+    directory, metrics = trained[kind]
+    assert metrics["steps"] == CFG.max_steps and metrics["kind"] == kind
+    assert metrics["heldout_pairs"] >= 10
+    assert metrics["heldout_retrieval_accuracy_after"] > metrics["heldout_retrieval_accuracy_before"], metrics
+    assert metrics["loss_last"] < metrics["loss_first"]
+    files = {p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()}
+    assert {f"adapter/{pa.WEIGHTS_NAME}", f"adapter/{pa.CONFIG_NAME}", "metrics.json", "loss.tsv",
+            "loss.png"} == files
+    record = pa.read_adapter_config(directory / "adapter")
+    assert record["metadata"]["language"] == "de" and record["metadata"]["kind"] == kind
+    assert json.loads((directory / "metrics.json").read_text())["config"]["adapter"]["scaling"] == 4.0
+    # reloaded: the accuracy measured in training, deterministic encodings
+    encoder = al.load_aligned_encoder(inputs["base"], None, inputs["de_se_nola"], directory, device="cpu",
+                                      max_seq_length=32)
+    _, heldout = al.split_pairs(al.alignment_pairs(kind, inputs[kind]), CFG.eval_pairs)
+    english = al.read_english_embeddings(inputs["embeddings_nola"])
+    accuracy = al.retrieval_accuracy(encoder.model, english, heldout["anchor"].tolist(),
+                                     heldout["positive"].tolist())
+    assert accuracy == pytest.approx(metrics["heldout_retrieval_accuracy_after"])
+    texts = heldout["positive"].tolist()
+    again = al.load_aligned_encoder(inputs["base"], None, inputs["de_se_nola"], directory, device="cpu",
+                                    max_seq_length=32)
+    assert np.array_equal(again.encode(texts, batch_size=4), encoder.encode(texts, batch_size=4))
+
+
+def test_training_leaves_la_and_se_unchanged(inputs, trained):
+    # the module's trainings ran before: the LA/SE directories are as the fixture wrote them
+    la_se = [inputs[k] for k in ("de_la", "de_se")]
+    digests = [_digest(d) for d in la_se]
+    cfg = al.AlignmentConfig(**{**CFG.__dict__, "max_steps": 3})
+    al.train_alignment_adapter("pl", inputs["base"], inputs["de_la"], inputs["de_se"], inputs["pl"],
+                               inputs["embeddings"], inputs["root"] / "cla-short", cfg, device="cpu", progress=False)
+    assert [_digest(d) for d in la_se] == digests
+    # with the LA: the adapter records the language (here: the directory's name) and loads
+    encoder = al.load_aligned_encoder(inputs["base"], inputs["de_la"], inputs["de_se"], inputs["root"] / "cla-short",
+                                      device="cpu")
+    assert encoder.encode(["Republik Namibia", "Namibia"]).shape == (2, 32)
+
+
+def test_merge_is_the_mean_and_loads(inputs, trained, tmp_path):
+    pp_dir, pl_dir = trained["pp"][0], trained["pl"][0]
+    out = al.merge_alignment_adapters(pp_dir, pl_dir, (0.5, 0.5), tmp_path / "merged")
+    merged = load_file(str(out / "adapter" / pa.WEIGHTS_NAME))
+    pp = load_file(str(pp_dir / "adapter" / pa.WEIGHTS_NAME))
+    pl = load_file(str(pl_dir / "adapter" / pa.WEIGHTS_NAME))
+    assert merged.keys() == pp.keys() == pl.keys()
+    for key in merged:
+        assert torch.allclose(merged[key], (pp[key] + pl[key]) / 2, atol=1e-7)
+    record = pa.read_adapter_config(out / "adapter")
+    assert record["metadata"]["language"] == "de" and record["metadata"]["kind"] == "merged"
+    encoder = al.load_aligned_encoder(inputs["base"], None, inputs["de_se_nola"], out, device="cpu")
+    plain = al.load_aligned_encoder(inputs["base"], None, inputs["de_se_nola"], None, device="cpu")
+    texts = inputs["pl"]["translation"].tolist()[:10]
+    emb = encoder.encode(texts)
+    assert emb.shape == (10, 32) and np.allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+    assert not np.allclose(emb, plain.encode(texts), atol=1e-4)  # the merged adapter is active
+    with pytest.raises(InputError, match="sum to 1"):
+        al.merge_alignment_adapters(pp_dir, pl_dir, (0.5, 0.6), tmp_path / "bad")
+
+
+def test_adapter_or_embeddings_from_another_base_are_refused(inputs, trained, tmp_path):
+    other = make_tiny_xlmr(tmp_path / "other", sample_texts(600), seed=1)
+    with pytest.raises(InputError, match="another base model"):
+        al.load_aligned_encoder(other, None, None, trained["pp"][0], device="cpu")
+    foreign = al.embed_english(other, None, None, inputs["units"]["text"].tolist(), tmp_path / "en.safetensors",
+                               device="cpu")
+    with pytest.raises(InputError, match="another base model"):
+        al.train_alignment_adapter("pl", inputs["base"], inputs["de_la"], inputs["de_se"], inputs["pl"], foreign,
+                                   tmp_path / "x", CFG, device="cpu", progress=False)
+    assert not (tmp_path / "x").exists()
+
+
+def test_bad_inputs(inputs, tmp_path):
+    with pytest.raises(InputError, match="kind"):
+        al.alignment_pairs("xx", inputs["pl"])
+    with pytest.raises(InputError, match="missing columns"):
+        al.alignment_pairs("pp", inputs["pl"])
+    with pytest.raises(InputError, match="embed_english"):
+        al.read_english_embeddings(tmp_path / "none.safetensors")
+
+
+def test_config_from_a_config_section():
+    cfg = al.AlignmentConfig.from_config({"batch_size": 32, "lr": 1e-4, "adapter": {"reduction_factor": 4,
+                                                                                     "layers": [0, 1]}})
+    assert (cfg.batch_size, cfg.learning_rate) == (32, 1e-4)
+    assert cfg.adapter == pa.ParallelAdapterConfig(reduction_factor=4, layers=(0, 1))
+    default = al.AlignmentConfig()
+    assert (default.batch_size, default.learning_rate, default.scale, default.epochs, default.warmup_ratio) == \
+        (256, 2e-5, 20.0, 1, 0.1)
+    assert default.adapter == pa.ParallelAdapterConfig()
+    with pytest.raises(InputError, match="unknown"):
+        al.AlignmentConfig.from_config({"batchsize": 32})
+    with pytest.raises(InputError, match="unknown"):
+        al.AlignmentConfig.from_config({"adapter": {"size": 3}})
