@@ -33,6 +33,8 @@ wildcard_constraints:
     lang=LANGUAGE_REGEX,
     base=SLUG_REGEX,
     dataset=SLUG_REGEX,
+    kind="pp|pl",
+    weight=r"0(\.[0-9]+)?|1",
 
 
 include: "rules/base_model.smk"
@@ -40,6 +42,7 @@ include: "rules/inputs.smk"
 include: "rules/specialization.smk"
 include: "rules/paraphrase.smk"
 include: "rules/sentence_encoding.smk"
+include: "rules/alignment.smk"
 
 
 rule all:

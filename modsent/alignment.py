@@ -472,3 +472,21 @@ def load_aligned_encoder(base_model_dir: str | Path, la_dir: str | Path | None, 
         pa.load_parallel_adapters(encoder.model.encoder, adapter_path(cla_dir))
         encoder.model.eval()
     return encoder
+
+
+def write_summary(cla_dirs: list[str], out_path: str | Path) -> None:
+    """A Markdown table: held-out English→L retrieval accuracy before/after per kind and language."""
+    from modsent.io import atomic_open
+
+    lines = ["# Cross-lingual alignment: held-out English→L retrieval accuracy (%)", "",
+             "| language | kind | held-out pairs | before | after | steps | loss first → last |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    for directory in cla_dirs:
+        m = json.loads((Path(directory) / "metrics.json").read_text(encoding="utf-8"))
+        before, after = m["heldout_retrieval_accuracy_before"], m["heldout_retrieval_accuracy_after"]
+        lines.append(f"| {m['language']} | {m['kind']} | {m['heldout_pairs']} | "
+                     f"{'n/a' if before is None else f'{100 * before:.1f}'} | "
+                     f"{'n/a' if after is None else f'{100 * after:.1f}'} | {m['steps']} | "
+                     f"{m['loss_first'] or 0:.3f} → {m['loss_last'] or 0:.3f} |")
+    with atomic_open(out_path) as handle:
+        handle.write("\n".join(lines) + "\n")

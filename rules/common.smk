@@ -150,6 +150,55 @@ def sentence_encoding_targets():
     return [f"results/{base_name()}/sentence_adapters/summary.md"]
 
 
+# ---- cross-lingual alignment -------------------------------------------------------------------
+
+
+def _language_modules(base, lang):
+    """The inputs naming a language's frozen encoder: its LA (unless skipped) and SE adapter."""
+    inputs = {
+        "base": f"resources/base_models/{base}",
+        "sentence_adapter": f"results/{base}/sentence_adapters/{lang}",
+    }
+    if lang in modsent_config.specialized_languages(config):
+        inputs["language_adapter"] = f"results/{base}/language_adapters/{lang}"
+    return inputs
+
+
+def english_encoder_inputs(wildcards):
+    return _language_modules(wildcards.base, modsent_config.PIVOT_LANGUAGE)
+
+
+def alignment_inputs(wildcards):
+    inputs = _language_modules(wildcards.base, wildcards.lang)
+    if wildcards.kind == "pp":
+        inputs["english_pairs"] = "results/paraphrase/en.parquet"
+        inputs["pairs"] = f"results/paraphrase/{wildcards.lang}.parquet"
+    else:
+        inputs["translations"] = f"results/translation/{wildcards.lang}.parquet"
+    return inputs
+
+
+def alignment_settings(wildcards):
+    return config["alignment"]
+
+
+def merge_weight_names():
+    return [f"{w:g}" for w in config["alignment"]["merge_weights"]]
+
+
+def alignment_dirs(wildcards):
+    return expand("results/{base}/alignment/{kind}/{lang}", base=wildcards.base,
+                  kind=["pp", "pl"], lang=non_english())
+
+
+def alignment_targets():
+    if not non_english():
+        return []
+    return [f"results/{base_name()}/alignment/summary.md"] + expand(
+        "results/{base}/alignment/merged-{weight}/{lang}", base=base_name(),
+        weight=merge_weight_names(), lang=non_english())
+
+
 def all_targets():
     """Everything the configured run produces: the target list of the default target."""
     return (
@@ -157,4 +206,5 @@ def all_targets():
         + paraphrase_targets()
         + specialization_targets()
         + sentence_encoding_targets()
+        + alignment_targets()
     )

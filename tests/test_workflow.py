@@ -96,6 +96,29 @@ def test_sentence_adapters_reload_and_encode(run):
         assert f"| {lang} | yes |" in summary
 
 
+def test_alignment_adapters_and_merges(run):
+    import json
+
+    import numpy as np
+
+    from modsent.alignment import load_aligned_encoder
+    from modsent.sentence_adapter import load_sentence_encoder
+
+    base = run / "resources/base_models/tiny"
+    for lang in ["de", "ky"]:
+        for kind in ["pp", "pl"]:
+            metrics = json.loads((run / f"results/tiny/alignment/{kind}/{lang}/metrics.json").read_text())
+            assert metrics["steps"] == 3 and metrics["kind"] == kind
+        la, se = run / f"results/tiny/language_adapters/{lang}", run / f"results/tiny/sentence_adapters/{lang}"
+        plain = load_sentence_encoder(base, la, se).encode(["Hallo Welt"])
+        for weight in ["0.5", "0.7"]:
+            merged = load_aligned_encoder(base, la, se, run / f"results/tiny/alignment/merged-{weight}/{lang}")
+            vectors = merged.encode(["Hallo Welt"])
+            assert vectors.shape == plain.shape and not np.allclose(vectors, plain)
+    assert not (run / "results/tiny/alignment/pp/en").exists()  # English is the fixed side
+    assert "| ky | pl |" in (run / "results/tiny/alignment/summary.md").read_text()
+
+
 def test_rerun_has_nothing_to_do(run):
     proc = snakemake(run, "-n")
     assert "Nothing to be done" in proc.stdout + proc.stderr

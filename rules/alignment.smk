@@ -1,0 +1,69 @@
+# Cross-lingual alignment: English embeddings once per base, pp and pl parallel adapters per
+# non-English language, and their weight-averaged merges.
+
+
+rule english_embeddings:
+    """The frozen English encoder (English LA + SE) embeds every English training sentence once."""
+    input:
+        unpack(english_encoder_inputs),
+        units="results/translation/units.parquet",
+    output:
+        embeddings="results/{base}/alignment/english_embeddings.safetensors",
+        units="results/{base}/alignment/english_embeddings.units.parquet",
+    threads: workflow.cores
+    log:
+        "logs/{base}/alignment/english_embeddings.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/english_embeddings.py"
+
+
+rule alignment_adapter:
+    """pp: MNRL on (English sentence, its paraphrase in L); pl: cosine loss on (English
+    sentence, its translation in L); a parallel adapter on L's frozen LA + SE."""
+    input:
+        unpack(alignment_inputs),
+        english="results/{base}/alignment/english_embeddings.safetensors",
+    output:
+        directory("results/{base}/alignment/{kind}/{lang}"),
+    params:
+        settings=alignment_settings,
+    threads: workflow.cores
+    log:
+        "logs/{base}/alignment/{kind}/{lang}.log",
+    benchmark:
+        "logs/{base}/benchmarks/alignment/{kind}/{lang}.tsv"
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/alignment_adapter.py"
+
+
+rule merge_alignment:
+    """w * pp + (1 - w) * pl: an ordinary adapter directory."""
+    input:
+        pp="results/{base}/alignment/pp/{lang}",
+        pl="results/{base}/alignment/pl/{lang}",
+    output:
+        directory("results/{base}/alignment/merged-{weight}/{lang}"),
+    log:
+        "logs/{base}/alignment/merged-{weight}/{lang}.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/merge_alignment.py"
+
+
+rule alignment_summary:
+    """Held-out English→L retrieval accuracy before and after pp and pl, per language."""
+    input:
+        alignment_dirs,
+    output:
+        "results/{base}/alignment/summary.md",
+    log:
+        "logs/{base}/alignment/summary.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/alignment_summary.py"

@@ -1,0 +1,7 @@
+# rule merge_alignment: weight-average the pp and pl adapters of one language.
+from modsent.alignment import merge_alignment_adapters
+from modsent.logs import setup_logging
+
+setup_logging(snakemake.log[0])
+weight = float(snakemake.wildcards.weight)
+merge_alignment_adapters(snakemake.input.pp, snakemake.input.pl, (weight, 1.0 - weight), snakemake.output[0])
