@@ -8,41 +8,20 @@ import torch
 from safetensors.torch import load_file
 
 from modsent import alignment as al
-from modsent import language_adapter as la
 from modsent import parallel_adapter as pa
 from modsent import sentence_adapter as sa
-from modsent.fasttext_embeddings import train_token_fasttext
-from modsent.focus import initialize_embeddings
 from modsent.io import InputError
 from modsent.paraphrase_data import (align_provided, crosslingual_paraphrase_pairs, parallel_pairs,
-                                     translate_pairs, translation_units)
-from modsent.sources.builtin import builtin_corpus, builtin_paraphrases, builtin_translations
+                                     translate_pairs)
+from modsent.sources.builtin import builtin_translations
 from modsent.testing import make_tiny_xlmr, sample_texts
-from modsent.tokenizer_training import train_tokenizer
+from tiny_modules import language_modules, tiny_base_and_data
 
-LA_CFG = la.LanguageAdapterConfig(steps=3, batch_size=4, seq_len=32, learning_rate=2e-3,
-                                  warmup_steps=1, eval_sentences=20, checkpoint_every=100, log_every=1)
 SE_CFG = sa.SentenceAdapterConfig(batch_size=16, seq_len=32, learning_rate=5e-3, max_steps=60,
                                   lora_dropout=0.0, eval_pairs=20, log_every=4, seed=0)
 # A tiny random model learns only with a large learning rate.
 CFG = al.AlignmentConfig(batch_size=16, learning_rate=1e-2, max_steps=120, warmup_ratio=0.1,
                          eval_pairs=40, log_every=10, seed=0, seq_len=32)
-
-
-def _language_modules(root, base, lang, pairs):
-    """A tiny LA + SE of ``lang`` on ``base`` (few steps: a fixture, not a quality test)."""
-    corpus = root / f"{lang}.txt"
-    corpus.write_text("\n".join(builtin_corpus(lang)[:400]) + "\n", encoding="utf-8")
-    train_tokenizer(corpus, base, root / f"tok-{lang}", vocab_size=400)
-    train_token_fasttext(corpus, root / f"tok-{lang}", root / f"ft-{lang}", dim=16, epochs=1, min_count=2)
-    initialize_embeddings(base, root / f"tok-{lang}", root / f"ft-{lang}", root / f"emb-{lang}")
-    la.train_language_adapter(base, root / f"tok-{lang}", root / f"emb-{lang}", corpus, root / f"la-{lang}",
-                              LA_CFG, progress=False)
-    pairs_path = root / f"pairs-{lang}.parquet"
-    pairs.to_parquet(pairs_path, index=False)
-    sa.train_sentence_adapter(base, root / f"la-{lang}", pairs_path, root / f"se-{lang}", SE_CFG,
-                              device="cpu", progress=False)
-    return root / f"la-{lang}", root / f"se-{lang}"
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +30,11 @@ def inputs(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: a second thread on shared cores is 100x slower
     root = tmp_path_factory.mktemp("cla")
-    base = make_tiny_xlmr(root / "base", sample_texts(600))
-    english = builtin_paraphrases()
-    units = translation_units(english)
+    base, english, units = tiny_base_and_data(root)
     de_units, _ = align_provided(units, builtin_translations("de"), "de")
     de_pairs = translate_pairs(english, de_units)
-    en_la, en_se = _language_modules(root, base, "en", english)
-    de_la, de_se = _language_modules(root, base, "de", de_pairs)
+    en_la, en_se = language_modules(root, base, "en", english, SE_CFG)
+    de_la, de_se = language_modules(root, base, "de", de_pairs, SE_CFG)
     units_path = root / "units.parquet"
     units.to_parquet(units_path, index=False)
     embeddings = al.embed_english(base, en_la, en_se, units_path, root / "english.safetensors", batch_size=32,

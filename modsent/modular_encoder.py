@@ -1,0 +1,489 @@
+"""Many languages' sentence encoders on one shared transformer body.
+
+Every language's encoder (see :mod:`modsent.sentence_adapter` and :mod:`modsent.alignment`) is
+the same frozen base body plus small per-language parts:
+
+    tokenizer + word embeddings     the language's (LA directory), or the base's without an LA
+    LA LoRA (q/k/v)                 frozen
+    SE LoRA (every linear layer)    frozen
+    CLA parallel adapters           frozen (one merged adapter set, or pp/pl)
+    pooling [+ Dense] [+ Norm]      the base's sentence-transformers modules (shared)
+
+:class:`ModularEncoder` loads the body and the head once and keeps only those small parts per
+language. Routing is explicit: every ``nn.Linear`` of the body's encoder layers is wrapped in a
+:class:`RoutedLoRALinear` that adds the LoRA deltas of the *active* language
+(``W x + Σ s·B A x``, one term per LA and SE adapter, as PEFT computes them); the body's word
+embedding module is swapped for the language's; the language's parallel adapters are attached
+with the same forward pre-hook :mod:`modsent.parallel_adapter` uses. The reference encoder merges
+the LA into ``W`` before adding the SE LoRA; stacking the two unmerged computes the same function
+up to float rounding.
+
+Prompts are not added (as in :mod:`modsent.sentence_adapter`).
+
+:meth:`ModularEncoder.export` writes one language as a standalone sentence-transformers
+directory (safetensors): LoRA merged into the weights, the language's tokenizer and embeddings,
+the base's pooling/Dense/Normalize modules. A CLA adapter cannot be merged into linear weights
+(its ReLU); it is then saved under ``parallel_adapter/`` beside the transformer weights and the
+first module's type in ``modules.json`` is :class:`AlignedTransformer` (a sentence-transformers
+``Transformer`` that inserts the adapter when loaded). sentence-transformers (>= 6) imports a
+module class outside its own namespace only with ``trust_remote_code=True``, so such an export is
+loaded with ``SentenceTransformer(out_dir, trust_remote_code=True)`` (or :func:`load_exported`)
+with modsent installed; the code run is modsent's installed class, none from the directory. A
+plain ``SentenceTransformer(out_dir)`` refuses it rather than silently dropping the alignment.
+Exports without a CLA adapter are ordinary sentence-transformers directories.
+``export_info.json`` records the language and whether there is an adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from sentence_transformers.base.modules import Transformer
+from torch import nn
+
+from modsent import alignment as al
+from modsent import language_adapter as la
+from modsent import parallel_adapter as pa
+from modsent import sentence_adapter as sa
+from modsent.io import InputError, atomic_path
+
+log = logging.getLogger(__name__)
+
+EXPORT_INFO = "export_info.json"
+EXPORT_ADAPTER_DIR = "parallel_adapter"
+LANGID_ALIASES = {"zh-cn": "zh", "zh-hans": "zh", "zh-tw": "zh", "zh-hant": "zh", "nb": "no", "nn": "no"}
+
+
+class RoutedLoRALinear(nn.Module):
+    """A frozen ``nn.Linear`` plus the LoRA terms of the active language: ``[(A, B, scaling)]``."""
+
+    def __init__(self, base: nn.Linear):
+        super().__init__()
+        self.base = base
+        self.active: list[tuple[torch.Tensor, torch.Tensor, float]] = []
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.base.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.base(x)
+        for a, b, scaling in self.active:
+            out = out + (x.to(a.dtype) @ a.T @ b.T).to(out.dtype) * scaling
+        return out
+
+    def merged(self) -> nn.Linear:
+        """A plain ``nn.Linear`` with the active LoRA terms added to its weight (a new module)."""
+        linear = nn.Linear(self.base.in_features, self.base.out_features, bias=self.base.bias is not None)
+        with torch.no_grad():
+            weight = self.base.weight.detach().clone()
+            for a, b, scaling in self.active:
+                weight += (b @ a).to(weight.dtype) * scaling
+            linear.weight.copy_(weight)
+            if self.base.bias is not None:
+                linear.bias.copy_(self.base.bias)
+        return linear.to(self.base.weight.device)
+
+
+def _attach(model: nn.Module, adapters: dict[int, pa.ParallelAdapter]) -> None:
+    """Insert already-made parallel adapters into ``model`` the way :func:`pa.add_parallel_adapters`
+    does (child ``parallel_adapter`` of each layer's FFN output, forward pre-hook); undone by
+    :func:`pa.remove_parallel_adapters`."""
+    layers = pa._encoder(model).encoder.layer
+    for i, adapter in adapters.items():
+        output = layers[i].output
+        output.add_module(pa.ADAPTER_ATTRIBUTE, adapter)
+        adapter._hook = output.register_forward_pre_hook(adapter.add_to_residual, with_kwargs=True)
+
+
+class AlignedTransformer(Transformer):
+    """sentence-transformers' ``Transformer`` plus the cross-lingual alignment (parallel) adapter
+    saved in ``parallel_adapter/`` of its directory: the first module of a CLA export."""
+
+    @classmethod
+    def load(cls, model_name_or_path: str, subfolder: str = "", **kwargs) -> "AlignedTransformer":
+        module = super().load(model_name_or_path, subfolder=subfolder, **kwargs)
+        adapter_dir = Path(model_name_or_path) / subfolder / EXPORT_ADAPTER_DIR
+        if not (adapter_dir / pa.CONFIG_NAME).is_file():
+            raise InputError(f"{Path(model_name_or_path) / subfolder}: an AlignedTransformer directory "
+                             f"without {EXPORT_ADAPTER_DIR}/{pa.CONFIG_NAME}")
+        with torch.random.fork_rng(devices=[]):
+            pa.load_parallel_adapters(module, adapter_dir)
+        for adapter in pa.parallel_adapters(module).values():
+            adapter.train(module.training)
+        return module
+
+    def save(self, output_path: str, *args, **kwargs) -> None:
+        adapters = pa.parallel_adapters(self)
+        if adapters:
+            pa.save_parallel_adapters(self, Path(output_path) / EXPORT_ADAPTER_DIR)
+            pa.remove_parallel_adapters(self)  # the transformer weights without the adapter's
+        try:
+            super().save(output_path, *args, **kwargs)
+        finally:
+            if adapters:
+                _attach(self, adapters)
+
+
+class _Language:
+    """One language's small parts."""
+
+    def __init__(self, lang: str, tokenizer, embeddings: nn.Embedding, lora: dict[str, list],
+                 adapters: dict[int, pa.ParallelAdapter] | None, adapter_dir: Path | None,
+                 max_seq_length: int):
+        self.lang, self.tokenizer, self.embeddings = lang, tokenizer, embeddings
+        self.lora, self.adapters, self.adapter_dir = lora, adapters, adapter_dir
+        self.max_seq_length = max_seq_length
+
+    def tensors(self) -> list[torch.Tensor]:
+        out = [self.embeddings.weight]
+        out += [t for terms in self.lora.values() for a, b, _ in terms for t in (a, b)]
+        out += [p for adapter in (self.adapters or {}).values() for p in adapter.parameters()]
+        return out
+
+
+def _embedding_fingerprint(model_dir: Path) -> str | None:
+    """A SHA-256 of the non-word embedding tensors in ``model_dir/model.safetensors`` (position and
+    token-type embeddings, embedding LayerNorm: tensors no stage of the method changes, so every
+    adapter of one base shares them); None when there is no such single file to read."""
+    import hashlib
+
+    from safetensors import safe_open
+
+    path = model_dir / "model.safetensors"
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with safe_open(str(path), "pt") as handle:
+        keys = {key.split("embeddings.", 1)[1]: key for key in handle.keys()
+                if ".embeddings." in f".{key}" and "word_embeddings" not in key}
+        for short in sorted(keys):
+            tensor = handle.get_tensor(keys[short])
+            digest.update(f"{short}:{list(tensor.shape)};".encode())
+            digest.update(tensor.to(torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes())
+    return digest.hexdigest() if keys else None
+
+
+def _check_recorded_base(adapter_dir: Path, config: dict, base_model_dir: Path, what: str) -> None:
+    """Refuse a LoRA adapter whose recorded base (PEFT's ``base_model_name_or_path``) is another
+    model: when that directory exists here and its embedding fingerprint differs from the base's.
+    (A recorded base that is gone or elsewhere cannot be checked; the shapes still are.)"""
+    recorded = config.get("base_model_name_or_path")
+    if not recorded or not Path(recorded).is_dir():
+        return
+    recorded = Path(recorded)
+    if recorded.resolve() == base_model_dir.resolve():
+        return
+    theirs, ours = _embedding_fingerprint(recorded), _embedding_fingerprint(base_model_dir)
+    if theirs is not None and ours is not None and theirs != ours:
+        raise InputError(f"{adapter_dir}: a {what} trained on another base model ({recorded}) than "
+                         f"this encoder's ({base_model_dir}): their embedding tensors differ")
+
+
+def _read_lora(adapter_dir: Path, body: nn.Module, prefix: str, what: str,
+               base_model_dir: Path | None = None) -> dict[str, list]:
+    """{module name in the body: [(A, B, scaling)]} of the PEFT LoRA adapter in ``adapter_dir``."""
+    from safetensors.torch import load_file
+
+    config_path = adapter_dir / "adapter_config.json"
+    weights_path = adapter_dir / "adapter_model.safetensors"
+    if not config_path.is_file() or not weights_path.is_file():
+        raise InputError(f"{adapter_dir}: not a PEFT LoRA adapter directory ({what}: expected "
+                         "adapter_config.json and adapter_model.safetensors)")
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    if config.get("peft_type", "LORA") != "LORA" or config.get("use_dora"):
+        raise InputError(f"{adapter_dir}: only plain LoRA adapters are supported ({what})")
+    if base_model_dir is not None:
+        _check_recorded_base(adapter_dir, config, base_model_dir, what)
+    r, alpha = int(config["r"]), float(config["lora_alpha"])
+    rank_pattern, alpha_pattern = config.get("rank_pattern") or {}, config.get("alpha_pattern") or {}
+    tensors = load_file(str(weights_path))
+    modules = dict(body.named_modules())
+    out: dict[str, list] = {}
+    for key in sorted(k for k in tensors if k.endswith(".lora_A.weight")):
+        name = key[: -len(".lora_A.weight")]
+        name = name.removeprefix("base_model.model.").removeprefix(prefix + ".")
+        module = modules.get(name)
+        if not isinstance(module, RoutedLoRALinear):
+            raise InputError(f"{adapter_dir}: {what} LoRA for {name!r}, which is not a linear layer of "
+                             "this base model's encoder: an adapter of another base model?")
+        a, b = tensors[key], tensors.get(key.replace(".lora_A.", ".lora_B."))
+        if b is None or a.shape[1] != module.base.in_features or b.shape[0] != module.base.out_features \
+                or a.shape[0] != b.shape[1]:
+            raise InputError(f"{adapter_dir}: {what} LoRA for {name!r} has shapes "
+                             f"{list(a.shape)}/{list(getattr(b, 'shape', []))}, which do not fit this base "
+                             f"model's layer ({module.base.in_features} -> {module.base.out_features}): "
+                             "an adapter of another base model?")
+        rank = next((v for k, v in rank_pattern.items() if name.endswith(k)), r)
+        lora_alpha = next((v for k, v in alpha_pattern.items() if name.endswith(k)), alpha)
+        scaling = lora_alpha / (rank ** 0.5 if config.get("use_rslora") else rank)
+        dtype = module.base.weight.dtype
+        out[name] = [(a.to(dtype), b.to(dtype), float(scaling))]
+    if not out:
+        raise InputError(f"{adapter_dir}: no LoRA weights ({what})")
+    return out
+
+
+class ModularEncoder:
+    """One base body, many languages: ``add_language(...)`` then ``encode(sentences, lang=...)``."""
+
+    def __init__(self, base_model_dir: str | Path, device: str | None = None):
+        import transformers
+
+        self.base_model_dir = Path(base_model_dir)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.head, self.base_max_seq_length = sa._sentence_head(self.base_model_dir)
+        self.base_tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.base_model_dir))
+        transformers.logging.set_verbosity_error()
+        try:
+            mlm = transformers.AutoModelForMaskedLM.from_pretrained(
+                str(self.base_model_dir), attn_implementation="sdpa", dtype=torch.float32)
+        finally:
+            transformers.logging.set_verbosity_warning()
+        self._prefix = mlm.base_model_prefix
+        self.body = la._mlm_parts(mlm)[0]
+        del mlm
+        self.body.requires_grad_(False)
+        self.body.eval()
+        for name, module in list(self.body.named_modules()):
+            for child_name, child in list(module.named_children()):
+                if isinstance(child, nn.Linear) and ".layer." in f"{name}.{child_name}":
+                    setattr(module, child_name, RoutedLoRALinear(child))
+        self._routed = {n: m for n, m in self.body.named_modules() if isinstance(m, RoutedLoRALinear)}
+        self.base_embeddings = self.body.embeddings.word_embeddings
+        self.body.to(self.device)
+        self.head.to(self.device).eval()
+        self._identity = pa.base_model_identity(self.body)
+        self._languages: dict[str, _Language] = {}
+        self._active: str | None = None
+        self._identifier = None
+
+    # ---- languages -------------------------------------------------------------------------------
+
+    @property
+    def languages(self) -> list[str]:
+        return sorted(self._languages)
+
+    def add_language(self, lang: str, *, language_adapter: str | Path | None = None,
+                     sentence_adapter: str | Path | None = None, alignment: str | Path | None = None,
+                     max_seq_length: int | None = None) -> None:
+        """Register ``lang``'s modules: an LA directory (tokenizer, ``embeddings.safetensors``,
+        ``adapter/``), an SE training output (or its ``adapter/``), a CLA output or adapter
+        directory; each optional. ``max_seq_length`` defaults as :func:`sa.load_sentence_encoder`'s
+        (the SE's training ``seq_len``, else the base's). Adapters of another base are an InputError."""
+        import transformers
+
+        self._deactivate()
+        if language_adapter is not None:
+            la_dir = Path(language_adapter)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(la_dir))
+            from safetensors.torch import load_file
+
+            embeddings_path = la_dir / la.EMBEDDINGS_NAME
+            if not embeddings_path.is_file():
+                raise InputError(f"{la_dir}: no {la.EMBEDDINGS_NAME}: not a language adapter directory")
+            weights = load_file(str(embeddings_path))["input_embeddings"]
+            if weights.shape[0] != len(tokenizer) or weights.shape[1] != self.base_embeddings.embedding_dim:
+                raise InputError(f"{embeddings_path}: embeddings of shape {list(weights.shape)} do not fit "
+                                 f"the tokenizer ({len(tokenizer)} tokens) and this base model "
+                                 f"(dim {self.base_embeddings.embedding_dim}): another base model?")
+            embeddings = nn.Embedding(weights.shape[0], weights.shape[1],
+                                      padding_idx=self.base_embeddings.padding_idx)
+            with torch.no_grad():
+                embeddings.weight.copy_(weights)
+            embeddings.requires_grad_(False)
+            embeddings.to(self.device)
+            lora = _read_lora(la_dir / la.ADAPTER_DIR, self.body, self._prefix, "language adapter",
+                              self.base_model_dir)
+        else:
+            tokenizer, embeddings, lora = self.base_tokenizer, self.base_embeddings, {}
+        if sentence_adapter is not None:
+            se_dir = Path(sentence_adapter)
+            adapter = se_dir / sa.ADAPTER_DIR if (se_dir / sa.ADAPTER_DIR).is_dir() else se_dir
+            for name, terms in _read_lora(adapter, self.body, self._prefix, "sentence adapter",
+                                          self.base_model_dir).items():
+                lora.setdefault(name, []).extend(terms)
+            if max_seq_length is None and (se_dir / "metrics.json").is_file():
+                trained = json.loads((se_dir / "metrics.json").read_text(encoding="utf-8"))
+                max_seq_length = trained.get("config", {}).get("seq_len")
+        lora = {name: [(a.to(self.device), b.to(self.device), s) for a, b, s in terms]
+                for name, terms in lora.items()}
+        adapters, adapter_dir = None, None
+        if alignment is not None:
+            adapter_dir = al.adapter_path(alignment)
+            with torch.random.fork_rng(devices=[]):  # inserting draws a (discarded) random init
+                pa.load_parallel_adapters(self.body, adapter_dir)  # checks the base identity
+            adapters = pa.parallel_adapters(self.body)
+            pa.remove_parallel_adapters(self.body)
+            for adapter in adapters.values():
+                adapter.requires_grad_(False)
+                adapter.eval()
+        max_len = min(max_seq_length or self.base_max_seq_length, self.base_max_seq_length)
+        self._languages[lang] = _Language(lang, tokenizer, embeddings, lora, adapters, adapter_dir, max_len)
+        self._identifier = None
+
+    def _deactivate(self) -> None:
+        if self._active is None:
+            return
+        pa.remove_parallel_adapters(self.body)
+        for module in self._routed.values():
+            module.active = []
+        self.body.embeddings.word_embeddings = self.base_embeddings
+        self._active = None
+
+    def _activate(self, lang: str) -> _Language:
+        if lang not in self._languages:
+            raise InputError(f"no modules for language {lang!r}; available: "
+                             f"{', '.join(self.languages) or 'none (add_language first)'}")
+        entry = self._languages[lang]
+        if self._active == lang:
+            return entry
+        self._deactivate()
+        for name, module in self._routed.items():
+            module.active = entry.lora.get(name, [])
+        self.body.embeddings.word_embeddings = entry.embeddings
+        if entry.adapters:
+            _attach(self.body, entry.adapters)
+        self._active = lang
+        return entry
+
+    def _model(self, lang: str) -> sa.SentenceEncoderModel:
+        entry = self._activate(lang)
+        return sa.SentenceEncoderModel(self.body, entry.tokenizer, self.head, entry.max_seq_length)
+
+    # ---- encoding ----------------------------------------------------------------------------------
+
+    def detect(self, sentences: Sequence[str]) -> list[str]:
+        """The registered language of each sentence, by py3langid restricted to the registered
+        languages it knows (codes as ``de``, ``zh``; ``zh-cn`` and the like map to ``zh``)."""
+        if not self._languages:
+            raise InputError("no languages registered (add_language first)")
+        if len(self._languages) == 1:
+            return [next(iter(self._languages))] * len(sentences)
+        if self._identifier is None:
+            from py3langid import langid
+
+            identifier = langid._load_identifier()  # a private one: the module's global stays as is
+            known = set(identifier.labels)
+            mapping = {}
+            for lang in self._languages:
+                code = lang.lower().replace("_", "-")
+                code = LANGID_ALIASES.get(code, code)
+                code = code if code in known else code.split("-")[0]
+                if code in known:
+                    mapping.setdefault(code, lang)
+            if not mapping:
+                raise InputError(f"none of the registered languages ({', '.join(self.languages)}) is known "
+                                 "to the language identifier: pass lang=")
+            identifier.set_languages(sorted(mapping))
+            self._identifier = (identifier, mapping)
+        identifier, mapping = self._identifier
+        return [mapping[identifier.classify(s)[0]] for s in sentences]
+
+    def encode(self, sentences: Sequence[str], lang: str | None = None, batch_size: int = 32,
+               normalize: bool = True) -> np.ndarray:
+        """Embeddings [n, dim] (float32), each sentence by ``lang``'s encoder, or, with
+        ``lang=None``, by the encoder of its detected language (see :meth:`detect`)."""
+        if isinstance(sentences, str):
+            raise TypeError("encode() takes a sequence of sentences, not one string")
+        sentences = list(sentences)
+        if lang is not None:
+            return self._model(lang).encode(sentences, batch_size, normalize=normalize)
+        langs = self.detect(sentences)
+        out = None
+        for group in dict.fromkeys(langs):
+            rows = [i for i, g in enumerate(langs) if g == group]
+            emb = self._model(group).encode([sentences[i] for i in rows], batch_size, normalize=normalize)
+            if out is None:
+                out = np.zeros((len(sentences), emb.shape[1]), dtype=np.float32)
+            out[rows] = emb
+        return out if out is not None else np.zeros((0, 0), dtype=np.float32)
+
+    __call__ = encode
+
+    # ---- export -------------------------------------------------------------------------------------
+
+    def export(self, lang: str, out_dir: str | Path) -> Path:
+        """``lang``'s encoder as a standalone sentence-transformers directory (atomically)."""
+        import copy
+
+        entry = self._activate(lang)
+        base = self.base_model_dir
+        self._deactivate()
+        body = copy.deepcopy(self.body).to("cpu")  # a private copy to merge into
+        self._activate(lang)
+        for name, module in list(body.named_modules()):
+            for child_name, child in list(module.named_children()):
+                if isinstance(child, RoutedLoRALinear):
+                    child.active = [(a.cpu(), b.cpu(), s) for a, b, s in entry.lora.get(f"{name}.{child_name}"
+                                                                                          if name else child_name, [])]
+                    setattr(module, child_name, child.merged())
+        body.embeddings.word_embeddings = copy.deepcopy(entry.embeddings).to("cpu")
+        body.config.vocab_size = entry.embeddings.num_embeddings
+        body.config.pad_token_id = entry.tokenizer.pad_token_id
+        modules = json.loads((base / "modules.json").read_text(encoding="utf-8"))
+        transformer_path = modules[0].get("path", "")
+        out_dir = Path(out_dir)
+        with atomic_path(out_dir, directory=True) as tmp:
+            for module in modules[1:]:  # pooling, Dense, Normalize: the base's own
+                source = base / module["path"]
+                if source.is_dir():
+                    shutil.copytree(source, tmp / module["path"])
+            if (base / "config_sentence_transformers.json").is_file():
+                shutil.copy2(base / "config_sentence_transformers.json", tmp / "config_sentence_transformers.json")
+            if entry.adapter_dir is not None:
+                modules[0]["type"] = f"{__name__}.{AlignedTransformer.__name__}"
+            (tmp / "modules.json").write_text(json.dumps(modules, indent=2) + "\n", encoding="utf-8")
+            target = tmp / transformer_path
+            target.mkdir(parents=True, exist_ok=True)
+            body.save_pretrained(str(target), safe_serialization=True)
+            entry.tokenizer.save_pretrained(str(target))
+            st_config = {}
+            if (base / transformer_path / "sentence_bert_config.json").is_file():
+                st_config = json.loads((base / transformer_path / "sentence_bert_config.json").read_text(encoding="utf-8"))
+            st_config["max_seq_length"] = entry.max_seq_length
+            (target / "sentence_bert_config.json").write_text(json.dumps(st_config, indent=2) + "\n", encoding="utf-8")
+            info = {"language": lang, "base_model": str(base), "max_seq_length": entry.max_seq_length,
+                    "parallel_adapter": None}
+            if entry.adapter_dir is not None:
+                target_adapter = target / EXPORT_ADAPTER_DIR
+                target_adapter.mkdir()
+                for name in (pa.CONFIG_NAME, pa.WEIGHTS_NAME):
+                    shutil.copy2(entry.adapter_dir / name, target_adapter / name)
+                info["parallel_adapter"] = str(Path(transformer_path) / EXPORT_ADAPTER_DIR)
+                info["note"] = ("the cross-lingual alignment adapter cannot be merged into the weights: load with "
+                                "SentenceTransformer(dir, trust_remote_code=True) (modsent installed; the class "
+                                "is modsent.modular_encoder.AlignedTransformer) or modsent.modular_encoder."
+                                "load_exported(dir)")
+            (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        return out_dir
+
+
+def load_exported(export_dir: str | Path, device: str | None = None):
+    """A :meth:`ModularEncoder.export` directory as a SentenceTransformer; one with an alignment
+    adapter is loaded with ``trust_remote_code=True`` (its first module is modsent's
+    :class:`AlignedTransformer`; only a directory modsent wrote is accepted here)."""
+    from sentence_transformers import SentenceTransformer
+
+    export_dir = Path(export_dir)
+    info_path = export_dir / EXPORT_INFO
+    if not info_path.is_file():
+        raise InputError(f"{export_dir}: no {EXPORT_INFO}: not a ModularEncoder export")
+    info = json.loads(info_path.read_text(encoding="utf-8"))
+    modules = json.loads((export_dir / "modules.json").read_text(encoding="utf-8"))
+    custom = {m["type"] for m in modules if not m["type"].startswith("sentence_transformers.")}
+    if custom - {f"{__name__}.{AlignedTransformer.__name__}"}:
+        raise InputError(f"{export_dir}: modules.json names module classes {sorted(custom)} that are not modsent's")
+    if bool(info.get("parallel_adapter")) != bool(custom):
+        raise InputError(f"{export_dir}: {EXPORT_INFO} and modules.json disagree on the alignment adapter")
+    return SentenceTransformer(str(export_dir), device=device or "cpu", trust_remote_code=bool(custom))

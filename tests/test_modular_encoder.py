@@ -1,0 +1,179 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from modsent import alignment as al
+from modsent import parallel_adapter as pa
+from modsent import sentence_adapter as sa
+from modsent.io import InputError
+from modsent.modular_encoder import ModularEncoder, RoutedLoRALinear, load_exported
+from modsent.sources.builtin import builtin_corpus
+from modsent.testing import make_tiny_xlmr, sample_texts
+from tiny_modules import language_modules, pairs_in, tiny_base_and_data
+
+SE_CFG = sa.SentenceAdapterConfig(batch_size=16, seq_len=32, learning_rate=5e-3, max_steps=8,
+                                  lora_dropout=0.0, eval_pairs=20, log_every=4, seed=0)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """A tiny base; de (LA + SE + a CLA adapter), ky (LA + SE), zh (SE only, base tokenizer)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: a second thread on shared cores is 100x slower
+    root = tmp_path_factory.mktemp("modular")
+    base, english, units = tiny_base_and_data(root)
+    out = {"base": base, "root": root}
+    for lang in ("de", "ky", "zh"):
+        out[lang] = language_modules(root, base, lang, pairs_in(lang, english, units), SE_CFG,
+                                    with_la=lang != "zh")
+    # a CLA adapter for de with non-zero weights (training it is alignment's test; here: any values)
+    model = al.build_alignment_model(base, *out["de"], al.AlignmentConfig(seq_len=32), device="cpu")
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        for adapter in pa.parallel_adapters(model.encoder).values():
+            adapter.up.weight.normal_(0, 0.3)
+            adapter.up.bias.normal_(0, 0.1)
+    out["de_cla"] = pa.save_parallel_adapters(model.encoder, root / "cla-de" / "adapter")
+    yield out
+    torch.set_num_threads(threads)
+
+
+GERMAN = builtin_corpus("de")[100:106]
+KYRGYZ = builtin_corpus("ky")[100:106]
+CHINESE = builtin_corpus("zh")[100:106]
+
+
+@pytest.fixture(scope="module")
+def modular(inputs):
+    encoder = ModularEncoder(inputs["base"], device="cpu")
+    encoder.add_language("de", language_adapter=inputs["de"][0], sentence_adapter=inputs["de"][1],
+                         alignment=inputs["root"] / "cla-de")
+    encoder.add_language("ky", language_adapter=inputs["ky"][0], sentence_adapter=inputs["ky"][1])
+    encoder.add_language("zh", sentence_adapter=inputs["zh"][1])
+    return encoder
+
+
+def _references(inputs):
+    return {
+        "de": al.load_aligned_encoder(inputs["base"], *inputs["de"], inputs["root"] / "cla-de", device="cpu"),
+        "ky": sa.load_sentence_encoder(inputs["base"], *inputs["ky"], device="cpu"),
+        "zh": sa.load_sentence_encoder(inputs["base"], None, inputs["zh"][1], device="cpu"),
+    }
+
+
+TEXTS = {"de": GERMAN, "ky": KYRGYZ, "zh": CHINESE}
+
+
+def test_encode_equals_each_language_s_reference_encoder(inputs, modular):
+    assert modular.languages == ["de", "ky", "zh"]
+    references = _references(inputs)
+    # interleaved calls: switching languages back and forth must not leave anything behind
+    for lang in ("de", "ky", "zh", "de", "zh", "ky"):
+        mine = modular.encode(TEXTS[lang], lang=lang, batch_size=4)
+        expected = references[lang].encode(TEXTS[lang], batch_size=4)
+        assert mine.shape == expected.shape
+        assert np.abs(mine - expected).max() < 1e-4, lang
+        raw = modular.encode(TEXTS[lang], lang=lang, normalize=False)
+        assert np.abs(raw - references[lang].encode(TEXTS[lang], normalize=False)).max() < 1e-4
+    # the CLA adapter matters: without it de's encoder differs
+    plain = sa.load_sentence_encoder(inputs["base"], *inputs["de"], device="cpu").encode(GERMAN)
+    assert np.abs(plain - modular.encode(GERMAN, lang="de")).max() > 1e-3
+
+
+def test_one_body_is_shared(inputs, modular):
+    query = modular.body.encoder.layer[0].attention.self.query
+    assert isinstance(query, RoutedLoRALinear)
+    pointer = query.base.weight.data_ptr()
+    body_numel = sum(p.numel() for p in modular.body.parameters()
+                     if p is not modular.body.embeddings.word_embeddings.weight)
+    for lang in modular.languages:
+        modular.encode(TEXTS[lang][:2], lang=lang)
+        assert modular.body.encoder.layer[0].attention.self.query.base.weight.data_ptr() == pointer
+        # per language: embeddings, LoRA and parallel adapters only, far less than a body
+        state = modular._languages[lang].tensors()
+        own = sum(t.numel() for t in state if t is not modular.base_embeddings.weight)
+        assert own < body_numel
+    assert not any(p.requires_grad for p in modular.body.parameters())
+
+
+def test_language_detection_routes_by_script(inputs, modular):
+    mixed = [KYRGYZ[0], GERMAN[0], CHINESE[0], GERMAN[1], KYRGYZ[1], CHINESE[1]]
+    assert modular.detect(mixed) == ["ky", "de", "zh", "de", "ky", "zh"]
+    auto = modular.encode(mixed)
+    expected = np.stack([modular.encode([text], lang=lang)[0]
+                         for text, lang in zip(mixed, ["ky", "de", "zh", "de", "ky", "zh"])])
+    assert np.abs(auto - expected).max() < 1e-5
+
+
+def test_unknown_language_lists_the_available_ones(modular):
+    with pytest.raises(InputError, match="'fr'.*available: de, ky, zh"):
+        modular.encode(["Bonjour"], lang="fr")
+
+
+def test_adapters_of_another_base_are_refused(inputs, tmp_path):
+    other = make_tiny_xlmr(tmp_path / "other", sample_texts(600), hidden=48, seed=1)
+    encoder = ModularEncoder(other, device="cpu")
+    with pytest.raises(InputError, match="another base model"):
+        encoder.add_language("de", language_adapter=inputs["de"][0])
+    with pytest.raises(InputError, match="another base model"):
+        encoder.add_language("zh", sentence_adapter=inputs["zh"][1])
+    same_shape = make_tiny_xlmr(tmp_path / "same-shape", sample_texts(600), seed=3)
+    encoder = ModularEncoder(same_shape, device="cpu")
+    with pytest.raises(InputError, match="another base model"):
+        encoder.add_language("de", alignment=inputs["root"] / "cla-de")
+    # a LoRA adapter that fits by shape but records another base is refused too
+    import shutil
+    for kind, (directory, kwarg) in {"la": (inputs["de"][0], "language_adapter"),
+                                     "se": (inputs["zh"][1] / "adapter", "sentence_adapter")}.items():
+        copy = tmp_path / f"copy-{kind}"
+        shutil.copytree(directory, copy)
+        config_path = copy / "adapter" / "adapter_config.json" if kind == "la" else copy / "adapter_config.json"
+        config = json.loads(config_path.read_text())
+        config["base_model_name_or_path"] = str(same_shape)
+        config_path.write_text(json.dumps(config))
+        with pytest.raises(InputError, match="another base model"):
+            ModularEncoder(inputs["base"], device="cpu").add_language("x", **{kwarg: copy})
+    assert encoder.languages == []
+
+
+@pytest.mark.parametrize("lang", ["ky", "zh"])
+def test_export_reloads_with_sentence_transformers(inputs, modular, tmp_path, lang):
+    from sentence_transformers import SentenceTransformer
+
+    out = modular.export(lang, tmp_path / f"export-{lang}")
+    assert not list(out.rglob("*.bin")) and not list(out.rglob("*.pt")) and list(out.rglob("*.safetensors"))
+    assert json.loads((out / "export_info.json").read_text())["parallel_adapter"] is None
+    assert all(m["type"].startswith("sentence_transformers.") for m in json.loads((out / "modules.json").read_text()))
+    loaded = SentenceTransformer(str(out), device="cpu")
+    mine = modular.encode(TEXTS[lang], lang=lang)
+    theirs = loaded.encode(TEXTS[lang], normalize_embeddings=True)
+    assert (np.sum(mine * theirs, axis=1) >= 0.9999).all()
+    assert np.abs(modular.encode(TEXTS[lang], lang=lang) - mine).max() == 0  # exporting changed nothing
+
+
+def test_export_with_alignment_adapter(inputs, modular, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    out = modular.export("de", tmp_path / "export-de")
+    assert not list(out.rglob("*.bin")) and (out / "parallel_adapter" / pa.WEIGHTS_NAME).is_file()
+    modules = json.loads((out / "modules.json").read_text())
+    assert modules[0]["type"] == "modsent.modular_encoder.AlignedTransformer"
+    with pytest.raises(ValueError, match="trust_remote_code"):  # refused, not silently unaligned
+        SentenceTransformer(str(out), device="cpu")
+    mine = modular.encode(GERMAN, lang="de")
+    for loaded in (SentenceTransformer(str(out), device="cpu", trust_remote_code=True), load_exported(out)):
+        assert len(pa.parallel_adapters(loaded)) == 2
+        theirs = loaded.encode(GERMAN, normalize_embeddings=True)
+        assert (np.sum(mine * theirs, axis=1) >= 0.9999).all()
+    # saved again by sentence-transformers, the adapter goes along (and not into the body's weights)
+    loaded.save(str(tmp_path / "resaved"))
+    again = SentenceTransformer(str(tmp_path / "resaved"), device="cpu", trust_remote_code=True)
+    assert (np.sum(mine * again.encode(GERMAN, normalize_embeddings=True), axis=1) >= 0.9999).all()
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "resaved" / "model.safetensors"), "pt") as handle:
+        assert not any("parallel_adapter" in key for key in handle.keys())
+    # without the adapter the export would be another model
+    plain = sa.load_sentence_encoder(inputs["base"], *inputs["de"], device="cpu").encode(GERMAN)
+    assert np.abs(plain - mine).max() > 1e-3

@@ -1,0 +1,48 @@
+"""Tiny per-language modules (LA + SE) for the tests of later stages: seconds, not quality."""
+
+from modsent import language_adapter as la
+from modsent import sentence_adapter as sa
+from modsent.fasttext_embeddings import train_token_fasttext
+from modsent.focus import initialize_embeddings
+from modsent.sources.builtin import builtin_corpus
+from modsent.tokenizer_training import train_tokenizer
+
+LA_CFG = la.LanguageAdapterConfig(steps=3, batch_size=4, seq_len=32, learning_rate=2e-3,
+                                  warmup_steps=1, eval_sentences=20, checkpoint_every=100, log_every=1)
+
+
+def language_modules(root, base, lang, pairs, se_cfg, *, with_la=True):
+    """A tiny LA (unless ``with_la`` is False) and SE of ``lang`` on ``base``: (la_dir, se_dir)."""
+    corpus = root / f"{lang}.txt"
+    corpus.write_text("\n".join(builtin_corpus(lang)[:400]) + "\n", encoding="utf-8")
+    la_dir = None
+    if with_la:
+        train_tokenizer(corpus, base, root / f"tok-{lang}", vocab_size=400)
+        train_token_fasttext(corpus, root / f"tok-{lang}", root / f"ft-{lang}", dim=16, epochs=1, min_count=2)
+        initialize_embeddings(base, root / f"tok-{lang}", root / f"ft-{lang}", root / f"emb-{lang}")
+        la.train_language_adapter(base, root / f"tok-{lang}", root / f"emb-{lang}", corpus, root / f"la-{lang}",
+                                  LA_CFG, progress=False)
+        la_dir = root / f"la-{lang}"
+    pairs_path = root / f"pairs-{lang}.parquet"
+    pairs.to_parquet(pairs_path, index=False)
+    sa.train_sentence_adapter(base, la_dir, pairs_path, root / f"se-{lang}", se_cfg, device="cpu", progress=False)
+    return la_dir, root / f"se-{lang}"
+
+
+def tiny_base_and_data(root):
+    """(base dir, English pairs, translation units): a tiny random XLM-R and the built-in pairs."""
+    from modsent.paraphrase_data import translation_units
+    from modsent.sources.builtin import builtin_paraphrases
+    from modsent.testing import make_tiny_xlmr, sample_texts
+
+    english = builtin_paraphrases()
+    return make_tiny_xlmr(root / "base", sample_texts(600)), english, translation_units(english)
+
+
+def pairs_in(lang, english, units):
+    """The English pairs translated into ``lang`` with the built-in human translations."""
+    from modsent.paraphrase_data import align_provided, translate_pairs
+    from modsent.sources.builtin import builtin_translations
+
+    lang_units, _ = align_provided(units, builtin_translations(lang), lang)
+    return translate_pairs(english, lang_units)
