@@ -2,6 +2,9 @@
 
     modsent languages [--paper]           the language registry (code, FLORES-200, NLLB, script, name)
     modsent check-config FILE [FILE ...]  check configs against the schema without running anything
+    modsent encode --model DIR --lang de < sentences.txt > embeddings.npy
+                                          sentence embeddings; DIR is an exported encoder
+                                          (ModularEncoder.export) or a results/{base} tree
 """
 
 from __future__ import annotations
@@ -41,6 +44,97 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _read_sentences(args) -> list[str]:
+    import json
+
+    if args.input_format == "txt":
+        source = open(args.input, encoding="utf-8") if args.input else sys.stdin
+        return [line.rstrip("\n") for line in source]
+    if args.input_format == "jsonl":
+        source = open(args.input, encoding="utf-8") if args.input else sys.stdin
+        return [json.loads(line)[args.column] for line in source if line.strip()]
+    import pandas as pd
+
+    if not args.input:
+        raise SystemExit("modsent encode: --input-format parquet needs --input FILE")
+    return pd.read_parquet(args.input, columns=[args.column])[args.column].astype(str).tolist()
+
+
+def _write_embeddings(args, sentences: list[str], vectors) -> None:
+    import io
+    import json
+
+    import numpy as np
+
+    if args.output_format == "npy":
+        if args.output:
+            np.save(args.output, vectors)
+        else:
+            buffer = io.BytesIO()
+            np.save(buffer, vectors)
+            sys.stdout.buffer.write(buffer.getvalue())
+        return
+    if args.output_format == "jsonl":
+        target = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+        for text, vector in zip(sentences, vectors):
+            target.write(json.dumps({args.column: text, "embedding": vector.tolist()}, ensure_ascii=False) + "\n")
+        return
+    import pandas as pd
+
+    if not args.output:
+        raise SystemExit("modsent encode: --output-format parquet needs --output FILE")
+    pd.DataFrame({args.column: sentences, "embedding": list(vectors)}).to_parquet(args.output, index=False)
+
+
+def load_encoder(model: str, lang: str | None, base: str | None, alignment: str):
+    """An encoder for ``model``: an exported directory, or a results/{base} tree whose language
+    modules (LA, SE, CLA ``alignment`` variant) are assembled in a ModularEncoder."""
+    from pathlib import Path
+
+    from modsent.io import InputError
+    from modsent.modular_encoder import ModularEncoder, load_exported
+
+    root = Path(model)
+    if (root / "modules.json").is_file():
+        return load_exported(root)
+    base_dir = Path(base) if base else root.parent.parent / "resources" / "base_models" / root.name
+    if not (base_dir / "config.json").is_file():
+        raise InputError(f"{base_dir}: no base model there; give it with --base")
+    encoder = ModularEncoder(base_dir)
+    langs = [lang] if lang else sorted(p.name for p in (root / "sentence_adapters").iterdir() if p.is_dir())
+    for code in langs:
+        modules = {"language_adapter": root / "language_adapters" / code,
+                   "sentence_adapter": root / "sentence_adapters" / code,
+                   "alignment": root / "alignment" / alignment / code}
+        modules = {k: v if v.is_dir() else None for k, v in modules.items()}
+        if modules["sentence_adapter"] is None:
+            available = sorted(p.name for p in (root / "sentence_adapters").glob("*") if p.is_dir())
+            raise InputError(f"no modules for language {code!r} under {root}; available: {', '.join(available)}")
+        encoder.add_language(code, **modules)
+    return encoder
+
+
+def cmd_encode(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    sentences = _read_sentences(args)
+    encoder = load_encoder(args.model, args.lang, args.base, args.alignment)
+    chunks = []
+    with tqdm(total=len(sentences), unit="sentence", file=sys.stderr, disable=args.quiet) as bar:
+        for start in range(0, len(sentences), args.batch_size * 8):
+            batch = sentences[start:start + args.batch_size * 8]
+            if hasattr(encoder, "languages"):
+                chunks.append(encoder.encode(batch, lang=args.lang, batch_size=args.batch_size))
+            else:
+                chunks.append(encoder.encode(batch, batch_size=args.batch_size, normalize_embeddings=True))
+            bar.update(len(batch))
+    import numpy as np
+
+    vectors = np.concatenate(chunks) if chunks else np.zeros((0, 0), dtype=np.float32)
+    _write_embeddings(args, sentences, vectors.astype(np.float32))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="modsent", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,8 +145,27 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("check-config", help="check config files against the schema")
     p.add_argument("files", nargs="+")
     p.set_defaults(func=cmd_check_config)
+    p = sub.add_parser("encode", help="encode sentences (stdin or --input) into embeddings")
+    p.add_argument("--model", required=True, help="exported encoder directory or results/{base}")
+    p.add_argument("--lang", help="language code; omitted: detected per sentence")
+    p.add_argument("--base", help="base model directory (default: resources/base_models/{base})")
+    p.add_argument("--alignment", default="merged-0.5", help="CLA variant directory under alignment/")
+    p.add_argument("--input", help="input file (default: stdin)")
+    p.add_argument("--input-format", choices=["txt", "jsonl", "parquet"], default="txt")
+    p.add_argument("--output", help="output file (default: stdout)")
+    p.add_argument("--output-format", choices=["npy", "jsonl", "parquet"], default="npy")
+    p.add_argument("--column", default="text", help="text column of jsonl/parquet input and output")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_encode)
     args = parser.parse_args(argv)
-    return args.func(args)
+    from modsent.io import InputError
+
+    try:
+        return args.func(args)
+    except InputError as err:
+        print(f"modsent {args.command}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

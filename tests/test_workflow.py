@@ -119,6 +119,37 @@ def test_alignment_adapters_and_merges(run):
     assert "| ky | pl |" in (run / "results/tiny/alignment/summary.md").read_text()
 
 
+def test_encode_command_line(run, tmp_path):
+    import sys
+
+    import numpy as np
+
+    from modsent.modular_encoder import ModularEncoder
+
+    sentences = ["Салам дүйнө", "Кош келиңиз"]
+    cli = [sys.executable, "-m", "modsent.cli", "encode", "--model", str(run / "results/tiny"), "--quiet"]
+    proc = subprocess.run(cli + ["--lang", "ky"], input=("\n".join(sentences) + "\n").encode(),
+                          capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    out = tmp_path / "ky.npy"
+    out.write_bytes(proc.stdout)
+    vectors = np.load(out)
+    encoder = ModularEncoder(run / "resources/base_models/tiny")
+    encoder.add_language("ky", language_adapter=run / "results/tiny/language_adapters/ky",
+                         sentence_adapter=run / "results/tiny/sentence_adapters/ky",
+                         alignment=run / "results/tiny/alignment/merged-0.5/ky")
+    assert np.allclose(vectors, encoder.encode(sentences, lang="ky"), atol=1e-5)
+    parquet = tmp_path / "in.parquet"
+    pd.DataFrame({"text": sentences}).to_parquet(parquet)
+    proc = subprocess.run(cli + ["--lang", "ky", "--input", str(parquet), "--input-format", "parquet",
+                                 "--output", str(tmp_path / "out.jsonl"), "--output-format", "jsonl"],
+                          capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert len((tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()) == 2
+    proc = subprocess.run(cli + ["--lang", "fr"], input=b"x\n", capture_output=True)
+    assert proc.returncode == 2 and b"available: de, en, ky" in proc.stderr
+
+
 def test_rerun_has_nothing_to_do(run):
     proc = snakemake(run, "-n")
     assert "Nothing to be done" in proc.stdout + proc.stderr
