@@ -188,3 +188,27 @@ def test_machine_translation_path_scatters_and_gathers(tmp_path):
     assert sorted(ky["unit_id"]) == sorted(units["unit_id"])
     en = pd.read_parquet(workdir / "results/paraphrase/en.parquet")
     assert pd.read_parquet(workdir / "results/paraphrase/ky.parquet")["pair_id"].tolist() == en["pair_id"].tolist()
+
+
+def test_variants_assemble_from_the_results_tree(run):
+    import numpy as np
+
+    from modsent.io import InputError
+    from modsent.variants import build_encoder, variant, variant_names
+
+    assert variant_names([0.5, 0.7]) == ["Mod_en", "Mod_m", "Mod_mc-pp", "Mod_mc-pl", "Mod_mc-0.5", "Mod_mc-0.7"]
+    assert variant("Mod_mc").cla == "merged-0.5"
+    with pytest.raises(InputError, match="unknown variant"):
+        variant("Full_x")
+    base, results = run / "resources/base_models/tiny", run / "results/tiny"
+    sentence = ["Салам дүйнө"]
+    vectors = {name: build_encoder(name, results, base, ["en", "ky"]).encode(sentence, lang="ky")
+               for name in ["Mod_en", "Mod_m", "Mod_mc-pp", "Mod_mc-0.5"]}
+    # each recipe activates other modules for ky, so the embeddings differ
+    names = list(vectors)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not np.allclose(vectors[a], vectors[b]), (a, b)
+    english = {name: build_encoder(name, results, base, ["en"]).encode(["Hello"], lang="en")
+               for name in ["Mod_m", "Mod_mc-0.5"]}
+    assert np.allclose(english["Mod_m"], english["Mod_mc-0.5"])  # English has no CLA adapter
