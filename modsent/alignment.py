@@ -58,7 +58,7 @@ from torch import nn
 from modsent import parallel_adapter as pa
 from modsent import sentence_adapter as sa
 from modsent.plots import write_loss_curve
-from modsent.io import InputError, atomic_path
+from modsent.io import InputError, atomic_path, write_parquet
 from modsent.translation import make_units, unit_id
 
 log = logging.getLogger(__name__)
@@ -183,8 +183,7 @@ def embed_english(base_model_dir: str | Path, en_la_dir: str | Path | None, en_s
         "language_adapter": str(en_la_dir or ""), "sentence_adapter": str(en_se_dir or ""),
     }
     out_path = Path(out_path)
-    with atomic_path(units_path(out_path)) as tmp:
-        units.to_parquet(tmp, index=False)
+    write_parquet(units, units_path(out_path))
     with atomic_path(out_path) as tmp:
         save_file({EMBEDDINGS_KEY: torch.from_numpy(np.ascontiguousarray(embeddings))}, str(tmp),
                   metadata=metadata)

@@ -67,6 +67,12 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs) -> Iterator:
             yield handle
 
 
+def write_parquet(frame, path: str | os.PathLike) -> None:
+    """A pandas DataFrame to parquet at ``path``, atomically, without the index."""
+    with atomic_path(path) as tmp:
+        frame.to_parquet(tmp, index=False)
+
+
 def iter_utf8_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
     """Yield ``(line_number, line)`` of a UTF-8 text file, newline stripped.
 

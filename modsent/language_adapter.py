@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from modsent.io import InputError, atomic_path, iter_utf8_lines
-from modsent.plots import write_loss_curve
+from modsent.plots import write_before_after_bars, write_loss_curve
 
 log = logging.getLogger(__name__)
 
@@ -564,11 +564,6 @@ def _fmt(value) -> str:
 
 def write_summary(la_dirs: list[str], table_path: str | Path, plot_path: str | Path) -> None:
     """Held-out MLM loss before/after LA per language (Markdown table and a bar plot)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from modsent.io import atomic_open
 
     rows = []
@@ -587,14 +582,6 @@ def write_summary(la_dirs: list[str], table_path: str | Path, plot_path: str | P
                      f"{m['tokens_per_second'] or 0:.0f} | {m['trainable_parameters']:,} |")
     with atomic_open(table_path) as handle:
         handle.write("\n".join(lines) + "\n")
-    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(rows)), 3.5), dpi=100)
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [m["heldout_mlm_loss_before"] or 0 for _, m in rows], 0.4, label="before LA")
-    ax.bar([x + 0.2 for x in xs], [m["heldout_mlm_loss_after"] or 0 for _, m in rows], 0.4, label="after LA")
-    ax.set_xticks(list(xs), [lang for lang, _ in rows])
-    ax.set_ylabel("held-out MLM loss")
-    ax.legend()
-    fig.tight_layout()
-    with atomic_path(plot_path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    write_before_after_bars([lang for lang, _ in rows], [m["heldout_mlm_loss_before"] for _, m in rows],
+                            [m["heldout_mlm_loss_after"] for _, m in rows], plot_path, stage="LA",
+                            ylabel="held-out MLM loss")

@@ -23,30 +23,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from modsent.io import InputError, atomic_path
-from modsent.translation import make_units, shard_of, unit_id  # noqa: F401  (one definition)
+from modsent.io import InputError
+from modsent.sources.paraphrase import combine_pairs, read_pairs
+from modsent.translation import make_units
 
 log = logging.getLogger(__name__)
 
-PAIR_COLUMNS = ("pair_id", "dataset", "anchor", "positive", "negative")
 SENTENCE_COLUMNS = ("anchor", "positive", "negative")
-
-
-def write_parquet(frame: pd.DataFrame, path: str | Path) -> None:
-    with atomic_path(path) as tmp:
-        frame.to_parquet(tmp, index=False)
 
 
 def merge_english(paths: Iterable[str | Path]) -> pd.DataFrame:
     """The configured English datasets (each already capped) as one contract frame; a pair id
     that occurs in two datasets is kept once (the first)."""
-    frames = [pd.read_parquet(p) for p in paths]
-    for path, frame in zip(paths, frames):
-        missing = set(PAIR_COLUMNS) - set(frame.columns)
-        if missing:
-            raise InputError(f"{path}: missing paraphrase columns {sorted(missing)}")
-    merged = pd.concat([f[list(PAIR_COLUMNS)] for f in frames], ignore_index=True)
-    merged = merged.drop_duplicates("pair_id", keep="first").reset_index(drop=True)
+    merged = combine_pairs(read_pairs(path) for path in paths)
     if merged.empty:
         raise InputError("the English paraphrase datasets hold no pairs")
     return merged

@@ -32,3 +32,28 @@ def write_loss_curve(history: list, out_dir: Path, *, title: str, ylabel: str = 
     fig.tight_layout()
     fig.savefig(Path(out_dir) / "loss.png")
     plt.close(fig)
+
+
+def write_before_after_bars(labels: list[str], before: list, after: list, path: str | Path, *,
+                            stage: str, ylabel: str, ylim: tuple[float, float] | None = None) -> None:
+    """A bar pair per label (before and after ``stage``), written to ``path`` atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from modsent.io import atomic_path
+
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(labels)), 3.5), dpi=100)
+    xs = range(len(labels))
+    ax.bar([x - 0.2 for x in xs], [v or 0 for v in before], 0.4, label=f"before {stage}")
+    ax.bar([x + 0.2 for x in xs], [v or 0 for v in after], 0.4, label=f"after {stage}")
+    ax.set_xticks(list(xs), labels)
+    ax.set_ylabel(ylabel)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)

@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from modsent.io import InputError, atomic_path
-from modsent.plots import write_loss_curve
+from modsent.plots import write_before_after_bars, write_loss_curve
 
 log = logging.getLogger(__name__)
 
@@ -518,11 +518,6 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
 def write_summary(se_dirs: list[str], table_path: str | Path, plot_path: str | Path) -> None:
     """Held-out retrieval accuracy (each anchor's nearest positive among the held-out slice)
     before and after SE training, per language: a Markdown table and a bar plot."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from modsent.io import atomic_open
 
     rows = [(Path(d).name, json.loads((Path(d) / "metrics.json").read_text(encoding="utf-8"))) for d in se_dirs]
@@ -542,17 +537,6 @@ def write_summary(se_dirs: list[str], table_path: str | Path, plot_path: str | P
             f"{m['steps']} | {m['loss_first'] or 0:.3f} → {m['loss_last'] or 0:.3f} | {m['pairs_per_second'] or 0:.1f} |")
     with atomic_open(table_path) as handle:
         handle.write("\n".join(lines) + "\n")
-    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(rows)), 3.5), dpi=100)
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [m["heldout_retrieval_accuracy_before"] or 0 for _, m in rows], 0.4,
-           label="before SE")
-    ax.bar([x + 0.2 for x in xs], [m["heldout_retrieval_accuracy_after"] or 0 for _, m in rows], 0.4,
-           label="after SE")
-    ax.set_xticks(list(xs), [lang for lang, _ in rows])
-    ax.set_ylabel("held-out retrieval accuracy")
-    ax.set_ylim(0, 1)
-    ax.legend()
-    fig.tight_layout()
-    with atomic_path(plot_path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    write_before_after_bars([lang for lang, _ in rows], [m["heldout_retrieval_accuracy_before"] for _, m in rows],
+                            [m["heldout_retrieval_accuracy_after"] for _, m in rows], plot_path, stage="SE",
+                            ylabel="held-out retrieval accuracy", ylim=(0, 1))

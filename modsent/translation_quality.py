@@ -67,7 +67,8 @@ def quality_report(translations: pd.DataFrame, lang: str) -> dict:
     min_chars = LID_MIN_CHARS // 3 if dense else LID_MIN_CHARS
     long_enough = [o for o in output if len(o.strip()) >= min_chars]
     if supported and long_enough:
-        predicted = [LID_ALIASES.get(identifier.classify(o)[0], identifier.classify(o)[0]) for o in long_enough]
+        labels = (identifier.classify(o)[0] for o in long_enough)
+        predicted = [LID_ALIASES.get(label, label) for label in labels]
         agreement = float(np.mean([p == lid_code for p in predicted]))
         confusions = pd.Series(predicted)[[p != lid_code for p in predicted]].value_counts().head(5)
     else:

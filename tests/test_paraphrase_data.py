@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 from modsent import paraphrase_data as pd_
+from modsent.translation import shard_of, unit_id
 from modsent.sources.builtin import builtin_paraphrases, builtin_translations
 from modsent.translation_quality import copy_rate, quality_report, write_quality_report
 
@@ -28,11 +29,11 @@ def test_units_are_the_distinct_sentences(english, units):
     assert set(units["text"]) == sentences
     assert units["unit_id"].is_unique and units["text"].is_unique
     assert units["unit_id"].tolist() == sorted(units["unit_id"])
-    assert units.loc[0, "unit_id"] == pd_.unit_id(units.loc[0, "text"])
+    assert units.loc[0, "unit_id"] == unit_id(units.loc[0, "text"])
 
 
 def test_shards_partition_the_units(units):
-    shards = [pd_.shard_of(u, 3) for u in units["unit_id"]]
+    shards = [shard_of(u, 3) for u in units["unit_id"]]
     assert set(shards) == {0, 1, 2}
 
 

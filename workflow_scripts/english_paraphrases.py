@@ -2,7 +2,8 @@
 import logging
 
 from modsent.logs import setup_logging
-from modsent.paraphrase_data import merge_english, write_parquet
+from modsent.io import write_parquet
+from modsent.paraphrase_data import merge_english
 
 setup_logging(snakemake.log[0])
 pairs = merge_english(list(snakemake.input))

@@ -2,7 +2,8 @@
 import pandas as pd
 
 from modsent.logs import setup_logging
-from modsent.paraphrase_data import align_provided, write_parquet
+from modsent.io import write_parquet
+from modsent.paraphrase_data import align_provided
 
 setup_logging(snakemake.log[0])
 units = pd.read_parquet(snakemake.input.units)

@@ -4,7 +4,8 @@ import logging
 import pandas as pd
 
 from modsent.logs import setup_logging
-from modsent.paraphrase_data import translation_units, write_parquet
+from modsent.io import write_parquet
+from modsent.paraphrase_data import translation_units
 
 setup_logging(snakemake.log[0])
 pairs = pd.read_parquet(snakemake.input[0])

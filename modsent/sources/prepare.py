@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from modsent.io import InputError, atomic_open, atomic_path
+from modsent.io import InputError, atomic_open, write_parquet
 
 log = logging.getLogger(__name__)
 
@@ -208,8 +208,7 @@ def prepare_translations(spec, lang: str, out_path: str | Path) -> int:
     frame = frame.drop_duplicates("english", keep="first").reset_index(drop=True)
     if frame.empty:
         raise InputError(f"translation.provided: {source.describe()} has no translations into {lang!r}")
-    with atomic_path(out_path) as tmp:
-        frame.to_parquet(tmp, index=False)
+    write_parquet(frame, out_path)
     log.info("translations en→%s from %s: %d", lang, source.describe(), len(frame))
     return len(frame)
 
@@ -233,8 +232,7 @@ def prepare_builtin_eval(task: str, lang: str, out_path: str | Path) -> int:
         frame = builtin.builtin_classification(lang)
     else:
         raise ValueError(f"unknown built-in evaluation task {task!r}")
-    with atomic_path(out_path) as tmp:
-        frame.to_parquet(tmp, index=False)
+    write_parquet(frame, out_path)
     log.info("built-in %s evaluation data for %s: %d rows", task, lang, len(frame))
     return len(frame)
 
