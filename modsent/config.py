@@ -49,9 +49,8 @@ def _describe(error: jsonschema.ValidationError) -> str:
         return f"{key}: {error.instance!r} is not valid: {error.schema.get('description', '').strip() or best.message}"
     if error.validator == "propertyNames":
         return f"{key}: key {error.instance!r} is not allowed: {error.message}"
-    if error.validator == "pattern" and key.startswith("languages") or (
-        error.validator == "pattern" and error.schema.get("pattern", "").startswith("^[a-z]{2,3}")
-    ):
+    if error.validator == "pattern" and error.schema.get("pattern", "").startswith("^[a-z]{2,3}"):
+        # a language code (languages[i], per_language keys): the registry explains and suggests
         return f"{key}: {registry.unknown_message(error.instance)}"
     return f"{key}: {error.message}"
 
