@@ -8,7 +8,7 @@ from modsent import alignment as al
 from modsent import parallel_adapter as pa
 from modsent import sentence_adapter as sa
 from modsent.io import InputError
-from modsent.modular_encoder import ModularEncoder, RoutedLoRALinear, load_exported
+from modsent.modular_encoder import ModularEncoder, RoutedLoRALinear, fold_parallel_adapters, load_exported
 from modsent.sources.builtin import builtin_corpus
 from modsent.testing import make_tiny_xlmr, sample_texts
 from tiny_modules import language_modules, pairs_in, tiny_base_and_data
@@ -157,23 +157,51 @@ def test_export_with_alignment_adapter(inputs, modular, tmp_path):
     from sentence_transformers import SentenceTransformer
 
     out = modular.export("de", tmp_path / "export-de")
-    assert not list(out.rglob("*.bin")) and (out / "parallel_adapter" / pa.WEIGHTS_NAME).is_file()
+    assert not list(out.rglob("*.bin")) and not list(out.rglob("parallel_adapter*"))
     modules = json.loads((out / "modules.json").read_text())
-    assert modules[0]["type"] == "modsent.modular_encoder.AlignedTransformer"
-    with pytest.raises(ValueError, match="trust_remote_code"):  # refused, not silently unaligned
-        SentenceTransformer(str(out), device="cpu")
+    assert all(m["type"].startswith("sentence_transformers.") for m in modules)  # no custom code
+    info = json.loads((out / "export_info.json").read_text())["parallel_adapter"]
+    ffn, width = info["intermediate_size"]
+    config = json.loads((out / modules[0].get("path", "") / "config.json").read_text())
+    assert config["intermediate_size"] == width > ffn
     mine = modular.encode(GERMAN, lang="de")
-    for loaded in (SentenceTransformer(str(out), device="cpu", trust_remote_code=True), load_exported(out)):
-        assert len(pa.parallel_adapters(loaded)) == 2
+    for loaded in (SentenceTransformer(str(out), device="cpu"), load_exported(out)):
         theirs = loaded.encode(GERMAN, normalize_embeddings=True)
         assert (np.sum(mine * theirs, axis=1) >= 0.9999).all()
-    # saved again by sentence-transformers, the adapter goes along (and not into the body's weights)
-    loaded.save(str(tmp_path / "resaved"))
-    again = SentenceTransformer(str(tmp_path / "resaved"), device="cpu", trust_remote_code=True)
-    assert (np.sum(mine * again.encode(GERMAN, normalize_embeddings=True), axis=1) >= 0.9999).all()
-    from safetensors import safe_open
-    with safe_open(str(tmp_path / "resaved" / "model.safetensors"), "pt") as handle:
-        assert not any("parallel_adapter" in key for key in handle.keys())
     # without the adapter the export would be another model
     plain = sa.load_sentence_encoder(inputs["base"], *inputs["de"], device="cpu").encode(GERMAN)
     assert np.abs(plain - mine).max() > 1e-3
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+def test_fold_parallel_adapters_matches_the_hooked_adapter(act):
+    """Folding the adapter into the FFN computes the hooked adapter's function: exactly for a
+    ReLU FFN, within the GELU(c·x)/c ≈ ReLU(x) bound for GELU; layers without one are unchanged."""
+    import copy
+
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                        intermediate_size=24, hidden_act=act, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    body = BertModel(config).eval()
+    pa.add_parallel_adapters(body, pa.ParallelAdapterConfig(bottleneck_size=4, layers=(0, 2)))
+    adapters = pa.parallel_adapters(body)
+    with torch.no_grad():
+        for adapter in adapters.values():
+            adapter.up.weight.normal_(0, 0.5)
+            adapter.up.bias.normal_(0, 0.1)
+            adapter.down.bias.normal_(0, 0.1)
+    ids = torch.randint(0, 50, (3, 7))
+    hooked = body(input_ids=ids).last_hidden_state
+    folded = copy.deepcopy(body)
+    kept = {i: copy.deepcopy(a) for i, a in pa.parallel_adapters(folded).items()}
+    pa.remove_parallel_adapters(folded)
+    unadapted = folded(input_ids=ids).last_hidden_state
+    assert fold_parallel_adapters(folded, kept) == 28
+    assert folded.config.intermediate_size == 28
+    out = folded(input_ids=ids).last_hidden_state
+    error = (out - hooked).abs().max().item()
+    assert error < (1e-5 if act == "relu" else 1e-3), error
+    assert (unadapted - hooked).abs().max().item() > 50 * max(error, 1e-6)  # the adapter mattered
