@@ -1,0 +1,427 @@
+"""Evaluation: embeddings per (variant, language), scores per (variant, dataset), the tables.
+
+Three steps, one Snakemake rule each (rules/evaluation.smk):
+
+1. :func:`embed_language` — one variant's encoder for one language encodes every sentence of
+   that language in every configured evaluation dataset, once (tasks that share sentences, such
+   as bitext mining and RSIM on FLORES, share the embeddings):
+   ``results/{base}/eval/embeddings/{variant}/{lang}/{dataset}.parquet`` (``text``, ``embedding``).
+2. :func:`score_dataset` — the paper's protocol for one (variant, dataset), from those files and
+   the normalised dataset subsets (:mod:`modsent.evaluation_data`), into one JSON:
+
+   ============== =====================================================================
+   kind           scores
+   ============== =====================================================================
+   pairs          STS/STR: Spearman ×100 of cosine vs gold, per language (``mono``) and
+                  per language pair (``cross``, symmetric pairs averaged); for
+                  multi-parallel sets also every configured language pair built from
+                  ``pair_id`` and the language bias (:func:`modsent.metrics.language_bias`)
+   parallel       bitext mining: xsim error rate ×100 (ratio margin, k = 4) for every
+                  ordered language pair; RSIM over language pairs
+   bitext_pairs   bitext mining en↔X: xsim error ×100, the mean of both directions
+   classification logistic regression on frozen embeddings: accuracy ×100 in-language
+                  (``mono``) and zero-shot from English (``zero_shot``)
+   ============== =====================================================================
+
+   A configured language the dataset lacks is skipped and listed under ``missing_languages``.
+3. :func:`aggregate` — ``summary.csv``/``summary.md`` shaped like the paper's Table 1 (rows:
+   variants; columns: task and dataset, averaged over languages), per-language tables, a bar
+   plot of the variants per task and heatmaps of xsim per language pair.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from modsent import evaluation_data as ed
+from modsent import metrics
+from modsent.config import PIVOT_LANGUAGE
+from modsent.io import InputError, atomic_path, write_parquet
+
+log = logging.getLogger(__name__)
+
+LOWER_IS_BETTER = {"xsim"}
+
+
+# ---- which sentences a language needs ----------------------------------------------------------
+
+
+def subset_languages(subset: str) -> list[str]:
+    """The languages of a subset name: ``de`` → [de]; ``en-de`` → [en, de]; codes with a script
+    (``zh-Hant``) are recognised by the registry."""
+    from modsent import languages as registry
+
+    if registry.is_registered(subset):
+        return [subset]
+    for i, char in enumerate(subset):
+        if char == "-" and registry.is_registered(subset[:i]) and registry.is_registered(subset[i + 1:]):
+            return [subset[:i], subset[i + 1:]]
+    raise InputError(f"evaluation subset {subset!r}: not a registered language or language pair")
+
+
+def sentences_of(kind: str, frames: Sequence[pd.DataFrame], lang: str) -> list[str]:
+    """The distinct sentences in language ``lang`` of a dataset's subsets, in first-seen order."""
+    texts: list[str] = []
+    for frame in frames:
+        if kind in ("pairs", "bitext_pairs"):
+            texts += frame.loc[frame["lang1"] == lang, "sentence1"].tolist()
+            texts += frame.loc[frame["lang2"] == lang, "sentence2"].tolist()
+        else:
+            texts += frame["text"].tolist()
+    return list(dict.fromkeys(texts))
+
+
+# ---- step 1: embeddings ------------------------------------------------------------------------
+
+
+def write_embeddings(path: str | Path, texts: Sequence[str], embeddings: np.ndarray) -> None:
+    """A parquet of ``text`` and ``embedding`` (fixed-size float32 lists), atomically."""
+    embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+    if embeddings.shape[0] != len(texts):
+        raise InputError(f"{path}: {len(texts)} texts but {embeddings.shape[0]} embeddings")
+    dim = embeddings.shape[1] if embeddings.ndim == 2 else 0
+    column = pa.FixedSizeListArray.from_arrays(pa.array(embeddings.reshape(-1)), dim)
+    table = pa.table({"text": pa.array(list(texts), pa.string()), "embedding": column})
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+class EmbeddingTable:
+    """The embeddings of one language in one dataset, looked up by text."""
+
+    def __init__(self, texts: list[str], embeddings: np.ndarray, source: str = "embeddings"):
+        self.texts, self.embeddings, self.source = texts, embeddings, source
+        self.row = {text: i for i, text in enumerate(texts)}
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        try:
+            return self.embeddings[[self.row[t] for t in texts]]
+        except KeyError as error:
+            raise InputError(f"{self.source}: no embedding for {error.args[0]!r}: the embeddings are "
+                             "older than the dataset (rerun the embedding rule)") from None
+
+
+def read_embeddings(path: str | Path) -> EmbeddingTable:
+    table = pq.read_table(path)
+    if table.column_names != ["text", "embedding"]:
+        raise InputError(f"{path}: expected columns text, embedding; found {table.column_names}")
+    column = table.column("embedding").combine_chunks()
+    dim = column.type.list_size
+    values = np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
+    return EmbeddingTable(table.column("text").to_pylist(), values.reshape(len(table), dim), str(path))
+
+
+def embed_language(encoder, lang: str, datasets: dict[str, list[str | Path]], out_dir: str | Path, *,
+                   batch_size: int = 64) -> dict[str, int]:
+    """Encode ``lang``'s sentences of each dataset (``{name: [subset parquet paths]}``) with
+    ``encoder`` (anything with ``encode(sentences, lang=, batch_size=)``) into
+    ``out_dir/{name}.parquet``; the directory is written atomically. Returns sentence counts."""
+    counts = {}
+    with atomic_path(out_dir, directory=True) as tmp:
+        for name, paths in datasets.items():
+            kind = ed.DATASETS[name].kind
+            frames = [ed.read_subset(path) for path in paths]
+            texts = sentences_of(kind, frames, lang)
+            log.info("%s %s: %d sentences", name, lang, len(texts))
+            vectors = encoder.encode(texts, lang=lang, batch_size=batch_size) if texts else np.zeros((0, 0))
+            write_embeddings(tmp / f"{name}.parquet", texts, vectors)
+            counts[name] = len(texts)
+        (tmp / "counts.json").write_text(json.dumps(counts, indent=2) + "\n", encoding="utf-8")
+    return counts
+
+
+# ---- step 2: scores ----------------------------------------------------------------------------
+
+
+def _pct(value: float) -> float:
+    return float(100 * value)
+
+
+def _summary(values: dict[str, float]) -> dict:
+    finite = [v for v in values.values() if v is not None and math.isfinite(v)]
+    return {"average": float(np.mean(finite)) if finite else None, "values": values}
+
+
+def _key(pair: tuple[str, str]) -> str:
+    return f"{pair[0]}-{pair[1]}"
+
+
+def _score_pairs(dataset, frames: dict[str, pd.DataFrame], emb: dict[str, EmbeddingTable],
+                 languages: list[str]) -> dict:
+    mono, cross = {}, {}
+    for subset, frame in frames.items():
+        l1, l2 = frame["lang1"].iloc[0], frame["lang2"].iloc[0]
+        value = _pct(metrics.sts_spearman(emb[l1](frame["sentence1"]), emb[l2](frame["sentence2"]),
+                                          frame["score"].to_numpy()))
+        if l1 == l2:
+            mono[l1] = value
+        else:
+            cross[(l1, l2)] = value
+    out = {"mono": _summary(mono)}
+    if dataset.multi_parallel:
+        monolingual = {f["lang1"].iloc[0]: f for f in frames.values() if f["lang1"].iloc[0] == f["lang2"].iloc[0]}
+        langs = [lang for lang in languages if lang in monolingual]
+        common = set.intersection(*(set(monolingual[lang]["pair_id"]) for lang in langs)) if langs else set()
+        ids = sorted(common)
+        aligned = {lang: monolingual[lang].set_index("pair_id").loc[ids] for lang in langs}
+        combos = {}
+        for a in langs:
+            for b in langs:
+                u = emb[a](aligned[a]["sentence1"])
+                v = emb[b](aligned[b]["sentence2"])
+                gold = aligned[a]["score"].to_numpy()
+                combos[(a, b)] = (metrics.cosine_rows(u, v), gold)
+                if a != b:
+                    cross[(a, b)] = _pct(metrics.sts_spearman(u, v, gold))
+        if len(langs) >= 2:
+            bias, bilingual, pooled = metrics.language_bias(combos)
+            out["language_bias"] = {"average": _pct(bias), "bilingual": _pct(bilingual), "pooled": _pct(pooled),
+                                    "languages": langs, "pairs": len(ids)}
+    if cross:
+        out["cross"] = _summary({_key(pair): value for pair, value in metrics.symmetric_average(cross).items()})
+    return out
+
+
+def _score_parallel(frames: dict[str, pd.DataFrame], emb: dict[str, EmbeddingTable], languages: list[str],
+                    k: int, margin: str) -> dict:
+    langs = [lang for lang in languages if lang in frames]
+    if len(langs) < 2:
+        return {}
+    ids = sorted(set.intersection(*(set(frames[lang]["id"]) for lang in langs)))
+    vectors = {lang: emb[lang](frames[lang].set_index("id").loc[ids, "text"]) for lang in langs}
+    errors = metrics.xsim_all_pairs(vectors, k=k, margin=margin)
+    average, per_pair = metrics.rsim(vectors)
+    return {
+        "xsim": {**_summary({_key(pair): _pct(v) for pair, v in errors.items()}), "sentences": len(ids),
+                 "k": k, "margin": margin},
+        "rsim": {**_summary({_key(pair): float(v) for pair, v in per_pair.items()}), "sentences": len(ids)},
+    }
+
+
+def _score_bitext_pairs(frames: dict[str, pd.DataFrame], emb: dict[str, EmbeddingTable], k: int,
+                        margin: str) -> dict:
+    values = {}
+    for frame in frames.values():
+        l1, l2 = frame["lang1"].iloc[0], frame["lang2"].iloc[0]
+        u, v = emb[l1](frame["sentence1"]), emb[l2](frame["sentence2"])
+        both = (metrics.xsim_error_rate(u, v, k=k, margin=margin) + metrics.xsim_error_rate(v, u, k=k, margin=margin)) / 2
+        other = l1 if l2 == PIVOT_LANGUAGE else l2
+        values[other] = _pct(both)
+    return {"xsim": {**_summary(values), "k": k, "margin": margin, "directions": "mean of en→X and X→en"}}
+
+
+def _score_classification(frames: dict[str, pd.DataFrame], emb: dict[str, EmbeddingTable], seed: int) -> dict:
+    def split(lang, name):
+        frame = frames[lang]
+        part = frame[frame["split"] == name]
+        return emb[lang](part["text"]), part["label"].to_numpy()
+
+    mono, zero_shot = {}, {}
+    english = split(PIVOT_LANGUAGE, "train") if PIVOT_LANGUAGE in frames else None
+    for lang in frames:
+        train_x, train_y = split(lang, "train")
+        test_x, test_y = split(lang, "test")
+        if len(test_y) == 0:
+            continue
+        if len(set(train_y)) >= 2:
+            mono[lang] = _pct(metrics.classification_accuracy(train_x, train_y, test_x, test_y, seed=seed))
+        if english is not None and lang != PIVOT_LANGUAGE and len(set(english[1])) >= 2:
+            zero_shot[lang] = _pct(metrics.classification_accuracy(*english, test_x, test_y, seed=seed))
+    out = {"mono": _summary(mono)}
+    if zero_shot:
+        out["zero_shot"] = _summary(zero_shot)
+    return out
+
+
+def score_dataset(name: str, subset_paths: dict[str, str | Path], embedding_paths: dict[str, str | Path],
+                  languages: list[str], *, variant: str = "", missing: Sequence[str] = (), k: int = 4,
+                  margin: str = "ratio", seed: int = 0) -> dict:
+    """The scores of one variant on one dataset (see the module docstring).
+
+    ``subset_paths``: subset name → normalised parquet; ``embedding_paths``: language → that
+    language's embeddings of this dataset; ``languages``: the configured languages, in order."""
+    dataset = ed.DATASETS[name]
+    frames = {subset: ed.read_subset(path) for subset, path in subset_paths.items()}
+    frames = {subset: frame for subset, frame in frames.items() if len(frame)}
+    emb = {lang: read_embeddings(path) for lang, path in embedding_paths.items()}
+    if dataset.kind == "pairs":
+        scores = _score_pairs(dataset, frames, emb, languages)
+    elif dataset.kind == "parallel":
+        scores = _score_parallel(frames, emb, languages, k, margin)
+    elif dataset.kind == "bitext_pairs":
+        scores = _score_bitext_pairs(frames, emb, k, margin)
+    elif dataset.kind == "classification":
+        scores = _score_classification(frames, emb, seed)
+    else:  # pragma: no cover - the registry has no other kind
+        raise InputError(f"dataset {name}: unknown kind {dataset.kind!r}")
+    return {"variant": variant, "dataset": name, "task": dataset.task, "kind": dataset.kind,
+            "languages": [lang for lang in languages if lang in emb], "missing_languages": list(missing),
+            "scores": scores}
+
+
+# ---- step 3: tables and plots ------------------------------------------------------------------
+
+TASK_LABELS = {"sts": "STS", "str": "STR", "bitext": "BM", "classification": "TC"}
+METRIC_LABELS = {"mono": "mono", "cross": "cross", "zero_shot": "zero-shot", "xsim": "xsim err ↓",
+                 "rsim": "RSIM", "language_bias": "bias ↓"}
+
+
+def _column(result: dict, metric: str) -> str:
+    task = "BM" if metric == "xsim" else TASK_LABELS.get(result["task"], result["task"])
+    if metric == "rsim":
+        task = "RSIM"
+    return f"{task} {result['dataset']} {METRIC_LABELS.get(metric, metric)}" if metric != "rsim" \
+        else f"RSIM {result['dataset']}"
+
+
+def summary_frame(results: Sequence[dict], variants: Sequence[str]) -> pd.DataFrame:
+    """Rows: variants (in the given order); columns: task, dataset and metric, averaged over
+    languages (or language pairs)."""
+    rows: dict[str, dict[str, float]] = {variant: {} for variant in variants}
+    for result in results:
+        for metric, entry in result["scores"].items():
+            if entry.get("average") is not None:
+                rows.setdefault(result["variant"], {})[_column(result, metric)] = entry["average"]
+    frame = pd.DataFrame.from_dict(rows, orient="index")
+    frame.index.name = "variant"
+    return frame
+
+
+def per_language_frames(results: Sequence[dict], variants: Sequence[str]) -> dict[str, pd.DataFrame]:
+    """One table per (dataset, metric): rows variants, columns languages or language pairs."""
+    tables: dict[str, dict[str, dict]] = {}
+    for result in results:
+        for metric, entry in result["scores"].items():
+            if isinstance(entry.get("values"), dict):
+                key = f"{result['dataset']}_{metric}"
+                tables.setdefault(key, {})[result["variant"]] = entry["values"]
+    out = {}
+    for key, rows in tables.items():
+        frame = pd.DataFrame.from_dict(rows, orient="index")
+        frame = frame.reindex([v for v in variants if v in frame.index])
+        frame.index.name = "variant"
+        out[key] = frame
+    return out
+
+
+def _markdown(frame: pd.DataFrame, digits: int = 1) -> str:
+    columns = [frame.index.name or ""] + [str(c) for c in frame.columns]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(["---"] + ["---:"] * len(frame.columns)) + "|"]
+    for index, row in frame.iterrows():
+        cells = ["" if pd.isna(v) else f"{v:.{digits}f}" for v in row]
+        lines.append("| " + " | ".join([str(index)] + cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _plot_summary(frame: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = list(frame.columns)
+    n = max(1, len(columns))
+    cols = min(3, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 0.35 * len(frame) + 3 * rows), dpi=100,
+                             squeeze=False)
+    for ax, column in zip(axes.flat, columns):
+        values = frame[column]
+        ax.barh(list(frame.index)[::-1], list(values.fillna(0))[::-1], color="tab:blue")
+        ax.set_title(column, fontsize=9)
+        ax.tick_params(labelsize=8)
+    for ax in list(axes.flat)[len(columns):]:
+        ax.axis("off")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
+def _plot_xsim_heatmaps(results: Sequence[dict], variants: Sequence[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = []
+    for variant in variants:
+        for result in results:
+            entry = result["scores"].get("xsim")
+            if result["variant"] == variant and result["kind"] == "parallel" and entry:
+                panels.append((f"{variant} · {result['dataset']}", entry["values"], result["languages"]))
+    fig_cols = min(4, max(1, len(panels)))
+    fig_rows = max(1, math.ceil(len(panels) / fig_cols))
+    fig, axes = plt.subplots(fig_rows, fig_cols, figsize=(3.6 * fig_cols, 3.2 * fig_rows), dpi=100, squeeze=False)
+    for ax, (title, values, langs) in zip(axes.flat, panels):
+        grid = np.full((len(langs), len(langs)), np.nan)
+        for i, a in enumerate(langs):
+            for j, b in enumerate(langs):
+                if f"{a}-{b}" in values:
+                    grid[i, j] = values[f"{a}-{b}"]
+        image = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis_r")
+        ax.set_xticks(range(len(langs)), langs, fontsize=7, rotation=90)
+        ax.set_yticks(range(len(langs)), langs, fontsize=7)
+        ax.set_xlabel("target", fontsize=8)
+        ax.set_ylabel("source", fontsize=8)
+        ax.set_title(title, fontsize=8)
+        fig.colorbar(image, ax=ax, fraction=0.046, label="xsim error %")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    if not panels:
+        axes.flat[0].text(0.5, 0.5, "no bitext mining on a parallel dataset", ha="center", va="center")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
+def aggregate(score_paths: Sequence[str | Path], variants: Sequence[str], *, csv_path, md_path, plot_path,
+              heatmap_path, per_language_dir, base: str = "") -> pd.DataFrame:
+    """Write the summary table (CSV, Markdown), per-language tables and the plots."""
+    results = [json.loads(Path(p).read_text(encoding="utf-8")) for p in score_paths]
+    frame = summary_frame(results, variants)
+    with atomic_path(csv_path) as tmp:
+        frame.to_csv(tmp, float_format="%.4f")
+    missing = sorted({(r["dataset"], lang) for r in results for lang in r.get("missing_languages", [])})
+    lines = [f"# Evaluation summary{f' · {base}' if base else ''}", "",
+             "Rows: variants. Columns: task, dataset and score, averaged over languages (or language pairs). "
+             "STS/STR: Spearman ×100; BM: xsim error rate % (ratio margin, k = 4; lower is better); "
+             "TC: accuracy ×100; bias: bilingual minus pooled Spearman ×100; RSIM: Pearson.", "",
+             _markdown(frame)]
+    if missing:
+        by_dataset: dict[str, list[str]] = {}
+        for dataset, lang in missing:
+            by_dataset.setdefault(dataset, []).append(lang)
+        lines += ["", "Languages skipped (not in the dataset): "
+                  + "; ".join(f"{d}: {', '.join(langs)}" for d, langs in by_dataset.items()), ""]
+    per_language_dir = Path(per_language_dir)
+    tables = per_language_frames(results, variants)
+    with atomic_path(per_language_dir, directory=True) as tmp:
+        for key, table in sorted(tables.items()):
+            table.to_csv(tmp / f"{key}.csv", float_format="%.4f")
+            (tmp / f"{key}.md").write_text(f"# {key}\n\n" + _markdown(table), encoding="utf-8")
+    lines += ["", "Per-language tables: " + ", ".join(f"`{per_language_dir.name}/{k}.md`" for k in sorted(tables)), ""]
+    with atomic_path(md_path) as tmp:
+        Path(tmp).write_text("\n".join(lines), encoding="utf-8")
+    _plot_summary(frame, Path(plot_path))
+    _plot_xsim_heatmaps(results, variants, Path(heatmap_path))
+    return frame
+
+
+def write_scores(path: str | Path, result: dict) -> None:
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+__all__ = ["aggregate", "embed_language", "read_embeddings", "score_dataset", "sentences_of", "subset_languages",
+           "summary_frame", "write_embeddings", "write_parquet", "write_scores"]

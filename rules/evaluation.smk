@@ -1,0 +1,83 @@
+# Evaluation: dataset subsets → embeddings per (variant, language) → scores per (variant,
+# dataset) → the summary tables, plots and report (modsent/evaluation.py).
+
+
+rule evaluation_subset:
+    """One subset (a language or a language pair) of an evaluation dataset, normalised."""
+    output:
+        "resources/eval/{dataset}/{subset}.parquet",
+    params:
+        settings=evaluation_subset_settings,
+    resources:
+        **job_resources("cpu"),
+    log:
+        "logs/eval/{dataset}/{subset}.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/evaluation_subset.py"
+
+
+rule evaluation_embeddings:
+    """Every evaluation sentence in one language, encoded once by one variant."""
+    input:
+        unpack(embedding_inputs),
+    output:
+        directory("results/{base}/eval/embeddings/{variant}/{lang}"),
+    params:
+        datasets=embedding_datasets,
+        batch_size=config["evaluation"]["batch_size"],
+        merge_weights=config["alignment"]["merge_weights"],
+    threads: workflow.cores
+    resources:
+        **job_resources("gpu_encode"),
+    log:
+        "logs/{base}/eval/embeddings/{variant}/{lang}.log",
+    benchmark:
+        "logs/{base}/benchmarks/eval_embeddings/{variant}/{lang}.tsv"
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/evaluation_embeddings.py"
+
+
+rule evaluation_scores:
+    """One variant on one dataset, by the paper's protocol: one JSON."""
+    input:
+        unpack(score_inputs),
+    output:
+        "results/{base}/eval/scores/{variant}/{dataset}.json",
+    params:
+        settings=score_settings,
+    resources:
+        **job_resources("cpu"),
+    log:
+        "logs/{base}/eval/scores/{variant}/{dataset}.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/evaluation_scores.py"
+
+
+rule evaluation_summary:
+    """The paper's Table 1 (variants × task and dataset), per-language tables and plots."""
+    input:
+        score_paths,
+    output:
+        csv="results/{base}/summary.csv",
+        md=report("results/{base}/summary.md", category="Summary", caption="../report/summary.rst"),
+        plot=report("results/{base}/eval/summary.png", category="Summary", caption="../report/summary_plot.rst"),
+        heatmap=report("results/{base}/eval/xsim_heatmaps.png", category="Bitext mining",
+                       caption="../report/xsim_heatmaps.rst"),
+        per_language=report(directory("results/{base}/eval/per_language"), patterns=["{name}.md"],
+                            category="Per language", caption="../report/per_language.rst"),
+    params:
+        variants=evaluated_variants(),
+    resources:
+        **job_resources("cpu"),
+    log:
+        "logs/{base}/eval/summary.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/evaluation_summary.py"

@@ -1,0 +1,173 @@
+"""Evaluation orchestration: embeddings per language, scores per dataset, the summary tables.
+
+Encoders here are lookup tables built so that the answer is known by construction; the metric
+functions themselves are tested against independent computations in test_metrics.py."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import spearmanr
+
+from modsent import evaluation as ev
+from modsent.io import InputError, write_parquet
+
+LANGS = ["en", "de", "ky"]
+N = 40
+rng = np.random.default_rng(0)
+MEANINGS = rng.normal(size=(N, 16)).astype(np.float32)
+MEANINGS[:, 0] += 4 * np.sign(MEANINGS[:, 0])  # the topic label: a wide margin on one axis
+
+
+class TableEncoder:
+    """Sentence ``"{lang}:{i}"`` (or ``"{lang}:{i}:b"``) → a fixed vector; ``offset`` adds a
+    language-specific direction (a language bias); ``shuffle`` permutes a language's meanings."""
+
+    def __init__(self, vectors: dict[str, np.ndarray]):
+        self.vectors, self.calls = vectors, []
+
+    def encode(self, sentences, lang, batch_size=32):
+        self.calls.append((lang, len(sentences)))
+        out = np.stack([self.vectors[s] for s in sentences]).astype(np.float32)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def _parallel_vectors(offset=0.0, shuffle=None):
+    vectors = {}
+    directions = {lang: rng.normal(size=16) for lang in LANGS}
+    for lang in LANGS:
+        order = np.arange(N) if shuffle != lang else np.roll(np.arange(N), 1)
+        for i in range(N):
+            vectors[f"{lang}:{i}"] = MEANINGS[order[i]] + offset * directions[lang]
+            vectors[f"{lang}:{i}:b"] = 0.6 * MEANINGS[order[i]] + 0.8 * MEANINGS[(order[i] + 1) % N] \
+                + offset * directions[lang]
+    return vectors
+
+
+def _write_subsets(root):
+    paths = {"flores": {}, "stsb_multi_mt": {}, "sib200": {}, "tatoeba": {}}
+    gold = np.linspace(0, 5, N)
+    for lang in LANGS:
+        paths["flores"][lang] = root / "flores" / f"{lang}.parquet"
+        write_parquet(pd.DataFrame({"id": [str(i) for i in range(N)], "text": [f"{lang}:{i}" for i in range(N)]}),
+                      paths["flores"][lang])
+        paths["stsb_multi_mt"][lang] = root / "stsb" / f"{lang}.parquet"
+        write_parquet(pd.DataFrame({
+            "pair_id": [str(i) for i in range(N)], "lang1": lang, "lang2": lang,
+            "sentence1": [f"{lang}:{i}" for i in range(N)], "sentence2": [f"{lang}:{i}:b" for i in range(N)],
+            "score": gold}), paths["stsb_multi_mt"][lang])
+        paths["sib200"][lang] = root / "sib" / f"{lang}.parquet"
+        labels = ["a" if MEANINGS[i, 0] > 0 else "b" for i in range(N)]
+        write_parquet(pd.DataFrame({"id": [str(i) for i in range(N)], "text": [f"{lang}:{i}" for i in range(N)],
+                                    "label": labels, "split": ["train"] * 24 + ["dev"] * 4 + ["test"] * 12}),
+                      paths["sib200"][lang])
+        if lang != "en":
+            paths["tatoeba"][lang] = root / "tatoeba" / f"{lang}.parquet"
+            write_parquet(pd.DataFrame({"id": [str(i) for i in range(N)], "lang1": lang, "lang2": "en",
+                                        "sentence1": [f"{lang}:{i}" for i in range(N)],
+                                        "sentence2": [f"en:{i}" for i in range(N)]}), paths["tatoeba"][lang])
+    return paths
+
+
+def _embed_all(encoder, paths, out_root):
+    dirs = {}
+    for lang in LANGS:
+        datasets = {name: [p for subset, p in subsets.items() if subset == lang] for name, subsets in paths.items()}
+        datasets["tatoeba"] = [paths["tatoeba"][lang]] if lang != "en" else list(paths["tatoeba"].values())
+        datasets = {name: files for name, files in datasets.items() if files}
+        ev.embed_language(encoder, lang, datasets, out_root / lang)
+        dirs[lang] = out_root / lang
+    return dirs
+
+
+def _score(name, paths, dirs, variant="V"):
+    return ev.score_dataset(name, paths[name], {lang: dirs[lang] / f"{name}.parquet" for lang in LANGS
+                                                 if (dirs[lang] / f"{name}.parquet").is_file()},
+                            LANGS, variant=variant, missing=["xx"] if name == "sib200" else [])
+
+
+@pytest.fixture(scope="module")
+def subsets(tmp_path_factory):
+    return _write_subsets(tmp_path_factory.mktemp("subsets"))
+
+
+def test_embeddings_are_encoded_once_per_language_and_reload(subsets, tmp_path):
+    encoder = TableEncoder(_parallel_vectors())
+    dirs = _embed_all(encoder, subsets, tmp_path)
+    table = ev.read_embeddings(dirs["de"] / "stsb_multi_mt.parquet")
+    assert len(table.texts) == 2 * N and len(set(table.texts)) == 2 * N  # sentence1 and sentence2, distinct
+    expected = encoder.encode(["de:3", "de:7:b"], lang="de")
+    assert np.allclose(table(["de:3", "de:7:b"]), expected)
+    # English in tatoeba: one sentence list shared by every en↔X subset, encoded once
+    english = ev.read_embeddings(dirs["en"] / "tatoeba.parquet")
+    assert sorted(english.texts) == sorted(f"en:{i}" for i in range(N))
+    with pytest.raises(InputError, match="no embedding for"):
+        table(["de:unknown"])
+    assert json.loads((dirs["ky"] / "counts.json").read_text())["flores"] == N
+
+
+def test_scores_known_by_construction(subsets, tmp_path):
+    dirs = _embed_all(TableEncoder(_parallel_vectors()), subsets, tmp_path)
+    flores = _score("flores", subsets, dirs)["scores"]
+    assert set(flores["xsim"]["values"]) == {f"{a}-{b}" for a in LANGS for b in LANGS if a != b}
+    assert flores["xsim"]["average"] == 0.0  # translations embed identically: no mining error
+    assert flores["rsim"]["average"] == pytest.approx(1.0)
+    tatoeba = _score("tatoeba", subsets, dirs)["scores"]
+    assert tatoeba["xsim"]["values"] == {"de": 0.0, "ky": 0.0}
+    sts = _score("stsb_multi_mt", subsets, dirs)["scores"]
+    cos = [float(np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b)) for a, b in
+           ((MEANINGS[i], 0.6 * MEANINGS[i] + 0.8 * MEANINGS[(i + 1) % N]) for i in range(N))]
+    expected = 100 * spearmanr(cos, np.linspace(0, 5, N)).statistic
+    assert sts["mono"]["values"]["de"] == pytest.approx(expected, abs=1e-4)
+    assert set(sts["cross"]["values"]) == {"de-en", "en-ky", "de-ky"}  # symmetric pairs averaged
+    assert sts["cross"]["average"] == pytest.approx(expected, abs=1e-4)  # language-agnostic encoder
+    assert sts["language_bias"]["average"] == pytest.approx(0.0, abs=1e-4)
+    sib = _score("sib200", subsets, dirs)
+    assert sib["missing_languages"] == ["xx"]
+    assert set(sib["scores"]["zero_shot"]["values"]) == {"de", "ky"}
+    assert sib["scores"]["mono"]["average"] > 80  # the label is a linear function of the meaning
+
+
+def test_scores_move_the_right_way(subsets, tmp_path):
+    good = _embed_all(TableEncoder(_parallel_vectors()), subsets, tmp_path / "good")
+    biased = _embed_all(TableEncoder(_parallel_vectors(offset=3.0)), subsets, tmp_path / "biased")
+    shuffled = _embed_all(TableEncoder(_parallel_vectors(shuffle="ky")), subsets, tmp_path / "shuffled")
+    b_sts = _score("stsb_multi_mt", subsets, biased)["scores"]
+    g_sts = _score("stsb_multi_mt", subsets, good)["scores"]
+    assert b_sts["language_bias"]["average"] > g_sts["language_bias"]["average"] + 1
+    flores = _score("flores", subsets, shuffled)["scores"]["xsim"]["values"]
+    assert flores["de-ky"] == 100.0 and flores["ky-en"] == 100.0 and flores["de-en"] == 0.0
+
+
+def test_summary_tables_and_plots(subsets, tmp_path):
+    scores = []
+    for variant, vectors in (("base", _parallel_vectors(offset=3.0)), ("Mod_m", _parallel_vectors())):
+        dirs = _embed_all(TableEncoder(vectors), subsets, tmp_path / variant)
+        for name in subsets:
+            path = tmp_path / "scores" / variant / f"{name}.json"
+            ev.write_scores(path, _score(name, subsets, dirs, variant))
+            scores.append(path)
+    out = tmp_path / "out"
+    frame = ev.aggregate(scores, ["base", "Mod_m"], csv_path=out / "summary.csv", md_path=out / "summary.md",
+                         plot_path=out / "summary.png", heatmap_path=out / "xsim.png",
+                         per_language_dir=out / "per_language", base="tiny")
+    table = pd.read_csv(out / "summary.csv", index_col=0)
+    assert list(table.index) == ["base", "Mod_m"]
+    assert table.loc["Mod_m", "BM flores xsim err ↓"] == 0.0
+    assert table.loc["base", "STS stsb_multi_mt bias ↓"] > table.loc["Mod_m", "STS stsb_multi_mt bias ↓"]
+    assert np.allclose(table.values, frame.values, atol=1e-4, equal_nan=True)
+    md = (out / "summary.md").read_text()
+    assert "| Mod_m |" in md and "sib200: xx" in md
+    per_language = pd.read_csv(out / "per_language" / "flores_xsim.csv", index_col=0)
+    assert per_language.shape == (2, 6)
+    for png in ("summary.png", "xsim.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_subset_names():
+    assert ev.subset_languages("de") == ["de"]
+    assert ev.subset_languages("en-de") == ["en", "de"]
+    assert ev.subset_languages("en-zh-Hant") == ["en", "zh-Hant"]
+    with pytest.raises(InputError):
+        ev.subset_languages("xx-yy")

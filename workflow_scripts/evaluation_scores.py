@@ -1,0 +1,15 @@
+# rule evaluation_scores: one variant on one dataset, by the paper's protocol.
+from pathlib import Path
+
+from modsent import evaluation
+from modsent.logs import setup_logging
+
+setup_logging(snakemake.log[0])
+settings = snakemake.params.settings
+dataset = snakemake.wildcards.dataset
+root = Path("results") / snakemake.wildcards.base / "eval" / "embeddings" / snakemake.wildcards.variant
+result = evaluation.score_dataset(
+    dataset, settings["subsets"], {lang: root / lang / f"{dataset}.parquet" for lang in settings["languages"]},
+    settings["all_languages"], variant=snakemake.wildcards.variant, missing=settings["missing"],
+    k=settings["k"], margin=settings["margin"], seed=settings["seed"])
+evaluation.write_scores(snakemake.output[0], result)

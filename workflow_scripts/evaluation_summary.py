@@ -1,0 +1,9 @@
+# rule evaluation_summary: the summary table, per-language tables and plots.
+from modsent import evaluation
+from modsent.logs import setup_logging
+
+setup_logging(snakemake.log[0])
+out = snakemake.output
+evaluation.aggregate(snakemake.input, snakemake.params.variants, csv_path=out.csv, md_path=out.md,
+                     plot_path=out.plot, heatmap_path=out.heatmap, per_language_dir=out.per_language,
+                     base=snakemake.wildcards.base)
