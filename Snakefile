@@ -18,6 +18,7 @@ if not workflow.overwrite_configfiles:
 
 
 
+include: "rules/resources.smk"
 include: "rules/common.smk"
 
 

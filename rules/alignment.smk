@@ -10,7 +10,9 @@ rule english_embeddings:
     output:
         embeddings="results/{base}/alignment/english_embeddings.safetensors",
         units="results/{base}/alignment/english_embeddings.units.parquet",
-    threads: workflow.cores
+    threads: job_threads("gpu_encode")
+    resources:
+        **job_resources("gpu_encode"),
     log:
         "logs/{base}/alignment/english_embeddings.log",
     conda:
@@ -29,7 +31,9 @@ rule alignment_adapter:
         directory("results/{base}/alignment/{kind}/{lang}"),
     params:
         settings=alignment_settings,
-    threads: workflow.cores
+    threads: job_threads("gpu_train")
+    resources:
+        **job_resources("gpu_train"),
     log:
         "logs/{base}/alignment/{kind}/{lang}.log",
     benchmark:
@@ -47,6 +51,8 @@ rule merge_alignment:
         pl="results/{base}/alignment/pl/{lang}",
     output:
         directory("results/{base}/alignment/merged-{weight}/{lang}"),
+    resources:
+        **job_resources("cpu"),
     log:
         "logs/{base}/alignment/merged-{weight}/{lang}.log",
     conda:
@@ -61,6 +67,8 @@ rule alignment_summary:
         alignment_dirs,
     output:
         "results/{base}/alignment/summary.md",
+    resources:
+        **job_resources("cpu"),
     log:
         "logs/{base}/alignment/summary.log",
     conda:

@@ -11,6 +11,8 @@ rule base_model:
         trust_remote_code=config["base_model"]["trust_remote_code"],
         prompts=config["base_model"].get("prompts"),
         default_prompt_name=config["base_model"].get("default_prompt_name"),
+    resources:
+        **job_resources("cpu_heavy"),
     log:
         "logs/base_model/{base}.log",
     conda:

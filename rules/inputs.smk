@@ -7,6 +7,8 @@ rule corpus:
         "resources/corpora/{lang}.txt",
     params:
         settings=corpus_settings,
+    resources:
+        **job_resources("cpu_heavy"),
     log:
         "logs/corpora/{lang}.log",
     conda:
@@ -21,6 +23,8 @@ rule paraphrase_source:
         "resources/paraphrases/{dataset}.parquet",
     params:
         spec=paraphrase_spec,
+    resources:
+        **job_resources("cpu"),
     log:
         "logs/paraphrases/{dataset}.log",
     conda:
@@ -35,6 +39,8 @@ rule provided_translations:
         "resources/translations/{lang}.parquet",
     params:
         source=config["translation"]["provided"],
+    resources:
+        **job_resources("cpu"),
     log:
         "logs/translations/{lang}.log",
     conda:
@@ -48,6 +54,8 @@ rule builtin_parallel_eval:
     (bitext mining, RSIM)."""
     output:
         "resources/eval/parallel/{lang}.parquet",
+    resources:
+        **job_resources("cpu"),
     log:
         "logs/eval/parallel/{lang}.log",
     conda:
@@ -60,6 +68,8 @@ rule builtin_classification_eval:
     """The built-in held-out labelled sentences of one language (topic classification)."""
     output:
         "resources/eval/classification/{lang}.parquet",
+    resources:
+        **job_resources("cpu"),
     log:
         "logs/eval/classification/{lang}.log",
     conda:
@@ -76,6 +86,8 @@ rule inputs_summary:
         translations=translation_targets(),
     output:
         "resources/inputs_summary.md",
+    resources:
+        **job_resources("cpu"),
     log:
         "logs/inputs_summary.log",
     conda:

@@ -9,6 +9,8 @@ rule english_paraphrases:
         paraphrase_source_paths(),
     output:
         "results/paraphrase/en.parquet",
+    resources:
+        **job_resources("cpu"),
     log:
         "logs/paraphrase/en.log",
     conda:
@@ -23,6 +25,8 @@ rule translation_units:
         "results/paraphrase/en.parquet",
     output:
         "results/translation/units.parquet",
+    resources:
+        **job_resources("cpu"),
     log:
         "logs/translation/units.log",
     conda:
@@ -40,6 +44,8 @@ if config["translation"]["engine"] == "provided":
             provided="resources/translations/{lang}.parquet",
         output:
             "results/translation/{lang}.parquet",
+        resources:
+            **job_resources("cpu"),
         log:
             "logs/translation/{lang}.log",
         conda:
@@ -58,7 +64,9 @@ else:
             "results/translation/{lang}/shards/{scatteritem}.parquet",
         params:
             settings=config["translation"],
-        threads: workflow.cores
+        threads: job_threads("gpu_translate")
+        resources:
+            **job_resources("gpu_translate"),
         log:
             "logs/translation/{lang}/{scatteritem}.log",
         benchmark:
@@ -75,6 +83,8 @@ else:
             shards=gather.translation("results/translation/{{lang}}/shards/{scatteritem}.parquet"),
         output:
             "results/translation/{lang}.parquet",
+        resources:
+            **job_resources("cpu"),
         log:
             "logs/translation/{lang}.log",
         conda:
@@ -93,6 +103,8 @@ if config["translation"]["engine"] == "ctranslate2":
             model=config["translation"]["model"],
             compute_type=config["translation"]["compute_type"],
             revision=config["translation"]["revision"],
+        resources:
+            **job_resources("cpu_heavy"),
         log:
             "logs/translation/convert.log",
         benchmark:
@@ -110,6 +122,8 @@ rule paraphrase_language:
         translations="results/translation/{lang}.parquet",
     output:
         "results/paraphrase/{lang}.parquet",
+    resources:
+        **job_resources("cpu"),
     log:
         "logs/paraphrase/{lang}.log",
     conda:
@@ -126,6 +140,8 @@ rule translation_quality:
     output:
         report="results/translation/quality/{lang}.json",
         plot="results/translation/quality/{lang}.png",
+    resources:
+        **job_resources("cpu"),
     log:
         "logs/translation/quality/{lang}.log",
     conda:
@@ -140,6 +156,8 @@ rule translation_quality_summary:
         expand("results/translation/quality/{lang}.json", lang=non_english()),
     output:
         "results/translation/quality.md",
+    resources:
+        **job_resources("cpu"),
     log:
         "logs/translation/quality.log",
     conda:

@@ -9,7 +9,9 @@ rule sentence_adapter:
         directory("results/{base}/sentence_adapters/{lang}"),
     params:
         settings=config["sentence_adapter"],
-    threads: workflow.cores
+    threads: job_threads("gpu_train")
+    resources:
+        **job_resources("gpu_train"),
     log:
         "logs/{base}/sentence_adapters/{lang}.log",
     benchmark:
@@ -27,6 +29,8 @@ rule sentence_adapter_summary:
     output:
         table="results/{base}/sentence_adapters/summary.md",
         plot="results/{base}/sentence_adapters/summary.png",
+    resources:
+        **job_resources("cpu"),
     log:
         "logs/{base}/sentence_adapters/summary.log",
     conda:

@@ -11,6 +11,9 @@ rule tokenizer:
         directory("results/{base}/tokenizers/{lang}"),
     params:
         settings=tokenizer_settings,
+    threads: job_threads("cpu_heavy")
+    resources:
+        **job_resources("cpu_heavy"),
     log:
         "logs/{base}/tokenizers/{lang}.log",
     benchmark:
@@ -31,6 +34,8 @@ rule fasttext:
     params:
         settings=config["fasttext"],
     threads: config["fasttext"]["threads"]
+    resources:
+        **job_resources("cpu_heavy"),
     log:
         "logs/{base}/fasttext/{lang}.log",
     benchmark:
@@ -51,6 +56,9 @@ rule focus_embeddings:
         directory("results/{base}/embeddings/{lang}"),
     params:
         seed=config["focus"]["seed"],
+    threads: job_threads("cpu_heavy")
+    resources:
+        **job_resources("cpu_heavy"),
     log:
         "logs/{base}/embeddings/{lang}.log",
     benchmark:
@@ -73,7 +81,9 @@ rule language_adapter:
         directory("results/{base}/language_adapters/{lang}"),
     params:
         settings=language_adapter_settings,
-    threads: workflow.cores
+    threads: job_threads("gpu_train")
+    resources:
+        **job_resources("gpu_train"),
     log:
         "logs/{base}/language_adapters/{lang}.log",
     benchmark:
@@ -91,6 +101,8 @@ rule language_adapter_summary:
     output:
         table="results/{base}/language_adapters/summary.md",
         plot="results/{base}/language_adapters/summary.png",
+    resources:
+        **job_resources("cpu"),
     log:
         "logs/{base}/language_adapters/summary.log",
     conda:
