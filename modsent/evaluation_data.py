@@ -565,24 +565,28 @@ def _subset(dataset: EvalDataset, name: str) -> Subset:
 # --- subsets for a configuration -------------------------------------------------------------
 
 
-def subsets(name: str, languages: list[str]) -> tuple[list[str], list[str]]:
+def subsets(name: str, languages: list[str], source: str | Mapping | None = None) -> tuple[list[str], list[str]]:
     """The subsets of dataset ``name`` available for the configured languages, and the
     configured languages the dataset has no data for (for the report; not an error).
 
     A subset is available when all its languages are configured (both, for a cross-lingual
     ``l1-l2`` subset or a Tatoeba X-English one). For multi-parallel ``pairs`` datasets the
     subsets are monolingual; cross-lingual combinations are built at scoring time from
-    ``pair_id``. Withheld subsets (no gold labels) are never available.
+    ``pair_id``. Withheld subsets (no gold labels) are never available, and with a Hub
+    ``source`` (the default) neither are subsets that have no loadable Hub copy (SICK en/es):
+    their languages count as missing unless the source is local files.
     """
     dataset = get(name)
     configured = list(dict.fromkeys(languages))
     for code in configured:
         if not registry.is_registered(code):
             raise InputError(f"{name}: {registry.unknown_message(code)}")
+    table = list(_table(dataset).values())
+    if (source is not None or _has_hub(dataset)) and check_source(name, source) == ("hf", None, None):
+        table = [sub for sub in table if sub.on_hub]  # the Hub copy only
     chosen = set(configured)
-    available = [sub.name for sub in _table(dataset).values()
-                 if sub.name not in dataset.withheld and set(sub.languages) <= chosen]
-    have = set(dataset.languages)
+    available = [sub.name for sub in table if sub.name not in dataset.withheld and set(sub.languages) <= chosen]
+    have = {lang for sub in table if sub.name not in dataset.withheld for lang in sub.languages}
     return available, [code for code in configured if code not in have]
 
 

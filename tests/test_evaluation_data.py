@@ -575,3 +575,11 @@ def test_output_is_written_atomically(tmp_path):
     out = tmp_path / "deep" / "sts17" / "en-de.parquet"
     ev.prepare_subset("sts17", "en-de", out, f"local:{FIXTURES / 'mteb-sts17-crosslingual-sts'}")
     assert [p.name for p in out.parent.iterdir()] == ["en-de.parquet"]
+
+
+def test_subsets_without_a_hub_copy_count_as_missing_unless_local(tmp_path):
+    """SICK en/es have no loadable Hub copy: from the Hub they are missing languages; with
+    local files they are subsets like the others."""
+    assert ev.subsets("sick", ["en", "es", "nl", "pl"]) == (["nl", "pl"], ["en", "es"])
+    local, missing = ev.subsets("sick", ["en", "es", "nl", "pl"], f"local:{tmp_path}")
+    assert sorted(local) == ["en", "es", "nl", "pl"] and missing == []

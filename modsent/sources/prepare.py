@@ -219,15 +219,18 @@ def prepare_translations(spec, lang: str, out_path: str | Path) -> int:
 def prepare_builtin_eval(task: str, lang: str, out_path: str | Path) -> int:
     """Held-out built-in data for one language.
 
-    ``parallel``: ``id, text`` — every evaluation sentence the language has, aligned across
-    languages by ``id`` (evaluation intersects the ids of the languages it compares, so a file
-    never depends on which other languages are configured). ``classification``:
-    ``id, text, label, split``.
+    ``parallel``: ``id, text`` — the language's translations of the evaluation texts that every
+    demo language (``builtin.DEMO_LANGUAGES``) translates: a fixed multi-parallel set (~500 ids)
+    like FLORES, so a file never depends on which other languages are configured, and the demo
+    encodes ~500 sentences per language instead of every catalog string (~4K for English).
+    ``classification``: ``id, text, label, split``.
     """
     from modsent.sources import builtin
 
     if task == "parallel":
+        universe = set(builtin.builtin_parallel_eval(builtin.DEMO_LANGUAGES)["id"])
         frame = builtin.builtin_parallel_eval([lang]).rename(columns={lang: "text"})[["id", "text"]]
+        frame = frame[frame["id"].isin(universe)].reset_index(drop=True)
     elif task == "classification":
         frame = builtin.builtin_classification(lang)
     else:
