@@ -281,6 +281,14 @@ def test_uyghur_cyrillic_is_transliterated(tmp_path, monkeypatch):
     assert frame["pair_id"].tolist() == az["pair_id"].tolist() == ["5", "6", "8"]
 
 
+def test_uyghur_cyrillic_is_transliterated_by_umsc(tmp_path):
+    """The real converter: every letter of the prepared text is in the Arabic block."""
+    pytest.importorskip("umsc")
+    frame = prepare_local(tmp_path, "kardes_sts", "ug", "Kardes-NLU")
+    letters = [c for text in frame["sentence1"].tolist() + frame["sentence2"].tolist() for c in text if c.isalpha()]
+    assert letters and all(0x0600 <= ord(c) <= 0x06FF or 0xFB50 <= ord(c) <= 0xFEFF for c in letters)
+
+
 # --- bad inputs --------------------------------------------------------------------------------
 
 
