@@ -17,10 +17,14 @@ else stays frozen. The result is a directory:
 The loop is written out (no Trainer) so a reader can follow it top to bottom, and so that
 checkpoints hold safetensors only: trainable weights, AdamW moments and RNG state, no pickles.
 A job killed midway and rerun continues from its last checkpoint, bit for bit on the CPU.
+
+Several GPUs of one node: ``python -m modsent.language_adapter ...`` (:func:`main`) started by
+torchrun trains data-parallel, one process per GPU (see :func:`train_language_adapter`).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import hashlib
@@ -28,12 +32,14 @@ import json
 import logging
 import math
 import shutil
+import sys
 import time
 
 from pathlib import Path
 
 import torch
 
+from modsent import distributed
 from modsent.io import InputError, atomic_path, iter_utf8_lines
 from modsent.plots import write_before_after_bars, write_loss_curve
 
@@ -167,15 +173,32 @@ def _mlm_parts(model) -> tuple[torch.nn.Module, torch.nn.Module]:
     return encoder, head
 
 
-def mlm_loss(model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def mlm_loss(model, input_ids: torch.Tensor, labels: torch.Tensor,
+             reduction: str = "mean") -> torch.Tensor:
     """Cross-entropy over masked positions, applying the MLM head to those positions only
     (the vocabulary projection is the most expensive layer; 85% of its outputs would be
-    thrown away)."""
+    thrown away). ``reduction="sum"``: summed instead of averaged over the masked positions."""
     encoder, head = _mlm_parts(model)
     hidden = encoder(input_ids=input_ids).last_hidden_state
     selected = labels != -100
     logits = head(hidden[selected])
-    return torch.nn.functional.cross_entropy(logits.float(), labels[selected])
+    return torch.nn.functional.cross_entropy(logits.float(), labels[selected], reduction=reduction)
+
+
+def share_of_mlm_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, rank: int,
+                      world: int, device) -> torch.Tensor:
+    """One process's part of the MLM loss of a global batch split over ``world`` processes.
+
+    The process takes its contiguous rows of the batch and sums the cross-entropy over their
+    masked positions; dividing by the masked positions of the *whole* batch (known to every
+    process: masks are drawn for the whole batch) and multiplying by ``world`` makes the mean
+    over the processes, and the mean of their gradients (:func:`distributed.average_gradients`),
+    equal the single-process ``mlm_loss`` of the whole batch and its gradient, however the
+    masked positions fall between the processes."""
+    rows = distributed.local_slice(len(input_ids), rank, world)
+    masked = int((labels != -100).sum())
+    loss = mlm_loss(model, input_ids[rows].to(device), labels[rows].to(device), reduction="sum")
+    return loss * (world / max(masked, 1))
 
 
 def load_focus_embeddings(model, embeddings_path: Path, vocab_size: int) -> None:
@@ -378,6 +401,14 @@ def step_generator(step: int, seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step + 1)
 
 
+def dropout_seed(step: int, seed: int, rank: int) -> int:
+    """The dropout seed of process ``rank`` at ``step`` when training on several processes:
+    each process draws its own dropout masks, and a resumed run draws the same ones again
+    (one process keeps the single global stream, saved in its checkpoints, as before)."""
+    digest = hashlib.sha256(f"dropout {seed} {step} {rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
 class _Tracker:
     """Optional TensorBoard / Weights & Biases logging of the training curve."""
 
@@ -454,13 +485,26 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
     """Train the LA of one language and write its directory (atomically); return the metrics.
 
     ``on_step(step)`` is called after every optimizer step and checkpoint (tests use it to
-    kill the process midway)."""
+    kill the process midway).
+
+    In a process group of several processes (torchrun, :func:`distributed.setup`; ``device``
+    is then this process's GPU) the training is data-parallel: every process builds the whole
+    step's batch and masks, as one process would, and computes the loss of its contiguous rows
+    (:func:`share_of_mlm_loss`); the gradients of the trainable tensors are averaged over the
+    processes after backward, so every process takes the same optimizer step and holds the same
+    weights and AdamW moments. The results equal a single process's up to the order of float
+    additions, dropout aside (each process draws its own masks, :func:`dropout_seed`). Only the
+    main process evaluates, writes checkpoints, the output, the tracking and the progress bar;
+    it returns the metrics, the others None. Checkpoints do not depend on the number of
+    processes: a run resumes with any number."""
     import transformers
     from tqdm.auto import tqdm
 
     out_dir = Path(out_dir)
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else out_dir.with_name(out_dir.name + ".checkpoint")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    rank, world = distributed.rank(), distributed.world_size()
+    main = rank == 0
     torch.manual_seed(cfg.seed)
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
@@ -469,6 +513,13 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
     heldout = pack_sequences(heldout_lines, tokenizer, cfg.seq_len) if heldout_lines else train[:0]
     log.info("corpus %s: %d training lines → %d sequences of %d tokens; %d held-out lines",
              corpus_path, len(train_lines), len(train), cfg.seq_len, len(heldout_lines))
+    if world > 1:
+        if min(cfg.batch_size, len(train)) < world:
+            raise InputError(f"a batch of {min(cfg.batch_size, len(train))} sequences cannot be "
+                             f"split over {world} processes: raise language_adapter.batch_size "
+                             f"or lower language_adapter.gpus")
+        log.info("data-parallel over %d processes: each takes its share of the %d sequences "
+                 "of a step", world, min(cfg.batch_size, len(train)))
 
     model = build_model(base_model_dir, tokenizer, Path(embeddings_dir) / EMBEDDINGS_NAME, cfg).to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -494,43 +545,58 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
         # Base sentence encoders ship without an MLM head: a new head would make the "before"
         # loss meaningless (worse than uniform guessing). Fit the head alone first, everything
         # else frozen; the held-out loss after that is the base model's with FOCUS embeddings.
+        # (with several processes every one warms the head up alike: same seed, same batches)
         warm_up_head(model, train, tokenizer, cfg, device)
         loss_before = heldout_mlm_loss(model, heldout, tokenizer, batch_size=eval_batch,
                                        probability=cfg.mlm_probability, device=device,
-                                       precision=cfg.precision) if len(heldout) else None
+                                       precision=cfg.precision) if len(heldout) and main else None
+    # every process starts from the main process's weights, as DistributedDataParallel does
+    distributed.broadcast_from_main(trainable)
 
-    tracker = _Tracker(cfg.tracking, Path(tracking_dir or out_dir.with_name(out_dir.name + ".tracking")),
+    tracker = _Tracker(cfg.tracking if main else "none",
+                       Path(tracking_dir or out_dir.with_name(out_dir.name + ".tracking")),
                        out_dir.name, dataclasses.asdict(cfg))
     model.train()
     tokens_seen, start_time = 0, time.perf_counter()
-    bar = tqdm(total=cfg.steps, initial=step, desc=f"LA {out_dir.name}", disable=not progress, unit="step")
+    bar = tqdm(total=cfg.steps, initial=step, desc=f"LA {out_dir.name}",
+               disable=not (progress and main), unit="step")
     while step < cfg.steps:
         index = batch_indices(step, len(train), cfg.batch_size, cfg.seed)
         inputs, labels = mask_tokens(train[index], tokenizer, cfg.mlm_probability,
                                      step_generator(step, cfg.seed))
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, cfg)
-        with _autocast(device, cfg.precision):
-            loss = mlm_loss(model, inputs.to(device), labels.to(device))
-        loss.backward()
+        if world == 1:
+            with _autocast(device, cfg.precision):
+                loss = mlm_loss(model, inputs.to(device), labels.to(device))
+            loss.backward()
+        else:
+            torch.manual_seed(dropout_seed(step, cfg.seed, rank))
+            with _autocast(device, cfg.precision):
+                loss = share_of_mlm_loss(model, inputs, labels, rank, world, device)
+            loss.backward()
+            distributed.average_gradients(trainable)
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
         tokens_seen += inputs.numel()
         if step % cfg.log_every == 0 or step == cfg.steps:
-            value = loss.item()
+            value = distributed.all_reduce_mean(loss.detach().clone()).item()  # the whole batch's
             history.append([step, value, optimizer.param_groups[0]["lr"]])
             tracker.log(step, {"train/loss": value, "train/lr": optimizer.param_groups[0]["lr"]})
             bar.set_postfix(loss=f"{value:.3f}")
         bar.update(1)
-        if step % cfg.checkpoint_every == 0 and step < cfg.steps:
+        if step % cfg.checkpoint_every == 0 and step < cfg.steps and main:
             save_checkpoint(checkpoint_dir, model, optimizer, step, fingerprint,
                             [["before", loss_before, 0.0]] + history)
         if on_step is not None:
             on_step(step)
     bar.close()
     elapsed = time.perf_counter() - start_time
+    if not main:
+        distributed.barrier()  # while the main process evaluates and writes the output
+        return None
 
     loss_after = heldout_mlm_loss(model, heldout, tokenizer, batch_size=eval_batch,
                                   probability=cfg.mlm_probability, device=device,
@@ -555,6 +621,7 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     log.info("LA %s: held-out MLM loss %s → %s; %.0f tokens/s", out_dir.name,
              _fmt(loss_before), _fmt(loss_after), metrics["tokens_per_second"] or 0)
+    distributed.barrier()
     return metrics
 
 
@@ -585,3 +652,83 @@ def write_summary(la_dirs: list[str], table_path: str | Path, plot_path: str | P
     write_before_after_bars([lang for lang, _ in rows], [m["heldout_mlm_loss_before"] for _, m in rows],
                             [m["heldout_mlm_loss_after"] for _, m in rows], plot_path, stage="LA",
                             ylabel="held-out MLM loss")
+
+
+# ---- command line: one LA per process group (the workflow's form for several GPUs) -----------
+
+
+def cli_arguments(base_model_dir, tokenizer_dir, embeddings_dir, corpus_path, out_dir,
+                  cfg: LanguageAdapterConfig, *, tracking_dir=None, log_path=None,
+                  threads: int | None = None, progress: bool = True) -> list[str]:
+    """The arguments of ``python -m modsent.language_adapter`` that train like
+    ``train_language_adapter`` with these inputs (:func:`main` reads them back)."""
+    args = ["--base", base_model_dir, "--tokenizer", tokenizer_dir, "--embeddings", embeddings_dir,
+            "--corpus", corpus_path, "--out", out_dir,
+            "--config", json.dumps(dataclasses.asdict(cfg), sort_keys=True)]
+    if tracking_dir is not None:
+        args += ["--tracking-dir", tracking_dir]
+    if log_path is not None:
+        args += ["--log-file", log_path]
+    if threads is not None:
+        args += ["--threads", threads]
+    if not progress:
+        args.append("--no-progress")
+    return [str(a) for a in args]
+
+
+def _cli_logging(log_path: str | None, rank: int) -> None:
+    """The main process logs to stderr and appends to ``log_path`` (the workflow script that
+    started torchrun wrote the log's first lines); the others report warnings and errors only."""
+    from modsent.logs import FORMAT
+
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if rank == 0 and log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_path, mode="a", encoding="utf-8"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=FORMAT if rank == 0 else f"[rank {rank}] {FORMAT}",
+                        handlers=handlers, force=True)
+    logging.captureWarnings(True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m modsent.language_adapter --base ... --out ... --config JSON``: train one LA.
+
+    Run directly, one process; under torchrun (``modsent.distributed.launch_command``), one
+    process per GPU of the node, data-parallel (see :func:`train_language_adapter`)."""
+    parser = argparse.ArgumentParser(prog="python -m modsent.language_adapter",
+                                     description="Train the language adapter of one language.")
+    for name in ("--base", "--tokenizer", "--embeddings", "--corpus", "--out"):
+        parser.add_argument(name, required=True)
+    parser.add_argument("--config", required=True,
+                        help="LanguageAdapterConfig as JSON (its field names, e.g. from cli_arguments)")
+    parser.add_argument("--tracking-dir")
+    parser.add_argument("--log-file", help="append the main process's log records to this file")
+    parser.add_argument("--threads", type=int, help="CPU threads per process")
+    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+
+    fields = json.loads(args.config)
+    cfg = LanguageAdapterConfig(**{**fields, "target_modules": tuple(fields["target_modules"])})
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rank, world, device = distributed.setup(args.device)
+    try:
+        _cli_logging(args.log_file, rank)
+        if world > 1:
+            log.info("process group: %d processes (%s), this one on %s",
+                     world, torch.distributed.get_backend(), device)
+        train_language_adapter(args.base, args.tokenizer, args.embeddings, args.corpus, args.out,
+                               cfg, tracking_dir=args.tracking_dir, device=str(device),
+                               progress=not args.no_progress)
+    finally:
+        distributed.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    # run the imported module's main, so that log records and classes carry its real name
+    from modsent.language_adapter import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,149 @@
+"""Data-parallel training on several GPUs of one node: the few helpers the trainers need.
+
+A training that should use N GPUs is started as N processes by torchrun (``python -m
+torch.distributed.run --standalone --nproc_per_node=N ...``, see :func:`launch_command`), one
+process per GPU. torchrun tells each process who it is through the environment (RANK,
+WORLD_SIZE, LOCAL_RANK, and where to meet the others); :func:`setup` reads it and joins the
+process group: NCCL between GPUs, gloo between CPU processes (the tests).
+
+Every helper also works in a plain single process, where it does nothing: a trainer calls them
+unconditionally and stays one code path. The main process (rank 0) is the one that writes
+files, logs and shows progress.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+# How long a process waits for the others at a collective. The main process evaluates and
+# writes outputs while the others wait at a barrier: minutes, not the 10-minute default's worth.
+TIMEOUT = datetime.timedelta(minutes=60)
+
+
+def is_launched() -> bool:
+    """True in a process that torchrun started (its environment names rank and world size)."""
+    return all(name in os.environ for name in LAUNCH_VARIABLES)
+
+
+def is_initialized() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def rank() -> int:
+    return torch.distributed.get_rank() if is_initialized() else 0
+
+
+def world_size() -> int:
+    return torch.distributed.get_world_size() if is_initialized() else 1
+
+
+def is_main() -> bool:
+    """The process that writes outputs, checkpoints and logs: rank 0, or the only one."""
+    return rank() == 0
+
+
+def setup(device_kind: str | None = None) -> tuple[int, int, torch.device]:
+    """Join the process group when launched by torchrun; return (rank, world size, device).
+
+    ``device_kind``: "cuda", "cpu", or None for CUDA when available. Under torchrun on CUDA each
+    process takes the GPU of its LOCAL_RANK and the group talks over NCCL; on the CPU over gloo.
+    Not launched: (0, 1, the device) and no process group."""
+    kind = device_kind or ("cuda" if torch.cuda.is_available() else "cpu")
+    if not is_launched():
+        return 0, 1, torch.device(kind)
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if kind == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(f"process {local_rank} of this node has no GPU: "
+                               f"{torch.cuda.device_count()} visible "
+                               f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        torch.distributed.init_process_group("nccl", timeout=TIMEOUT, device_id=device)
+    else:
+        device = torch.device(kind)
+        torch.distributed.init_process_group("gloo", timeout=TIMEOUT)
+    return torch.distributed.get_rank(), torch.distributed.get_world_size(), device
+
+
+def cleanup() -> None:
+    """Leave the process group (if one was joined)."""
+    if is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def barrier() -> None:
+    """Wait until every process arrives here (nothing to wait for in a single process)."""
+    if not is_initialized():
+        return
+    if torch.distributed.get_backend() == "nccl":
+        torch.distributed.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        torch.distributed.barrier()
+
+
+def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
+    """The mean of ``tensor`` over the processes, in place (gloo has no AVG: sum, then divide)."""
+    if is_initialized():
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
+        tensor.div_(torch.distributed.get_world_size())
+    return tensor
+
+
+def average_gradients(params: Iterable[torch.Tensor]) -> None:
+    """Replace each parameter's gradient by its mean over the processes, as DDP does after
+    backward. A parameter that got no gradient in this process counts as zero (every process
+    must take part in every all-reduce, in the same order)."""
+    if not is_initialized():
+        return
+    world = torch.distributed.get_world_size()
+    grads = []
+    for param in params:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        grads.append(param.grad)
+    pending = [torch.distributed.all_reduce(g, op=torch.distributed.ReduceOp.SUM, async_op=True)
+               for g in grads]
+    for work, grad in zip(pending, grads):
+        work.wait()
+        grad.div_(world)
+
+
+def broadcast_from_main(tensors: Iterable[torch.Tensor]) -> None:
+    """Overwrite ``tensors`` in every process with the main process's values."""
+    if not is_initialized():
+        return
+    with torch.no_grad():
+        for tensor in tensors:
+            torch.distributed.broadcast(tensor, src=0)
+
+
+def local_slice(size: int, rank: int, world: int) -> slice:
+    """This process's contiguous share of a global batch of ``size`` rows: shares differ by
+    at most one row, and together cover the batch in order."""
+    return slice(rank * size // world, (rank + 1) * size // world)
+
+
+def launch_command(module_or_script: str | Path, args: Sequence[str], nproc: int) -> list[str]:
+    """The command that runs ``module_or_script`` with ``args`` as ``nproc`` processes on this
+    node: torchrun (``python -m torch.distributed.run``, from this interpreter's environment)
+    with a rendezvous of its own (--standalone: a free local port, so several such jobs can
+    share a node). A path ending in .py is run as a script, anything else as a module (-m).
+
+    torchrun's own parser reads abbreviated options even among the script's arguments: a
+    script option that begins two of torchrun's (``--log`` of --log-dir and --logs-specs) is
+    refused, so the scripts' options must not be such prefixes."""
+    if nproc < 1:
+        raise ValueError(f"nproc must be at least 1, got {nproc}")
+    target = str(module_or_script)
+    program = [target] if target.endswith(".py") else ["-m", target]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={nproc}", *program, *map(str, args)]

@@ -1,0 +1,163 @@
+"""Data-parallel LA training: two CPU processes (torchrun, gloo) train what one process trains."""
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from modsent import distributed
+from modsent import language_adapter as la
+from modsent.fasttext_embeddings import train_token_fasttext
+from modsent.focus import initialize_embeddings
+from modsent.sources.builtin import builtin_corpus
+from modsent.testing import make_tiny_xlmr, sample_texts
+from modsent.tokenizer_training import train_tokenizer
+
+pytestmark = pytest.mark.skipif(
+    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+    reason="torch.distributed with gloo is not available")
+
+# No dropout anywhere (LoRA here, the base model in the fixture): with dropout each process
+# draws its own masks, and the runs agree in distribution only. An odd batch size: the two
+# processes take 3 and 2 sequences.
+CFG = la.LanguageAdapterConfig(steps=6, batch_size=5, seq_len=32, learning_rate=2e-3,
+                               warmup_steps=1, eval_sentences=60, checkpoint_every=3, log_every=1,
+                               head_warmup_steps=2, lora_dropout=0.0)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """A tiny random XLM-R base model without dropout, a German corpus, tokenizer, FOCUS."""
+    root = tmp_path_factory.mktemp("ddp")
+    base = make_tiny_xlmr(root / "base", sample_texts(600))
+    config = json.loads((base / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (base / "config.json").write_text(json.dumps(config))
+    corpus = root / "de.txt"
+    corpus.write_text("\n".join(builtin_corpus("de")[:1500]) + "\n", encoding="utf-8")
+    train_tokenizer(corpus, base, root / "tok", vocab_size=500)
+    train_token_fasttext(corpus, root / "tok", root / "ft", dim=16, epochs=2, min_count=2)
+    initialize_embeddings(base, root / "tok", root / "ft", root / "emb")
+    return {"base": base, "corpus": corpus, "tok": root / "tok", "emb": root / "emb"}
+
+
+def _arguments(inputs):
+    return (inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"])
+
+
+def _torchrun(inputs, out, nproc=2):
+    """Train under torchrun with ``nproc`` CPU processes, as the workflow script does on GPUs."""
+    log = out.with_name(out.name + ".log")
+    command = distributed.launch_command(
+        "modsent.language_adapter",
+        la.cli_arguments(*_arguments(inputs), out, CFG, log_path=log, threads=1, progress=False)
+        + ["--device", "cpu"], nproc)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return log.read_text(encoding="utf-8")
+
+
+def _assert_same_training(a: Path, b: Path):
+    """Same files, same tensors within float-addition order, same steps and curve."""
+    assert sorted(p.relative_to(a) for p in a.rglob("*")) == sorted(p.relative_to(b) for p in b.rglob("*"))
+    for name in ("embeddings.safetensors", "adapter/adapter_model.safetensors"):
+        x, y = load_file(str(a / name)), load_file(str(b / name))
+        assert x.keys() == y.keys()
+        for key in x:
+            torch.testing.assert_close(y[key], x[key], rtol=1e-5, atol=1e-6, msg=f"{name}: {key}")
+    ma, mb = (json.loads((d / "metrics.json").read_text()) for d in (a, b))
+    assert ma.keys() == mb.keys()
+    for key in ("steps", "train_sequences", "heldout_lines", "trainable_parameters", "config"):
+        assert ma[key] == mb[key], key
+    for key in ("heldout_mlm_loss_before", "heldout_mlm_loss_after"):
+        assert mb[key] == pytest.approx(ma[key], rel=1e-5), key
+    curve_a, curve_b = ((d / "loss.tsv").read_text().splitlines() for d in (a, b))
+    assert len(curve_a) == len(curve_b) == CFG.steps + 1
+    for row_a, row_b in zip(curve_a[1:], curve_b[1:]):
+        (step_a, loss_a, lr_a), (step_b, loss_b, lr_b) = row_a.split("\t"), row_b.split("\t")
+        assert step_a == step_b and lr_a == lr_b
+        assert float(loss_b) == pytest.approx(float(loss_a), rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def single(inputs, tmp_path_factory):
+    """The reference: one process, in this one."""
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("single") / "de"
+    la.train_language_adapter(*_arguments(inputs), out, CFG, progress=False)
+    return out
+
+
+def test_two_processes_train_what_one_process_trains(inputs, single, tmp_path):
+    out = tmp_path / "de"
+    log = _torchrun(inputs, out)
+    _assert_same_training(single, out)
+    assert "data-parallel over 2 processes" in log  # the main process's records reach the log
+    assert "[rank 1]" not in log  # the others' do not
+    assert not Path(str(out) + ".checkpoint").exists()
+
+
+def _train_and_die(inputs, out, die_at):
+    def die(step):
+        if step == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    torch.set_num_threads(1)
+    la.train_language_adapter(*_arguments(inputs), out, CFG, progress=False, on_step=die)
+
+
+def test_a_checkpoint_of_one_process_resumes_on_two(inputs, single, tmp_path):
+    out = tmp_path / "de"
+    process = multiprocessing.get_context("fork").Process(target=_train_and_die, args=(inputs, out, 4))
+    process.start()
+    process.join()
+    assert process.exitcode == -signal.SIGKILL
+    assert json.loads((Path(str(out) + ".checkpoint") / "meta.json").read_text())["step"] == 3
+    _torchrun(inputs, out)
+    assert json.loads((out / "metrics.json").read_text())["resumed_from_step"] == 3
+    _assert_same_training(single, out)
+
+
+def test_launch_command():
+    command = distributed.launch_command("modsent.language_adapter", ["--out", Path("x/y")], 4)
+    assert command == [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                       "--nproc_per_node=4", "-m", "modsent.language_adapter", "--out", "x/y"]
+    script = distributed.launch_command("tools/train.py", [], 2)
+    assert script[-1] == "tools/train.py" and "-m" not in script[3:]
+    with pytest.raises(ValueError):
+        distributed.launch_command("modsent.language_adapter", [], 0)
+
+
+def test_local_slices_cover_the_batch_in_order():
+    for size in (1, 5, 8, 128):
+        for world in range(1, min(size, 8) + 1):
+            rows = [list(range(size))[distributed.local_slice(size, r, world)] for r in range(world)]
+            assert sum(rows, []) == list(range(size))
+            assert max(map(len, rows)) - min(map(len, rows)) <= 1
+
+
+def test_cli_arguments_round_trip(inputs, tmp_path, monkeypatch):
+    """main() reads back what cli_arguments() writes: the same config (and checkpoint fingerprint)."""
+    seen = {}
+
+    def fake_train(*args, **kwargs):
+        seen["args"], seen["kwargs"] = args, kwargs
+
+    monkeypatch.setattr(la, "train_language_adapter", fake_train)
+    monkeypatch.setattr(la, "_cli_logging", lambda *a: None)
+    for name in distributed.LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    args = la.cli_arguments(*_arguments(inputs), tmp_path / "de", CFG, tracking_dir=tmp_path / "tb",
+                            threads=torch.get_num_threads(), progress=False)
+    assert la.main(args + ["--device", "cpu"]) == 0
+    assert seen["args"][5] == CFG
+    assert seen["args"][:5] == tuple(str(p) for p in (*_arguments(inputs), tmp_path / "de"))
+    assert seen["kwargs"] == {"tracking_dir": str(tmp_path / "tb"), "device": "cpu", "progress": False}
