@@ -1,33 +1,62 @@
-"""The modular variants of the paper, defined by name in one place.
+"""Every evaluated system of the paper, defined by name in one place.
 
-A variant is a recipe: for each language, which of its modules are active. Modules live in a
-results tree (`results/{base}/...`):
+Three kinds of system:
 
-    LA   language_adapters/{lang}      language adapter (tokenizer, embeddings, LoRA q/k/v)
-    SE   sentence_adapters/{lang}      sentence-encoding adapter (LoRA, all linear layers)
-    CLA  alignment/{cla}/{lang}        cross-lingual alignment adapter: pp, pl or merged-{w}
+- ``base``: the base model itself; every language through the base's tokenizer.
+- Full-parameter baselines (``Full_*``, trained by :mod:`modsent.baselines`): one monolithic
+  sentence-transformers directory, ``baselines/{name}``, used for every language.
+- Modular variants: a recipe per language saying which of its modules are active. Modules live
+  in a results tree (``results/{base}/...``):
 
-| variant     | English      | other languages L                      |
-|-------------|--------------|----------------------------------------|
-| Mod_en      | LA_en + SE_en | LA_L + SE_en (English SE for every language) |
-| Mod_m       | LA_en + SE_en | LA_L + SE_L                            |
-| Mod_mc-pp   | LA_en + SE_en | LA_L + SE_L + CLA_pp,L                 |
-| Mod_mc-pl   | LA_en + SE_en | LA_L + SE_L + CLA_pl,L                 |
-| Mod_mc-{w}  | LA_en + SE_en | LA_L + SE_L + merged CLA (w·pp + (1-w)·pl) |
+      LA   language_adapters/{lang}      language adapter (tokenizer, embeddings, LoRA q/k/v)
+      SE   sentence_adapters/{lang}      sentence-encoding adapter (LoRA, all linear layers)
+      CLA  alignment/{cla}/{lang}        cross-lingual alignment adapter: pp, pl or merged-{w}
 
-Mod_en's English SE adapter on another language's LA works because SE LoRA weights act on the
-shared body, not on the vocabulary. A language whose LA is skipped uses the base's tokenizer and
-embeddings (its SE adapter was trained that way).
+      ablations/sentence_adapters_base/{lang}    SE adapter trained on the base (no LA)
+      ablations/alignment_la/{cla}/{lang}        CLA adapter trained on the LA alone (no SE)
+
+| system      | English               | other languages L                              |
+|-------------|-----------------------|------------------------------------------------|
+| base        | base                  | base                                           |
+| Full_en     | Full_en               | Full_en (all weights, English pairs)           |
+| Full_m      | Full_m                | Full_m (monolingual batches of every language) |
+| Full_c      | Full_c                | Full_c (cross-lingual pairs)                   |
+| Full_mc     | Full_mc               | Full_mc (Full_m, then Full_c)                  |
+| Mod_en      | LA_en + SE_en         | LA_L + SE_en (English SE for every language)   |
+| Mod_m       | LA_en + SE_en         | LA_L + SE_L                                    |
+| Mod_mc-pp   | LA_en + SE_en         | LA_L + SE_L + CLA_pp,L                         |
+| Mod_mc-pl   | LA_en + SE_en         | LA_L + SE_L + CLA_pl,L                         |
+| Mod_mc-{w}  | LA_en + SE_en         | LA_L + SE_L + merged CLA (w·pp + (1-w)·pl)     |
+| Mod_m-LA    | SE_en on the base     | SE_L on the base (no tokenizer, FOCUS or LA)   |
+| Mod_c       | LA_en + SE_en         | LA_L + merged CLA trained on LA_L alone (no SE) |
+
+``Mod_mc`` is ``Mod_mc-0.5``; ``Mod_c`` uses the first configured merge weight. Mod_en's
+English SE adapter on another language's LA works because SE LoRA weights act on the shared
+body, not on the vocabulary. A language whose LA is skipped uses the base's tokenizer and
+embeddings (its SE and CLA adapters were trained that way).
+
+:func:`build_encoder` assembles any system as an object with ``.encode(sentences, lang=...,
+batch_size=...)`` returning L2-normalised float32 vectors; :func:`module_paths` lists the
+directories a system needs for one language (Snakemake inputs); :func:`evaluated_variants` is
+the list a config evaluates, in the order of the paper's table. This module imports no torch:
+the workflow's rule files import it while planning.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from modsent.config import PIVOT_LANGUAGE
 from modsent.io import InputError
+
+BASE = "base"
+BASELINES_DIR = "baselines"
+ABLATION_SE_DIR = "ablations/sentence_adapters_base"
+ABLATION_CLA_DIR = "ablations/alignment_la"
+DEFAULT_MERGE_WEIGHT = 0.5  # the schema's alignment.merge_weights default is [0.5]
 
 
 @dataclass(frozen=True)
@@ -41,53 +70,221 @@ class LanguageRecipe:
 
 @dataclass(frozen=True)
 class Variant:
+    """A modular variant: which modules each language activates over the shared base."""
+
     name: str
     description: str
     se_from_english: bool = False
     cla: str | None = None  # "pp", "pl", "merged-{w}" or None
+    language_adapters: bool = True  # False: Mod_m-LA (the base's tokenizer and embeddings)
+    sentence_adapters: str = "sentence_adapters"  # where the SE adapters live
+    se_for_non_english: bool = True  # False: Mod_c (non-English languages have no SE adapter)
+    alignment_root: str = "alignment"  # where the CLA adapters live
+    kind = "modular"
 
     def recipe(self, lang: str) -> LanguageRecipe:
         se_lang = PIVOT_LANGUAGE if self.se_from_english else lang
-        cla = None if lang == PIVOT_LANGUAGE or self.cla is None else f"alignment/{self.cla}/{lang}"
-        return LanguageRecipe(f"language_adapters/{lang}", f"sentence_adapters/{se_lang}", cla)
+        se = (f"{self.sentence_adapters}/{se_lang}"
+              if lang == PIVOT_LANGUAGE or self.se_for_non_english else None)
+        cla = None if lang == PIVOT_LANGUAGE or self.cla is None else f"{self.alignment_root}/{self.cla}/{lang}"
+        return LanguageRecipe(f"language_adapters/{lang}" if self.language_adapters else None, se, cla)
+
+    def module_paths(self, lang: str, la_languages: Collection[str] | None = None) -> list[str]:
+        recipe = self.recipe(lang)
+        paths = [recipe.language_adapter, recipe.sentence_adapter, recipe.alignment]
+        if la_languages is not None and lang not in la_languages:
+            paths[0] = None  # the language skips its LA
+        return [p for p in paths if p is not None]
 
 
+@dataclass(frozen=True)
+class BaseVariant:
+    """The base model itself, every language through the base tokenizer."""
+
+    name: str = BASE
+    description: str = "the base model, every language through its own tokenizer"
+    kind = "base"
+
+    def recipe(self, lang: str) -> LanguageRecipe:
+        return LanguageRecipe(None, None, None)
+
+    def module_paths(self, lang: str, la_languages: Collection[str] | None = None) -> list[str]:
+        return []
+
+
+@dataclass(frozen=True)
+class FullBaseline:
+    """A full-parameter (monolithic) baseline: every weight of the base trained with MNRL on the
+    base's own tokenizer. ``objective``: ``monolingual`` (batches of one language's pairs) or
+    ``crosslingual`` (anchor and positive in randomly drawn languages); ``english_only``: English
+    pairs only; ``init``: the baseline whose weights it starts from (None: the base model)."""
+
+    name: str
+    description: str
+    objective: str
+    english_only: bool = False
+    init: str | None = None
+    kind = "full"
+
+    @property
+    def path(self) -> str:
+        """The sentence-transformers directory, relative to results/{base}."""
+        return f"{BASELINES_DIR}/{self.name}"
+
+    def training_languages(self, languages: Sequence[str]) -> list[str]:
+        """The languages whose pairs the baseline trains on."""
+        return [PIVOT_LANGUAGE] if self.english_only else list(languages)
+
+    def module_paths(self, lang: str, la_languages: Collection[str] | None = None) -> list[str]:
+        return [self.path]
+
+
+FULL_BASELINES = {
+    "Full_en": FullBaseline("Full_en", "all weights, English paraphrase pairs", "monolingual", english_only=True),
+    "Full_m": FullBaseline("Full_m", "all weights, monolingual batches of every language", "monolingual"),
+    "Full_c": FullBaseline("Full_c", "all weights, cross-lingual paraphrase pairs", "crosslingual"),
+    "Full_mc": FullBaseline("Full_mc", "Full_m, then cross-lingual pairs from its weights", "crosslingual",
+                            init="Full_m"),
+}
 FIXED = {
     "Mod_en": Variant("Mod_en", "English SE adapter for every language", se_from_english=True),
     "Mod_m": Variant("Mod_m", "monolingual SE adapter per language, no alignment"),
     "Mod_mc-pp": Variant("Mod_mc-pp", "SE + CLA trained on cross-lingual paraphrases", cla="pp"),
     "Mod_mc-pl": Variant("Mod_mc-pl", "SE + CLA trained on parallel sentences", cla="pl"),
 }
+ABLATIONS = ("Mod_m-LA", "Mod_c")
 MERGED = re.compile(r"Mod_mc(?:-([01](?:\.[0-9]+)?))?$")
 
 
-def variant(name: str) -> Variant:
-    """A variant by name: the fixed ones, ``Mod_mc`` (merge weight 0.5) or ``Mod_mc-{w}``."""
+def _weight_name(weight: float) -> str:
+    return f"{weight:g}"
+
+
+def ablation(name: str, merge_weights: Sequence[float] | None = None) -> Variant:
+    """Mod_m-LA or Mod_c (merged with the first of ``merge_weights``; default 0.5)."""
+    if name == "Mod_m-LA":
+        return Variant(name, "SE adapter on the base model per language (no tokenizer, FOCUS or LA)",
+                       language_adapters=False, sentence_adapters=ABLATION_SE_DIR)
+    if name == "Mod_c":
+        weight = float(merge_weights[0]) if merge_weights else DEFAULT_MERGE_WEIGHT
+        return Variant(name, f"LA + merged CLA ({weight:g}·pp + {1 - weight:g}·pl) trained without SE; "
+                       "no SE adapter for non-English languages", cla=f"merged-{_weight_name(weight)}",
+                       se_for_non_english=False, alignment_root=ABLATION_CLA_DIR)
+    raise InputError(f"unknown ablation {name!r}; ablations: {', '.join(ABLATIONS)}")
+
+
+def valid_names() -> str:
+    return ", ".join([BASE, *FULL_BASELINES, *FIXED, "Mod_mc", "Mod_mc-{w} (w in [0, 1])", *ABLATIONS])
+
+
+def variant(name: str, merge_weights: Sequence[float] | None = None):
+    """A system by name: ``base``, a ``Full_*`` baseline, a modular variant (``Mod_mc`` is merge
+    weight 0.5, ``Mod_mc-{w}`` any weight) or an ablation (``Mod_c`` merged with the first of
+    ``merge_weights``). Unknown names are an InputError listing the valid ones."""
+    if name == BASE:
+        return BaseVariant()
+    if name in FULL_BASELINES:
+        return FULL_BASELINES[name]
     if name in FIXED:
         return FIXED[name]
-    match = MERGED.fullmatch(name)
+    if name in ABLATIONS:
+        return ablation(name, merge_weights)
+    match = MERGED.fullmatch(name) if isinstance(name, str) else None
     if match:
-        weight = float(match.group(1) or 0.5)
+        weight = float(match.group(1) or DEFAULT_MERGE_WEIGHT)
         if not 0 <= weight <= 1:
             raise InputError(f"variant {name!r}: the merge weight must be in [0, 1]")
-        return Variant(name, f"SE + merged CLA ({weight:g}·pp + {1 - weight:g}·pl)", cla=f"merged-{weight:g}")
-    raise InputError(f"unknown variant {name!r}; variants: {', '.join(FIXED)}, Mod_mc, Mod_mc-{{w}}")
+        return Variant(name, f"SE + merged CLA ({weight:g}·pp + {1 - weight:g}·pl)",
+                       cla=f"merged-{_weight_name(weight)}")
+    raise InputError(f"unknown variant {name!r}; variants: {valid_names()}")
 
 
-def variant_names(merge_weights: list[float]) -> list[str]:
-    """Every modular variant a config produces, in the paper's order."""
-    return list(FIXED) + [f"Mod_mc-{w:g}" for w in merge_weights]
+def variant_names(merge_weights: Sequence[float]) -> list[str]:
+    """Every modular variant a config produces (no baselines or ablations), in the paper's order."""
+    return list(FIXED) + [f"Mod_mc-{_weight_name(w)}" for w in merge_weights]
 
 
-def build_encoder(name: str, results_dir: str | Path, base_model_dir: str | Path, languages: list[str]):
-    """A ModularEncoder holding ``languages`` as variant ``name`` assembles them."""
+def evaluated_variants(config: dict) -> list[str]:
+    """The systems a (schema-filled) config evaluates, in the order of the paper's table: base,
+    the selected Full_* baselines, the modular variants (one Mod_mc-{w} per merge weight), the
+    selected ablations. A config without a ``baselines`` section selects every baseline and
+    ablation (the schema's defaults)."""
+    section = config.get("baselines") or {}
+    full = section.get("full", list(FULL_BASELINES))
+    ablations = section.get("ablations", list(ABLATIONS))
+    unknown = sorted(set(full) - set(FULL_BASELINES)) + sorted(set(ablations) - set(ABLATIONS))
+    if unknown:
+        raise InputError(f"baselines: unknown system(s) {', '.join(unknown)}; full: "
+                         f"{', '.join(FULL_BASELINES)}; ablations: {', '.join(ABLATIONS)}")
+    merge_weights = (config.get("alignment") or {}).get("merge_weights", [DEFAULT_MERGE_WEIGHT])
+    return ([BASE] + [name for name in FULL_BASELINES if name in full] + variant_names(merge_weights)
+            + [name for name in ABLATIONS if name in ablations])
+
+
+def module_paths(name: str, lang: str, merge_weights: Sequence[float] | None = None,
+                 la_languages: Collection[str] | None = None) -> list[str]:
+    """The directories, relative to ``results/{base}``, that system ``name`` needs to encode
+    language ``lang`` (the inputs of a per-(system, language) rule): [] for ``base``, the
+    baseline's directory for ``Full_*``, the language's modules for the modular variants.
+    ``la_languages``: the languages that have an LA (default: all); others get none."""
+    return variant(name, merge_weights).module_paths(lang, la_languages)
+
+
+# ---- encoders ----------------------------------------------------------------------------------
+
+
+class SentenceTransformerEncoder:
+    """A monolithic sentence-transformers directory behind the ModularEncoder interface: one
+    model for every language, so ``lang`` selects nothing. No prompt is added (the baselines
+    were trained without one, like every modular encoder)."""
+
+    def __init__(self, model_dir: str | Path, device: str | None = None):
+        from sentence_transformers import SentenceTransformer
+
+        self.model_dir = Path(model_dir)
+        self.model = SentenceTransformer(str(self.model_dir), device=device or _default_device())
+
+    def encode(self, sentences: Sequence[str], lang: str | None = None, batch_size: int = 32,
+               normalize: bool = True):
+        import numpy as np
+
+        if isinstance(sentences, str):
+            raise TypeError("encode() takes a sequence of sentences, not one string")
+        sentences = list(sentences)
+        if not sentences:
+            return np.zeros((0, 0), dtype=np.float32)
+        vectors = self.model.encode(sentences, batch_size=batch_size, prompt="", convert_to_numpy=True,
+                                    normalize_embeddings=normalize, show_progress_bar=False)
+        return np.asarray(vectors, dtype=np.float32)
+
+    __call__ = encode
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def build_encoder(name: str, results_dir: str | Path, base_model_dir: str | Path, languages: Sequence[str],
+                  *, merge_weights: Sequence[float] | None = None, device: str | None = None):
+    """System ``name`` for ``languages``, from a results tree (``results/{base}``): an object with
+    ``.encode(sentences, lang=..., batch_size=32) -> np.ndarray`` (L2-normalised float32). A
+    ModularEncoder for ``base`` (no modules), the modular variants and the ablations; a
+    :class:`SentenceTransformerEncoder` for ``Full_*``. ``merge_weights``: Mod_c's (its first)."""
     from modsent.modular_encoder import ModularEncoder
 
     results_dir = Path(results_dir)
-    recipe_of = variant(name).recipe
-    encoder = ModularEncoder(base_model_dir)
+    system = variant(name, merge_weights)
+    if system.kind == "full":
+        path = results_dir / system.path
+        if not (path / "modules.json").is_file():
+            raise InputError(f"variant {name}: {path} is not a sentence-transformers directory "
+                             "(train the baseline first)")
+        return SentenceTransformerEncoder(path, device)
+    encoder = ModularEncoder(base_model_dir, device=device)
     for lang in languages:
-        recipe = recipe_of(lang)
+        recipe = system.recipe(lang)
         modules = {}
         for key, relative in (("language_adapter", recipe.language_adapter),
                               ("sentence_adapter", recipe.sentence_adapter), ("alignment", recipe.alignment)):
