@@ -1,0 +1,427 @@
+"""Full-parameter baselines, the ablations and every evaluated system by name (tiny random models)."""
+
+import json
+import shutil
+import subprocess
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from conftest import REPO, snakemake_exe
+from modsent import alignment as al
+from modsent import baselines as bl
+from modsent import sentence_adapter as sa
+from modsent import variants
+from modsent.io import InputError
+from modsent.paraphrase_data import align_provided, crosslingual_paraphrase_pairs, parallel_pairs
+from modsent.sources.builtin import builtin_translations
+from modsent.testing import make_tiny_bert, sample_texts
+from tiny_modules import language_modules, pairs_in, tiny_base_and_data
+
+LANGS = ["en", "de", "ky"]
+# A tiny random model moves only with a large learning rate.
+CFG = bl.FullTrainingConfig(batch_size=8, seq_len=32, learning_rate=1e-3, max_steps=3, eval_pairs=10, log_every=1)
+SE_CFG = sa.SentenceAdapterConfig(batch_size=8, seq_len=32, learning_rate=5e-3, max_steps=3, lora_dropout=0.0,
+                                  eval_pairs=10, log_every=1)
+CLA_CFG = al.AlignmentConfig(batch_size=8, learning_rate=1e-3, max_steps=2, eval_pairs=10, log_every=1)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A tiny random XLM-R base and the built-in pairs in en, de, ky (the same pair ids)."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("baselines")
+    base, english, units = tiny_base_and_data(root)
+    pairs, paths = {}, {}
+    for lang in LANGS:
+        pairs[lang] = english if lang == "en" else pairs_in(lang, english, units)
+        paths[lang] = root / f"pairs-{lang}.parquet"
+        pairs[lang].to_parquet(paths[lang], index=False)
+    return {"root": root, "base": base, "english": english, "units": units, "pairs": pairs, "paths": paths}
+
+
+@pytest.fixture(scope="module")
+def frames(data):
+    return bl.split_heldout_by_pivot(bl.read_language_pairs(data["paths"]), 10)[0]
+
+
+@pytest.fixture(scope="module")
+def trained(data):
+    """Full_m then Full_mc from it, and Full_en, Full_c: results/baselines/{name} of a tiny tree."""
+    out = data["root"] / "results" / "baselines"
+    metrics = {}
+    for name in ("Full_en", "Full_m", "Full_c", "Full_mc"):
+        start = out / "Full_m" if name == "Full_mc" else data["base"]
+        metrics[name] = bl.train_full_baseline(name, start, data["paths"], out / name, CFG, device="cpu",
+                                               progress=False)
+    return metrics
+
+
+# ---- batching ----------------------------------------------------------------------------------
+
+
+def test_full_m_batches_are_monolingual_languages_drawn_per_batch_every_pair_once(frames):
+    data = bl.monolingual_data(frames, 8, seed=0)
+    assert len(data.rows) == sum(len(f) for f in frames.values())
+    for epoch in range(3):
+        batches = data.epoch_batches(epoch)
+        seen = Counter(i for batch in batches for i in batch)
+        assert max(seen.values()) == 1
+        # every pair of every language once (a clashing last row of a language may wait: at most one)
+        assert len(seen) >= len(data.rows) - len(frames)
+        if epoch == 0:
+            assert len(seen) == len(data.rows)
+        order = []
+        for batch in batches:
+            rows = data.rows.iloc[batch]
+            assert rows["language"].nunique() == 1  # one language per batch
+            assert _no_text_twice(rows)
+            order.append(rows["language"].iloc[0])
+        # the languages are interleaved, not one block per language
+        switches = sum(a != b for a, b in zip(order, order[1:]))
+        assert switches > len(order) // 3
+        assert Counter(order) == Counter({lang: len(sa.no_duplicate_batches(
+            frames[lang], 8, bl.language_seed(0, lang), epoch)) for lang in frames})
+    assert data.epoch_batches(0) != data.epoch_batches(1)  # reshuffled every epoch
+    assert bl.monolingual_data(frames, 8, seed=0).epoch_batches(1) == data.epoch_batches(1)  # seeded
+    assert bl.monolingual_data(frames, 8, seed=1).epoch_batches(0) != data.epoch_batches(0)
+
+
+def _no_text_twice(rows: pd.DataFrame) -> bool:
+    """No text in two rows of a batch (a row may repeat its own text: anchor == positive, as
+    sentence-transformers allows)."""
+    per_row = [set(t for t in row if isinstance(t, str)) for row in rows[["anchor", "positive", "negative"]].itertuples(index=False)]
+    all_texts = [t for texts in per_row for t in texts]
+    return len(all_texts) == len(set(all_texts))
+
+
+def test_full_c_pairs_mix_languages_seeded_negative_in_the_positive_language(frames):
+    mixed = bl.crosslingual_pairs(frames, seed=0)
+    assert sorted(mixed["pair_id"]) == sorted(frames["en"]["pair_id"])  # every shared pair id once
+    assert set(mixed["anchor_lang"]) == set(mixed["positive_lang"]) == set(LANGS)
+    assert (mixed["anchor_lang"] != mixed["positive_lang"]).mean() > 0.4  # mostly cross-lingual
+    indexed = {lang: f.set_index("pair_id") for lang, f in frames.items()}
+    for row in mixed.itertuples(index=False):
+        assert row.anchor == indexed[row.anchor_lang].at[row.pair_id, "anchor"]
+        assert row.positive == indexed[row.positive_lang].at[row.pair_id, "positive"]
+        negative = indexed[row.positive_lang].at[row.pair_id, "negative"]
+        assert row.negative == negative or not isinstance(row.negative, str)
+    pd.testing.assert_frame_equal(bl.crosslingual_pairs(frames, seed=0), mixed)  # seeded
+    other = bl.crosslingual_pairs(frames, seed=1)
+    assert (other["anchor_lang"] != mixed["anchor_lang"]).any()
+    data = bl.crosslingual_data(frames, 8, seed=0)
+    batches = data.epoch_batches(0)
+    assert Counter(i for b in batches for i in b) == Counter(range(len(mixed)))
+    for batch in batches:
+        assert _no_text_twice(data.rows.iloc[batch])
+
+
+def test_heldout_pair_ids_are_the_english_se_slice_and_held_out_in_every_language(data):
+    pairs = bl.read_language_pairs(data["paths"])
+    train, heldout = bl.split_heldout_by_pivot(pairs, 10)
+    se_train, se_heldout = sa.split_heldout(pairs["en"], 10)
+    pd.testing.assert_frame_equal(heldout["en"], se_heldout)  # Full_en's slice is the English SE adapter's
+    held_ids = set(pairs["en"]["pair_id"]) - set(se_train["pair_id"])
+    for lang in LANGS:
+        assert not set(train[lang]["pair_id"]) & held_ids
+        assert set(heldout[lang]["pair_id"]) <= held_ids and len(heldout[lang]) > 0
+
+
+# ---- training ----------------------------------------------------------------------------------
+
+
+def test_every_weight_of_the_full_model_changes_the_se_adapter_leaves_the_base_alone(data, tmp_path):
+    """A LaBSE-shaped base (CLS -> Dense(tanh)): the full model trains embeddings, every layer and
+    the Dense layer; the SE adapter's model trains its LoRA only."""
+    base = make_tiny_bert(tmp_path / "bert", sample_texts(600), pooling="cls")
+    fresh = bl.build_full_model(base, CFG)
+    assert all(p.requires_grad for p in fresh.parameters())
+    before = {n: p.detach().clone() for n, p in fresh.named_parameters()}
+    assert any(n.startswith("head.") for n in before)  # the Dense layer is part of it
+    result = bl.run_full_training("Full_en", base, {"en": data["paths"]["en"]}, CFG, device="cpu", progress=False)
+    after = dict(result.model.named_parameters())
+    unchanged = [n for n, p in before.items() if torch.equal(p, after[n].detach())]
+    assert unchanged == []
+    assert result.metrics["trainable_parameters"] == result.metrics["total_parameters"]
+    assert result.metrics["steps"] == 3
+
+    model = sa.build_model(base, None, SE_CFG)
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    pairs = sa.read_pairs(data["paths"]["en"])
+    loss_fn = sa.MultipleNegativesRankingLoss()
+    sa.fit(model, torch.optim.AdamW(trainable, lr=5e-3), trainable, sa.iter_batches(pairs, SE_CFG, 3), 3,
+           lambda batch: sa.batch_loss(model, loss_fn, pairs.iloc[batch]), lambda step: 5e-3, device="cpu",
+           precision="fp32", max_grad_norm=1.0, log_every=1, desc="SE", progress=False)
+    params = dict(model.named_parameters())
+    assert all(torch.equal(p, params[n].detach()) for n, p in frozen.items())
+    assert any(not torch.all(p == 0) for n, p in params.items() if "lora_B" in n)  # the LoRA did train
+
+
+@pytest.mark.parametrize("kind", ["xlmr-mean", "bert-cls-dense"])
+def test_saved_directory_reloads_with_sentence_transformers_and_encodes_the_same(data, tmp_path, kind):
+    from sentence_transformers import SentenceTransformer
+
+    base = data["base"] if kind == "xlmr-mean" else make_tiny_bert(tmp_path / "bert", sample_texts(600),
+                                                                   pooling="cls")
+    result = bl.run_full_training("Full_m", base, data["paths"], CFG, device="cpu", progress=False)
+    out = tmp_path / "Full_m"
+    out.mkdir()
+    bl.save_sentence_transformer(result.model, base, out)
+    texts = ["Hallo Welt", "Guten Morgen, wie geht es dir?", "Салам дүйнө", "A short English sentence."]
+    ours = result.model.encode(texts)
+    reloaded = SentenceTransformer(str(out), device="cpu")
+    assert reloaded.max_seq_length == CFG.seq_len
+    theirs = reloaded.encode(texts, normalize_embeddings=True)
+    assert ours.shape == theirs.shape
+    assert np.min(np.sum(ours * theirs, axis=1)) >= 0.9999
+    assert not np.allclose(ours, SentenceTransformer(str(base), device="cpu").encode(
+        texts, normalize_embeddings=True, prompt=""), atol=1e-3)  # trained: not the base any more
+    st_config = json.loads((out / "config_sentence_transformers.json").read_text())
+    assert st_config["default_prompt_name"] is None  # trained without prompts
+
+
+def test_outputs_are_standard_directories_and_full_mc_starts_from_full_m(data, trained):
+    from sentence_transformers import SentenceTransformer
+
+    out = data["root"] / "results" / "baselines"
+    for name, metrics in trained.items():
+        files = {p.name for p in (out / name).iterdir()}
+        assert {"modules.json", "model.safetensors", "metrics.json", "loss.tsv", "loss.png"} <= files
+        assert not [f for f in files if f.endswith((".bin", ".pt", ".pkl"))]  # safetensors only
+        assert metrics["steps"] == CFG.max_steps and metrics["baseline"] == name
+        assert json.loads((out / name / "metrics.json").read_text()) == metrics
+    assert trained["Full_en"]["languages"] == ["en"] and trained["Full_m"]["languages"] == LANGS
+    assert set(trained["Full_c"]["pair_languages"]) == {f"{a}-{b}" for a in LANGS for b in LANGS}
+    # Full_mc continues Full_m: its starting weights are Full_m's (so its "before" is Full_m's "after")
+    assert trained["Full_mc"]["initialised_from"] == str(out / "Full_m")
+    for key in ("heldout_retrieval_accuracy", "heldout_crosslingual_retrieval_accuracy"):
+        assert trained["Full_mc"][f"{key}_before"] == trained["Full_m"][f"{key}_after"]
+    start = bl.build_full_model(out / "Full_m", CFG).encoder.state_dict()
+    saved = SentenceTransformer(str(out / "Full_m"), device="cpu")[0].auto_model.state_dict()
+    assert all(torch.equal(tensor, saved[key]) for key, tensor in start.items())
+    with pytest.raises(InputError, match="starts from Full_m"):
+        bl.run_full_training("Full_mc", data["base"], data["paths"], CFG, device="cpu", progress=False)
+    bl.write_summary([out / name for name in trained], data["root"] / "summary.md")
+    summary = (data["root"] / "summary.md").read_text()
+    assert "| Full_mc | 3 |" in summary and "| en | de | ky | en→L |" in summary
+
+
+def test_config_section_defaults_are_the_papers(repo):
+    from snakemake.utils import validate
+
+    config = {"base_model": {"name": "x", "source": "builtin:tiny-xlmr-random"}, "languages": ["en"]}
+    validate(config, str(repo / "schemas" / "config.schema.yaml"))
+    section = config["baselines"]
+    assert section["full"] == ["Full_en", "Full_m", "Full_c", "Full_mc"]
+    assert section["ablations"] == ["Mod_m-LA", "Mod_c"]
+    assert bl.FullTrainingConfig.from_config(section) == bl.FullTrainingConfig()
+    assert (bl.FullTrainingConfig().epochs, bl.FullTrainingConfig().batch_size, bl.FullTrainingConfig().seq_len,
+            bl.FullTrainingConfig().learning_rate, bl.FullTrainingConfig().scale) == (3, 128, 128, 2e-5, 20.0)
+    with pytest.raises(InputError, match="unknown key"):
+        bl.FullTrainingConfig.from_config({"lr": 1})
+    for path in ("config.yaml", "configs/test.yaml"):
+        bl.FullTrainingConfig.from_config(yaml.safe_load((repo / path).read_text())["baselines"])
+
+
+# ---- every system by name ----------------------------------------------------------------------
+
+
+def test_module_paths_and_evaluated_variants():
+    assert variants.module_paths("base", "de", [0.5]) == []
+    assert variants.module_paths("Full_en", "de", [0.5]) == ["baselines/Full_en"]
+    assert variants.module_paths("Full_mc", "en", [0.5]) == ["baselines/Full_mc"]
+    assert variants.module_paths("Mod_en", "de", [0.5]) == ["language_adapters/de", "sentence_adapters/en"]
+    assert variants.module_paths("Mod_m", "de", [0.5]) == ["language_adapters/de", "sentence_adapters/de"]
+    assert variants.module_paths("Mod_mc-pp", "de", [0.5]) == [
+        "language_adapters/de", "sentence_adapters/de", "alignment/pp/de"]
+    assert variants.module_paths("Mod_mc-0.7", "de", [0.5]) == [
+        "language_adapters/de", "sentence_adapters/de", "alignment/merged-0.7/de"]
+    assert variants.module_paths("Mod_mc-pl", "en", [0.5]) == ["language_adapters/en", "sentence_adapters/en"]
+    assert variants.module_paths("Mod_m-LA", "de", [0.5]) == ["ablations/sentence_adapters_base/de"]
+    assert variants.module_paths("Mod_m-LA", "en", [0.5]) == ["ablations/sentence_adapters_base/en"]
+    assert variants.module_paths("Mod_c", "de", [0.7, 0.5]) == [
+        "language_adapters/de", "ablations/alignment_la/merged-0.7/de"]
+    assert variants.module_paths("Mod_c", "en", [0.7]) == ["language_adapters/en", "sentence_adapters/en"]
+    # a language that skips its LA
+    assert variants.module_paths("Mod_m", "de", [0.5], la_languages=["en"]) == ["sentence_adapters/de"]
+    assert variants.module_paths("Mod_c", "de", [0.5], la_languages=["en"]) == ["ablations/alignment_la/merged-0.5/de"]
+
+    config = {"alignment": {"merge_weights": [0.5, 0.7]},
+              "baselines": {"full": ["Full_mc", "Full_en", "Full_m", "Full_c"], "ablations": ["Mod_c", "Mod_m-LA"]}}
+    assert variants.evaluated_variants(config) == [
+        "base", "Full_en", "Full_m", "Full_c", "Full_mc", "Mod_en", "Mod_m", "Mod_mc-pp", "Mod_mc-pl",
+        "Mod_mc-0.5", "Mod_mc-0.7", "Mod_m-LA", "Mod_c"]
+    config["baselines"] = {"full": ["Full_mc"], "ablations": []}
+    assert variants.evaluated_variants(config) == [
+        "base", "Full_mc", "Mod_en", "Mod_m", "Mod_mc-pp", "Mod_mc-pl", "Mod_mc-0.5", "Mod_mc-0.7"]
+    for name in variants.evaluated_variants({"alignment": {"merge_weights": [0.5]}}):
+        assert variants.variant(name, [0.5]).name == name
+
+
+def test_unknown_variant_names_the_valid_ones():
+    for name in ("Full_x", "Mod_m-la", "Mod_mc-1.5", "mod_en", ""):
+        with pytest.raises(InputError, match="unknown variant|merge weight") as error:
+            variants.variant(name)
+        if "unknown" in str(error.value):
+            for valid in ("base", "Full_en", "Full_mc", "Mod_en", "Mod_mc-{w}", "Mod_m-LA", "Mod_c"):
+                assert valid in str(error.value)
+    with pytest.raises(InputError, match="Full_x"):
+        variants.module_paths("Full_x", "de")
+    with pytest.raises(InputError, match="unknown system"):
+        variants.evaluated_variants({"baselines": {"full": ["Full_x"], "ablations": []}})
+
+
+@pytest.fixture(scope="module")
+def tree(data, trained):
+    """A tiny results/{base} tree holding every module each system needs, for en and de."""
+    root, base = data["root"], data["base"]
+    results = root / "results"
+    for folder in ("modular", "on-base"):
+        (root / folder).mkdir()
+    for folder in ("language_adapters", "sentence_adapters", variants.ABLATION_SE_DIR):
+        (results / folder).mkdir(parents=True)
+    for lang in ("en", "de"):
+        la_dir, se_dir = language_modules(root / "modular", base, lang, data["pairs"][lang], SE_CFG)
+        shutil.move(la_dir, results / "language_adapters" / lang)
+        shutil.move(se_dir, results / "sentence_adapters" / lang)
+        _, se_base = language_modules(root / "on-base", base, lang, data["pairs"][lang], SE_CFG, with_la=False)
+        shutil.move(se_base, results / variants.ABLATION_SE_DIR / lang)
+    la_en, se_en = results / "language_adapters/en", results / "sentence_adapters/en"
+    english = al.embed_english(base, la_en, se_en, data["paths"]["en"], root / "english.safetensors")
+    translations, _ = align_provided(data["units"], builtin_translations("de"), "de")
+    inputs = {"pp": crosslingual_paraphrase_pairs(data["english"], data["pairs"]["de"]),
+              "pl": parallel_pairs(translations)}
+    la_de, se_de = results / "language_adapters/de", results / "sentence_adapters/de"
+    for root_dir, se_dir in (("alignment", se_de), (variants.ABLATION_CLA_DIR, None)):  # Mod_c: no SE
+        for kind in ("pp", "pl"):
+            al.train_alignment_adapter(kind, base, la_de, se_dir, inputs[kind], english, results / root_dir / kind / "de",
+                                       CLA_CFG, language="de", device="cpu", progress=False)
+        al.merge_alignment_adapters(results / root_dir / "pp/de", results / root_dir / "pl/de", (0.5, 0.5),
+                                    results / root_dir / "merged-0.5/de")
+    assert json.loads((results / variants.ABLATION_CLA_DIR / "pp/de/metrics.json").read_text())["sentence_adapter"] is None
+    return results
+
+
+def test_build_encoder_for_every_system(data, tree):
+    from sentence_transformers import SentenceTransformer
+
+    from modsent.modular_encoder import ModularEncoder
+
+    base = data["base"]
+    names = variants.evaluated_variants({"alignment": {"merge_weights": [0.5]}})
+    sentences = {"en": ["Hello world", "Good morning"], "de": ["Hallo Welt", "Guten Morgen"]}
+    vectors = {}
+    for name in names:
+        encoder = variants.build_encoder(name, tree, base, ["en", "de"], merge_weights=[0.5], device="cpu")
+        for lang, texts in sentences.items():
+            emb = encoder.encode(texts, lang=lang, batch_size=32)
+            assert emb.dtype == np.float32 and emb.shape == (2, 32)
+            assert np.allclose(np.linalg.norm(emb, axis=1), 1, atol=1e-5)
+            vectors[name, lang] = emb
+    # the base: the base model through its own tokenizer, no prompt
+    reference = SentenceTransformer(str(base), device="cpu").encode(sentences["de"], normalize_embeddings=True,
+                                                                    prompt="")
+    assert np.allclose(vectors["base", "de"], reference, atol=1e-5)
+    # a Full_* system is its sentence-transformers directory, the same for every language
+    full = SentenceTransformer(str(tree / "baselines/Full_c"), device="cpu")
+    assert np.allclose(vectors["Full_c", "de"], full.encode(sentences["de"], normalize_embeddings=True), atol=1e-5)
+    # every system encodes German its own way
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not np.allclose(vectors[a, "de"], vectors[b, "de"], atol=1e-4), (a, b)
+    # English: Mod_c and Mod_mc use English's LA + SE as Mod_m does; Mod_m-LA has its own SE on the base
+    assert np.allclose(vectors["Mod_c", "en"], vectors["Mod_m", "en"], atol=1e-5)
+    assert np.allclose(vectors["Mod_mc-0.5", "en"], vectors["Mod_m", "en"], atol=1e-5)
+    assert not np.allclose(vectors["Mod_m-LA", "en"], vectors["Mod_m", "en"], atol=1e-4)
+    # Mod_c for German is LA + the CLA trained without SE, nothing else
+    manual = ModularEncoder(base, device="cpu")
+    manual.add_language("de", language_adapter=tree / "language_adapters/de",
+                        alignment=tree / variants.ABLATION_CLA_DIR / "merged-0.5/de")
+    assert np.allclose(vectors["Mod_c", "de"], manual.encode(sentences["de"], lang="de"), atol=1e-5)
+    with pytest.raises(InputError, match="does not exist"):
+        variants.build_encoder("Mod_c", tree, base, ["de"], merge_weights=[0.7], device="cpu")
+
+
+# ---- the rules ---------------------------------------------------------------------------------
+
+
+def _snakemake(tmp_path, config_path, *args):
+    """Snakemake on the repository's workflow plus rules/baselines.smk (included here when the
+    Snakefile does not include it yet), target: every baseline output of the config."""
+    snakefile = tmp_path / "Snakefile"
+    snakefile.write_text(
+        f'include: "{REPO / "Snakefile"}"\n'
+        'if "full_baseline" not in {r.name for r in workflow.rules}:\n'
+        f'    include: "{REPO / "rules" / "baselines.smk"}"\n\n'
+        "rule baseline_outputs:\n    input: baseline_targets()\n")
+    return subprocess.run(
+        [snakemake_exe(), "--snakefile", str(snakefile), "--directory", str(tmp_path / "work"),
+         "--configfile", str(config_path), "--cores", "2", *args, "baseline_outputs"],
+        capture_output=True, text=True)
+
+
+def _job_counts(output: str) -> dict[str, int]:
+    counts, in_table = {}, False
+    for line in output.splitlines():
+        if line.startswith("job ") and "count" in line:
+            in_table = True
+            continue
+        if in_table:
+            parts = line.split()
+            if len(parts) == 2 and parts[1].isdigit():
+                counts[parts[0]] = int(parts[1])
+            elif counts:
+                break
+    return counts
+
+
+@pytest.mark.workflow
+def test_dry_run_plans_every_baseline_and_ablation_job(tmp_path):
+    proc = _snakemake(tmp_path, REPO / "configs" / "test.yaml", "-n")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    counts = _job_counts(proc.stdout + proc.stderr)
+    assert {key: counts.get(key) for key in (
+        "full_baseline", "full_baseline_summary", "ablation_sentence_adapter", "ablation_alignment_adapter",
+        "ablation_merge_alignment")} == {
+        "full_baseline": 4, "full_baseline_summary": 1, "ablation_sentence_adapter": 3,  # en, de, ky
+        "ablation_alignment_adapter": 4, "ablation_merge_alignment": 2}  # {pp, pl} x {de, ky}; first weight
+    for path in ("results/tiny/baselines/Full_mc", "results/tiny/ablations/sentence_adapters_base/en",
+                 "results/tiny/ablations/alignment_la/merged-0.5/ky"):
+        assert path in proc.stdout
+    assert "results/tiny/ablations/alignment_la/merged-0.7" not in proc.stdout
+
+
+@pytest.mark.workflow
+def test_full_baselines_and_mod_m_la_run(tmp_path):
+    """A real run of the full baselines and Mod_m-LA on the test config (en, ky), then nothing to do."""
+    from sentence_transformers import SentenceTransformer
+
+    config = yaml.safe_load((REPO / "configs" / "test.yaml").read_text())
+    config["languages"] = ["en", "ky"]
+    config["baselines"]["ablations"] = ["Mod_m-LA"]  # Mod_c needs every LA: the workflow test runs it
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    proc = _snakemake(tmp_path, config_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    work = tmp_path / "work"
+    for name in ("Full_en", "Full_m", "Full_c", "Full_mc"):
+        metrics = json.loads((work / f"results/tiny/baselines/{name}/metrics.json").read_text())
+        assert metrics["steps"] == config["baselines"]["max_steps"]
+        assert metrics["languages"] == (["en"] if name == "Full_en" else ["en", "ky"])
+        assert SentenceTransformer(str(work / f"results/tiny/baselines/{name}"), device="cpu").encode(["a"]).shape == (1, 32)
+        assert (work / f"logs/tiny/baselines/{name}.log").stat().st_size > 0
+        assert (work / f"logs/tiny/benchmarks/baselines/{name}.tsv").is_file()
+    assert json.loads((work / "results/tiny/baselines/Full_mc/metrics.json").read_text())[
+        "initialised_from"] == "results/tiny/baselines/Full_m"
+    assert "| Full_c |" in (work / "results/tiny/baselines/summary.md").read_text()
+    for lang in ("en", "ky"):
+        metrics = json.loads((work / f"results/tiny/ablations/sentence_adapters_base/{lang}/metrics.json").read_text())
+        assert metrics["language_adapter"] is None
+    assert not (work / "results/tiny/language_adapters").exists()  # no LA was needed
+    rerun = _snakemake(tmp_path, config_path, "-n")
+    assert "Nothing to be done" in rerun.stdout + rerun.stderr
