@@ -1,0 +1,322 @@
+"""The workflow on a real SLURM cluster through the profile, as `snakemake --profile slurm`.
+
+The test starts a single-node cluster on this machine (munged, slurmctld, slurmd; Debian's
+packages, which .ci/run installs) with two fake GPUs, runs a two-language variant of
+configs/test.yaml from a copy of the repository, and checks that every job went through
+sbatch, that GPU jobs got a GPU and CPU jobs none, and that the outputs are complete. It needs
+root (it writes /etc/slurm/slurm.conf, which srun inside the jobs reads) and is skipped, with
+the reason, where that or the SLURM binaries are missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+
+SLURM_CONF = Path("/etc/slurm/slurm.conf")
+GRES_CONF = Path("/etc/slurm/gres.conf")
+MARK = "# test cluster of tests/test_slurm.py: removed when the test ends"
+BINARIES = ["munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sinfo", "srun"]
+# what the repository copy needs to run (not outputs, caches or the environment)
+NOT_COPIED = {".git", ".venv", ".snakemake", ".pytest_cache", ".ruff_cache", "results",
+              "resources", "logs", "benchmarks", "tests", "build", "__pycache__"}
+
+GPU_RULES = {"language_adapter", "sentence_adapter", "english_embeddings", "alignment_adapter"}
+BASE = "tiny"
+TARGETS = [
+    f"results/{BASE}/language_adapters/summary.md",
+    f"results/{BASE}/sentence_adapters/summary.md",
+    f"results/{BASE}/alignment/summary.md",
+    f"results/{BASE}/alignment/merged-0.5/ky",
+    "resources/inputs_summary.md",
+]
+
+
+def _rule_blocks() -> dict[str, str]:
+    """rule name -> its text, for every rule in rules/*.smk."""
+    blocks = {}
+    for smk in sorted((REPO / "rules").glob("*.smk")):
+        parts = re.split(r"^[ \t]*rule (\w+):", smk.read_text(), flags=re.M)
+        blocks.update(zip(parts[1::2], parts[2::2]))
+    return blocks
+
+
+def test_every_rule_declares_its_resources_in_the_profile_s_terms():
+    """Every rule takes a kind's resources from rules/resources.smk and no thread count from
+    workflow.cores (a SLURM run has no --cores, so it would stop planning), and the profile
+    sends exactly the GPU kinds' rules to the GPU partition."""
+    blocks = _rule_blocks()
+    assert len(blocks) > 20
+    kinds = {}
+    for rule, text in blocks.items():
+        assert "workflow.cores" not in text, f"rule {rule}: threads: job_threads(kind), not workflow.cores"
+        found = re.findall(r'job_resources\("(\w+)"\)', text)
+        assert len(found) == 1, f"rule {rule}: add resources: **job_resources(kind) (rules/resources.smk)"
+        kinds[rule] = found[0]
+    profile = yaml.safe_load((REPO / "slurm" / "config.yaml").read_text())
+    gpu_rules = {rule for rule, kind in kinds.items() if kind.startswith("gpu_")}
+    in_profile = {rule for rule, values in profile["set-resources"].items() if "slurm_partition" in values}
+    assert gpu_rules == in_profile, (
+        f"GPU rules missing from slurm/config.yaml set-resources (add `RULE: *gpu_jobs`): "
+        f"{sorted(gpu_rules - in_profile)}; not GPU rules there: {sorted(in_profile - gpu_rules)}")
+    assert profile["executor"] == "slurm" and profile["slurm-status-command"] == "squeue"
+
+
+def _cluster_config(state: Path) -> str:
+    # A node that declares what the paper's resource classes ask for (32 CPUs, 250 GB, two
+    # GPUs): SlurmdParameters=config_overrides makes slurmd take slurm.conf's word for it, so
+    # the jobs request exactly what they would on a cluster. No accounting (slurmdbd): the
+    # profile's squeue status checks must work without it; jobcomp/filetxt records every job.
+    return f"""{MARK}
+ClusterName=modsenttest
+SlurmctldHost=localhost(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation={state}/ctld
+SlurmdSpoolDir={state}/d
+SlurmctldPidFile={state}/slurmctld.pid
+SlurmdPidFile={state}/slurmd.pid
+SlurmctldLogFile={state}/slurmctld.log
+SlurmdLogFile={state}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SwitchType=switch/none
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU=1000
+MinJobAge=300
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/filetxt
+JobCompLoc={state}/jobcomp.txt
+GresTypes=gpu
+SlurmdParameters=config_overrides
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=32 RealMemory=256000 Gres=gpu:2 State=UNKNOWN
+PartitionName=cpu Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+PartitionName=gpu Nodes=localhost MaxTime=INFINITE State=UP
+"""
+
+
+GRES = f"""{MARK}
+AutoDetect=off
+NodeName=localhost Name=gpu File=/dev/null
+NodeName=localhost Name=gpu File=/dev/zero
+"""
+
+
+def _running(name: str) -> bool:
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() == name:
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _skip_reason() -> str | None:
+    missing = [b for b in BINARIES if shutil.which(b) is None]
+    if missing:
+        return (f"SLURM is not installed (missing {', '.join(missing)}): apt-get install "
+                "slurmctld slurmd slurm-client munge, as .ci/run does")
+    if os.geteuid() != 0:
+        return "starting a SLURM cluster needs root (/etc/slurm/slurm.conf, the daemons)"
+    for conf in (SLURM_CONF, GRES_CONF):
+        if conf.exists() and MARK not in conf.read_text(errors="replace"):
+            return f"{conf} belongs to another SLURM installation; not overwriting it"
+    for daemon in ("slurmctld", "slurmd"):
+        if _running(daemon):
+            return f"a {daemon} is already running on this machine"
+    return None
+
+
+def _wait_for(what: str, check, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def _node_idle() -> bool:
+    proc = subprocess.run(["sinfo", "-h", "-n", "localhost", "-o", "%T"], capture_output=True, text=True)
+    return proc.returncode == 0 and proc.stdout.split() != [] and proc.stdout.split()[0] == "idle"
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+    """munged (unless one runs already), slurmctld and slurmd; stopped by PID afterwards."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    state = tmp_path_factory.mktemp("slurm")
+    state.chmod(0o755)  # munged and the job steps look into the parent directories
+    started: list[subprocess.Popen] = []
+    try:
+        SLURM_CONF.parent.mkdir(parents=True, exist_ok=True)
+        SLURM_CONF.write_text(_cluster_config(state))
+        GRES_CONF.write_text(GRES)
+        if not _running("munged"):
+            run_dir = Path("/run/munge")
+            run_dir.mkdir(parents=True, exist_ok=True)
+            shutil.chown(run_dir, "munge", "munge")
+            if not Path("/etc/munge/munge.key").exists() and shutil.which("mungekey"):
+                subprocess.run(["mungekey", "--create"], check=True, user="munge", group="munge")
+            started.append(subprocess.Popen(["munged", "--foreground"], user="munge", group="munge",
+                                            stdout=subprocess.DEVNULL, stderr=open(state / "munged.err", "w")))
+            _wait_for("munged", lambda: Path("/run/munge/munge.socket.2").exists())
+        for command in (["slurmctld", "-D", "-c", "-i"], ["slurmd", "-D", "-N", "localhost"]):
+            started.append(subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                                            stderr=open(state / f"{command[0]}.err", "w")))
+            time.sleep(1)
+        _wait_for("the node to be idle", _node_idle)
+        yield state
+    finally:
+        for name in ("squeue", "scancel"):
+            if shutil.which(name) is None:
+                break
+        else:  # cancel what is left of this cluster's jobs before its daemons go
+            ids = subprocess.run(["squeue", "-h", "-o", "%i", "-t", "PENDING,RUNNING"],
+                                 capture_output=True, text=True).stdout.split()
+            if ids:
+                subprocess.run(["scancel", *ids], capture_output=True)
+        for proc in reversed(started):
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for conf in (SLURM_CONF, GRES_CONF):
+            if conf.exists() and MARK in conf.read_text(errors="replace"):
+                conf.unlink()
+
+
+def _copy_repository(dest: Path) -> Path:
+    """The workflow and the profile, as a user's checkout (no outputs, no caches)."""
+    ignore = shutil.ignore_patterns(*NOT_COPIED, "*.egg-info", "report.html")
+    for item in REPO.iterdir():
+        if item.name in NOT_COPIED or item.name.endswith(".egg-info"):
+            continue
+        if item.is_dir():
+            shutil.copytree(item, dest / item.name, ignore=ignore)
+        else:
+            shutil.copy2(item, dest / item.name)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def slurm_run(slurm_cluster, tmp_path_factory):
+    root = _copy_repository(tmp_path_factory.mktemp("checkout"))
+    config = yaml.safe_load((root / "configs" / "test.yaml").read_text())
+    config["languages"] = ["en", "ky"]
+    config["alignment"]["merge_weights"] = [0.5]
+    (root / "slurm-test.yaml").write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "CUDA_VISIBLE_DEVICES"}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    # `--profile slurm` as typed from the repository root; only the first status check is
+    # made sooner than the profile's 40 s, for a test of many seconds-long jobs
+    command = [shutil.which("snakemake", path=env["PATH"]), "--profile", "slurm",
+               "--configfile", "slurm-test.yaml", "--slurm-init-seconds-before-status-checks", "2",
+               *TARGETS]
+    started = time.monotonic()
+    proc = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    seconds = time.monotonic() - started
+    output = proc.stdout + proc.stderr
+    (slurm_cluster / "snakemake.out").write_text(output)
+    assert proc.returncode == 0, f"snakemake --profile slurm failed after {seconds:.0f} s:\n{output[-8000:]}"
+    print(f"snakemake --profile slurm: {seconds:.0f} s")
+    return root, output, slurm_cluster, env
+
+
+def _submissions(output: str) -> dict[str, str]:
+    """SLURM job id -> rule, from the plugin's 'submitted with SLURM jobid' lines."""
+    found = re.findall(r"submitted with SLURM jobid (\d+) \(log: \S*/slurm_logs/rule_(\w+)/", output)
+    return {job_id: rule for job_id, rule in found}
+
+
+def _job_records(state: Path) -> dict[str, dict[str, str]]:
+    records = {}
+    for line in (state / "jobcomp.txt").read_text().splitlines():
+        fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+        records[fields["JobId"]] = fields
+    return records
+
+
+@pytest.mark.workflow
+def test_every_job_went_through_sbatch(slurm_run):
+    root, output, state, env = slurm_run
+    planned = subprocess.run([shutil.which("snakemake", path=env["PATH"]), "--configfile", "slurm-test.yaml",
+                              "-n", "--forceall", *TARGETS],
+                             cwd=root, env=env, capture_output=True, text=True)
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", planned.stdout, flags=re.M))
+    expected = sum(int(n) for rule, n in counts.items() if rule != "total")
+    submitted = _submissions(output)
+    run_id = re.search(r"SLURM run ID: (\S+)", output).group(1)
+    records = _job_records(state)
+    ours = {job_id: r for job_id, r in records.items() if r["Name"] == run_id}
+    assert len(submitted) == expected > 20
+    assert set(submitted) == set(ours)  # each submission is a job slurmctld ran, and no other
+    assert {r["JobState"] for r in ours.values()} == {"COMPLETED"}
+    for job_id, rule in submitted.items():
+        partition = "gpu" if rule in GPU_RULES else "cpu"  # the profile's set-resources
+        assert ours[job_id]["Partition"] == partition, (rule, ours[job_id])
+    assert GPU_RULES <= set(submitted.values())
+
+
+def _job_line(log: Path) -> str:
+    """The first record of a rule's log: host, SLURM job, CUDA_VISIBLE_DEVICES."""
+    for line in log.read_text(encoding="utf-8").splitlines():
+        if "CUDA_VISIBLE_DEVICES=" in line:
+            return line
+    raise AssertionError(f"{log} does not say where it ran")
+
+
+@pytest.mark.workflow
+def test_gpu_jobs_got_a_gpu_and_cpu_jobs_none(slurm_run):
+    root, _, _, _ = slurm_run
+    logs = root / "logs"
+    gpu_logs = [logs / BASE / "language_adapters" / "en.log", logs / BASE / "language_adapters" / "ky.log",
+                logs / BASE / "sentence_adapters" / "ky.log", logs / BASE / "alignment" / "english_embeddings.log",
+                logs / BASE / "alignment" / "pp" / "ky.log", logs / BASE / "alignment" / "pl" / "ky.log"]
+    cpu_logs = [logs / "corpora" / "ky.log", logs / BASE / "tokenizers" / "ky.log",
+                logs / BASE / "embeddings" / "ky.log", logs / BASE / "alignment" / "merged-0.5" / "ky.log",
+                logs / BASE / "alignment" / "summary.log"]
+    for log in gpu_logs:
+        line = _job_line(log)
+        assert re.search(r"SLURM job \d+, CUDA_VISIBLE_DEVICES=[01]$", line), (log, line)
+    for log in cpu_logs:
+        line = _job_line(log)
+        assert re.search(r"SLURM job \d+, CUDA_VISIBLE_DEVICES=unset$", line), (log, line)
+
+
+@pytest.mark.workflow
+def test_outputs_complete_and_nothing_left_to_do(slurm_run):
+    import json
+
+    root, _, _, env = slurm_run
+    for target in TARGETS:
+        assert (root / target).exists(), target
+    for lang in ["en", "ky"]:
+        assert json.loads((root / f"results/{BASE}/sentence_adapters/{lang}/metrics.json").read_text())["steps"] == 4
+    for kind in ["pp", "pl"]:
+        assert (root / f"results/{BASE}/alignment/{kind}/ky/metrics.json").is_file()
+    proc = subprocess.run([shutil.which("snakemake", path=env["PATH"]), "--configfile", "slurm-test.yaml",
+                           "-n", *TARGETS], cwd=root, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
