@@ -5,6 +5,8 @@
     modsent encode --model DIR --lang de < sentences.txt > embeddings.npy
                                           sentence embeddings; DIR is an exported encoder
                                           (ModularEncoder.export) or a results/{base} tree
+    modsent outputs --lang de             a language's existing outputs, to rerun it with
+                                          snakemake --forcerun $(modsent outputs --lang de)
 """
 
 from __future__ import annotations
@@ -135,6 +137,56 @@ def cmd_encode(args: argparse.Namespace) -> int:
     return 0
 
 
+# Every per-language output of the workflow, relative to its working directory; {base} is a
+# directory under results/. Outputs downstream of these (summaries, evaluation) are rerun by
+# Snakemake because their inputs change, so they need not be listed.
+LANGUAGE_OUTPUTS = (
+    "resources/corpora/{lang}.txt",
+    "resources/translations/{lang}.parquet",
+    "resources/eval/*/{lang}.parquet",
+    "results/translation/{lang}/shards/*.parquet",
+    "results/translation/{lang}.parquet",
+    "results/translation/quality/{lang}.json",
+    "results/paraphrase/{lang}.parquet",
+    "results/{base}/tokenizers/{lang}",
+    "results/{base}/fasttext/{lang}",
+    "results/{base}/embeddings/{lang}",
+    "results/{base}/language_adapters/{lang}",
+    "results/{base}/sentence_adapters/{lang}",
+    "results/{base}/alignment/*/{lang}",
+)
+
+
+def language_outputs(langs: list[str], directory: str = ".", base: str | None = None) -> list[str]:
+    """The existing outputs of ``langs`` under ``directory`` (all bases, or ``base``)."""
+    from glob import escape, glob
+    from pathlib import Path
+
+    root = Path(directory)
+    found: list[str] = []
+    for lang in langs:
+        for pattern in LANGUAGE_OUTPUTS:
+            pattern = pattern.format(lang=escape(lang), base=escape(base) if base else "*")
+            found += sorted(str(Path(path).relative_to(root)) for path in glob(str(root / pattern))
+                            if not Path(path).name.startswith("."))
+    return list(dict.fromkeys(found))
+
+
+def cmd_outputs(args: argparse.Namespace) -> int:
+    from modsent import languages as registry
+
+    unknown = [lang for lang in args.lang if lang not in registry.codes()]
+    if unknown:
+        print(f"modsent outputs: unknown language code(s) {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    paths = language_outputs(args.lang, args.directory, args.base)
+    if not paths:
+        print(f"modsent outputs: no outputs of {', '.join(args.lang)} under {args.directory}", file=sys.stderr)
+        return 1
+    print("\n".join(paths))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="modsent", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -158,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_encode)
+    p = sub.add_parser("outputs", help="a language's existing outputs (for snakemake --forcerun)")
+    p.add_argument("--lang", action="append", required=True, help="language code (repeatable)")
+    p.add_argument("--base", help="only results/BASE (default: every base model's results)")
+    p.add_argument("--directory", default=".", help="the workflow's working directory")
+    p.set_defaults(func=cmd_outputs)
     args = parser.parse_args(argv)
     from modsent.io import InputError
 
