@@ -72,6 +72,32 @@ def test_every_rule_declares_its_resources_in_the_profile_s_terms():
     assert profile["executor"] == "slurm" and profile["slurm-status-command"] == "squeue"
 
 
+def _resources_module(config: dict) -> dict:
+    """rules/resources.smk's functions over ``config`` (the file holds plain Python)."""
+    namespace = {"config": config, "WorkflowError": ValueError}
+    exec(compile((REPO / "rules" / "resources.smk").read_text(), "resources.smk", "exec"), namespace)
+    return namespace
+
+
+def test_resource_kinds_grow_with_the_attempt_and_take_config_overrides():
+    smk = _resources_module({})
+    train = smk["job_resources"]("gpu_train")
+    assert (train["gpu"], train["cpus_per_gpu"], smk["job_threads"]("gpu_train")) == (1, 8, 8)
+    assert [train["mem_mb"](None, attempt) for attempt in (1, 2, 3)] == [32000, 64000, 96000]
+    assert [train["runtime"](None, attempt) for attempt in (1, 2, 3)] == [1440, 2160, 2880]
+    assert smk["job_resources"]("gpu_translate")["runtime"](None, 9) == 48 * 60  # capped
+    cpu = smk["job_resources"]("cpu_heavy")
+    assert "gpu" not in cpu and "cpus_per_gpu" not in cpu and smk["job_threads"]("cpu_heavy") == 8
+    with pytest.raises(ValueError, match="unknown resource kind"):
+        smk["job_resources"]("gpu")
+    smk = _resources_module({"resources": {"gpu_train": {"mem_mb": 80000, "cpus": 16, "gpu_model": "a100",
+                                                         "slurm_partition": "gpu-long"}}})
+    train = smk["job_resources"]("gpu_train")
+    assert train["mem_mb"](None, 1) == 80000 and train["cpus_per_gpu"] == 16
+    assert (train["gpu_model"], train["slurm_partition"]) == ("a100", "gpu-long")
+    assert smk["job_threads"]("gpu_train") == 16
+
+
 def _cluster_config(state: Path) -> str:
     # A node that declares what the paper's resource classes ask for (32 CPUs, 250 GB, two
     # GPUs): SlurmdParameters=config_overrides makes slurmd take slurm.conf's word for it, so
