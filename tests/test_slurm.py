@@ -26,7 +26,7 @@ from conftest import REPO
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
 GRES_CONF = Path("/etc/slurm/gres.conf")
 MARK = "# test cluster of tests/test_slurm.py: removed when the test ends"
-BINARIES = ["munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sinfo", "srun"]
+BINARIES = ["munged", "munge", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sinfo", "srun"]
 # what the repository copy needs to run (not outputs, caches or the environment)
 NOT_COPIED = {".git", ".venv", ".snakemake", ".pytest_cache", ".ruff_cache", "results",
               "resources", "logs", "benchmarks", "tests", "build", "__pycache__"}
@@ -191,8 +191,8 @@ def slurm_cluster(tmp_path_factory):
     if reason:
         pytest.skip(reason)
     state = tmp_path_factory.mktemp("slurm")
-    state.chmod(0o755)  # munged and the job steps look into the parent directories
     started: list[subprocess.Popen] = []
+    logs = []
     try:
         SLURM_CONF.parent.mkdir(parents=True, exist_ok=True)
         SLURM_CONF.write_text(_cluster_config(state))
@@ -203,12 +203,13 @@ def slurm_cluster(tmp_path_factory):
             shutil.chown(run_dir, "munge", "munge")
             if not Path("/etc/munge/munge.key").exists() and shutil.which("mungekey"):
                 subprocess.run(["mungekey", "--create"], check=True, user="munge", group="munge")
+            logs.append(open(state / "munged.err", "w"))
             started.append(subprocess.Popen(["munged", "--foreground"], user="munge", group="munge",
-                                            stdout=subprocess.DEVNULL, stderr=open(state / "munged.err", "w")))
-            _wait_for("munged", lambda: Path("/run/munge/munge.socket.2").exists())
+                                            stdout=subprocess.DEVNULL, stderr=logs[-1]))
+            _wait_for("munged", lambda: subprocess.run(["munge", "-n"], capture_output=True).returncode == 0)
         for command in (["slurmctld", "-D", "-c", "-i"], ["slurmd", "-D", "-N", "localhost"]):
-            started.append(subprocess.Popen(command, stdout=subprocess.DEVNULL,
-                                            stderr=open(state / f"{command[0]}.err", "w")))
+            logs.append(open(state / f"{command[0]}.err", "w"))
+            started.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=logs[-1]))
             time.sleep(1)
         _wait_for("the node to be idle", _node_idle)
         yield state
@@ -228,6 +229,8 @@ def slurm_cluster(tmp_path_factory):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        for log in logs:
+            log.close()
         for conf in (SLURM_CONF, GRES_CONF):
             if conf.exists() and MARK in conf.read_text(errors="replace"):
                 conf.unlink()
