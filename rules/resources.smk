@@ -10,6 +10,8 @@
 # --gpus=MODEL:N with `gpu_model`), `cpus_per_gpu`, `mem_mb` (--mem), `runtime` (minutes, -t).
 # CPU jobs get --cpus-per-task from the rule's threads. Partition and account come from the
 # profile (slurm/config.yaml); a config's `resources:` section (below) overrides a kind.
+# A job that can use several GPUs of a node passes their number, e.g. the language adapter's
+# `job_resources("gpu_train", gpus=language_adapter_gpus)` (language_adapter.gpus, torchrun).
 # Without SLURM (`snakemake --cores N`) only threads matter, and `--resources gpu=1` keeps
 # GPU jobs from sharing a local GPU.
 
@@ -51,35 +53,47 @@ def resource_class(kind):
     return values
 
 
-def job_threads(kind):
-    """The thread count of a rule of `kind` (Snakemake caps it at --cores when run locally)."""
-    return int(resource_class(kind)["cpus"])
+def _gpu_count(gpus, wildcards):
+    return int(gpus(wildcards) if callable(gpus) else gpus)
 
 
-def _grows_with_attempt(base, factor, cap=None):
-    """mem_mb / runtime as a callable of (wildcards, attempt): base × factor(attempt), capped."""
+def job_threads(kind, gpus=None):
+    """The thread count of a job of `kind` (Snakemake caps it at --cores when run locally):
+    the kind's CPUs, times the job's GPUs when `gpus` (a number or a function of the
+    wildcards) asks for more than the kind's one."""
+    cpus = int(resource_class(kind)["cpus"])
+    if gpus is None:
+        return cpus
+    return lambda wildcards: cpus * _gpu_count(gpus, wildcards)
 
-    def value(wildcards, attempt):
-        grown = int(base * factor(attempt))
-        return min(grown, cap) if cap else grown
 
-    return value
-
-
-def job_resources(kind):
-    """The resources of a job of `kind`. GPU kinds request one GPU (and cpus_per_gpu), CPU
-    kinds none; mem_mb and runtime grow with the attempt on retries."""
+def job_resources(kind, gpus=None):
+    """The resources of a job of `kind`. GPU kinds request the kind's GPUs, or `gpus` (a
+    number or a function of the wildcards: a multi-GPU job, memory scaled with it), and
+    cpus_per_gpu; CPU kinds none. mem_mb and runtime grow with the attempt on retries."""
     values = resource_class(kind)
-    gpus, cpus = int(values.pop("gpu")), int(values.pop("cpus"))
+    kind_gpus, cpus = int(values.pop("gpu")), int(values.pop("cpus"))
     base_mem, base_runtime = values.pop("mem_mb"), values.pop("runtime")
-    max_runtime = values.pop("max_runtime")
-    resources = {
-        "mem_mb": _grows_with_attempt(base_mem, lambda attempt: attempt),
-        "runtime": _grows_with_attempt(
-            base_runtime, lambda attempt: RUNTIME_GROWTH ** (attempt - 1), max(max_runtime, base_runtime)
-        ),
-    }
-    if gpus > 0:
-        resources.update(gpu=gpus, cpus_per_gpu=cpus)
+    cap = max(values.pop("max_runtime"), base_runtime)
+    if gpus is not None and kind_gpus == 0:
+        raise WorkflowError(f"resource kind {kind!r} requests no GPU; gpus= is for GPU kinds")
+    gpus = kind_gpus if gpus is None else gpus
+
+    def mem_mb(wildcards, attempt):
+        # an out-of-memory kill is the usual reason for a retry; each GPU process holds a copy
+        return int(base_mem * attempt * (_gpu_count(gpus, wildcards) if kind_gpus else 1))
+
+    def runtime(wildcards, attempt):
+        return min(int(base_runtime * RUNTIME_GROWTH ** (attempt - 1)), cap)
+
+    resources = {"mem_mb": mem_mb, "runtime": runtime}
+    if kind_gpus > 0:
+        gpu = (lambda wildcards: _gpu_count(gpus, wildcards)) if callable(gpus) else int(gpus)
+        resources.update(gpu=gpu, cpus_per_gpu=cpus)
     resources.update(values)  # partition, constraint, gpu_model, ... from the config
     return resources
+
+
+def language_adapter_gpus(wildcards):
+    """language_adapter.gpus of the job's language: GPUs of one node, trained under torchrun."""
+    return language_adapter_settings(wildcards).get("gpus", 1)

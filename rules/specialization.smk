@@ -81,9 +81,9 @@ rule language_adapter:
         directory("results/{base}/language_adapters/{lang}"),
     params:
         settings=language_adapter_settings,
-    threads: job_threads("gpu_train")
+    threads: job_threads("gpu_train", gpus=language_adapter_gpus)
     resources:
-        **job_resources("gpu_train"),
+        **job_resources("gpu_train", gpus=language_adapter_gpus),
     log:
         "logs/{base}/language_adapters/{lang}.log",
     benchmark:

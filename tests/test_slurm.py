@@ -60,7 +60,7 @@ def test_every_rule_declares_its_resources_in_the_profile_s_terms():
     kinds = {}
     for rule, text in blocks.items():
         assert "workflow.cores" not in text, f"rule {rule}: threads: job_threads(kind), not workflow.cores"
-        found = re.findall(r'job_resources\("(\w+)"\)', text)
+        found = re.findall(r'job_resources\("(\w+)"', text)
         assert len(found) == 1, f"rule {rule}: add resources: **job_resources(kind) (rules/resources.smk)"
         kinds[rule] = found[0]
     profile = yaml.safe_load((REPO / "slurm" / "config.yaml").read_text())
@@ -90,6 +90,12 @@ def test_resource_kinds_grow_with_the_attempt_and_take_config_overrides():
     assert "gpu" not in cpu and "cpus_per_gpu" not in cpu and smk["job_threads"]("cpu_heavy") == 8
     with pytest.raises(ValueError, match="unknown resource kind"):
         smk["job_resources"]("gpu")
+    # a multi-GPU job (language_adapter.gpus): GPUs, CPUs and memory scale with its GPU count
+    two = smk["job_resources"]("gpu_train", gpus=lambda wildcards: wildcards["gpus"])
+    assert (two["gpu"]({"gpus": 2}), two["cpus_per_gpu"], two["mem_mb"]({"gpus": 2}, 2)) == (2, 8, 128000)
+    assert smk["job_threads"]("gpu_train", gpus=lambda wildcards: 2)({}) == 16
+    with pytest.raises(ValueError, match="no GPU"):
+        smk["job_resources"]("cpu", gpus=2)
     smk = _resources_module({"resources": {"gpu_train": {"mem_mb": 80000, "cpus": 16, "gpu_model": "a100",
                                                          "slurm_partition": "gpu-long"}}})
     train = smk["job_resources"]("gpu_train")
