@@ -261,6 +261,7 @@ def slurm_run(slurm_cluster, tmp_path_factory):
     config = yaml.safe_load((root / "configs" / "test.yaml").read_text())
     config["languages"] = ["en", "ky"]
     config["alignment"]["merge_weights"] = [0.5]
+    config["language_adapter"]["gpus"] = 2  # a multi-GPU job: both GPUs of the node
     (root / "slurm-test.yaml").write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "CUDA_VISIBLE_DEVICES"}
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
@@ -327,9 +328,11 @@ def _job_line(log: Path) -> str:
 def test_gpu_jobs_got_a_gpu_and_cpu_jobs_none(slurm_run):
     root, _, _, _ = slurm_run
     logs = root / "logs"
-    gpu_logs = [logs / BASE / "language_adapters" / "en.log", logs / BASE / "language_adapters" / "ky.log",
-                logs / BASE / "sentence_adapters" / "ky.log", logs / BASE / "alignment" / "english_embeddings.log",
-                logs / BASE / "alignment" / "pp" / "ky.log", logs / BASE / "alignment" / "pl" / "ky.log"]
+    for lang in ["en", "ky"]:  # language_adapter.gpus: 2
+        line = _job_line(logs / BASE / "language_adapters" / f"{lang}.log")
+        assert re.search(r"SLURM job \d+, CUDA_VISIBLE_DEVICES=(0,1|1,0)$", line), line
+    gpu_logs = [logs / BASE / "sentence_adapters" / "en.log", logs / BASE / "sentence_adapters" / "ky.log",
+                logs / BASE / "alignment" / "english_embeddings.log", logs / BASE / "alignment" / "pp" / "ky.log", logs / BASE / "alignment" / "pl" / "ky.log"]
     cpu_logs = [logs / "corpora" / "ky.log", logs / BASE / "tokenizers" / "ky.log",
                 logs / BASE / "embeddings" / "ky.log", logs / BASE / "alignment" / "merged-0.5" / "ky.log",
                 logs / BASE / "alignment" / "summary.log"]
