@@ -41,10 +41,18 @@ def ablation_alignment_inputs(wildcards):
     return inputs
 
 
+def full_baseline_settings(wildcards):
+    """The training settings without the choice of systems: selecting another baseline or
+    ablation must not rerun the trained ones (Snakemake reruns a job whose params change)."""
+    return {k: v for k, v in config["baselines"].items() if k not in ("full", "ablations")}
+
+
 def ablation_alignment_settings(wildcards):
     """The alignment settings, trained at the SE adapter's sequence length (the modular CLA
-    adapters read it from the SE adapter, which this ablation has not)."""
-    return {**config["alignment"], "seq_len": config["sentence_adapter"]["seq_len"]}
+    adapters read it from the SE adapter, which this ablation has not); without the merge
+    weights, so that adding one reruns no training."""
+    settings = {k: v for k, v in config["alignment"].items() if k != "merge_weights"}
+    return {**settings, "seq_len": config["sentence_adapter"]["seq_len"]}
 
 
 def baseline_targets():
@@ -76,7 +84,7 @@ rule full_baseline:
     wildcard_constraints:
         name="|".join(modsent_variants.FULL_BASELINES),
     params:
-        settings=config["baselines"],
+        settings=full_baseline_settings,
         languages=full_baseline_languages,
     threads: workflow.cores
     log:
