@@ -36,6 +36,9 @@ wildcard_constraints:
     dataset=SLUG_REGEX,
     kind="pp|pl",
     weight=r"0(\.[0-9]+)?|1",
+    variant=r"base|(?:Full|Mod)_[A-Za-z]+(?:-[A-Za-z0-9.]+)?",
+    subset=SUBSET_REGEX,
+    group="modular|full",
 
 
 include: "rules/base_model.smk"
@@ -44,6 +47,8 @@ include: "rules/specialization.smk"
 include: "rules/paraphrase.smk"
 include: "rules/sentence_encoding.smk"
 include: "rules/alignment.smk"
+include: "rules/baselines.smk"
+include: "rules/evaluation.smk"
 
 
 rule all:

@@ -127,6 +127,25 @@ def source_errors(config: dict) -> list[str]:
                 get_definition(spec[3:])
             except InputError as err:
                 problems.append(f"paraphrases.{name}.source: {err}")
+    evaluation = (config.get("evaluation") or {}).get("datasets") or {}
+    if isinstance(evaluation, dict):
+        from modsent import evaluation_data
+
+        for name, settings in evaluation.items():
+            source = settings.get("source") if isinstance(settings, dict) else None
+            try:
+                evaluation_data.check_source(name, source)
+            except InputError as err:
+                problems.append(f"evaluation.datasets.{name}: {err}")
+    variants_chosen = (config.get("evaluation") or {}).get("variants")
+    if isinstance(variants_chosen, list):
+        from modsent import variants
+
+        for i, name in enumerate(variants_chosen):
+            try:
+                variants.variant(name, (config.get("alignment") or {}).get("merge_weights"))
+            except InputError as err:
+                problems.append(f"evaluation.variants[{i}]: {err}")
     translation = config.get("translation") or {}
     engine = translation.get("engine", "transformers")
     if engine in ("transformers", "ctranslate2") and langs:

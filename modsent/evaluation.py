@@ -2,10 +2,14 @@
 
 Three steps, one Snakemake rule each (rules/evaluation.smk):
 
-1. :func:`embed_language` — one variant's encoder for one language encodes every sentence of
+1. :func:`embed_language` — for one language, every evaluated system encodes every sentence of
    that language in every configured evaluation dataset, once (tasks that share sentences, such
-   as bitext mining and RSIM on FLORES, share the embeddings):
-   ``results/{base}/eval/embeddings/{variant}/{lang}/{dataset}.parquet`` (``text``, ``embedding``).
+   as bitext mining and RSIM on FLORES, share the embeddings; systems with the same modules for
+   the language, such as English in every Mod_* variant, share the encoding):
+   ``results/{base}/eval/embeddings/{group}/{lang}/{variant}/{dataset}.parquet`` (``text``,
+   ``embedding``). One job per (group, language): ``modular`` (the base model, the modular
+   variants and ablations on one shared body, loaded once) and ``full`` (the monolithic
+   baselines, whose retraining then leaves the modular embeddings alone).
 2. :func:`score_dataset` — the paper's protocol for one (variant, dataset), from those files and
    the normalised dataset subsets (:mod:`modsent.evaluation_data`), into one JSON:
 
@@ -34,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -120,21 +125,37 @@ def read_embeddings(path: str | Path) -> EmbeddingTable:
     return EmbeddingTable(table.column("text").to_pylist(), values.reshape(len(table), dim), str(path))
 
 
-def embed_language(encoder, lang: str, datasets: dict[str, list[str | Path]], out_dir: str | Path, *,
-                   batch_size: int = 64) -> dict[str, int]:
-    """Encode ``lang``'s sentences of each dataset (``{name: [subset parquet paths]}``) with
-    ``encoder`` (anything with ``encode(sentences, lang=, batch_size=)``) into
-    ``out_dir/{name}.parquet``; the directory is written atomically. Returns sentence counts."""
+def embed_language(encoders: dict, lang: str, datasets: dict[str, list[str | Path]], out_dir: str | Path, *,
+                   batch_size: int = 64) -> dict[str, dict[str, int]]:
+    """Encode ``lang``'s sentences of each dataset (``{name: [subset parquet paths]}``) with each
+    system's encoder (``{system: encoder}``, anything with ``encode(sentences, lang=,
+    batch_size=)``) into ``out_dir/{system}/{name}.parquet``; the directory is written
+    atomically. Encoders that compute the same function (equal ``encoder`` and ``key``
+    attributes, see :func:`modsent.variants.build_language_encoders`) encode once.
+    Returns sentence counts per system and dataset."""
+    texts = {}
+    for name, paths in datasets.items():
+        kind = ed.DATASETS[name].kind
+        texts[name] = sentences_of(kind, [ed.read_subset(path) for path in paths], lang)
+        log.info("%s %s: %d sentences", name, lang, len(texts[name]))
+    done: dict[tuple, Path] = {}
     counts = {}
     with atomic_path(out_dir, directory=True) as tmp:
-        for name, paths in datasets.items():
-            kind = ed.DATASETS[name].kind
-            frames = [ed.read_subset(path) for path in paths]
-            texts = sentences_of(kind, frames, lang)
-            log.info("%s %s: %d sentences", name, lang, len(texts))
-            vectors = encoder.encode(texts, lang=lang, batch_size=batch_size) if texts else np.zeros((0, 0))
-            write_embeddings(tmp / f"{name}.parquet", texts, vectors)
-            counts[name] = len(texts)
+        for system, encoder in encoders.items():
+            identity = (id(getattr(encoder, "encoder", encoder)), getattr(encoder, "key", system))
+            (tmp / system).mkdir()
+            counts[system] = {}
+            for name, sentences in texts.items():
+                target = tmp / system / f"{name}.parquet"
+                if (identity, name) in done:  # the same modules as another system: same vectors
+                    shutil.copyfile(done[identity, name], target)
+                else:
+                    vectors = (encoder.encode(sentences, lang=lang, batch_size=batch_size) if sentences
+                               else np.zeros((0, 0)))
+                    write_embeddings(target, sentences, vectors)
+                    done[identity, name] = target
+                counts[system][name] = len(sentences)
+            log.info("%s %s: encoded", system, lang)
         (tmp / "counts.json").write_text(json.dumps(counts, indent=2) + "\n", encoding="utf-8")
     return counts
 
@@ -307,6 +328,8 @@ def per_language_frames(results: Sequence[dict], variants: Sequence[str]) -> dic
     out = {}
     for key, rows in tables.items():
         frame = pd.DataFrame.from_dict(rows, orient="index")
+        if key.endswith("_rsim"):
+            frame.attrs["unit"] = "pearson"
         frame = frame.reindex([v for v in variants if v in frame.index])
         frame.index.name = "variant"
         out[key] = frame
@@ -317,7 +340,8 @@ def _markdown(frame: pd.DataFrame, digits: int = 1) -> str:
     columns = [frame.index.name or ""] + [str(c) for c in frame.columns]
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(["---"] + ["---:"] * len(frame.columns)) + "|"]
     for index, row in frame.iterrows():
-        cells = ["" if pd.isna(v) else f"{v:.{digits}f}" for v in row]
+        cells = ["" if pd.isna(v) else f"{v:.{3 if str(c).startswith('RSIM') or frame.attrs.get('unit') == 'pearson' else digits}f}"
+                 for c, v in zip(frame.columns, row)]
         lines.append("| " + " | ".join([str(index)] + cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -386,13 +410,16 @@ def _plot_xsim_heatmaps(results: Sequence[dict], variants: Sequence[str], path: 
 
 
 def aggregate(score_paths: Sequence[str | Path], variants: Sequence[str], *, csv_path, md_path, plot_path,
-              heatmap_path, per_language_dir, base: str = "") -> pd.DataFrame:
-    """Write the summary table (CSV, Markdown), per-language tables and the plots."""
+              heatmap_path, per_language_dir, missing: dict[str, Sequence[str]] | None = None,
+              base: str = "") -> pd.DataFrame:
+    """Write the summary table (CSV, Markdown), per-language tables and the plots. ``missing``:
+    dataset → the configured languages it lacks, listed under the table."""
     results = [json.loads(Path(p).read_text(encoding="utf-8")) for p in score_paths]
     frame = summary_frame(results, variants)
     with atomic_path(csv_path) as tmp:
         frame.to_csv(tmp, float_format="%.4f")
-    missing = sorted({(r["dataset"], lang) for r in results for lang in r.get("missing_languages", [])})
+    missing = sorted({(dataset, lang) for dataset, langs in (missing or {}).items() for lang in langs}
+                     | {(r["dataset"], lang) for r in results for lang in r.get("missing_languages", [])})
     lines = [f"# Evaluation summary{f' · {base}' if base else ''}", "",
              "Rows: variants. Columns: task, dataset and score, averaged over languages (or language pairs). "
              "STS/STR: Spearman ×100; BM: xsim error rate % (ratio margin, k = 4; lower is better); "

@@ -284,16 +284,69 @@ def build_encoder(name: str, results_dir: str | Path, base_model_dir: str | Path
         return SentenceTransformerEncoder(path, device)
     encoder = ModularEncoder(base_model_dir, device=device)
     for lang in languages:
-        recipe = system.recipe(lang)
-        modules = {}
-        for key, relative in (("language_adapter", recipe.language_adapter),
-                              ("sentence_adapter", recipe.sentence_adapter), ("alignment", recipe.alignment)):
-            path = results_dir / relative if relative else None
-            if path is not None and not path.is_dir():
-                if key == "language_adapter":  # the language skips its LA
-                    path = None
-                else:
-                    raise InputError(f"variant {name}: {path} does not exist (needed for {lang!r})")
-            modules[key] = path
-        encoder.add_language(lang, **modules)
+        encoder.add_language(lang, **_modules(system, results_dir, lang))
     return encoder
+
+
+def _modules(system, results_dir: Path, lang: str) -> dict[str, Path | None]:
+    """The module directories of ``lang`` in a modular (or base) system, for add_language."""
+    recipe = system.recipe(lang)
+    modules = {}
+    for key, relative in (("language_adapter", recipe.language_adapter),
+                          ("sentence_adapter", recipe.sentence_adapter), ("alignment", recipe.alignment)):
+        path = results_dir / relative if relative else None
+        if path is not None and not path.is_dir():
+            if key == "language_adapter":  # the language skips its LA
+                path = None
+            else:
+                raise InputError(f"variant {system.name}: {path} does not exist (needed for {lang!r})")
+        modules[key] = path
+    return modules
+
+
+def group_of(name: str) -> str:
+    """``full`` for a monolithic baseline, ``modular`` for the base model and every variant
+    that runs on the shared base body (modular variants and ablations)."""
+    return "full" if variant(name).kind == "full" else "modular"
+
+
+class KeyedEncoder:
+    """One system's encoder for one language: a key of a shared ModularEncoder, or a
+    monolithic model. ``key`` identifies what it computes (systems with equal modules share it)."""
+
+    def __init__(self, encoder, key: str, lang: str):
+        self.encoder, self.key, self.lang = encoder, key, lang
+
+    def encode(self, sentences: Sequence[str], lang: str | None = None, batch_size: int = 32):
+        return self.encoder.encode(sentences, lang=self.key if self.key != "*" else self.lang,
+                                   batch_size=batch_size)
+
+
+def build_language_encoders(names: Sequence[str], results_dir: str | Path, base_model_dir: str | Path,
+                            lang: str, *, merge_weights: Sequence[float] | None = None,
+                            device: str | None = None) -> dict[str, KeyedEncoder]:
+    """An encoder of ``lang`` for each system in ``names``. The base model and the modular
+    systems share one ModularEncoder (one body, each system's modules registered under a key);
+    systems whose modules for ``lang`` are the same (English in Mod_m, Mod_mc-*, Mod_en, Mod_c)
+    share a key, so a caller can encode once for all of them."""
+    from modsent.modular_encoder import ModularEncoder
+
+    results_dir = Path(results_dir)
+    out: dict[str, KeyedEncoder] = {}
+    modular = None
+    keys: dict[tuple, str] = {}
+    for name in names:
+        system = variant(name, merge_weights)
+        if system.kind == "full":
+            out[name] = KeyedEncoder(build_encoder(name, results_dir, base_model_dir, [lang], device=device),
+                                     "*", lang)
+            continue
+        modules = _modules(system, results_dir, lang)
+        signature = tuple(sorted((k, str(v)) for k, v in modules.items()))
+        if signature not in keys:
+            if modular is None:
+                modular = ModularEncoder(base_model_dir, device=device)
+            keys[signature] = name
+            modular.add_language(name, **modules)
+        out[name] = KeyedEncoder(modular, keys[signature], lang)
+    return out

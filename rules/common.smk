@@ -1,6 +1,7 @@
 # Helpers shared by all stages (config checking, names, input functions, targets).
 # No rule lives here; each stage has its own file.
 
+import functools
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from modsent import languages as registry
 
 LANGUAGE_REGEX = registry.wildcard_regex()
 SLUG_REGEX = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+SUBSET_REGEX = f"(?:{LANGUAGE_REGEX})(?:-(?:{LANGUAGE_REGEX}))?"  # a language or a pair
 ENV = "../envs/modsent.yaml"
 
 
@@ -64,23 +66,12 @@ def translation_targets():
     return expand("resources/translations/{lang}.parquet", lang=non_english())
 
 
-def evaluation_data_targets():
-    if not config["evaluation_data"]["builtin"]:
-        return []
-    return expand(
-        "resources/eval/{task}/{lang}.parquet",
-        task=["parallel", "classification"],
-        lang=languages(),
-    )
-
-
 def input_targets():
     return (
         [base_model_dir()]
         + [corpus_path(lang) for lang in languages()]
         + paraphrase_source_paths()
         + translation_targets()
-        + evaluation_data_targets()
         + ["resources/inputs_summary.md"]
     )
 
@@ -199,6 +190,150 @@ def alignment_targets():
         weight=merge_weight_names(), lang=non_english())
 
 
+# ---- evaluation -----------------------------------------------------------------------------
+
+
+def evaluation_datasets():
+    """Configured evaluation dataset name → {source, revision}."""
+    return config["evaluation"]["datasets"]
+
+
+@functools.cache
+def _dataset_subsets(name):
+    from modsent import evaluation_data
+
+    return evaluation_data.subsets(name, languages(), evaluation_datasets()[name].get("source"))
+
+
+def dataset_subsets(name):
+    """The subsets of a dataset that the configured languages have (language or pair names)."""
+    return _dataset_subsets(name)[0]
+
+
+def dataset_missing(name):
+    """The configured languages a dataset lacks (listed in the summary, not an error)."""
+    return _dataset_subsets(name)[1]
+
+
+def dataset_languages(name):
+    from modsent.evaluation import subset_languages
+
+    found = {lang for subset in dataset_subsets(name) for lang in subset_languages(subset)}
+    return [lang for lang in languages() if lang in found]
+
+
+def subset_path(name, subset):
+    return f"resources/eval/{name}/{subset}.parquet"
+
+
+def evaluation_subset_settings(wildcards):
+    settings = evaluation_datasets()[wildcards.dataset] or {}
+    return {"source": settings.get("source"), "revision": settings.get("revision")}
+
+
+def evaluated_variants():
+    from modsent import variants
+
+    chosen = config["evaluation"]["variants"]
+    return list(chosen) if chosen is not None else variants.evaluated_variants(config)
+
+
+def _language_datasets(lang):
+    """dataset → the subset files that hold sentences in ``lang``."""
+    from modsent.evaluation import subset_languages
+
+    out = {}
+    for name in evaluation_datasets():
+        paths = [subset_path(name, subset) for subset in dataset_subsets(name)
+                 if lang in subset_languages(subset)]
+        if paths:
+            out[name] = paths
+    return out
+
+
+def group_variants(group):
+    """The evaluated systems of an embedding group: ``modular`` (base, Mod_*) or ``full``."""
+    from modsent import variants
+
+    return [name for name in evaluated_variants() if variants.group_of(name) == group]
+
+
+def embedding_groups():
+    return [group for group in ("modular", "full") if group_variants(group)]
+
+
+def embedding_inputs(wildcards):
+    from modsent import variants
+
+    modules = {
+        f"results/{wildcards.base}/{path}"
+        for name in group_variants(wildcards.group)
+        for path in variants.module_paths(name, wildcards.lang, config["alignment"]["merge_weights"],
+                                          modsent_config.specialized_languages(config))
+    }
+    return {
+        "base": base_model_dir(),
+        "modules": sorted(modules),
+        "subsets": [path for paths in _language_datasets(wildcards.lang).values() for path in paths],
+    }
+
+
+def embedding_datasets(wildcards):
+    return _language_datasets(wildcards.lang)
+
+
+def embedding_variants(wildcards):
+    return group_variants(wildcards.group)
+
+
+def embedding_merge_weights(wildcards):
+    """Only Mod_c reads a merge weight (its CLA merge uses the first)."""
+    return config["alignment"]["merge_weights"][:1] if "Mod_c" in group_variants(wildcards.group) else None
+
+
+def score_inputs(wildcards):
+    name = wildcards.dataset
+    return {
+        "subsets": [subset_path(name, subset) for subset in dataset_subsets(name)],
+        "embeddings": expand("results/{base}/eval/embeddings/{group}/{lang}", base=wildcards.base,
+                             group=_group_of(wildcards.variant), lang=dataset_languages(name)),
+    }
+
+
+def _group_of(name):
+    from modsent import variants
+
+    return variants.group_of(name)
+
+
+def score_settings(wildcards):
+    name = wildcards.dataset
+    return {
+        "subsets": {subset: subset_path(name, subset) for subset in dataset_subsets(name)},
+        "languages": dataset_languages(name),
+        "embeddings": f"results/{wildcards.base}/eval/embeddings/{_group_of(wildcards.variant)}",
+        "k": config["evaluation"]["xsim_k"],
+        "margin": config["evaluation"]["xsim_margin"],
+        "seed": config["evaluation"]["seed"],
+    }
+
+
+def evaluation_missing():
+    """dataset → the configured languages it lacks (listed in the summary)."""
+    return {name: dataset_missing(name) for name in evaluation_datasets()}
+
+
+def score_paths(wildcards):
+    return expand("results/{base}/eval/scores/{variant}/{dataset}.json", base=wildcards.base,
+                  variant=evaluated_variants(), dataset=list(evaluation_datasets()))
+
+
+def evaluation_targets():
+    if not evaluation_datasets():
+        return []
+    return expand("results/{base}/{name}", base=base_name(), name=["summary.csv", "summary.md"])
+
+
 def all_targets():
     """Everything the configured run produces: the target list of the default target."""
     return (
@@ -207,4 +342,6 @@ def all_targets():
         + specialization_targets()
         + sentence_encoding_targets()
         + alignment_targets()
+        + baseline_targets()
+        + evaluation_targets()
     )

@@ -19,22 +19,25 @@ rule evaluation_subset:
 
 
 rule evaluation_embeddings:
-    """Every evaluation sentence in one language, encoded once by one variant."""
+    """Every evaluation sentence in one language, encoded once by each evaluated system of a
+    group: ``modular`` (the base model and every Mod_* variant on one shared body) or ``full``
+    (the monolithic baselines)."""
     input:
         unpack(embedding_inputs),
     output:
-        directory("results/{base}/eval/embeddings/{variant}/{lang}"),
+        directory("results/{base}/eval/embeddings/{group}/{lang}"),
     params:
+        variants=embedding_variants,
         datasets=embedding_datasets,
         batch_size=config["evaluation"]["batch_size"],
-        merge_weights=config["alignment"]["merge_weights"],
-    threads: workflow.cores
+        merge_weights=embedding_merge_weights,
+    threads: job_threads("gpu_encode")
     resources:
         **job_resources("gpu_encode"),
     log:
-        "logs/{base}/eval/embeddings/{variant}/{lang}.log",
+        "logs/{base}/eval/embeddings/{group}/{lang}.log",
     benchmark:
-        "logs/{base}/benchmarks/eval_embeddings/{variant}/{lang}.tsv"
+        "logs/{base}/benchmarks/eval_embeddings/{group}/{lang}.tsv"
     conda:
         ENV
     script:
@@ -73,6 +76,7 @@ rule evaluation_summary:
                             category="Per language", caption="../report/per_language.rst"),
     params:
         variants=evaluated_variants(),
+        missing=evaluation_missing(),
     resources:
         **job_resources("cpu"),
     log:

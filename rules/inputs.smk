@@ -49,35 +49,6 @@ rule provided_translations:
         "../workflow_scripts/provided_translations.py"
 
 
-rule builtin_parallel_eval:
-    """The built-in held-out sentences of one language, aligned by id across languages
-    (bitext mining, RSIM)."""
-    output:
-        "resources/eval/parallel/{lang}.parquet",
-    resources:
-        **job_resources("cpu"),
-    log:
-        "logs/eval/parallel/{lang}.log",
-    conda:
-        ENV
-    script:
-        "../workflow_scripts/builtin_eval.py"
-
-
-rule builtin_classification_eval:
-    """The built-in held-out labelled sentences of one language (topic classification)."""
-    output:
-        "resources/eval/classification/{lang}.parquet",
-    resources:
-        **job_resources("cpu"),
-    log:
-        "logs/eval/classification/{lang}.log",
-    conda:
-        ENV
-    script:
-        "../workflow_scripts/builtin_eval.py"
-
-
 rule inputs_summary:
     """A table of what every input holds: rows, sources, and time of preparation."""
     input:

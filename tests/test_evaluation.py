@@ -76,8 +76,8 @@ def _embed_all(encoder, paths, out_root):
         datasets = {name: [p for subset, p in subsets.items() if subset == lang] for name, subsets in paths.items()}
         datasets["tatoeba"] = [paths["tatoeba"][lang]] if lang != "en" else list(paths["tatoeba"].values())
         datasets = {name: files for name, files in datasets.items() if files}
-        ev.embed_language(encoder, lang, datasets, out_root / lang)
-        dirs[lang] = out_root / lang
+        ev.embed_language({"V": encoder}, lang, datasets, out_root / lang)
+        dirs[lang] = out_root / lang / "V"
     return dirs
 
 
@@ -104,7 +104,7 @@ def test_embeddings_are_encoded_once_per_language_and_reload(subsets, tmp_path):
     assert sorted(english.texts) == sorted(f"en:{i}" for i in range(N))
     with pytest.raises(InputError, match="no embedding for"):
         table(["de:unknown"])
-    assert json.loads((dirs["ky"] / "counts.json").read_text())["flores"] == N
+    assert json.loads((dirs["ky"].parent / "counts.json").read_text())["V"]["flores"] == N
 
 
 def test_scores_known_by_construction(subsets, tmp_path):
@@ -171,3 +171,18 @@ def test_subset_names():
     assert ev.subset_languages("en-zh-Hant") == ["en", "zh-Hant"]
     with pytest.raises(InputError):
         ev.subset_languages("xx-yy")
+
+
+def test_systems_with_equal_modules_encode_once(subsets, tmp_path):
+    """Two systems behind one encoder and key (as English in Mod_m and Mod_mc) are encoded once
+    and get identical files; a third with its own key is encoded separately."""
+    from modsent.variants import KeyedEncoder
+
+    table = TableEncoder(_parallel_vectors())
+    shared = {"Mod_m": KeyedEncoder(table, "en", "en"), "Mod_mc-0.5": KeyedEncoder(table, "en", "en"),
+              "base": KeyedEncoder(TableEncoder(_parallel_vectors(offset=1.0)), "en", "en")}
+    ev.embed_language(shared, "en", {"flores": [subsets["flores"]["en"]]}, tmp_path / "en")
+    assert len(table.calls) == 1
+    one, two, other = (ev.read_embeddings(tmp_path / "en" / name / "flores.parquet")
+                       for name in ("Mod_m", "Mod_mc-0.5", "base"))
+    assert np.array_equal(one.embeddings, two.embeddings) and not np.allclose(one.embeddings, other.embeddings)

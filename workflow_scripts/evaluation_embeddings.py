@@ -1,6 +1,5 @@
-# rule evaluation_embeddings: one variant's encoder for one language encodes that language's
-# sentences of every evaluation dataset.
-import logging
+# rule evaluation_embeddings: every evaluated system of a group encodes one language's sentences
+# of every evaluation dataset (modular systems share one body; equal modules encode once).
 from pathlib import Path
 
 import torch
@@ -11,8 +10,8 @@ from modsent.logs import setup_logging
 setup_logging(snakemake.log[0])
 torch.set_num_threads(snakemake.threads)
 lang = snakemake.wildcards.lang
-results_dir = Path("results") / snakemake.wildcards.base
-encoder = variants.build_encoder(snakemake.wildcards.variant, results_dir, snakemake.input.base, [lang])
-counts = evaluation.embed_language(encoder, lang, snakemake.params.datasets, snakemake.output[0],
-                                   batch_size=snakemake.params.batch_size)
-logging.getLogger("modsent").info("%s %s: %s", snakemake.wildcards.variant, lang, counts)
+encoders = variants.build_language_encoders(
+    snakemake.params.variants, Path("results") / snakemake.wildcards.base, snakemake.input.base, lang,
+    merge_weights=snakemake.params.merge_weights)
+evaluation.embed_language(encoders, lang, snakemake.params.datasets, snakemake.output[0],
+                          batch_size=snakemake.params.batch_size)

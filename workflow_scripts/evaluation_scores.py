@@ -7,9 +7,9 @@ from modsent.logs import setup_logging
 setup_logging(snakemake.log[0])
 settings = snakemake.params.settings
 dataset = snakemake.wildcards.dataset
-root = Path("results") / snakemake.wildcards.base / "eval" / "embeddings" / snakemake.wildcards.variant
+variant = snakemake.wildcards.variant
+root = Path(settings["embeddings"])
 result = evaluation.score_dataset(
-    dataset, settings["subsets"], {lang: root / lang / f"{dataset}.parquet" for lang in settings["languages"]},
-    settings["all_languages"], variant=snakemake.wildcards.variant, missing=settings["missing"],
-    k=settings["k"], margin=settings["margin"], seed=settings["seed"])
+    dataset, settings["subsets"], {lang: root / lang / variant / f"{dataset}.parquet" for lang in settings["languages"]},
+    settings["languages"], variant=variant, k=settings["k"], margin=settings["margin"], seed=settings["seed"])
 evaluation.write_scores(snakemake.output[0], result)

@@ -6,4 +6,4 @@ setup_logging(snakemake.log[0])
 out = snakemake.output
 evaluation.aggregate(snakemake.input, snakemake.params.variants, csv_path=out.csv, md_path=out.md,
                      plot_path=out.plot, heatmap_path=out.heatmap, per_language_dir=out.per_language,
-                     base=snakemake.wildcards.base)
+                     missing=snakemake.params.missing, base=snakemake.wildcards.base)
