@@ -88,13 +88,15 @@ def _write_embeddings(args, sentences: list[str], vectors) -> None:
     pd.DataFrame({args.column: sentences, "embedding": list(vectors)}).to_parquet(args.output, index=False)
 
 
-def load_encoder(model: str, lang: str | None, base: str | None, alignment: str):
-    """An encoder for ``model``: an exported directory, or a results/{base} tree whose language
-    modules (LA, SE, CLA ``alignment`` variant) are assembled in a ModularEncoder."""
+def load_encoder(model: str, lang: str | None, base: str | None, variant: str):
+    """An encoder for ``model``: an exported directory, or a results/{base} tree from which
+    :func:`modsent.variants.build_encoder` assembles system ``variant`` (default Mod_mc) for
+    ``lang`` (or every language with a sentence-encoding adapter)."""
     from pathlib import Path
 
+    from modsent import variants
     from modsent.io import InputError
-    from modsent.modular_encoder import ModularEncoder, load_exported
+    from modsent.modular_encoder import load_exported
 
     root = Path(model)
     if (root / "modules.json").is_file():
@@ -102,30 +104,22 @@ def load_encoder(model: str, lang: str | None, base: str | None, alignment: str)
     base_dir = Path(base) if base else root.parent.parent / "resources" / "base_models" / root.name
     if not (base_dir / "config.json").is_file():
         raise InputError(f"{base_dir}: no base model there; give it with --base")
-    encoder = ModularEncoder(base_dir)
-    langs = [lang] if lang else sorted(p.name for p in (root / "sentence_adapters").iterdir() if p.is_dir())
-    for code in langs:
-        modules = {"language_adapter": root / "language_adapters" / code,
-                   "sentence_adapter": root / "sentence_adapters" / code,
-                   "alignment": root / "alignment" / alignment / code}
-        modules = {k: v if v.is_dir() else None for k, v in modules.items()}
-        if modules["sentence_adapter"] is None:
-            available = sorted(p.name for p in (root / "sentence_adapters").glob("*") if p.is_dir())
-            raise InputError(f"no modules for language {code!r} under {root}; available: {', '.join(available)}")
-        encoder.add_language(code, **modules)
-    return encoder
+    available = sorted(p.name for p in (root / "sentence_adapters").glob("*") if p.is_dir())
+    if lang is not None and lang not in available:
+        raise InputError(f"no modules for language {lang!r} under {root}; available: {', '.join(available) or 'none'}")
+    return variants.build_encoder(variant, root, base_dir, [lang] if lang else available)
 
 
 def cmd_encode(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     sentences = _read_sentences(args)
-    encoder = load_encoder(args.model, args.lang, args.base, args.alignment)
+    encoder = load_encoder(args.model, args.lang, args.base, args.variant)
     chunks = []
     with tqdm(total=len(sentences), unit="sentence", file=sys.stderr, disable=args.quiet) as bar:
         for start in range(0, len(sentences), args.batch_size * 8):
             batch = sentences[start:start + args.batch_size * 8]
-            if hasattr(encoder, "languages"):
+            if not hasattr(encoder, "similarity"):  # a modsent encoder, not a SentenceTransformer
                 chunks.append(encoder.encode(batch, lang=args.lang, batch_size=args.batch_size))
             else:
                 chunks.append(encoder.encode(batch, batch_size=args.batch_size, normalize_embeddings=True))
@@ -154,6 +148,9 @@ LANGUAGE_OUTPUTS = (
     "results/{base}/language_adapters/{lang}",
     "results/{base}/sentence_adapters/{lang}",
     "results/{base}/alignment/*/{lang}",
+    "results/{base}/ablations/sentence_adapters_base/{lang}",
+    "results/{base}/ablations/alignment_la/*/{lang}",
+    "results/{base}/eval/embeddings/*/{lang}",
 )
 
 
@@ -201,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help="exported encoder directory or results/{base}")
     p.add_argument("--lang", help="language code; omitted: detected per sentence")
     p.add_argument("--base", help="base model directory (default: resources/base_models/{base})")
-    p.add_argument("--alignment", default="merged-0.5", help="CLA variant directory under alignment/")
+    p.add_argument("--variant", default="Mod_mc", help="the system to assemble from a results tree: Mod_mc "
+                   "(merged alignment, weight 0.5), Mod_mc-0.7, Mod_mc-pp, Mod_mc-pl, Mod_m, Mod_en, base, Full_m, ...")
     p.add_argument("--input", help="input file (default: stdin)")
     p.add_argument("--input-format", choices=["txt", "jsonl", "parquet"], default="txt")
     p.add_argument("--output", help="output file (default: stdout)")

@@ -41,8 +41,8 @@ def test_all_outputs_exist_and_reload(run):
         lines = (run / f"resources/corpora/{lang}.txt").read_text("utf-8").splitlines()
         assert 0 < len(lines) <= config["corpora"]["max_sentences"]
         assert (run / f"logs/corpora/{lang}.log").stat().st_size > 0
-        for task in ["parallel", "classification"]:
-            assert len(pd.read_parquet(run / f"resources/eval/{task}/{lang}.parquet")) > 0
+        for dataset in ["builtin_parallel", "builtin_topics"]:
+            assert len(pd.read_parquet(run / f"resources/eval/{dataset}/{lang}.parquet")) > 0
     pairs = pd.read_parquet(run / "resources/paraphrases/builtin.parquet")
     assert len(pairs) == config["paraphrases"]["builtin"]["max_pairs"]
     for lang in languages:
@@ -148,6 +148,12 @@ def test_encode_command_line(run, tmp_path):
     assert len((tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()) == 2
     proc = subprocess.run(cli + ["--lang", "fr"], input=b"x\n", capture_output=True)
     assert proc.returncode == 2 and b"available: de, en, ky" in proc.stderr
+    # another system of the same tree: Mod_m (no alignment adapter) encodes ky differently
+    proc = subprocess.run(cli + ["--lang", "ky", "--variant", "Mod_m"], input=("\n".join(sentences) + "\n").encode(),
+                          capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    (tmp_path / "m.npy").write_bytes(proc.stdout)
+    assert not np.allclose(np.load(tmp_path / "m.npy"), vectors, atol=1e-3)
 
 
 def test_rerun_has_nothing_to_do(run):
@@ -212,3 +218,46 @@ def test_variants_assemble_from_the_results_tree(run):
     english = {name: build_encoder(name, results, base, ["en"]).encode(["Hello"], lang="en")
                for name in ["Mod_m", "Mod_mc-0.5"]}
     assert np.allclose(english["Mod_m"], english["Mod_mc-0.5"])  # English has no CLA adapter
+
+
+def test_evaluation_summary_has_every_system_and_task(run):
+    import json
+
+    import numpy as np
+
+    from modsent import variants
+
+    config = yaml.safe_load(CONFIG.read_text())
+    from modsent.config import check_config  # fills nothing: the schema defaults come from validate
+
+    check_config(config)
+    from snakemake.utils import validate
+
+    validate(config, str(REPO / "schemas/config.schema.yaml"))
+    systems = variants.evaluated_variants(config)
+    assert systems[0] == "base" and "Full_mc" in systems and "Mod_c" in systems and "Mod_mc-0.7" in systems
+    table = pd.read_csv(run / "results/tiny/summary.csv", index_col=0)
+    assert list(table.index) == systems
+    assert {"BM builtin_parallel xsim err ↓", "RSIM builtin_parallel", "TC builtin_topics mono",
+            "TC builtin_topics zero-shot"} <= set(table.columns)
+    assert table["BM builtin_parallel xsim err ↓"].between(0, 100).all()
+    assert table["TC builtin_topics mono"].between(0, 100).all()
+    assert table["RSIM builtin_parallel"].between(-1, 1).all()
+    for system in systems:
+        scores = json.loads((run / f"results/tiny/eval/scores/{system}/builtin_parallel.json").read_text())
+        pairs = scores["scores"]["xsim"]["values"]
+        assert set(pairs) == {f"{a}-{b}" for a in ["en", "de", "ky"] for b in ["en", "de", "ky"] if a != b}
+        assert np.mean(list(pairs.values())) == pytest.approx(table.loc[system, "BM builtin_parallel xsim err ↓"], abs=1e-3)
+    # English is encoded once for every system whose English modules are equal
+    en = run / "results/tiny/eval/embeddings/modular/en"
+    assert (en / "Mod_m" / "builtin_parallel.parquet").read_bytes() == (en / "Mod_mc-0.5" / "builtin_parallel.parquet").read_bytes()
+    assert (run / "results/tiny/eval/per_language/builtin_parallel_xsim.md").is_file()
+    for png in ("summary.png", "xsim_heatmaps.png"):
+        assert (run / "results/tiny/eval" / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_has_the_summary(run, tmp_path):
+    report = tmp_path / "report.html"
+    snakemake(run, "--report", str(report))
+    html = report.read_text(encoding="utf-8", errors="replace")
+    assert report.stat().st_size > 10_000 and "summary.md" in html and "xsim_heatmaps.png" in html
