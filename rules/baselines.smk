@@ -86,7 +86,9 @@ rule full_baseline:
     params:
         settings=full_baseline_settings,
         languages=full_baseline_languages,
-    threads: workflow.cores
+    threads: job_threads("gpu_train")
+    resources:
+        **job_resources("gpu_train"),
     log:
         "logs/{base}/baselines/{name}.log",
     benchmark:
@@ -103,6 +105,8 @@ rule full_baseline_summary:
         full_baseline_dirs,
     output:
         "results/{base}/baselines/summary.md",
+    resources:
+        **job_resources("cpu"),
     log:
         "logs/{base}/baselines/summary.log",
     conda:
@@ -120,7 +124,9 @@ rule ablation_sentence_adapter:
         directory("results/{base}/ablations/sentence_adapters_base/{lang}"),
     params:
         settings=config["sentence_adapter"],
-    threads: workflow.cores
+    threads: job_threads("gpu_train")
+    resources:
+        **job_resources("gpu_train"),
     log:
         "logs/{base}/ablations/sentence_adapters_base/{lang}.log",
     benchmark:
@@ -141,7 +147,9 @@ rule ablation_alignment_adapter:
         directory("results/{base}/ablations/alignment_la/{kind}/{lang}"),
     params:
         settings=ablation_alignment_settings,
-    threads: workflow.cores
+    threads: job_threads("gpu_train")
+    resources:
+        **job_resources("gpu_train"),
     log:
         "logs/{base}/ablations/alignment_la/{kind}/{lang}.log",
     benchmark:
@@ -159,6 +167,8 @@ rule ablation_merge_alignment:
         pl="results/{base}/ablations/alignment_la/pl/{lang}",
     output:
         directory("results/{base}/ablations/alignment_la/merged-{weight}/{lang}"),
+    resources:
+        **job_resources("cpu"),
     log:
         "logs/{base}/ablations/alignment_la/merged-{weight}/{lang}.log",
     conda:
