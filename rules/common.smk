@@ -9,6 +9,7 @@ sys.path.insert(0, str(Path(workflow.basedir)))  # import modsent from this chec
 
 from modsent import config as modsent_config
 from modsent import languages as registry
+from modsent import variants as modsent_variants
 
 LANGUAGE_REGEX = registry.wildcard_regex()
 SLUG_REGEX = r"[A-Za-z0-9][A-Za-z0-9._-]*"
@@ -188,6 +189,71 @@ def alignment_targets():
     return [f"results/{base_name()}/alignment/summary.md"] + expand(
         "results/{base}/alignment/merged-{weight}/{lang}", base=base_name(),
         weight=merge_weight_names(), lang=non_english())
+
+
+# ---- baselines and ablations --------------------------------------------------------------
+
+
+def full_baseline_languages(wildcards):
+    """The languages whose pairs a full baseline trains on (Full_en: English only)."""
+    return modsent_variants.FULL_BASELINES[wildcards.name].training_languages(languages())
+
+
+def full_baseline_inputs(wildcards):
+    """The base model (Full_mc: Full_m's output instead) and the pairs it trains on."""
+    recipe = modsent_variants.FULL_BASELINES[wildcards.name]
+    inputs = {
+        "pairs": expand("results/paraphrase/{lang}.parquet", lang=full_baseline_languages(wildcards)),
+    }
+    if recipe.init is None:
+        inputs["base"] = f"resources/base_models/{wildcards.base}"
+    else:
+        inputs["init"] = f"results/{wildcards.base}/baselines/{recipe.init}"
+    return inputs
+
+
+def full_baseline_dirs(wildcards):
+    return expand("results/{base}/baselines/{name}", base=wildcards.base,
+                  name=config["baselines"]["full"])
+
+
+def ablation_alignment_inputs(wildcards):
+    """alignment_adapter's inputs without the SE adapter: base, L's LA (unless skipped), pairs."""
+    inputs = alignment_inputs(wildcards)
+    del inputs["sentence_adapter"]
+    return inputs
+
+
+def full_baseline_settings(wildcards):
+    """The training settings without the choice of systems: selecting another baseline or
+    ablation must not rerun the trained ones (Snakemake reruns a job whose params change)."""
+    return {k: v for k, v in config["baselines"].items() if k not in ("full", "ablations")}
+
+
+def ablation_alignment_settings(wildcards):
+    """The alignment settings, trained at the SE adapter's sequence length (the modular CLA
+    adapters read it from the SE adapter, which this ablation has not); without the merge
+    weights, so that adding one reruns no training."""
+    settings = {k: v for k, v in config["alignment"].items() if k != "merge_weights"}
+    return {**settings, "seq_len": config["sentence_adapter"]["seq_len"]}
+
+
+def baseline_targets():
+    """Every output of the baseline and ablation rules (rules/baselines.smk) the config asks for."""
+    section, base = config["baselines"], base_name()
+    targets = expand("results/{base}/baselines/{name}", base=base, name=section["full"])
+    if section["full"]:
+        targets.append(f"results/{base}/baselines/summary.md")
+    if "Mod_m-LA" in section["ablations"]:
+        targets += expand("results/{base}/ablations/sentence_adapters_base/{lang}", base=base,
+                          lang=languages())
+    if "Mod_c" in section["ablations"]:
+        targets += expand("results/{base}/ablations/alignment_la/merged-{weight}/{lang}", base=base,
+                          weight=merge_weight_names()[0], lang=non_english())
+    return targets
+
+
+# ---- rules --------------------------------------------------------------------------------
 
 
 # ---- evaluation -----------------------------------------------------------------------------
