@@ -17,7 +17,7 @@ and builders that combine languages use the pair_ids the languages share.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -107,24 +107,6 @@ def crosslingual_paraphrase_pairs(pairs_en: pd.DataFrame, pairs_l: pd.DataFrame)
 def parallel_pairs(translations: pd.DataFrame) -> pd.DataFrame:
     """(English sentence, its translation in L): the `pl` alignment data, one row per unit."""
     return translations.rename(columns={"text": "english"})[["unit_id", "english", "translation"]]
-
-
-def monolingual_mix_batches(pairs_by_lang: dict[str, pd.DataFrame], batch_size: int, seed: int,
-                            ) -> Iterator[tuple[str, pd.DataFrame]]:
-    """Full_m: batches of monolingual pairs, each batch in one randomly chosen language.
-
-    Every language's pairs are shuffled and cut into batches; the batches of all languages are
-    then interleaved in random order, so each pair is seen once per epoch in its languages."""
-    rng = np.random.default_rng(seed)
-    batches = []
-    for lang in sorted(pairs_by_lang):
-        frame = pairs_by_lang[lang]
-        order = rng.permutation(len(frame))
-        for start in range(0, len(order) - batch_size + 1, batch_size):
-            batches.append((lang, order[start:start + batch_size]))
-    for i in rng.permutation(len(batches)):
-        lang, rows = batches[i]
-        yield lang, pairs_by_lang[lang].iloc[rows].reset_index(drop=True)
 
 
 def crosslingual_mix(pairs_by_lang: dict[str, pd.DataFrame], seed: int) -> pd.DataFrame:

@@ -1,5 +1,4 @@
 import json
-from collections import Counter
 
 import pandas as pd
 import pytest
@@ -77,19 +76,6 @@ def test_pair_builders(english, units):
     assert first["positive"] == ky.set_index("pair_id").at[first["pair_id"], "positive"]
     parallel = pd_.parallel_pairs(translated)
     assert list(parallel.columns) == ["unit_id", "english", "translation"] and len(parallel) == len(units)
-
-
-def test_full_m_batches_are_monolingual_and_cover_each_pair_once(english):
-    frames = {"en": english, "de": english.assign(anchor="de:" + english["anchor"])}
-    seen = Counter()
-    langs = []
-    for lang, batch in pd_.monolingual_mix_batches(frames, batch_size=16, seed=0):
-        assert len(batch) == 16
-        assert batch["anchor"].str.startswith("de:").all() == (lang == "de")
-        seen.update((lang, pid) for pid in batch["pair_id"])
-        langs.append(lang)
-    assert max(seen.values()) == 1
-    assert set(langs) == {"en", "de"} and langs != sorted(langs)  # interleaved at random
 
 
 def test_full_c_draws_languages_independently(english):
