@@ -276,13 +276,50 @@ class ModularEncoder:
                 if isinstance(child, nn.Linear) and ".layer." in f"{name}.{child_name}":
                     setattr(module, child_name, RoutedLoRALinear(child))
         self._routed = {n: m for n, m in self.body.named_modules() if isinstance(m, RoutedLoRALinear)}
-        self.base_embeddings = self.body.embeddings.word_embeddings
+        words = self.body.embeddings.word_embeddings
+        self._embedding_dim, self._padding_idx = words.embedding_dim, words.padding_idx
         self.body.to(self.device)
         self.head.to(self.device).eval()
         self._identity = pa.base_model_identity(self.body)
+        # The base's word embeddings (250K rows: 384 MB for multilingual-e5-small, most of the
+        # body) serve only languages without a language adapter; they are dropped here and read
+        # back from the base's safetensors when such a language is added.
+        self._base_embeddings: nn.Embedding | None = words
+        self._base_embeddings_key = self._word_embeddings_key()
+        self._empty = nn.Embedding(1, self._embedding_dim).to(self.device).requires_grad_(False)
+        if self._base_embeddings_key is not None:
+            self._base_embeddings = None
+            self.body.embeddings.word_embeddings = self._empty
         self._languages: dict[str, _Language] = {}
         self._active: str | None = None
         self._identifier = None
+
+    # ---- base word embeddings (loaded on demand) ---------------------------------------------------
+
+    def _word_embeddings_key(self) -> str | None:
+        """The key of the word embedding matrix in the base's ``model.safetensors``, or None."""
+        from safetensors import safe_open
+
+        path = self.base_model_dir / "model.safetensors"
+        if not path.is_file():
+            return None
+        with safe_open(str(path), "pt") as handle:
+            keys = [key for key in handle.keys() if key.endswith("embeddings.word_embeddings.weight")]
+        return keys[0] if len(keys) == 1 else None
+
+    @property
+    def base_embeddings(self) -> nn.Embedding:
+        """The base model's word embeddings, read from its safetensors on first use."""
+        if self._base_embeddings is None:
+            from safetensors import safe_open
+
+            with safe_open(str(self.base_model_dir / "model.safetensors"), "pt") as handle:
+                weights = handle.get_tensor(self._base_embeddings_key).to(torch.float32)
+            embeddings = nn.Embedding(weights.shape[0], weights.shape[1], padding_idx=self._padding_idx)
+            with torch.no_grad():
+                embeddings.weight.copy_(weights)
+            self._base_embeddings = embeddings.requires_grad_(False).to(self.device)
+        return self._base_embeddings
 
     # ---- languages -------------------------------------------------------------------------------
 
@@ -309,12 +346,12 @@ class ModularEncoder:
             if not embeddings_path.is_file():
                 raise InputError(f"{la_dir}: no {la.EMBEDDINGS_NAME}: not a language adapter directory")
             weights = load_file(str(embeddings_path))["input_embeddings"]
-            if weights.shape[0] != len(tokenizer) or weights.shape[1] != self.base_embeddings.embedding_dim:
+            if weights.shape[0] != len(tokenizer) or weights.shape[1] != self._embedding_dim:
                 raise InputError(f"{embeddings_path}: embeddings of shape {list(weights.shape)} do not fit "
                                  f"the tokenizer ({len(tokenizer)} tokens) and this base model "
-                                 f"(dim {self.base_embeddings.embedding_dim}): another base model?")
+                                 f"(dim {self._embedding_dim}): another base model?")
             embeddings = nn.Embedding(weights.shape[0], weights.shape[1],
-                                      padding_idx=self.base_embeddings.padding_idx)
+                                      padding_idx=self._padding_idx)
             with torch.no_grad():
                 embeddings.weight.copy_(weights)
             embeddings.requires_grad_(False)
@@ -354,7 +391,8 @@ class ModularEncoder:
         pa.remove_parallel_adapters(self.body)
         for module in self._routed.values():
             module.active = []
-        self.body.embeddings.word_embeddings = self.base_embeddings
+        self.body.embeddings.word_embeddings = (self._base_embeddings if self._base_embeddings is not None
+                                                else self._empty)
         self._active = None
 
     def _activate(self, lang: str) -> _Language:

@@ -205,3 +205,21 @@ def test_fold_parallel_adapters_matches_the_hooked_adapter(act):
     error = (out - hooked).abs().max().item()
     assert error < (1e-5 if act == "relu" else 1e-3), error
     assert (unadapted - hooked).abs().max().item() > 50 * max(error, 1e-6)  # the adapter mattered
+
+
+def test_base_word_embeddings_are_held_only_for_languages_without_an_la(inputs):
+    """The base's vocabulary matrix (most of a multilingual body) is not kept while every
+    language brings its own embeddings; a language without an LA reads it back, exactly."""
+    from safetensors.torch import load_file
+
+    encoder = ModularEncoder(inputs["base"], device="cpu")
+    encoder.add_language("de", language_adapter=inputs["de"][0], sentence_adapter=inputs["de"][1])
+    assert encoder._base_embeddings is None
+    assert encoder.body.embeddings.word_embeddings.num_embeddings == 1
+    encoder.encode(GERMAN[:2], lang="de")
+    encoder.add_language("zh", sentence_adapter=inputs["zh"][1])
+    stored = load_file(str(inputs["base"] / "model.safetensors"))
+    key = next(k for k in stored if k.endswith("embeddings.word_embeddings.weight"))
+    assert torch.equal(encoder.base_embeddings.weight, stored[key].float())
+    reference = sa.load_sentence_encoder(inputs["base"], None, inputs["zh"][1], device="cpu").encode(CHINESE)
+    assert (np.sum(encoder.encode(CHINESE, lang="zh") * reference, axis=1) >= 0.9999).all()
