@@ -90,7 +90,7 @@ rule ablation_alignment_adapter:
     conda:
         ENV
     script:
-        "../workflow_scripts/ablation_alignment_adapter.py"
+        "../workflow_scripts/alignment_adapter.py"
 
 
 rule ablation_merge_alignment:

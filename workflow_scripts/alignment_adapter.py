@@ -1,4 +1,5 @@
-# rule alignment_adapter: the pp or pl parallel adapter of one language.
+# rules alignment_adapter and ablation_alignment_adapter: the pp or pl parallel adapter of one
+# language, on its LA + SE adapter (no SE input: Mod_c's adapter on the LA alone).
 import pandas as pd
 import torch
 
@@ -19,7 +20,7 @@ train_alignment_adapter(
     kind,
     snakemake.input.base,
     snakemake.input.get("language_adapter"),
-    snakemake.input.sentence_adapter,
+    snakemake.input.get("sentence_adapter"),
     pairs,
     snakemake.input.english,
     snakemake.output[0],
