@@ -318,8 +318,7 @@ class KeyedEncoder:
         self.encoder, self.key, self.lang = encoder, key, lang
 
     def encode(self, sentences: Sequence[str], lang: str | None = None, batch_size: int = 32):
-        return self.encoder.encode(sentences, lang=self.key if self.key != "*" else self.lang,
-                                   batch_size=batch_size)
+        return self.encoder.encode(sentences, lang=self.key, batch_size=batch_size)
 
 
 def build_language_encoders(names: Sequence[str], results_dir: str | Path, base_model_dir: str | Path,
@@ -339,7 +338,7 @@ def build_language_encoders(names: Sequence[str], results_dir: str | Path, base_
         system = variant(name, merge_weights)
         if system.kind == "full":
             out[name] = KeyedEncoder(build_encoder(name, results_dir, base_model_dir, [lang], device=device),
-                                     "*", lang)
+                                     lang, lang)  # a monolithic model: the language selects nothing
             continue
         modules = _modules(system, results_dir, lang)
         signature = tuple(sorted((k, str(v)) for k, v in modules.items()))
