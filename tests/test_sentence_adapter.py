@@ -88,11 +88,34 @@ def test_fresh_adapter_without_la_pools_as_the_base(tmp_path, make, pooling):
 
     base = make(tmp_path / "base", sample_texts(300), pooling=pooling)
     texts = sample_texts(40)[10:40]
-    reference = SentenceTransformer(str(base), device="cpu").encode(texts, batch_size=7)
+    st = SentenceTransformer(str(base), device="cpu")
+    reference = st.encode(texts, batch_size=7)
+    head, max_len = sa._sentence_head(base)  # loaded module by module, without the transformer
+    assert [type(m) for m in head] == [type(st[i]) for i in range(1, len(st))]
+    assert max_len == st.max_seq_length
     model = sa.build_model(base, None, sa.SentenceAdapterConfig())
     assert np.allclose(model.encode(texts, batch_size=7), reference, atol=1e-5)
     loaded = sa.load_sentence_encoder(base, None, None, device="cpu")
     assert np.allclose(loaded.encode(texts, batch_size=4), reference, atol=1e-5)
+
+
+@pytest.mark.parametrize("configured", [None, 24])
+def test_head_max_seq_length_follows_sentence_transformers(tmp_path, configured):
+    """Without a configured max_seq_length, sentence-transformers takes the tokenizer's
+    model_max_length capped at max_position_embeddings; ours must agree."""
+    import json
+
+    from sentence_transformers import SentenceTransformer
+
+    base = make_tiny_xlmr(tmp_path / "base", sample_texts(300), pooling="mean")
+    config = base / "sentence_bert_config.json"
+    settings = json.loads(config.read_text()) if config.is_file() else {}
+    settings.pop("max_seq_length", None)
+    if configured:
+        settings["max_seq_length"] = configured
+    config.write_text(json.dumps(settings))
+    expected = SentenceTransformer(str(base), device="cpu").max_seq_length
+    assert sa._sentence_head(base)[1] == expected == (configured or expected)
 
 
 def test_mnrl_equals_sentence_transformers():
