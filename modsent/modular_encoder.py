@@ -518,6 +518,7 @@ class ModularEncoder:
             target = tmp / transformer_path
             target.mkdir(parents=True, exist_ok=True)
             body.save_pretrained(str(target), safe_serialization=True)
+            _copy_unused_pooler(base / transformer_path / "model.safetensors", target / "model.safetensors")
             entry.tokenizer.save_pretrained(str(target))
             st_config = {}
             if (base / transformer_path / "sentence_bert_config.json").is_file():
@@ -526,6 +527,27 @@ class ModularEncoder:
             (target / "sentence_bert_config.json").write_text(json.dumps(st_config, indent=2) + "\n", encoding="utf-8")
             (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
         return out_dir
+
+
+def _copy_unused_pooler(base_weights: Path, exported: Path) -> None:
+    """Copy the base checkpoint's ``pooler.*`` tensors into the export. The encoder body has no
+    pooler (sentence-transformers pools itself and never calls it), but ``AutoModel`` builds one and
+    would report its weights as missing, newly initialised, on every load of the export."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    if not (base_weights.is_file() and exported.is_file()):
+        return
+    with safe_open(str(base_weights), "pt") as handle:
+        pooler = {"pooler." + key.split("pooler.", 1)[1]: handle.get_tensor(key) for key in handle.keys()
+                  if key.startswith("pooler.") or key.count(".pooler.") == 1 and "." not in key.split(".pooler.")[0]}
+    if not pooler:
+        return
+    tensors = load_file(str(exported))
+    if any(key.startswith("pooler.") for key in tensors):
+        return
+    tensors.update(pooler)
+    save_file(tensors, str(exported), metadata={"format": "pt"})
 
 
 def load_exported(export_dir: str | Path, device: str | None = None):

@@ -3,6 +3,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from modsent import alignment as al
 from modsent import parallel_adapter as pa
@@ -151,6 +152,12 @@ def test_export_reloads_with_sentence_transformers(inputs, modular, tmp_path, la
     theirs = loaded.encode(TEXTS[lang], normalize_embeddings=True)
     assert (np.sum(mine * theirs, axis=1) >= 0.9999).all()
     assert np.abs(modular.encode(TEXTS[lang], lang=lang) - mine).max() == 0  # exporting changed nothing
+    # AutoModel builds a pooler (never used for sentence pooling): the export carries the base's,
+    # so loading reports no weights missing
+    from transformers import AutoModel
+
+    _, info = AutoModel.from_pretrained(str(out), output_loading_info=True)
+    assert not info["missing_keys"] and any("pooler" in k for k in load_file(str(out / "model.safetensors")))
 
 
 def test_export_with_alignment_adapter(inputs, modular, tmp_path):
