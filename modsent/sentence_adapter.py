@@ -32,6 +32,12 @@ The output directory:
 The loop is written out top to bottom (no Trainer). Batches hold no text twice (anchor, positive
 or negative of any pair), so no in-batch negative is secretly a positive: sentence-transformers'
 NoDuplicatesBatchSampler rule, seeded and a pure function of (seed, epoch).
+
+A job killed midway and rerun continues from its last checkpoint (``{out}.checkpoint/``, the
+language adapter's format: safetensors + JSON, written atomically; removed once the output is
+complete). Batches, the learning rate and dropout (reseeded every step) are pure functions of
+the step, so the resumed run ends where an unbroken one ends, bit for bit on the CPU. The CLA
+adapters (modsent.alignment) train with the same loop and checkpoints.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -50,6 +57,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from modsent import language_adapter as la
 from modsent.io import InputError, atomic_path
 from modsent.plots import write_before_after_bars, write_loss_curve
 
@@ -57,6 +65,8 @@ log = logging.getLogger(__name__)
 
 ADAPTER_DIR = "adapter"
 PAIR_TEXT_COLUMNS = ("anchor", "positive", "negative")
+# settings that may change between a killed run and its rerun without making its checkpoint stale
+CADENCE_SETTINGS = ("checkpoint_every", "log_every")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +90,7 @@ class SentenceAdapterConfig:
     seed: int = 0
     max_steps: int | None = None
     log_every: int = 10
+    checkpoint_every: int = 500  # optimizer steps between resumable checkpoints
     precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on the CPU; fp32: never
 
     @classmethod
@@ -103,6 +114,12 @@ class SentenceAdapterConfig:
         check_contrastive_settings("sentence_adapter", self)
         if self.seq_len < 3:
             raise InputError(f"sentence_adapter.seq_len must be at least 3, got {self.seq_len}")
+        if self.checkpoint_every < 1:
+            raise InputError(f"sentence_adapter.checkpoint_every must be at least 1, got {self.checkpoint_every}")
+
+    def fingerprint(self, *inputs) -> str:
+        """What a checkpoint must match to be resumed (:func:`training_fingerprint`)."""
+        return training_fingerprint(dataclasses.asdict(self), *inputs)
 
 
 def check_contrastive_settings(section: str, cfg) -> None:
@@ -271,8 +288,6 @@ def _base_encoder(base_model_dir: str | Path, la_dir: str | Path | None):
     """(encoder, tokenizer): the base's encoder (no head), with L's LA merged in when given."""
     import transformers
 
-    from modsent import language_adapter as la
-
     if la_dir is not None:
         model, tokenizer = la.load_language_model(base_model_dir, la_dir, mlm=True)
         model = model.merge_and_unload()  # a private copy: base weights + LA LoRA, no LoRA layers
@@ -421,8 +436,10 @@ def learning_rate(step: int, total: int, cfg: SentenceAdapterConfig) -> float:
     return cfg.learning_rate * max(total - step, 0) / max(total - warmup, 1)
 
 
-def iter_batches(pairs: pd.DataFrame, cfg: SentenceAdapterConfig, total_steps: int) -> Iterator[list[int]]:
-    """``total_steps`` batches: epoch after epoch of :func:`no_duplicate_batches`."""
+def iter_batches(pairs: pd.DataFrame, cfg: SentenceAdapterConfig, total_steps: int,
+                 start: int = 0) -> Iterator[list[int]]:
+    """The batches of steps ``start`` to ``total_steps - 1``: epoch after epoch of
+    :func:`no_duplicate_batches` (a resumed run starts at its checkpoint's step)."""
     step, epoch = 0, 0
     while step < total_steps:
         batches = no_duplicate_batches(pairs, cfg.batch_size, cfg.seed, epoch)
@@ -431,7 +448,8 @@ def iter_batches(pairs: pd.DataFrame, cfg: SentenceAdapterConfig, total_steps: i
         for batch in batches:
             if step == total_steps:
                 return
-            yield batch
+            if step >= start:
+                yield batch
             step += 1
         epoch += 1
 
@@ -448,21 +466,31 @@ def batch_loss(model: SentenceEncoderModel, loss_fn: MultipleNegativesRankingLos
 
 def fit(model, optimizer, trainable, batches, total_steps: int, loss_of_batch, lr_of_step, *,
         device, precision: str, max_grad_norm: float, log_every: int, desc: str,
-        progress: bool = True) -> tuple[list[float], list[list[float]], int, float]:
+        progress: bool = True, start_step: int = 0, losses: list[float] | None = None,
+        history: list[list[float]] | None = None, step_seed=None,
+        after_step=None) -> tuple[list[float], list[list[float]], int, float]:
     """The training loop shared by the SE and CLA adapters: set the step's learning rate,
     compute the batch loss (autocast on GPUs), clip, step. Returns (losses, logged history
-    [step, loss, lr], pairs seen, seconds)."""
+    [step, loss, lr], pairs seen, seconds).
+
+    Resuming: ``batches`` starts at ``start_step``, and ``losses`` and ``history`` hold the
+    steps before it (extended in place). ``step_seed(step)``: the seed of the step's dropout,
+    so that it does not depend on where a run started. ``after_step(steps_done, losses,
+    history)`` is called after every optimizer step (checkpoints). Pairs seen and seconds count
+    this run's steps only."""
     from tqdm.auto import tqdm
 
-    history: list[list[float]] = []
-    losses: list[float] = []
+    history = [] if history is None else history
+    losses = [] if losses is None else losses
     pairs_seen, start_time = 0, time.perf_counter()
     model.train()
-    bar = tqdm(total=total_steps, desc=desc, disable=not progress, unit="step")
-    for step, batch in enumerate(batches):
+    bar = tqdm(total=total_steps, initial=start_step, desc=desc, disable=not progress, unit="step")
+    for step, batch in enumerate(batches, start=start_step):
         lr = lr_of_step(step)
         for group in optimizer.param_groups:
             group["lr"] = lr
+        if step_seed is not None:
+            torch.manual_seed(step_seed(step))
         with _autocast(device, precision):
             loss = loss_of_batch(batch)
         loss.backward()
@@ -476,19 +504,103 @@ def fit(model, optimizer, trainable, batches, total_steps: int, loss_of_batch, l
             history.append([step + 1, value, lr])
             bar.set_postfix(loss=f"{value:.3f}")
         bar.update(1)
+        if after_step is not None:
+            after_step(step + 1, losses, history)
     bar.close()
     return losses, history, pairs_seen, time.perf_counter() - start_time
+
+
+# ---- checkpoints -----------------------------------------------------------------------------------
+
+
+def checkpoint_path(out_dir: str | Path) -> Path:
+    """Where the checkpoints of the training that writes ``out_dir`` live: ``{out}.checkpoint``
+    beside it (not inside: Snakemake removes an incomplete output before a rerun)."""
+    out_dir = Path(out_dir)
+    return out_dir.with_name(out_dir.name + ".checkpoint")
+
+
+def training_fingerprint(settings: dict, *inputs) -> str:
+    """What a checkpoint must match to be resumed: the settings (how often to log and
+    checkpoint may change) and the content of the inputs: a file's bytes, a directory's files
+    (names and bytes, hidden files aside), a data frame's values, or None (an absent input)."""
+    relevant = {k: v for k, v in settings.items() if k not in CADENCE_SETTINGS}
+    digest = hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode())
+    for item in inputs:
+        if item is None:
+            digest.update(b"\0none")
+        elif isinstance(item, pd.DataFrame):
+            digest.update(b"\0frame" + json.dumps([str(c) for c in item.columns]).encode())
+            digest.update(pd.util.hash_pandas_object(item, index=False).to_numpy().tobytes())
+        else:
+            root = Path(item)
+            files = sorted(p for p in root.rglob("*") if p.is_file()
+                           and not any(part.startswith(".") for part in p.relative_to(root).parts)) \
+                if root.is_dir() else [root]
+            for path in files:
+                name = path.relative_to(root).as_posix() if root.is_dir() else ""
+                digest.update(f"\0file {name} {path.stat().st_size}\0".encode())
+                with open(path, "rb") as handle:
+                    for block in iter(lambda: handle.read(1 << 20), b""):
+                        digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def resume_training(checkpoint_dir: Path, model, optimizer, fingerprint: str) -> dict | None:
+    """Restore a checkpoint made with ``fingerprint`` into ``model`` and ``optimizer``: its
+    progress (step, losses, history, accuracy_before), or None when there is none or it is stale.
+
+    The language adapter's :func:`~modsent.language_adapter.load_checkpoint` reads it; the
+    AdamW moments it loads on the CPU are moved to their parameters' device."""
+    resumed = la.load_checkpoint(checkpoint_dir, model, optimizer, fingerprint)
+    if resumed is None:
+        return None
+    step, progress = resumed
+    for param, state in optimizer.state.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            state[key] = state[key].to(param.device)
+    log.info("resuming from checkpoint %s at step %d", checkpoint_dir, step)
+    return {**progress, "step": step}
+
+
+def checkpointer(checkpoint_dir: Path, model, optimizer, fingerprint: str, every: int, total_steps: int,
+                 accuracy_before, on_step=None):
+    """The ``after_step`` of :func:`fit` that saves a checkpoint every ``every`` steps (not after
+    the last: the output follows) with the language adapter's
+    :func:`~modsent.language_adapter.save_checkpoint` (trainable weights, AdamW moments, RNG
+    state; the losses and the accuracy before training as JSON), then calls ``on_step(step)``."""
+    def after_step(step: int, losses: list[float], history: list[list[float]]) -> None:
+        if step % every == 0 and step < total_steps:
+            la.save_checkpoint(checkpoint_dir, model, optimizer, step, fingerprint,
+                               {"losses": losses, "history": history, "accuracy_before": accuracy_before})
+        if on_step is not None:
+            on_step(step)
+    return after_step
+
+
+def dropout_seed(step: int, seed: int) -> int:
+    """The seed of a step's dropout: a pure function of the step, so a resumed run draws the
+    masks an unbroken one draws, on the CPU and on GPUs alike (one process of
+    :func:`modsent.language_adapter.dropout_seed`)."""
+    return la.dropout_seed(step, seed, 0)
 
 
 def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None,
                            pairs_path: str | Path, out_dir: str | Path,
                            cfg: SentenceAdapterConfig = SentenceAdapterConfig(), *,
-                           device: str | None = None, progress: bool = True) -> dict:
-    """Train L's SE adapter on its pair file and write ``out_dir`` (atomically); return metrics."""
+                           checkpoint_dir: str | Path | None = None, device: str | None = None,
+                           progress: bool = True, on_step=None) -> dict:
+    """Train L's SE adapter on its pair file and write ``out_dir`` (atomically); return metrics.
+
+    Every ``cfg.checkpoint_every`` steps a checkpoint goes to ``checkpoint_dir`` (default
+    :func:`checkpoint_path`); a rerun with the same settings and inputs continues from it, and
+    it is removed once ``out_dir`` is complete. ``on_step(step)`` is called after every
+    optimizer step and checkpoint (tests use it to kill the process midway)."""
 
     out_dir = Path(out_dir)
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else checkpoint_path(out_dir)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(cfg.seed)  # LoRA A initialisation and dropout
+    torch.manual_seed(cfg.seed)  # LoRA A initialisation
 
     pairs = read_pairs(pairs_path)
     train, heldout = split_heldout(pairs, cfg.eval_pairs)
@@ -513,13 +625,20 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
         return retrieval_accuracy(model, heldout["anchor"].tolist(), heldout["positive"].tolist(),
                                   batch_size=eval_batch, precision=cfg.precision)
 
-    accuracy_before = evaluate()
+    fingerprint = cfg.fingerprint(base_model_dir, la_dir, pairs)
+    resumed = resume_training(checkpoint_dir, model, optimizer, fingerprint)
+    start = resumed["step"] if resumed else 0
+    accuracy_before = resumed["accuracy_before"] if resumed else evaluate()
     losses, history, pairs_seen, elapsed = fit(
-        model, optimizer, trainable, iter_batches(train, cfg, total_steps), total_steps,
+        model, optimizer, trainable, iter_batches(train, cfg, total_steps, start), total_steps,
         lambda batch: batch_loss(model, loss_fn, train.iloc[batch]),
         lambda step: learning_rate(step, total_steps, cfg), device=device, precision=cfg.precision,
         max_grad_norm=cfg.max_grad_norm, log_every=cfg.log_every, desc=f"SE {out_dir.name}",
-        progress=progress)
+        progress=progress, start_step=start, losses=resumed["losses"] if resumed else None,
+        history=resumed["history"] if resumed else None,
+        step_seed=lambda step: dropout_seed(step, cfg.seed),
+        after_step=checkpointer(checkpoint_dir, model, optimizer, fingerprint, cfg.checkpoint_every,
+                                total_steps, accuracy_before, on_step))
     model.eval()
     accuracy_after = evaluate()
 
@@ -528,6 +647,7 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
         "heldout_retrieval_accuracy_before": accuracy_before,
         "heldout_retrieval_accuracy_after": accuracy_after,
         "heldout_pairs": len(heldout), "train_pairs": len(train), "steps": len(losses),
+        "resumed_from_step": start,
         "batches_per_epoch": epoch_batches, "pairs_per_second": pairs_seen / elapsed if elapsed > 0 else None,
         "trainable_parameters": n_trainable, "total_parameters": n_total,
         "language_adapter": None if la_dir is None else str(la_dir),
@@ -537,6 +657,7 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
         model.encoder.save_pretrained(str(tmp / ADAPTER_DIR), save_embedding_layers=False)
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
         write_loss_curve(history, tmp, title=f"sentence adapter {out_dir.name}", ylabel="MNRL loss")
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
     log.info("SE %s: MNRL %.3f → %.3f; held-out retrieval accuracy %s → %s; %.1f pairs/s",
              out_dir.name, metrics["loss_first"] or 0, metrics["loss_last"] or 0,
              accuracy_before, accuracy_after, metrics["pairs_per_second"] or 0)

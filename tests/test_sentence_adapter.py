@@ -1,5 +1,10 @@
 import hashlib
 import json
+import multiprocessing
+import os
+import shutil
+import signal
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -27,7 +32,7 @@ CFG = sa.SentenceAdapterConfig(batch_size=16, seq_len=32, learning_rate=5e-3, ma
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     """A tiny random XLM-R base, a German LA on it, and the built-in paraphrases in German."""
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # tiny matrices: a second thread on shared cores only slows them
     root = tmp_path_factory.mktemp("se")
     base = make_tiny_xlmr(root / "base", sample_texts(600))
     corpus = root / "de.txt"
@@ -263,3 +268,77 @@ def test_config_from_a_config_section():
     assert cfg.seq_len == 128 and cfg.scale == 20.0 and cfg.target_modules == "all-linear"
     with pytest.raises(InputError, match="unknown"):
         sa.SentenceAdapterConfig.from_config({"batchsize": 32})
+
+
+# dropout on (LoRA's and the encoder's own): a resumed run must draw the masks an unbroken one draws
+RESUME_CFG = sa.SentenceAdapterConfig(**{**CFG.__dict__, "max_steps": 8, "checkpoint_every": 3,
+                                          "lora_dropout": 0.1, "log_every": 1})
+
+
+def _train_and_die(inputs, out, cfg, die_at):
+    def die(step):
+        if step == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    torch.set_num_threads(1)
+    sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], out, cfg, device="cpu",
+                              progress=False, on_step=die)
+
+
+def _kill_midway(inputs, out, cfg, die_at):
+    process = multiprocessing.get_context("fork").Process(target=_train_and_die,
+                                                          args=(inputs, out, cfg, die_at))
+    process.start()
+    process.join()
+    assert process.exitcode == -signal.SIGKILL
+
+
+def test_killed_job_resumes_from_its_last_checkpoint(inputs, tmp_path):
+    torch.set_num_threads(1)
+    straight = tmp_path / "straight"
+    expected = sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], straight, RESUME_CFG,
+                                         device="cpu", progress=False)
+    assert not Path(f"{straight}.checkpoint").exists()  # removed once the output is complete
+    resumed = tmp_path / "resumed"
+    _kill_midway(inputs, resumed, RESUME_CFG, die_at=5)
+    assert not resumed.exists()  # nothing Snakemake would accept
+    checkpoint = Path(f"{resumed}.checkpoint")
+    assert sorted(p.name for p in checkpoint.iterdir()) == ["meta.json", "state.safetensors"]
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    assert meta["step"] == 3 and len(meta["history"]["losses"]) == 3
+    metrics = sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], resumed, RESUME_CFG,
+                                        device="cpu", progress=False)
+    assert metrics["resumed_from_step"] == 3 and expected["resumed_from_step"] == 0
+    assert not checkpoint.exists()
+    a = load_file(str(straight / "adapter" / "adapter_model.safetensors"))
+    b = load_file(str(resumed / "adapter" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit for bit
+    for key in ("loss_first", "loss_last", "steps", "heldout_retrieval_accuracy_before",
+                "heldout_retrieval_accuracy_after"):
+        assert metrics[key] == expected[key], key
+    assert (resumed / "loss.tsv").read_text() == (straight / "loss.tsv").read_text()
+
+
+def test_checkpoint_of_other_settings_or_inputs_is_not_resumed(inputs, tmp_path):
+    torch.set_num_threads(1)
+    out = tmp_path / "de"
+    _kill_midway(inputs, out, RESUME_CFG, die_at=4)
+    other = sa.SentenceAdapterConfig(**{**RESUME_CFG.__dict__, "learning_rate": 1e-3})
+    metrics = sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], out, other,
+                                        device="cpu", progress=False)
+    assert metrics["resumed_from_step"] == 0
+    # what the fingerprint covers: settings but not their cadence, and the inputs' content
+    pairs = sa.read_pairs(inputs["pairs"])
+    fingerprint = RESUME_CFG.fingerprint(inputs["base"], inputs["la"], pairs)
+    cadence = sa.SentenceAdapterConfig(**{**RESUME_CFG.__dict__, "checkpoint_every": 7, "log_every": 2})
+    assert cadence.fingerprint(inputs["base"], inputs["la"], pairs) == fingerprint
+    changed = pairs.copy()
+    changed.loc[0, "positive"] += "!"
+    assert RESUME_CFG.fingerprint(inputs["base"], inputs["la"], changed) != fingerprint
+    assert RESUME_CFG.fingerprint(inputs["base"], None, pairs) != fingerprint
+    la_copy = tmp_path / "la"
+    shutil.copytree(inputs["la"], la_copy)
+    assert RESUME_CFG.fingerprint(inputs["base"], la_copy, pairs) == fingerprint  # content, not path
+    data = (la_copy / la.EMBEDDINGS_NAME).read_bytes()
+    (la_copy / la.EMBEDDINGS_NAME).write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    assert RESUME_CFG.fingerprint(inputs["base"], la_copy, pairs) != fingerprint
