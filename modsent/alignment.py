@@ -34,6 +34,11 @@ The output directory of :func:`train_alignment_adapter` (written atomically):
                       before and after
     loss.tsv, loss.png
 
+Training resumes like the SE adapter's (``sentence_adapter.fit`` and its checkpoints): a job
+killed midway and rerun continues from ``{out}.checkpoint/`` (safetensors + JSON), seeing the
+batches and dropout an unbroken run sees; a checkpoint of other settings or inputs (pairs, LA,
+SE, English embeddings, base) is ignored, and it is removed once the output is complete.
+
 Held-out slice: the pairs with the smallest content hash (``sentence_adapter.split_heldout``);
 training pairs sharing an English or L text with a held-out pair are dropped, so the held-out
 texts are never trained on. Retrieval: for each held-out English sentence (its stored frozen
@@ -46,6 +51,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -91,6 +97,7 @@ class AlignmentConfig:
     seed: int = 0
     max_steps: int | None = None
     log_every: int = 10
+    checkpoint_every: int = 500  # optimizer steps between resumable checkpoints
     precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on the CPU; fp32: never
     adapter: pa.ParallelAdapterConfig = dataclasses.field(default_factory=pa.ParallelAdapterConfig)
 
@@ -122,6 +129,8 @@ class AlignmentConfig:
             raise InputError(f"alignment.seq_len must be at least 3 or null, got {self.seq_len}")
         if self.log_every < 1:
             raise InputError(f"alignment.log_every must be at least 1, got {self.log_every}")
+        if self.checkpoint_every < 1:
+            raise InputError(f"alignment.checkpoint_every must be at least 1, got {self.checkpoint_every}")
         if not isinstance(self.adapter, pa.ParallelAdapterConfig):
             raise InputError("alignment.adapter must be a ParallelAdapterConfig")
 
@@ -129,6 +138,11 @@ class AlignmentConfig:
         out = dataclasses.asdict(self)
         out["adapter"] = self.adapter.to_dict()
         return out
+
+    def fingerprint(self, kind: str, *inputs) -> str:
+        """What a checkpoint of a ``kind`` adapter must match to be resumed
+        (``sentence_adapter.training_fingerprint``)."""
+        return sa.training_fingerprint({**self.to_dict(), "kind": kind}, *inputs)
 
 
 # ---- English embeddings ------------------------------------------------------------------------
@@ -344,14 +358,20 @@ def retrieval_accuracy(model: sa.SentenceEncoderModel, english: EnglishEmbedding
 def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str | Path | None,
                             se_dir: str | Path | None, pairs, english_embeddings_path: str | Path,
                             out_dir: str | Path, cfg: AlignmentConfig = AlignmentConfig(), *,
-                            language: str | None = None, device: str | None = None,
-                            progress: bool = True) -> dict:
+                            language: str | None = None, checkpoint_dir: str | Path | None = None,
+                            device: str | None = None, progress: bool = True, on_step=None) -> dict:
     """Train L's ``kind`` (pp or pl) CLA adapter on ``pairs`` (frame or parquet, see
     :func:`alignment_pairs`) against the English embeddings; write ``out_dir`` atomically and
-    return the metrics."""
+    return the metrics.
+
+    Every ``cfg.checkpoint_every`` steps a checkpoint goes to ``checkpoint_dir`` (default
+    ``{out_dir}.checkpoint``); a rerun with the same settings and inputs continues from it, and
+    it is removed once ``out_dir`` is complete. ``on_step(step)`` is called after every
+    optimizer step and checkpoint (tests use it to kill the process midway)."""
 
     _check_kind(kind)
     out_dir = Path(out_dir)
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else sa.checkpoint_path(out_dir)
     language = language or out_dir.name
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -387,16 +407,22 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
         return retrieval_accuracy(model, english, heldout["anchor"].tolist(), heldout["positive"].tolist(),
                                   batch_size=eval_batch, precision=cfg.precision)
 
-    accuracy_before = evaluate()
+    fingerprint = cfg.fingerprint(kind, base_model_dir, la_dir, se_dir, data, english_embeddings_path)
+    resumed = sa.resume_training(checkpoint_dir, model, optimizer, fingerprint)
+    start = resumed["step"] if resumed else 0
+    accuracy_before = resumed["accuracy_before"] if resumed else evaluate()
     schedule = sa.SentenceAdapterConfig(learning_rate=cfg.learning_rate, warmup_ratio=cfg.warmup_ratio)
     batching = sa.SentenceAdapterConfig(batch_size=cfg.batch_size, seed=cfg.seed)
-    torch.manual_seed(cfg.seed)  # dropout
     losses, history, pairs_seen, elapsed = sa.fit(
-        model, optimizer, trainable, sa.iter_batches(train, batching, total_steps), total_steps,
+        model, optimizer, trainable, sa.iter_batches(train, batching, total_steps, start), total_steps,
         lambda batch: batch_loss(kind, model, english, train.iloc[batch], cfg.scale),
         lambda step: sa.learning_rate(step, total_steps, schedule), device=device,
         precision=cfg.precision, max_grad_norm=cfg.max_grad_norm, log_every=cfg.log_every,
-        desc=f"CLA {kind} {language}", progress=progress)
+        desc=f"CLA {kind} {language}", progress=progress, start_step=start,
+        losses=resumed["losses"] if resumed else None, history=resumed["history"] if resumed else None,
+        step_seed=lambda step: sa.dropout_seed(step, cfg.seed),
+        after_step=sa.checkpointer(checkpoint_dir, model, optimizer, fingerprint, cfg.checkpoint_every,
+                                   total_steps, accuracy_before, on_step))
     model.eval()
     accuracy_after = evaluate()
 
@@ -406,6 +432,7 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
         "heldout_retrieval_accuracy_before": accuracy_before,
         "heldout_retrieval_accuracy_after": accuracy_after,
         "heldout_pairs": len(heldout), "train_pairs": len(train), "steps": len(losses),
+        "resumed_from_step": start,
         "batches_per_epoch": epoch_batches, "pairs_per_second": pairs_seen / elapsed if elapsed > 0 else None,
         "trainable_parameters": n_trainable, "total_parameters": n_total,
         "language_adapter": None if la_dir is None else str(la_dir),
@@ -419,6 +446,7 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
             "heldout_retrieval_accuracy_after": accuracy_after})
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
         write_loss_curve(history, tmp, title=f"CLA {kind} {language}", ylabel=metrics["loss"])
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
     log.info("CLA %s %s: loss %.3f → %.3f; held-out en→%s retrieval accuracy %s → %s; %.1f pairs/s",
              kind, language, metrics["loss_first"] or 0, metrics["loss_last"] or 0, language,
              accuracy_before, accuracy_after, metrics["pairs_per_second"] or 0)

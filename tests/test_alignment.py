@@ -1,5 +1,9 @@
 import hashlib
 import json
+import multiprocessing
+import os
+import signal
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -237,3 +241,67 @@ def test_config_from_a_config_section():
         al.AlignmentConfig.from_config({"batchsize": 32})
     with pytest.raises(InputError, match="unknown"):
         al.AlignmentConfig.from_config({"adapter": {"size": 3}})
+
+
+# dropout on in the adapters (and the encoder's own): a resumed run must draw the same masks
+RESUME_CFG = al.AlignmentConfig(**{**CFG.__dict__, "max_steps": 7, "checkpoint_every": 3, "log_every": 1,
+                                   "adapter": pa.ParallelAdapterConfig(dropout=0.1)})
+
+
+def _train(inputs, kind, out, cfg=RESUME_CFG, on_step=None):
+    return al.train_alignment_adapter(kind, inputs["base"], inputs["de_la"], inputs["de_se"], inputs[kind],
+                                      inputs["embeddings"], out, cfg, language="de", device="cpu",
+                                      progress=False, on_step=on_step)
+
+
+def _train_and_die(inputs, kind, out, die_at):
+    def die(step):
+        if step == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    torch.set_num_threads(1)
+    _train(inputs, kind, out, on_step=die)
+
+
+def _kill_midway(inputs, kind, out, die_at):
+    process = multiprocessing.get_context("fork").Process(target=_train_and_die, args=(inputs, kind, out, die_at))
+    process.start()
+    process.join()
+    assert process.exitcode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("kind", ["pp", "pl"])
+def test_killed_job_resumes_from_its_last_checkpoint(inputs, kind, tmp_path):
+    straight = tmp_path / "straight"
+    expected = _train(inputs, kind, straight)
+    assert not Path(f"{straight}.checkpoint").exists()  # removed once the output is complete
+    resumed = tmp_path / "resumed"
+    _kill_midway(inputs, kind, resumed, die_at=5)
+    assert not resumed.exists()  # nothing Snakemake would accept
+    checkpoint = Path(f"{resumed}.checkpoint")
+    assert sorted(p.name for p in checkpoint.iterdir()) == ["meta.json", "state.safetensors"]
+    assert json.loads((checkpoint / "meta.json").read_text())["step"] == 3
+    metrics = _train(inputs, kind, resumed)
+    assert metrics["resumed_from_step"] == 3 and expected["resumed_from_step"] == 0
+    assert not checkpoint.exists()
+    a = load_file(str(straight / "adapter" / pa.WEIGHTS_NAME))
+    b = load_file(str(resumed / "adapter" / pa.WEIGHTS_NAME))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit for bit
+    for key in ("loss_first", "loss_last", "steps", "heldout_retrieval_accuracy_before",
+                "heldout_retrieval_accuracy_after"):
+        assert metrics[key] == expected[key], key
+    assert (resumed / "loss.tsv").read_text() == (straight / "loss.tsv").read_text()
+
+
+def test_checkpoint_of_other_settings_or_inputs_is_not_resumed(inputs, tmp_path):
+    out = tmp_path / "de"
+    _kill_midway(inputs, "pl", out, die_at=4)
+    other = al.AlignmentConfig(**{**RESUME_CFG.__dict__, "learning_rate": 5e-3})
+    assert _train(inputs, "pl", out, other)["resumed_from_step"] == 0
+    data = al.alignment_pairs("pl", inputs["pl"])
+    args = (inputs["base"], inputs["de_la"], inputs["de_se"], data, inputs["embeddings"])
+    fingerprint = RESUME_CFG.fingerprint("pl", *args)
+    assert RESUME_CFG.fingerprint("pp", *args) != fingerprint
+    assert RESUME_CFG.fingerprint("pl", *args[:4], inputs["embeddings_nola"]) != fingerprint
+    assert RESUME_CFG.fingerprint("pl", *args[:2], inputs["de_se_nola"], *args[3:]) != fingerprint
+    assert RESUME_CFG.fingerprint("pl", *args[:3], data.iloc[1:], args[4]) != fingerprint
