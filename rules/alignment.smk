@@ -23,7 +23,8 @@ rule english_embeddings:
 
 rule alignment_adapter:
     """pp: MNRL on (English sentence, its paraphrase in L); pl: cosine loss on (English
-    sentence, its translation in L); a parallel adapter on L's frozen LA + SE."""
+    sentence, its translation in L); a parallel adapter on L's frozen LA + SE.
+    Resumes from results/{base}/alignment/{kind}/{lang}.checkpoint when rerun after a kill."""
     input:
         unpack(alignment_inputs),
         english="results/{base}/alignment/english_embeddings.safetensors",

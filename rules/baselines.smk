@@ -49,14 +49,16 @@ rule full_baseline_summary:
 
 
 rule ablation_sentence_adapter:
-    """Mod_m-LA: the SE adapter directly on the base model (no tokenizer, FOCUS or LA)."""
+    """Mod_m-LA: the SE adapter directly on the base model (no tokenizer, FOCUS or LA).
+    Resumes from results/{base}/ablations/sentence_adapters_base/{lang}.checkpoint when rerun
+    after a kill."""
     input:
         base="resources/base_models/{base}",
         pairs="results/paraphrase/{lang}.parquet",
     output:
         directory("results/{base}/ablations/sentence_adapters_base/{lang}"),
     params:
-        settings=config["sentence_adapter"],
+        settings=sentence_adapter_settings,
     threads: job_threads("gpu_train")
     resources:
         **job_resources("gpu_train"),
@@ -72,7 +74,8 @@ rule ablation_sentence_adapter:
 
 rule ablation_alignment_adapter:
     """Mod_c: the pp or pl CLA adapter on L's LA alone (no SE adapter), aligned to the same
-    frozen English LA + SE embeddings as the modular CLA adapters."""
+    frozen English LA + SE embeddings as the modular CLA adapters. Resumes from
+    results/{base}/ablations/alignment_la/{kind}/{lang}.checkpoint when rerun after a kill."""
     input:
         unpack(ablation_alignment_inputs),
         english="results/{base}/alignment/english_embeddings.safetensors",

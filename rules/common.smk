@@ -123,6 +123,13 @@ def specialization_targets():
 # ---- sentence encoding -----------------------------------------------------------------------
 
 
+def sentence_adapter_settings(wildcards):
+    """The SE training settings without checkpoint_every (the script reads it from the config):
+    how often a job checkpoints must not rerun finished adapters (Snakemake reruns a job whose
+    params change)."""
+    return {k: v for k, v in config["sentence_adapter"].items() if k != "checkpoint_every"}
+
+
 def sentence_adapter_inputs(wildcards):
     """Base model, the language's pairs and, unless the language skips it, its LA."""
     inputs = {
@@ -171,7 +178,9 @@ def alignment_inputs(wildcards):
 
 
 def alignment_settings(wildcards):
-    return config["alignment"]
+    """The CLA training settings without checkpoint_every (the script reads it from the
+    config), so that changing it reruns no finished adapter."""
+    return {k: v for k, v in config["alignment"].items() if k != "checkpoint_every"}
 
 
 def merge_weight_names():
@@ -233,8 +242,8 @@ def full_baseline_settings(wildcards):
 def ablation_alignment_settings(wildcards):
     """The alignment settings, trained at the SE adapter's sequence length (the modular CLA
     adapters read it from the SE adapter, which this ablation has not); without the merge
-    weights, so that adding one reruns no training."""
-    settings = {k: v for k, v in config["alignment"].items() if k != "merge_weights"}
+    weights and checkpoint_every, so that changing them reruns no training."""
+    settings = {k: v for k, v in config["alignment"].items() if k not in ("merge_weights", "checkpoint_every")}
     return {**settings, "seq_len": config["sentence_adapter"]["seq_len"]}
 
 

@@ -2,13 +2,14 @@
 
 
 rule sentence_adapter:
-    """LoRA on all linear layers, MNRL on the language's monolingual paraphrase pairs."""
+    """LoRA on all linear layers, MNRL on the language's monolingual paraphrase pairs.
+    Resumes from results/{base}/sentence_adapters/{lang}.checkpoint when rerun after a kill."""
     input:
         unpack(sentence_adapter_inputs),
     output:
         directory("results/{base}/sentence_adapters/{lang}"),
     params:
-        settings=config["sentence_adapter"],
+        settings=sentence_adapter_settings,
     threads: job_threads("gpu_train")
     resources:
         **job_resources("gpu_train"),

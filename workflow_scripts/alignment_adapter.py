@@ -1,5 +1,7 @@
 # rules alignment_adapter and ablation_alignment_adapter: the pp or pl parallel adapter of one
-# language, on its LA + SE adapter (no SE input: Mod_c's adapter on the LA alone).
+# language, on its LA + SE adapter (no SE input: Mod_c's adapter on the LA alone); resumes from
+# {output}.checkpoint. checkpoint_every is read from the config, not the params: changing it
+# reruns no finished job.
 import pandas as pd
 import torch
 
@@ -16,6 +18,7 @@ if kind == "pp":
 else:
     pairs = parallel_pairs(pd.read_parquet(snakemake.input.translations))
 settings = {k: v for k, v in snakemake.params.settings.items() if k != "merge_weights"}
+settings["checkpoint_every"] = snakemake.config["alignment"]["checkpoint_every"]
 train_alignment_adapter(
     kind,
     snakemake.input.base,

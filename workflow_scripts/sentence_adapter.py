@@ -1,4 +1,6 @@
-# rule sentence_adapter: LoRA on all linear layers over the frozen LA, trained with MNRL.
+# rules sentence_adapter and ablation_sentence_adapter: LoRA on all linear layers over the
+# frozen LA (none for Mod_m-LA), trained with MNRL; resumes from {output}.checkpoint.
+# checkpoint_every is read from the config, not the params: changing it reruns no finished job.
 import torch
 
 from modsent.logs import setup_logging
@@ -6,10 +8,12 @@ from modsent.sentence_adapter import SentenceAdapterConfig, train_sentence_adapt
 
 setup_logging(snakemake.log[0])
 torch.set_num_threads(snakemake.threads)
+settings = dict(snakemake.params.settings)
+settings["checkpoint_every"] = snakemake.config["sentence_adapter"]["checkpoint_every"]
 train_sentence_adapter(
     snakemake.input.base,
     snakemake.input.get("language_adapter"),  # absent when the language skips its LA
     snakemake.input.pairs,
     snakemake.output[0],
-    SentenceAdapterConfig.from_config(snakemake.params.settings),
+    SentenceAdapterConfig.from_config(settings),
 )
