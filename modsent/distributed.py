@@ -14,7 +14,10 @@ files, logs and shows progress.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
+import shlex
+import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -126,6 +129,46 @@ def broadcast_from_main(tensors: Iterable[torch.Tensor]) -> None:
             torch.distributed.broadcast(tensor, src=0)
 
 
+class _GatherRows(torch.autograd.Function):
+    """all_gather of row blocks of different lengths; backward keeps this process's rows."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, sizes: list[int], width: int) -> torch.Tensor:
+        rank = torch.distributed.get_rank()
+        ctx.rows = slice(sum(sizes[:rank]), sum(sizes[:rank + 1]))
+        padded = tensor.new_zeros(max(sizes), width)  # all_gather needs one shape everywhere
+        padded[:len(tensor)] = tensor
+        parts = [torch.empty_like(padded) for _ in sizes]
+        torch.distributed.all_gather(parts, padded)
+        return torch.cat([part[:size] for part, size in zip(parts, sizes)])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad[ctx.rows], None, None
+
+
+def all_gather_rows(tensor: torch.Tensor) -> torch.Tensor:
+    """The processes' 2-D ``tensor``s stacked along the first dimension in rank order; they may
+    differ in their number of rows (an empty one may have any width; dtype and device must
+    agree). In a single process: ``tensor`` itself.
+
+    Gradient: back into this process's own rows only, with no communication in backward. When
+    every process computes the same loss of the gathered tensor, the gradient of its weights
+    is then this process's share of the whole gradient: the shares *sum* to the gradient, so
+    a trainer that averages gradients over the processes (:func:`average_gradients`)
+    back-propagates ``world_size`` × the loss."""
+    if not is_initialized():
+        return tensor
+    shape = torch.tensor(tensor.shape, dtype=torch.long, device=tensor.device)
+    shapes = [torch.empty_like(shape) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(shapes, shape)
+    sizes = [int(s[0]) for s in shapes]
+    width = max(int(s[1]) for s in shapes)
+    if len(tensor) == 0:
+        tensor = tensor.new_zeros(0, width)
+    return _GatherRows.apply(tensor, sizes, width)
+
+
 def local_slice(size: int, rank: int, world: int) -> slice:
     """This process's contiguous share of a global batch of ``size`` rows: shares differ by
     at most one row, and together cover the batch in order."""
@@ -147,3 +190,45 @@ def launch_command(module_or_script: str | Path, args: Sequence[str], nproc: int
     program = [target] if target.endswith(".py") else ["-m", target]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc_per_node={nproc}", *program, *map(str, args)]
+
+
+def launched_processes(gpus: int, setting: str) -> int:
+    """How many training processes a workflow job that requested ``gpus`` GPUs (the config's
+    ``setting``) starts under torchrun: ``gpus`` when it is more than one and this job sees that
+    many GPUs; 1 (train in the job's own process) with one GPU, without CUDA (a warning when
+    more were configured) or when already launched. A job seeing fewer GPUs than it requested
+    is an error: the rule's resources must request them."""
+    if gpus <= 1 or is_launched():
+        return 1
+    if not torch.cuda.is_available():
+        logging.getLogger(__name__).warning(
+            "%s is %d but this job sees no GPU: one process on the CPU", setting, gpus)
+        return 1
+    visible = torch.cuda.device_count()
+    if visible < gpus:
+        raise RuntimeError(f"{setting} is {gpus} but this job sees {visible} GPU(s) "
+                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): "
+                           f"the rule's resources must request {gpus}")
+    return gpus
+
+
+def run_launched(command: Sequence[str], log_path: str | Path, threads: int) -> int:
+    """Run ``command`` (a :func:`launch_command`) from a workflow script whose log is
+    ``log_path``; return its exit status. The trainers' main process appends to that log (their
+    ``--log-file``): this process's file handlers are closed first, so that neither writes over
+    the other's lines, and reopened to record a failure. ``threads``: OMP threads per process."""
+    log = logging.getLogger(__name__)
+    log.info("%s", shlex.join(command))
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+        root.removeHandler(handler)
+        handler.close()
+    result = subprocess.run(list(command), env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    if result.returncode:
+        from modsent.logs import FORMAT
+
+        handler = logging.FileHandler(log_path, mode="a", encoding="utf-8")
+        handler.setFormatter(logging.Formatter(FORMAT))
+        root.addHandler(handler)
+        log.error("torchrun exited with status %d", result.returncode)
+    return result.returncode

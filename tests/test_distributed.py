@@ -161,3 +161,97 @@ def test_cli_arguments_round_trip(inputs, tmp_path, monkeypatch):
     assert seen["args"][5] == CFG
     assert seen["args"][:5] == tuple(str(p) for p in (*_arguments(inputs), tmp_path / "de"))
     assert seen["kwargs"] == {"tracking_dir": str(tmp_path / "tb"), "device": "cpu", "progress": False}
+
+
+# ---- gathering rows ----------------------------------------------------------------------------------
+
+
+def _gather_rows_process(rank: int, world: int, store: str, sizes: list[int], results) -> None:
+    """One process of test_all_gather_rows: gather rows of its own count, back-propagate a loss."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        start = sum(sizes[:rank])
+        mine = torch.arange(start * 3, (start + sizes[rank]) * 3, dtype=torch.float32).view(-1, 3)
+        mine = mine if len(mine) else torch.zeros(0, 0)  # an empty share may not know the width
+        mine.requires_grad_(True)
+        gathered = distributed.all_gather_rows(mine)
+        weights = torch.arange(1, sum(sizes) * 3 + 1, dtype=torch.float32).view(-1, 3)
+        if gathered.requires_grad:
+            (gathered * weights).sum().backward()
+        results.put((rank, gathered.detach().tolist(), None if mine.grad is None else mine.grad.tolist()))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_all_gather_rows_stacks_uneven_shares_and_keeps_each_process_s_gradient(tmp_path):
+    sizes = [2, 0, 3]
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_gather_rows_process,
+                                 args=(rank, len(sizes), str(tmp_path / "store"), sizes, results))
+                 for rank in range(len(sizes))]
+    for process in processes:
+        process.start()
+    received = {}
+    for _ in processes:
+        rank, gathered, grad = results.get(timeout=120)
+        received[rank] = (gathered, grad)
+    for process in processes:
+        process.join(timeout=60)
+        assert process.exitcode == 0
+    expected = torch.arange(sum(sizes) * 3, dtype=torch.float32).view(-1, 3).tolist()
+    weights = torch.arange(1, sum(sizes) * 3 + 1, dtype=torch.float32).view(-1, 3).tolist()
+    for rank, (gathered, grad) in received.items():
+        assert gathered == expected  # every process holds every row, in rank order
+        start = sum(sizes[:rank])
+        if sizes[rank]:
+            assert grad == weights[start:start + sizes[rank]]  # the gradient of its own rows only
+        else:
+            assert grad is None  # nothing of its own to back-propagate into
+    single = torch.ones(2, 3)
+    assert distributed.all_gather_rows(single) is single  # no process group: the tensor itself
+
+
+# ---- the workflow scripts' side ---------------------------------------------------------------------
+
+
+def test_launched_processes_follow_the_gpus_the_job_sees(monkeypatch, caplog):
+    for name in distributed.LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert distributed.launched_processes(1, "baselines.gpus") == 1  # one GPU: in the job's own process
+    assert distributed.launched_processes(2, "baselines.gpus") == 2
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(RuntimeError, match="baselines.gpus is 2 but this job sees 1 GPU"):
+        distributed.launched_processes(2, "baselines.gpus")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert distributed.launched_processes(2, "baselines.gpus") == 1
+    assert "sees no GPU" in caplog.text
+    for name in distributed.LAUNCH_VARIABLES:
+        monkeypatch.setenv(name, "0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert distributed.launched_processes(2, "baselines.gpus") == 1  # already one of torchrun's processes
+
+
+def test_run_launched_hands_the_log_to_the_trainers_and_takes_it_back_on_failure(tmp_path):
+    import logging
+
+    from modsent.logs import setup_logging
+
+    log_path = tmp_path / "job.log"
+    setup_logging(str(log_path)).info("the job starts")
+    append = "import sys; open(sys.argv[1], 'a').write('the trainer writes\\n'); sys.exit(int(sys.argv[2]))"
+    try:
+        assert distributed.run_launched([sys.executable, "-c", append, str(log_path), "0"], log_path, 1) == 0
+        assert distributed.run_launched([sys.executable, "-c", append, str(log_path), "3"], log_path, 1) == 3
+        logging.getLogger("modsent").info("after the failure")
+    finally:
+        for handler in logging.getLogger().handlers[:]:
+            logging.getLogger().removeHandler(handler)
+            handler.close()
+    lines = log_path.read_text().splitlines()
+    assert "the job starts" in lines[1] and "python" in lines[2]  # the host line, then the command
+    assert lines[3] == "the trainer writes" and lines[4] == "the trainer writes"
+    assert "torchrun exited with status 3" in lines[5] and "after the failure" in lines[6]
