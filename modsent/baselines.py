@@ -11,7 +11,7 @@ Everything but the trainable set is the SE adapter's (:mod:`modsent.sentence_ada
 encoder loaded the same way (the base without an LA), the base's own Pooling/Dense/Normalize
 modules, the loss (MNRL, scale 20, in-batch negatives plus each pair's hard negative), batches
 without a repeated text (``no_duplicate_batches``), the warm-up/linear-decay schedule, AdamW
-with weight decay on matrices only, and the training loop ``fit``. Here every parameter is
+with weight decay on matrices only, gradient clipping. Here every parameter is
 trained: the embeddings, every layer, and the Dense layer of a base that has one (LaBSE).
 
 Data:
@@ -30,6 +30,17 @@ Data:
   run from the seed, the anchor's and the positive's language of every pair id (the negative is
   in the positive's language); then ``no_duplicate_batches`` epoch after epoch.
 
+Training (:func:`run_full_training`): the SE adapter's step (learning rate, loss, clipping,
+AdamW) in a loop of its own, which also runs data-parallel. Checkpoints: ``{out}.checkpoint/``
+every ``checkpoint_every`` steps, holding every weight, the AdamW moments, the step, the loss
+history and the accuracies before training (safetensors + JSON, written atomically: the
+language and SE adapters' checkpoint format); a rerun of a killed job continues from it, and
+a checkpoint made from other settings or inputs (:func:`training_fingerprint`) is ignored. The
+batch of a step is a pure function of (seed, epoch, step) and dropout is seeded per step, so a
+resumed run trains exactly as an unbroken one (bit for bit on the CPU). Several GPUs of one
+node: ``python -m modsent.baselines`` (:func:`main`) under torchrun, one process per GPU; see
+:func:`gathered_batch_loss` for how the in-batch negatives span the processes.
+
 Output: a sentence-transformers directory (``SentenceTransformer(dir)`` loads it and encodes as
 the trained model does) with ``metrics.json``, ``loss.tsv`` and ``loss.png`` beside its files.
 It is written by loading the starting directory with sentence-transformers, putting the trained
@@ -40,10 +51,14 @@ baselines, like every modular encoder, are trained and used without prompts.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
 import logging
+import shutil
+import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -51,6 +66,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from modsent import distributed
+from modsent import language_adapter as la
 from modsent import sentence_adapter as sa
 from modsent import variants
 from modsent.config import PIVOT_LANGUAGE
@@ -61,6 +78,8 @@ from modsent.plots import write_loss_curve
 log = logging.getLogger(__name__)
 
 SELECTION_KEYS = ("full", "ablations")  # the config section's choice of systems, not hyperparameters
+# where and how a job runs, not what it trains: not FullTrainingConfig fields, not rule params
+EXECUTION_KEYS = ("gpus",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,18 +99,20 @@ class FullTrainingConfig:
     seed: int = 0
     max_steps: int | None = None
     log_every: int = 10
+    checkpoint_every: int = 2000
     precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on the CPU; fp32: never
 
     @classmethod
     def from_config(cls, section: dict) -> "FullTrainingConfig":
-        """From the ``baselines`` config section: these field names (``full`` and ``ablations``
-        are ignored); missing keys take the defaults, unknown keys are an error."""
-        section = {k: v for k, v in dict(section or {}).items() if k not in SELECTION_KEYS}
+        """From the ``baselines`` config section: these field names (``full``, ``ablations``
+        and ``gpus`` are ignored); missing keys take the defaults, unknown keys are an error."""
+        ignored = SELECTION_KEYS + EXECUTION_KEYS
+        section = {k: v for k, v in dict(section or {}).items() if k not in ignored}
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(section) - known)
         if unknown:
             raise InputError(f"baselines: unknown key(s) {', '.join(unknown)}; allowed: "
-                             f"{', '.join(sorted(known | set(SELECTION_KEYS)))}")
+                             f"{', '.join(sorted(known | set(ignored)))}")
         return cls(**section)
 
     def __post_init__(self):
@@ -100,6 +121,8 @@ class FullTrainingConfig:
             raise InputError(f"baselines.seq_len must be at least 3, got {self.seq_len}")
         if self.seed < 0:
             raise InputError(f"baselines.seed must be at least 0, got {self.seed}")
+        if self.checkpoint_every < 1:
+            raise InputError(f"baselines.checkpoint_every must be at least 1, got {self.checkpoint_every}")
 
 
 # ---- data --------------------------------------------------------------------------------------
@@ -200,8 +223,10 @@ def crosslingual_data(frames: Mapping[str, pd.DataFrame], batch_size: int, seed:
     return TrainingData(rows, lambda epoch: sa.no_duplicate_batches(rows, batch_size, seed, epoch))
 
 
-def iter_steps(data: TrainingData, total_steps: int) -> Iterator[list[int]]:
-    """``total_steps`` batches: epoch after epoch of ``data.epoch_batches``."""
+def iter_steps(data: TrainingData, total_steps: int, start: int = 0) -> Iterator[list[int]]:
+    """The batches of steps ``start`` .. ``total_steps - 1``: epoch after epoch of
+    ``data.epoch_batches``, so the batch of a step depends on (seed, epoch, step) only and a run
+    resumed at ``start`` sees what an unbroken run sees from there."""
     step, epoch = 0, 0
     while step < total_steps:
         batches = data.epoch_batches(epoch)
@@ -210,7 +235,8 @@ def iter_steps(data: TrainingData, total_steps: int) -> Iterator[list[int]]:
         for batch in batches:
             if step == total_steps:
                 return
-            yield batch
+            if step >= start:
+                yield batch
             step += 1
         epoch += 1
 
@@ -301,12 +327,64 @@ def _check_start(name: str, start_dir: Path) -> None:
                          f"(its metrics.json names {trained.get('baseline')!r})")
 
 
+def training_fingerprint(name: str, cfg: FullTrainingConfig, start_dir: str | Path,
+                         pairs_paths: Mapping[str, str | Path]) -> str:
+    """What a checkpoint must match to be resumed (``sentence_adapter.training_fingerprint``):
+    the baseline, its languages, the hyperparameters (the log and checkpoint cadence may
+    change) and the content of the inputs: every file of the starting directory (a retrained
+    Full_m must not resume a stale Full_mc) and each language's pair file."""
+    settings = {"baseline": name, "languages": sorted(pairs_paths), **dataclasses.asdict(cfg)}
+    return sa.training_fingerprint(settings, start_dir, *(pairs_paths[lang] for lang in sorted(pairs_paths)))
+
+
+def gathered_batch_loss(model: sa.SentenceEncoderModel, loss_fn: sa.MultipleNegativesRankingLoss,
+                        rows: pd.DataFrame, rank: int, world: int) -> torch.Tensor:
+    """MNRL of one batch (``sentence_adapter.batch_loss``), its texts encoded by ``world``
+    processes with the in-batch negatives spanning all of them.
+
+    Every process holds the step's whole batch (a pure function of the step) and encodes its
+    contiguous share of the batch's texts (anchors, positives, hard negatives, in that order);
+    the embeddings are gathered (:func:`distributed.all_gather_rows`), so every process computes
+    the loss of the whole batch, exactly the single-process loss: every anchor is ranked against
+    every positive and hard negative of the global batch, not only its own process's. The
+    gradient flows back into each process's own texts only; the processes' weight gradients sum
+    to the gradient of the loss (the trainer back-propagates ``world`` × the loss and averages).
+    One process: ``sentence_adapter.batch_loss`` itself."""
+    if world == 1:
+        return sa.batch_loss(model, loss_fn, rows)
+    anchors, positives = rows["anchor"].tolist(), rows["positive"].tolist()
+    negatives = [t for t in rows["negative"] if isinstance(t, str)]
+    texts = anchors + positives + negatives
+    share = texts[distributed.local_slice(len(texts), rank, world)]
+    device = next(model.parameters()).device
+    # float32 for the exchange: one dtype in every process, and the loss is computed in float32
+    local = model(share).float() if share else torch.zeros(0, 0, device=device)
+    emb = distributed.all_gather_rows(local)
+    n = len(anchors)
+    return loss_fn(emb[:n], emb[n:2 * n], emb[2 * n:] if negatives else None)
+
+
 def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str, str | Path],
                       cfg: FullTrainingConfig = FullTrainingConfig(), *, device: str | None = None,
-                      progress: bool = True) -> FullTrainingResult:
+                      progress: bool = True, checkpoint_dir: str | Path | None = None,
+                      on_step: Callable[[int], None] | None = None) -> FullTrainingResult | None:
     """Train baseline ``name`` from ``start_dir`` (the base model; Full_mc: Full_m's output) on
     ``pairs_paths`` ({language: pair file}; Full_en uses English only) and return the trained
-    model, its metrics and loss history (nothing is written)."""
+    model, its metrics and loss history (nothing is written but checkpoints).
+
+    ``checkpoint_dir``: resume from the checkpoint there if it matches
+    (:func:`training_fingerprint`), and write one every ``cfg.checkpoint_every`` steps; None:
+    no checkpoints. ``on_step(step)`` is called after every optimizer step and checkpoint (the
+    tests kill the process there).
+
+    In a process group of several processes (torchrun, :func:`distributed.setup`; ``device`` is
+    then this process's GPU) the training is data-parallel: each process encodes its share of
+    every batch (:func:`gathered_batch_loss`), the gradients are averaged after backward, and
+    every process takes the same clipped AdamW step, so weights and moments stay replicated and
+    a checkpoint does not depend on the number of processes. Only the main process evaluates,
+    writes checkpoints and shows progress; the others return None."""
+    from tqdm.auto import tqdm
+
     recipe = variants.FULL_BASELINES.get(name)
     if recipe is None:
         raise InputError(f"unknown full baseline {name!r}; baselines: {', '.join(variants.FULL_BASELINES)}")
@@ -317,7 +395,9 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
     if missing:
         raise InputError(f"{name}: no pairs for {', '.join(missing)}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(cfg.seed)  # dropout
+    rank, world = distributed.rank(), distributed.world_size()
+    main = rank == 0
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
 
     frames = read_language_pairs({lang: pairs_paths[lang] for lang in langs})
     train, heldout = split_heldout_by_pivot(frames, cfg.eval_pairs)
@@ -331,6 +411,9 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
     log.info("%s: %s pairs of %s, %d training rows, %d held-out pair ids; %d batches per epoch; %d steps",
              name, recipe.objective, ", ".join(langs), len(data.rows), len(heldout[pivot]), epoch_batches,
              total_steps)
+    if world > 1:
+        log.info("data-parallel over %d processes: each encodes its share of a step's texts; the "
+                 "loss ranks every anchor against the whole batch", world)
 
     model = build_full_model(start_dir, cfg).to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -345,19 +428,58 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
     def evaluate():
         return _heldout_accuracies(model, heldout, pivot, eval_batch, cfg.precision)
 
-    mono_before, cross_before = evaluate()
-    losses, history, pairs_seen, elapsed = sa.fit(
-        model, optimizer, trainable, iter_steps(data, total_steps), total_steps,
-        lambda batch: sa.batch_loss(model, loss_fn, data.rows.iloc[batch]),
-        lambda step: sa.learning_rate(step, total_steps, cfg), device=device, precision=cfg.precision,
-        max_grad_norm=cfg.max_grad_norm, log_every=cfg.log_every, desc=name, progress=progress)
+    step, history, resumed = 0, [], None
+    if checkpoint_dir is not None:
+        fingerprint = training_fingerprint(name, cfg, start_dir, {lang: pairs_paths[lang] for lang in langs})
+        resumed = sa.resume_training(checkpoint_dir, model, optimizer, fingerprint)
+    if resumed is not None:
+        step, history = resumed["step"], resumed["history"]
+        mono_before, cross_before = resumed["accuracy_before"], resumed["crosslingual_accuracy_before"]
+    else:
+        mono_before, cross_before = evaluate() if main else ({}, {})
+    # every process starts from the main process's weights, as DistributedDataParallel does
+    distributed.broadcast_from_main(trainable)
+
+    model.train()
+    pairs_seen, first_step, start_time = 0, step, time.perf_counter()
+    bar = tqdm(total=total_steps, initial=step, desc=name, disable=not (progress and main), unit="step")
+    for batch in iter_steps(data, total_steps, start=step):
+        lr = sa.learning_rate(step, total_steps, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        torch.manual_seed(la.dropout_seed(step, cfg.seed, rank))  # dropout: a function of the step
+        with sa._autocast(device, cfg.precision):
+            loss = gathered_batch_loss(model, loss_fn, data.rows.iloc[batch], rank, world)
+        if loss.requires_grad:  # a process with no text in a tiny batch has no share of the gradient
+            (loss * world).backward()
+        distributed.average_gradients(trainable)
+        torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        pairs_seen += len(batch)
+        value = loss.item()  # the whole batch's loss, the same in every process
+        if step % cfg.log_every == 0 or step == 1 or step == total_steps:
+            history.append([step, value, lr])
+            bar.set_postfix(loss=f"{value:.3f}")
+        bar.update(1)
+        if checkpoint_dir is not None and main and step % cfg.checkpoint_every == 0 and step < total_steps:
+            la.save_checkpoint(checkpoint_dir, model, optimizer, step, fingerprint,
+                               {"history": history, "accuracy_before": mono_before,
+                                "crosslingual_accuracy_before": cross_before})
+        if on_step is not None:
+            on_step(step)
+    bar.close()
+    elapsed = time.perf_counter() - start_time
+    if not main:
+        return None
     model.eval()
     mono_after, cross_after = evaluate()
 
     metrics = {
         "baseline": name, "description": recipe.description, "objective": recipe.objective,
         "languages": langs, "initialised_from": str(start_dir),
-        "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+        "loss_first": history[0][1] if history else None, "loss_last": history[-1][1] if history else None,
         "heldout_retrieval_accuracy_before": mono_before, "heldout_retrieval_accuracy_after": mono_after,
         "heldout_retrieval_accuracy_mean_before": _mean(mono_before.values()),
         "heldout_retrieval_accuracy_mean_after": _mean(mono_after.values()),
@@ -365,8 +487,9 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
         "heldout_crosslingual_retrieval_accuracy_after": cross_after,
         "heldout_pairs": {lang: len(frame) for lang, frame in sorted(heldout.items())},
         "train_pairs": {lang: len(frame) for lang, frame in sorted(train.items())},
-        "train_rows": len(data.rows), "steps": len(losses), "batches_per_epoch": epoch_batches,
-        "pairs_per_second": pairs_seen / elapsed if elapsed > 0 else None,
+        "train_rows": len(data.rows), "steps": step, "batches_per_epoch": epoch_batches,
+        "resumed_from_step": first_step, "processes": world,
+        "pairs_per_second": pairs_seen / elapsed if elapsed > 0 and pairs_seen else None,
         "trainable_parameters": n_trainable, "total_parameters": sum(p.numel() for p in model.parameters()),
         "device": str(device), "config": dataclasses.asdict(cfg),
     }
@@ -378,20 +501,31 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
 
 def train_full_baseline(name: str, start_dir: str | Path, pairs_paths: Mapping[str, str | Path],
                         out_dir: str | Path, cfg: FullTrainingConfig = FullTrainingConfig(), *,
-                        device: str | None = None, progress: bool = True) -> dict:
-    """:func:`run_full_training`, then ``out_dir`` (atomically): the sentence-transformers
-    directory, ``metrics.json`` and the loss curve. Returns the metrics."""
+                        device: str | None = None, progress: bool = True,
+                        checkpoint_dir: str | Path | None = None,
+                        on_step: Callable[[int], None] | None = None) -> dict | None:
+    """:func:`run_full_training` with checkpoints in ``checkpoint_dir`` (default:
+    ``{out_dir}.checkpoint``, ``sentence_adapter.checkpoint_path``), then ``out_dir`` (atomically): the sentence-transformers
+    directory, ``metrics.json`` and the loss curve; the checkpoint is removed once the output
+    is complete. Returns the metrics (None in the processes other than the main one)."""
     out_dir = Path(out_dir)
-    result = run_full_training(name, start_dir, pairs_paths, cfg, device=device, progress=progress)
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else sa.checkpoint_path(out_dir)
+    result = run_full_training(name, start_dir, pairs_paths, cfg, device=device, progress=progress,
+                               checkpoint_dir=checkpoint_dir, on_step=on_step)
+    if result is None:
+        distributed.barrier()  # while the main process evaluates and writes the output
+        return None
     metrics = result.metrics
     with atomic_path(out_dir, directory=True) as tmp:
         save_sentence_transformer(result.model, start_dir, tmp)
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
         write_loss_curve(result.history, tmp, title=f"{name} (all weights)", ylabel="MNRL loss")
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
     log.info("%s: MNRL %.3f → %.3f; held-out retrieval accuracy (mean over %d languages) %s → %s; %.1f pairs/s",
              name, metrics["loss_first"] or 0, metrics["loss_last"] or 0, len(metrics["languages"]),
              metrics["heldout_retrieval_accuracy_mean_before"], metrics["heldout_retrieval_accuracy_mean_after"],
              metrics["pairs_per_second"] or 0)
+    distributed.barrier()
     return metrics
 
 
@@ -421,3 +555,69 @@ def write_summary(baseline_dirs: list[str | Path], out_path: str | Path) -> None
                      + " | ".join(cells) + f" | {cross} |")
     with atomic_open(out_path) as handle:
         handle.write("\n".join(lines) + "\n")
+
+
+# ---- command line: one baseline per process group (the workflow's form for several GPUs) -----
+
+
+def cli_arguments(name: str, start_dir, pairs_paths: Mapping[str, str | Path], out_dir,
+                  cfg: FullTrainingConfig, *, log_path=None, threads: int | None = None,
+                  progress: bool = True) -> list[str]:
+    """The arguments of ``python -m modsent.baselines`` that train like ``train_full_baseline``
+    with these inputs (:func:`main` reads them back). No option is a prefix of torchrun's own
+    (``--start`` would be: see ``distributed.launch_command``)."""
+    args = ["--name", name, "--init", start_dir, "--out", out_dir,
+            "--config", json.dumps(dataclasses.asdict(cfg), sort_keys=True)]
+    for lang, path in pairs_paths.items():
+        args += ["--pairs", lang, path]
+    if log_path is not None:
+        args += ["--log-file", log_path]
+    if threads is not None:
+        args += ["--threads", threads]
+    if not progress:
+        args.append("--no-progress")
+    return [str(a) for a in args]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m modsent.baselines --name Full_m --init DIR --pairs LANG FILE ... --out DIR
+    --config JSON``: train one full baseline.
+
+    Run directly, one process; under torchrun (``modsent.distributed.launch_command``), one
+    process per GPU of the node, data-parallel (see :func:`run_full_training`)."""
+    parser = argparse.ArgumentParser(prog="python -m modsent.baselines",
+                                     description="Train one full-parameter baseline.")
+    parser.add_argument("--name", required=True, choices=list(variants.FULL_BASELINES))
+    parser.add_argument("--init", required=True, help="the starting directory: the base model, or Full_m for Full_mc")
+    parser.add_argument("--pairs", nargs=2, action="append", required=True, metavar=("LANG", "FILE"),
+                        help="a language's paraphrase pairs (repeat for every language)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--config", required=True,
+                        help="FullTrainingConfig as JSON (its field names, e.g. from cli_arguments)")
+    parser.add_argument("--log-file", help="append the main process's log records to this file")
+    parser.add_argument("--threads", type=int, help="CPU threads per process")
+    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+
+    cfg = FullTrainingConfig(**json.loads(args.config))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rank, world, device = distributed.setup(args.device)
+    try:
+        la._cli_logging(args.log_file, rank)  # the main process's records reach the rule's log
+        if world > 1:
+            log.info("process group: %d processes (%s), this one on %s",
+                     world, torch.distributed.get_backend(), device)
+        train_full_baseline(args.name, args.init, dict(args.pairs), args.out, cfg, device=str(device),
+                            progress=not args.no_progress)
+    finally:
+        distributed.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    # run the imported module's main, so that log records and classes carry its real name
+    from modsent.baselines import main as _main
+
+    sys.exit(_main())

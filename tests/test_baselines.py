@@ -1,15 +1,21 @@
 """Full-parameter baselines, the ablations and every evaluated system by name (tiny random models)."""
 
+import dataclasses
 import json
+import multiprocessing
+import os
 import shutil
+import signal
 import subprocess
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file, save_file
 
 from conftest import REPO, snakemake_exe
 from modsent import alignment as al
@@ -226,6 +232,103 @@ def test_config_section_defaults_are_the_papers(repo):
         bl.FullTrainingConfig.from_config({"lr": 1})
     for path in ("config.yaml", "configs/test.yaml"):
         bl.FullTrainingConfig.from_config(yaml.safe_load((repo / path).read_text())["baselines"])
+
+
+# ---- resumption ----------------------------------------------------------------------------------
+
+# Full_en in batches of 32: 6 batches an epoch, so the 8 steps cross into a second epoch and a
+# job killed at step 7 resumes from the step-6 checkpoint inside it. The tiny base has dropout.
+RESUME_CFG = bl.FullTrainingConfig(batch_size=32, seq_len=32, learning_rate=1e-3, max_steps=8, eval_pairs=10,
+                                   log_every=2, checkpoint_every=3)
+
+
+def test_a_resumed_run_sees_the_batches_of_an_unbroken_one(frames):
+    for data in (bl.monolingual_data(frames, 32, seed=0), bl.crosslingual_data(frames, 32, seed=0)):
+        per_epoch = len(data.epoch_batches(0))
+        total = 2 * per_epoch + 3
+        unbroken = list(bl.iter_steps(data, total))
+        assert len(unbroken) == total and unbroken[per_epoch] == data.epoch_batches(1)[0]
+        for start in (0, 1, per_epoch - 1, per_epoch, per_epoch + 2, total):
+            assert list(bl.iter_steps(data, total, start=start)) == unbroken[start:]
+
+
+def _train_and_die(data, out, cfg, die_at):
+    def die(step):
+        if step == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    torch.set_num_threads(1)
+    bl.train_full_baseline("Full_en", data["base"], {"en": data["paths"]["en"]}, out, cfg, device="cpu",
+                           progress=False, on_step=die)
+
+
+def _killed_at(data, out, cfg, step):
+    """Train in a child process that is killed with SIGKILL after ``step`` (as a cluster kills a job)."""
+    process = multiprocessing.get_context("fork").Process(target=_train_and_die, args=(data, out, cfg, step))
+    process.start()
+    process.join()
+    assert process.exitcode == -signal.SIGKILL
+    assert not out.exists()  # nothing Snakemake would accept
+    return Path(f"{out}.checkpoint")
+
+
+def test_killed_job_resumes_from_its_last_checkpoint(data, tmp_path):
+    torch.set_num_threads(1)
+    english = bl.split_heldout_by_pivot(bl.read_language_pairs({"en": data["paths"]["en"]}), 10)[0]
+    assert len(bl.monolingual_data(english, 32, 0).epoch_batches(0)) <= 6  # the resumed steps are in epoch 2
+    straight = tmp_path / "straight"
+    bl.train_full_baseline("Full_en", data["base"], {"en": data["paths"]["en"]}, straight, RESUME_CFG,
+                           device="cpu", progress=False)
+    resumed = tmp_path / "resumed"
+    checkpoint = _killed_at(data, resumed, RESUME_CFG, 7)
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    assert meta["step"] == 6
+    assert sorted(p.name for p in checkpoint.iterdir()) == ["meta.json", "state.safetensors"]  # no pickle
+    state = load_file(str(checkpoint / "state.safetensors"))
+    n_params = sum(1 for _ in bl.build_full_model(data["base"], RESUME_CFG).parameters())
+    assert sum(k.startswith("param/") for k in state) == n_params  # every weight
+    assert sum(k.startswith("exp_avg/") for k in state) == n_params  # and its AdamW moments
+    metrics = bl.train_full_baseline("Full_en", data["base"], {"en": data["paths"]["en"]}, resumed, RESUME_CFG,
+                                     device="cpu", progress=False)
+    assert metrics["resumed_from_step"] == 6 and metrics["steps"] == 8
+    assert not checkpoint.exists()  # removed once the output is complete
+    a, b = load_file(str(straight / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # bit for bit what an unbroken run gives
+    unbroken = json.loads((straight / "metrics.json").read_text())
+    for key in ("loss_first", "loss_last", "heldout_retrieval_accuracy_before", "heldout_retrieval_accuracy_after"):
+        assert metrics[key] == unbroken[key], key
+    assert (resumed / "loss.tsv").read_text() == (straight / "loss.tsv").read_text()
+
+
+def test_checkpoint_of_other_settings_or_inputs_is_not_resumed(data, tmp_path):
+    torch.set_num_threads(1)
+    en = {"en": data["paths"]["en"]}
+
+    def stop_at_4(step):
+        if step == 4:
+            raise KeyboardInterrupt  # a job stopped after its step-3 checkpoint
+
+    out = tmp_path / "Full_en"
+    with pytest.raises(KeyboardInterrupt):
+        bl.train_full_baseline("Full_en", data["base"], en, out, RESUME_CFG, device="cpu", progress=False,
+                               on_step=stop_at_4)
+    other = bl.FullTrainingConfig(**{**dataclasses.asdict(RESUME_CFG), "learning_rate": 5e-4})
+    metrics = bl.train_full_baseline("Full_en", data["base"], en, out, other, device="cpu", progress=False)
+    assert metrics["resumed_from_step"] == 0 and metrics["steps"] == 8
+
+    fingerprint = bl.training_fingerprint("Full_en", RESUME_CFG, data["base"], en)
+    cadence = bl.FullTrainingConfig(**{**dataclasses.asdict(RESUME_CFG), "checkpoint_every": 5, "log_every": 1})
+    assert bl.training_fingerprint("Full_en", cadence, data["base"], en) == fingerprint  # may change on a rerun
+    assert bl.training_fingerprint("Full_c", RESUME_CFG, data["base"], en) != fingerprint
+    assert bl.training_fingerprint("Full_en", RESUME_CFG, data["base"], {"en": data["paths"]["de"]}) != fingerprint
+    changed = tmp_path / "start"  # a retrained starting model (Full_m for Full_mc): other weights, same names
+    shutil.copytree(data["base"], changed)
+    weights = load_file(str(changed / "model.safetensors"))
+    key = sorted(weights)[0]
+    weights[key] = weights[key] + 1e-3
+    save_file(weights, str(changed / "model.safetensors"))
+    assert bl.training_fingerprint("Full_en", RESUME_CFG, changed, en) != fingerprint
 
 
 # ---- every system by name ----------------------------------------------------------------------

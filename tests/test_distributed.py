@@ -1,4 +1,5 @@
-"""Data-parallel LA training: two CPU processes (torchrun, gloo) train what one process trains."""
+"""Data-parallel training of the LA and the full baselines: two CPU processes (torchrun, gloo)
+train what one process trains."""
 
 import json
 import multiprocessing
@@ -12,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from modsent import baselines as bl
 from modsent import distributed
 from modsent import language_adapter as la
 from modsent.fasttext_embeddings import train_token_fasttext
@@ -19,6 +21,7 @@ from modsent.focus import initialize_embeddings
 from modsent.sources.builtin import builtin_corpus
 from modsent.testing import make_tiny_xlmr, sample_texts
 from modsent.tokenizer_training import train_tokenizer
+from tiny_modules import pairs_in, tiny_base_and_data
 
 pytestmark = pytest.mark.skipif(
     not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
@@ -163,7 +166,103 @@ def test_cli_arguments_round_trip(inputs, tmp_path, monkeypatch):
     assert seen["kwargs"] == {"tracking_dir": str(tmp_path / "tb"), "device": "cpu", "progress": False}
 
 
-# ---- gathering rows ----------------------------------------------------------------------------------
+# ---- the full baselines ----------------------------------------------------------------------------
+
+# Full_m (batches of one language, en or de) without dropout (the fixture's base). Batches of 7
+# pairs with a hard negative for most: 12-14 texts, so the processes' shares differ in size and
+# mix anchors, positives and negatives.
+BL_CFG = bl.FullTrainingConfig(batch_size=7, seq_len=32, learning_rate=1e-3, max_steps=4, eval_pairs=10,
+                               log_every=1, checkpoint_every=2)
+
+
+@pytest.fixture(scope="module")
+def baseline_inputs(tmp_path_factory):
+    """A tiny random XLM-R base without dropout and the built-in pairs in en and de."""
+    root = tmp_path_factory.mktemp("ddp-baselines")
+    base, english, units = tiny_base_and_data(root)
+    config = json.loads((base / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (base / "config.json").write_text(json.dumps(config))
+    paths = {}
+    for lang in ("en", "de"):
+        paths[lang] = root / f"pairs-{lang}.parquet"
+        (english if lang == "en" else pairs_in(lang, english, units)).to_parquet(paths[lang], index=False)
+    return {"base": base, "paths": paths}
+
+
+@pytest.fixture(scope="module")
+def single_baseline(baseline_inputs, tmp_path_factory):
+    """The reference: Full_m trained by one process, in this one."""
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("single-baseline") / "Full_m"
+    bl.train_full_baseline("Full_m", baseline_inputs["base"], baseline_inputs["paths"], out, BL_CFG, device="cpu",
+                           progress=False)
+    return out
+
+
+def _torchrun_baseline(inputs, out, nproc=2):
+    log = out.with_name(out.name + ".log")
+    command = distributed.launch_command(
+        "modsent.baselines",
+        bl.cli_arguments("Full_m", inputs["base"], inputs["paths"], out, BL_CFG, log_path=log, threads=1,
+                         progress=False) + ["--device", "cpu"], nproc)
+    result = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return log.read_text(encoding="utf-8")
+
+
+def _assert_same_baseline(a: Path, b: Path):
+    """Same files, same weights within float-addition order, same steps, curve and accuracies."""
+    assert sorted(p.relative_to(a) for p in a.rglob("*")) == sorted(p.relative_to(b) for p in b.rglob("*"))
+    x, y = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert x.keys() == y.keys()
+    for key in x:
+        torch.testing.assert_close(y[key], x[key], rtol=1e-5, atol=1e-6, msg=key)
+    ma, mb = (json.loads((d / "metrics.json").read_text()) for d in (a, b))
+    for key in ("steps", "train_rows", "heldout_pairs", "trainable_parameters", "config",
+                "heldout_retrieval_accuracy_before", "heldout_retrieval_accuracy_after",
+                "heldout_crosslingual_retrieval_accuracy_after"):
+        assert ma[key] == mb[key], key
+    curve_a, curve_b = ((d / "loss.tsv").read_text().splitlines() for d in (a, b))
+    assert len(curve_a) == len(curve_b) == BL_CFG.max_steps + 1
+    for row_a, row_b in zip(curve_a[1:], curve_b[1:]):
+        (step_a, loss_a, lr_a), (step_b, loss_b, lr_b) = row_a.split("\t"), row_b.split("\t")
+        assert step_a == step_b and lr_a == lr_b
+        assert float(loss_b) == pytest.approx(float(loss_a), rel=1e-5)
+
+
+def test_two_processes_train_the_full_baseline_one_process_trains(baseline_inputs, single_baseline, tmp_path):
+    """The in-batch negatives span both processes: the loss, and so the weights, are one process's."""
+    out = tmp_path / "Full_m"
+    log = _torchrun_baseline(baseline_inputs, out)
+    _assert_same_baseline(single_baseline, out)
+    assert json.loads((out / "metrics.json").read_text())["processes"] == 2
+    assert "data-parallel over 2 processes" in log and "[rank 1]" not in log
+    assert not Path(f"{out}.checkpoint").exists()
+
+
+def _train_baseline_and_die(inputs, out, die_at):
+    def die(step):
+        if step == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    torch.set_num_threads(1)
+    bl.train_full_baseline("Full_m", inputs["base"], inputs["paths"], out, BL_CFG, device="cpu", progress=False,
+                           on_step=die)
+
+
+def test_a_full_baseline_checkpoint_of_one_process_resumes_on_two(baseline_inputs, single_baseline, tmp_path):
+    out = tmp_path / "Full_m"
+    process = multiprocessing.get_context("fork").Process(target=_train_baseline_and_die,
+                                                          args=(baseline_inputs, out, 3))
+    process.start()
+    process.join()
+    assert process.exitcode == -signal.SIGKILL
+    assert json.loads((Path(f"{out}.checkpoint") / "meta.json").read_text())["step"] == 2
+    _torchrun_baseline(baseline_inputs, out)
+    assert json.loads((out / "metrics.json").read_text())["resumed_from_step"] == 2
+    _assert_same_baseline(single_baseline, out)
 
 
 def _gather_rows_process(rank: int, world: int, store: str, sizes: list[int], results) -> None:
