@@ -9,7 +9,9 @@
 rule full_baseline:
     """Every weight of the base model, MNRL on its own tokenizer: Full_en (English pairs),
     Full_m (monolingual batches of every language), Full_c (cross-lingual pairs), Full_mc
-    (Full_c's pairs from Full_m's weights). A sentence-transformers directory."""
+    (Full_c's pairs from Full_m's weights). A sentence-transformers directory.
+    Resumes from results/{base}/baselines/{name}.checkpoint when rerun after a kill;
+    baselines.gpus GPUs of one node (torchrun, data-parallel)."""
     input:
         unpack(full_baseline_inputs),
     output:
@@ -19,9 +21,9 @@ rule full_baseline:
     params:
         settings=full_baseline_settings,
         languages=full_baseline_languages,
-    threads: job_threads("gpu_train")
+    threads: job_threads("gpu_train", gpus=full_baseline_gpus)
     resources:
-        **job_resources("gpu_train"),
+        **job_resources("gpu_train", gpus=full_baseline_gpus),
     log:
         "logs/{base}/baselines/{name}.log",
     benchmark:

@@ -234,9 +234,12 @@ def ablation_alignment_inputs(wildcards):
 
 
 def full_baseline_settings(wildcards):
-    """The training settings without the choice of systems: selecting another baseline or
-    ablation must not rerun the trained ones (Snakemake reruns a job whose params change)."""
-    return {k: v for k, v in config["baselines"].items() if k not in ("full", "ablations")}
+    """The training settings without the choice of systems or how the job runs (gpus,
+    checkpoint_every: the script reads them from the config): selecting another baseline or
+    ablation, or another GPU count, must not rerun the trained ones (Snakemake reruns a job
+    whose params change)."""
+    return {k: v for k, v in config["baselines"].items()
+            if k not in ("full", "ablations", "gpus", "checkpoint_every")}
 
 
 def ablation_alignment_settings(wildcards):

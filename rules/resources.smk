@@ -11,7 +11,8 @@
 # CPU jobs get --cpus-per-task from the rule's threads. Partition and account come from the
 # profile (slurm/config.yaml); a config's `resources:` section (below) overrides a kind.
 # A job that can use several GPUs of a node passes their number, e.g. the language adapter's
-# `job_resources("gpu_train", gpus=language_adapter_gpus)` (language_adapter.gpus, torchrun).
+# `job_resources("gpu_train", gpus=language_adapter_gpus)` (language_adapter.gpus, torchrun;
+# the full baselines' baselines.gpus likewise).
 # Without SLURM (`snakemake --cores N`) only threads matter, and `--resources gpu=1` keeps
 # GPU jobs from sharing a local GPU.
 
@@ -97,3 +98,8 @@ def job_resources(kind, gpus=None):
 def language_adapter_gpus(wildcards):
     """language_adapter.gpus of the job's language: GPUs of one node, trained under torchrun."""
     return language_adapter_settings(wildcards).get("gpus", 1)
+
+
+def full_baseline_gpus(wildcards):
+    """baselines.gpus: GPUs of one node for each full baseline, trained under torchrun."""
+    return config["baselines"].get("gpus", 1)

@@ -226,6 +226,7 @@ def test_config_section_defaults_are_the_papers(repo):
     assert section["full"] == ["Full_en", "Full_m", "Full_c", "Full_mc"]
     assert section["ablations"] == ["Mod_m-LA", "Mod_c"]
     assert bl.FullTrainingConfig.from_config(section) == bl.FullTrainingConfig()
+    assert (section["checkpoint_every"], section["gpus"]) == (bl.FullTrainingConfig().checkpoint_every, 1)
     assert (bl.FullTrainingConfig().epochs, bl.FullTrainingConfig().batch_size, bl.FullTrainingConfig().seq_len,
             bl.FullTrainingConfig().learning_rate, bl.FullTrainingConfig().scale) == (3, 128, 128, 2e-5, 20.0)
     with pytest.raises(InputError, match="unknown key"):
@@ -500,6 +501,29 @@ def test_dry_run_plans_every_baseline_and_ablation_job(tmp_path):
     assert "results/tiny/ablations/alignment_la/merged-0.7" not in proc.stdout
 
 
+def _job_block(output: str, rule: str, target: str) -> str:
+    """The dry run's description of the job of ``rule`` that makes ``target``."""
+    for block in output.split("\nrule ")[1:]:
+        if block.startswith(f"{rule}:") and f"output: {target}" in block:
+            return block
+    raise AssertionError(f"no {rule} job for {target} in the plan")
+
+
+@pytest.mark.workflow
+def test_full_baseline_jobs_request_baselines_gpus_gpus_of_one_node(tmp_path):
+    config = yaml.safe_load((REPO / "configs" / "test.yaml").read_text())
+    config["baselines"]["gpus"] = 2
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    proc = _snakemake(tmp_path, config_path, "-n")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for name in ("Full_en", "Full_mc"):
+        resources = _job_block(proc.stdout, "full_baseline", f"results/tiny/baselines/{name}")
+        assert "gpu=2," in resources and "mem_mb=64000" in resources  # 2 x the gpu_train kind's memory
+    se = _job_block(proc.stdout, "ablation_sentence_adapter", "results/tiny/ablations/sentence_adapters_base/en")
+    assert "gpu=1," in se  # the setting is the full baselines' own
+
+
 @pytest.mark.workflow
 def test_full_baselines_and_mod_m_la_run(tmp_path):
     """A real run of the full baselines and Mod_m-LA on the test config (en, ky), then nothing to do."""
@@ -523,12 +547,18 @@ def test_full_baselines_and_mod_m_la_run(tmp_path):
     assert json.loads((work / "results/tiny/baselines/Full_mc/metrics.json").read_text())[
         "initialised_from"] == "results/tiny/baselines/Full_m"
     assert "| Full_c |" in (work / "results/tiny/baselines/summary.md").read_text()
+    assert not list((work / "results/tiny/baselines").glob("*.checkpoint"))  # written (every step), then removed
     for lang in ("en", "ky"):
         metrics = json.loads((work / f"results/tiny/ablations/sentence_adapters_base/{lang}/metrics.json").read_text())
         assert metrics["language_adapter"] is None
     assert not (work / "results/tiny/language_adapters").exists()  # no LA was needed
     rerun = _snakemake(tmp_path, config_path, "-n")
     assert "Nothing to be done" in rerun.stdout + rerun.stderr
+    # how a job runs is no reason to retrain it
+    config["baselines"].update(gpus=2, checkpoint_every=5)
+    config_path.write_text(yaml.safe_dump(config))
+    rerun = _snakemake(tmp_path, config_path, "-n")
+    assert "Nothing to be done" in rerun.stdout + rerun.stderr, rerun.stdout[-3000:]
     # selecting fewer baselines retrains none of the others (only the summary's inputs change)
     config["baselines"]["full"] = ["Full_m", "Full_c", "Full_mc"]
     config_path.write_text(yaml.safe_dump(config))

@@ -1,17 +1,34 @@
-# rule full_baseline: every weight of the base model trained with MNRL (Full_en/m/c/mc).
+# rule full_baseline: every weight of the base model trained with MNRL (Full_en/m/c/mc); resumes
+# from results/{base}/baselines/{name}.checkpoint. baselines.gpus > 1 on a node with GPUs: the
+# training runs under torchrun, one process per GPU (python -m modsent.baselines), data-parallel;
+# otherwise in this process.
+import sys
+
 import torch
 
-from modsent.baselines import FullTrainingConfig, train_full_baseline
+from modsent import distributed
+from modsent.baselines import FullTrainingConfig, cli_arguments, train_full_baseline
 from modsent.logs import setup_logging
 
-setup_logging(snakemake.log[0])
-torch.set_num_threads(snakemake.threads)
+log = setup_logging(snakemake.log[0])
+# The training settings are the rule's params; gpus and checkpoint_every say how the job runs,
+# not what it trains, and are read from the config so that changing them reruns no finished job.
+section = snakemake.config["baselines"]
+settings = {**snakemake.params.settings, "checkpoint_every": section["checkpoint_every"]}
+cfg = FullTrainingConfig.from_config(settings)
 pairs = snakemake.input.pairs
 pairs = [pairs] if isinstance(pairs, str) else list(pairs)
-train_full_baseline(
-    snakemake.wildcards.name,
-    snakemake.input.get("init") or snakemake.input.base,  # Full_mc continues from Full_m
-    dict(zip(snakemake.params.languages, pairs, strict=True)),
-    snakemake.output[0],
-    FullTrainingConfig.from_config(snakemake.params.settings),
-)
+pairs = dict(zip(snakemake.params.languages, pairs, strict=True))
+start_dir = snakemake.input.get("init") or snakemake.input.base  # Full_mc continues from Full_m
+processes = distributed.launched_processes(section["gpus"], "baselines.gpus")
+
+if processes > 1:
+    threads = max(1, snakemake.threads // processes)
+    log.info("%d GPUs, %d threads each", processes, threads)
+    command = distributed.launch_command("modsent.baselines", cli_arguments(
+        snakemake.wildcards.name, start_dir, pairs, snakemake.output[0], cfg,
+        log_path=snakemake.log[0], threads=threads), processes)
+    sys.exit(distributed.run_launched(command, snakemake.log[0], threads))
+else:
+    torch.set_num_threads(snakemake.threads)
+    train_full_baseline(snakemake.wildcards.name, start_dir, pairs, snakemake.output[0], cfg)
