@@ -348,7 +348,8 @@ def save_checkpoint(path: Path, model, optimizer, step: int, fingerprint: str, h
 
 
 def load_checkpoint(path: Path, model, optimizer, fingerprint: str):
-    """Restore a checkpoint into model and optimizer; (step, history) or None."""
+    """Restore a checkpoint into model and optimizer (the AdamW moments on their parameters'
+    device; the step counts stay on the CPU, as AdamW keeps them); (step, history) or None."""
     from safetensors.torch import load_file
 
     meta_path = path / CHECKPOINT_META
@@ -368,8 +369,8 @@ def load_checkpoint(path: Path, model, optimizer, fingerprint: str):
         if f"exp_avg/{name}" in tensors:
             optimizer.state[param] = {
                 "step": tensors[f"step/{name}"].reshape(()).clone(),
-                "exp_avg": tensors[f"exp_avg/{name}"].clone(),
-                "exp_avg_sq": tensors[f"exp_avg_sq/{name}"].clone(),
+                "exp_avg": tensors[f"exp_avg/{name}"].to(param.device, copy=True),
+                "exp_avg_sq": tensors[f"exp_avg_sq/{name}"].to(param.device, copy=True),
             }
     torch.set_rng_state(tensors["rng/torch"])
     return meta["step"], meta["history"]

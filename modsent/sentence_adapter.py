@@ -550,15 +550,12 @@ def resume_training(checkpoint_dir: Path, model, optimizer, fingerprint: str) ->
     """Restore a checkpoint made with ``fingerprint`` into ``model`` and ``optimizer``: its
     progress (step, losses, history, accuracy_before), or None when there is none or it is stale.
 
-    The language adapter's :func:`~modsent.language_adapter.load_checkpoint` reads it; the
-    AdamW moments it loads on the CPU are moved to their parameters' device."""
+    The language adapter's :func:`~modsent.language_adapter.load_checkpoint` reads it (the AdamW
+    moments onto their parameters' device)."""
     resumed = la.load_checkpoint(checkpoint_dir, model, optimizer, fingerprint)
     if resumed is None:
         return None
     step, progress = resumed
-    for param, state in optimizer.state.items():
-        for key in ("exp_avg", "exp_avg_sq"):
-            state[key] = state[key].to(param.device)
     log.info("resuming from checkpoint %s at step %d", checkpoint_dir, step)
     return {**progress, "step": step}
 

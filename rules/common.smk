@@ -179,8 +179,9 @@ def alignment_inputs(wildcards):
 
 def alignment_settings(wildcards):
     """The CLA training settings without checkpoint_every (the script reads it from the
-    config), so that changing it reruns no finished adapter."""
-    return {k: v for k, v in config["alignment"].items() if k != "checkpoint_every"}
+    config) and merge_weights (used by the merges only), so that changing them reruns no
+    finished adapter."""
+    return {k: v for k, v in config["alignment"].items() if k not in ("merge_weights", "checkpoint_every")}
 
 
 def merge_weight_names():

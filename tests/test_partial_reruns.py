@@ -151,3 +151,17 @@ def test_adding_a_language_runs_only_its_jobs_and_the_summaries(workdir):
     assert f"results/{BASE}/language_adapters/ky/metrics.json" in untouched
     assert any(belongs_to(path, "de") for path in touched)
     assert "Nothing to be done" in snakemake(workdir, config, "-n", *targets(languages))
+
+
+def test_adding_a_merge_weight_trains_nothing(workdir):
+    """A new merge weight is a new weighted average of the trained pp and pl adapters: only the
+    merges run, no adapter retrains (the CLA rules' params leave merge_weights out)."""
+    languages = ["en", "ky", "de"]
+    config = yaml.safe_load(write_config(workdir, languages).read_text())
+    config["alignment"]["merge_weights"] = [0.5, 0.7]
+    path = workdir / "config-two-weights.yaml"
+    path.write_text(yaml.safe_dump(config))
+    wanted = targets(languages) + [f"results/{BASE}/alignment/merged-0.7/{lang}" for lang in ("ky", "de")]
+    plan = planned_jobs(snakemake(workdir, path, "-n", *wanted))
+    assert {(rule, w.get("weight")) for rule, w, _ in plan} == {("merge_alignment", "0.7")}
+    assert {w["lang"] for _, w, _ in plan} == {"ky", "de"}

@@ -17,7 +17,7 @@ if kind == "pp":
                                           pd.read_parquet(snakemake.input.pairs))
 else:
     pairs = parallel_pairs(pd.read_parquet(snakemake.input.translations))
-settings = {k: v for k, v in snakemake.params.settings.items() if k != "merge_weights"}
+settings = dict(snakemake.params.settings)
 settings["checkpoint_every"] = snakemake.config["alignment"]["checkpoint_every"]
 train_alignment_adapter(
     kind,
