@@ -58,7 +58,6 @@ import json
 import logging
 import shutil
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -383,8 +382,6 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
     every process takes the same clipped AdamW step, so weights and moments stay replicated and
     a checkpoint does not depend on the number of processes. Only the main process evaluates,
     writes checkpoints and shows progress; the others return None."""
-    from tqdm.auto import tqdm
-
     recipe = variants.FULL_BASELINES.get(name)
     if recipe is None:
         raise InputError(f"unknown full baseline {name!r}; baselines: {', '.join(variants.FULL_BASELINES)}")
@@ -428,49 +425,35 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
     def evaluate():
         return _heldout_accuracies(model, heldout, pivot, eval_batch, cfg.precision)
 
-    step, history, resumed = 0, [], None
+    fingerprint, resumed = None, None
     if checkpoint_dir is not None:
         fingerprint = training_fingerprint(name, cfg, start_dir, {lang: pairs_paths[lang] for lang in langs})
         resumed = sa.resume_training(checkpoint_dir, model, optimizer, fingerprint)
+    start = resumed["step"] if resumed else 0
     if resumed is not None:
-        step, history = resumed["step"], resumed["history"]
-        mono_before, cross_before = resumed["accuracy_before"], resumed["crosslingual_accuracy_before"]
+        mono_before, cross_before = resumed["accuracy_before"]
     else:
         mono_before, cross_before = evaluate() if main else ({}, {})
     # every process starts from the main process's weights, as DistributedDataParallel does
     distributed.broadcast_from_main(trainable)
 
-    model.train()
-    pairs_seen, first_step, start_time = 0, step, time.perf_counter()
-    bar = tqdm(total=total_steps, initial=step, desc=name, disable=not (progress and main), unit="step")
-    for batch in iter_steps(data, total_steps, start=step):
-        lr = sa.learning_rate(step, total_steps, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        torch.manual_seed(la.dropout_seed(step, cfg.seed, rank))  # dropout: a function of the step
-        with sa._autocast(device, cfg.precision):
-            loss = gathered_batch_loss(model, loss_fn, data.rows.iloc[batch], rank, world)
+    def backward(loss):
         if loss.requires_grad:  # a process with no text in a tiny batch has no share of the gradient
             (loss * world).backward()
         distributed.average_gradients(trainable)
-        torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        pairs_seen += len(batch)
-        value = loss.item()  # the whole batch's loss, the same in every process
-        if step % cfg.log_every == 0 or step == 1 or step == total_steps:
-            history.append([step, value, lr])
-            bar.set_postfix(loss=f"{value:.3f}")
-        bar.update(1)
-        if checkpoint_dir is not None and main and step % cfg.checkpoint_every == 0 and step < total_steps:
-            la.save_checkpoint(checkpoint_dir, model, optimizer, step, fingerprint,
-                               {"history": history, "accuracy_before": mono_before,
-                                "crosslingual_accuracy_before": cross_before})
-        if on_step is not None:
-            on_step(step)
-    bar.close()
-    elapsed = time.perf_counter() - start_time
+
+    # the loss is the whole batch's, the same in every process
+    losses, history, pairs_seen, elapsed = sa.fit(
+        model, optimizer, trainable, iter_steps(data, total_steps, start=start), total_steps,
+        lambda batch: gathered_batch_loss(model, loss_fn, data.rows.iloc[batch], rank, world),
+        lambda step: sa.learning_rate(step, total_steps, cfg), device=device, precision=cfg.precision,
+        max_grad_norm=cfg.max_grad_norm, log_every=cfg.log_every, desc=name, progress=progress and main,
+        start_step=start, losses=resumed["losses"] if resumed else None,
+        history=resumed["history"] if resumed else None,
+        step_seed=lambda step: la.dropout_seed(step, cfg.seed, rank), backward=backward,
+        after_step=sa.checkpointer(checkpoint_dir, model, optimizer, fingerprint, cfg.checkpoint_every,
+                                   total_steps, [mono_before, cross_before], on_step))
+    step = len(losses)
     if not main:
         return None
     model.eval()
@@ -488,7 +471,7 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
         "heldout_pairs": {lang: len(frame) for lang, frame in sorted(heldout.items())},
         "train_pairs": {lang: len(frame) for lang, frame in sorted(train.items())},
         "train_rows": len(data.rows), "steps": step, "batches_per_epoch": epoch_batches,
-        "resumed_from_step": first_step, "processes": world,
+        "resumed_from_step": start, "processes": world,
         "pairs_per_second": pairs_seen / elapsed if elapsed > 0 and pairs_seen else None,
         "trainable_parameters": n_trainable, "total_parameters": sum(p.numel() for p in model.parameters()),
         "device": str(device), "config": dataclasses.asdict(cfg),
@@ -594,25 +577,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--config", required=True,
                         help="FullTrainingConfig as JSON (its field names, e.g. from cli_arguments)")
-    parser.add_argument("--log-file", help="append the main process's log records to this file")
-    parser.add_argument("--threads", type=int, help="CPU threads per process")
-    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
-    parser.add_argument("--no-progress", action="store_true")
+    distributed.add_process_arguments(parser)
     args = parser.parse_args(argv)
 
     cfg = FullTrainingConfig(**json.loads(args.config))
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    rank, world, device = distributed.setup(args.device)
-    try:
-        la._cli_logging(args.log_file, rank)  # the main process's records reach the rule's log
-        if world > 1:
-            log.info("process group: %d processes (%s), this one on %s",
-                     world, torch.distributed.get_backend(), device)
+    with distributed.trainer_process(args) as device:
         train_full_baseline(args.name, args.init, dict(args.pairs), args.out, cfg, device=str(device),
                             progress=not args.no_progress)
-    finally:
-        distributed.cleanup()
     return 0
 
 

@@ -13,6 +13,8 @@ files, logs and shows progress.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import datetime
 import logging
 import os
@@ -232,3 +234,48 @@ def run_launched(command: Sequence[str], log_path: str | Path, threads: int) -> 
         root.addHandler(handler)
         log.error("torchrun exited with status %d", result.returncode)
     return result.returncode
+
+
+# ---- a trainer's command line under torchrun ------------------------------------------------------
+
+
+def add_process_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every trainer's ``main`` takes for how its process runs (see
+    :func:`trainer_process`): --log-file, --threads, --device, --no-progress."""
+    parser.add_argument("--log-file", help="append the main process's log records to this file")
+    parser.add_argument("--threads", type=int, help="CPU threads per process")
+    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def process_logging(log_path: str | None, rank: int) -> None:
+    """The main process logs to stderr and appends to ``log_path`` (the workflow script that
+    started torchrun wrote the log's first lines); the others report warnings and errors only."""
+    from modsent.logs import FORMAT
+
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if rank == 0 and log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_path, mode="a", encoding="utf-8"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=FORMAT if rank == 0 else f"[rank {rank}] {FORMAT}",
+                        handlers=handlers, force=True)
+    logging.captureWarnings(True)
+
+
+@contextlib.contextmanager
+def trainer_process(args: argparse.Namespace):
+    """One trainer process started from the command line (the options of
+    :func:`add_process_arguments`): its threads, the process group when torchrun started it,
+    its logging; yields its device and leaves the group at the end."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rank, world, device = setup(args.device)
+    try:
+        process_logging(args.log_file, rank)  # the main process's records reach the rule's log
+        if world > 1:
+            logging.getLogger(__name__).info("process group: %d processes (%s), this one on %s",
+                                             world, torch.distributed.get_backend(), device)
+        yield device
+    finally:
+        cleanup()

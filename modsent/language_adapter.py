@@ -677,21 +677,6 @@ def cli_arguments(base_model_dir, tokenizer_dir, embeddings_dir, corpus_path, ou
     return [str(a) for a in args]
 
 
-def _cli_logging(log_path: str | None, rank: int) -> None:
-    """The main process logs to stderr and appends to ``log_path`` (the workflow script that
-    started torchrun wrote the log's first lines); the others report warnings and errors only."""
-    from modsent.logs import FORMAT
-
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if rank == 0 and log_path:
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(log_path, mode="a", encoding="utf-8"))
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format=FORMAT if rank == 0 else f"[rank {rank}] {FORMAT}",
-                        handlers=handlers, force=True)
-    logging.captureWarnings(True)
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m modsent.language_adapter --base ... --out ... --config JSON``: train one LA.
 
@@ -704,27 +689,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True,
                         help="LanguageAdapterConfig as JSON (its field names, e.g. from cli_arguments)")
     parser.add_argument("--tracking-dir")
-    parser.add_argument("--log-file", help="append the main process's log records to this file")
-    parser.add_argument("--threads", type=int, help="CPU threads per process")
-    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
-    parser.add_argument("--no-progress", action="store_true")
+    distributed.add_process_arguments(parser)
     args = parser.parse_args(argv)
 
     fields = json.loads(args.config)
     cfg = LanguageAdapterConfig(**{**fields, "target_modules": tuple(fields["target_modules"])})
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    rank, world, device = distributed.setup(args.device)
-    try:
-        _cli_logging(args.log_file, rank)
-        if world > 1:
-            log.info("process group: %d processes (%s), this one on %s",
-                     world, torch.distributed.get_backend(), device)
+    with distributed.trainer_process(args) as device:
         train_language_adapter(args.base, args.tokenizer, args.embeddings, args.corpus, args.out,
                                cfg, tracking_dir=args.tracking_dir, device=str(device),
                                progress=not args.no_progress)
-    finally:
-        distributed.cleanup()
     return 0
 
 

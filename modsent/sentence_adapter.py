@@ -468,7 +468,7 @@ def fit(model, optimizer, trainable, batches, total_steps: int, loss_of_batch, l
         device, precision: str, max_grad_norm: float, log_every: int, desc: str,
         progress: bool = True, start_step: int = 0, losses: list[float] | None = None,
         history: list[list[float]] | None = None, step_seed=None,
-        after_step=None) -> tuple[list[float], list[list[float]], int, float]:
+        after_step=None, backward=None) -> tuple[list[float], list[list[float]], int, float]:
     """The training loop shared by the SE and CLA adapters: set the step's learning rate,
     compute the batch loss (autocast on GPUs), clip, step. Returns (losses, logged history
     [step, loss, lr], pairs seen, seconds).
@@ -476,8 +476,9 @@ def fit(model, optimizer, trainable, batches, total_steps: int, loss_of_batch, l
     Resuming: ``batches`` starts at ``start_step``, and ``losses`` and ``history`` hold the
     steps before it (extended in place). ``step_seed(step)``: the seed of the step's dropout,
     so that it does not depend on where a run started. ``after_step(steps_done, losses,
-    history)`` is called after every optimizer step (checkpoints). Pairs seen and seconds count
-    this run's steps only."""
+    history)`` is called after every optimizer step (checkpoints). ``backward(loss)``: instead of
+    ``loss.backward()`` (data-parallel training averages the gradients there). Pairs seen and
+    seconds count this run's steps only."""
     from tqdm.auto import tqdm
 
     history = [] if history is None else history
@@ -493,7 +494,10 @@ def fit(model, optimizer, trainable, batches, total_steps: int, loss_of_batch, l
             torch.manual_seed(step_seed(step))
         with _autocast(device, precision):
             loss = loss_of_batch(batch)
-        loss.backward()
+        if backward is None:
+            loss.backward()
+        else:
+            backward(loss)
         torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -560,14 +564,18 @@ def resume_training(checkpoint_dir: Path, model, optimizer, fingerprint: str) ->
     return {**progress, "step": step}
 
 
-def checkpointer(checkpoint_dir: Path, model, optimizer, fingerprint: str, every: int, total_steps: int,
+def checkpointer(checkpoint_dir: Path | None, model, optimizer, fingerprint: str, every: int, total_steps: int,
                  accuracy_before, on_step=None):
     """The ``after_step`` of :func:`fit` that saves a checkpoint every ``every`` steps (not after
     the last: the output follows) with the language adapter's
     :func:`~modsent.language_adapter.save_checkpoint` (trainable weights, AdamW moments, RNG
-    state; the losses and the accuracy before training as JSON), then calls ``on_step(step)``."""
+    state; the losses and the accuracy before training as JSON), then calls ``on_step(step)``.
+    Only the main process of a process group writes; ``checkpoint_dir`` None: none is written."""
+    from modsent import distributed
+
     def after_step(step: int, losses: list[float], history: list[list[float]]) -> None:
-        if step % every == 0 and step < total_steps:
+        if (checkpoint_dir is not None and distributed.is_main()
+                and step % every == 0 and step < total_steps):
             la.save_checkpoint(checkpoint_dir, model, optimizer, step, fingerprint,
                                {"losses": losses, "history": history, "accuracy_before": accuracy_before})
         if on_step is not None:

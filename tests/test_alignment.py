@@ -19,7 +19,7 @@ from modsent.paraphrase_data import (align_provided, crosslingual_paraphrase_pai
                                      translate_pairs)
 from modsent.sources.builtin import builtin_translations
 from modsent.testing import make_tiny_xlmr, sample_texts
-from tiny_modules import language_modules, tiny_base_and_data
+from tiny_modules import assert_resumed_equals_straight, language_modules, tiny_base_and_data
 
 SE_CFG = sa.SentenceAdapterConfig(batch_size=16, seq_len=32, learning_rate=5e-3, max_steps=60,
                                   lora_dropout=0.0, eval_pairs=20, log_every=4, seed=0)
@@ -284,13 +284,7 @@ def test_killed_job_resumes_from_its_last_checkpoint(inputs, kind, tmp_path):
     metrics = _train(inputs, kind, resumed)
     assert metrics["resumed_from_step"] == 3 and expected["resumed_from_step"] == 0
     assert not checkpoint.exists()
-    a = load_file(str(straight / "adapter" / pa.WEIGHTS_NAME))
-    b = load_file(str(resumed / "adapter" / pa.WEIGHTS_NAME))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit for bit
-    for key in ("loss_first", "loss_last", "steps", "heldout_retrieval_accuracy_before",
-                "heldout_retrieval_accuracy_after"):
-        assert metrics[key] == expected[key], key
-    assert (resumed / "loss.tsv").read_text() == (straight / "loss.tsv").read_text()
+    assert_resumed_equals_straight(straight, resumed, expected, metrics, pa.WEIGHTS_NAME)
 
 
 def test_checkpoint_of_other_settings_or_inputs_is_not_resumed(inputs, tmp_path):

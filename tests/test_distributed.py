@@ -68,6 +68,16 @@ def _torchrun(inputs, out, nproc=2):
     return log.read_text(encoding="utf-8")
 
 
+def _assert_same_loss_curve(a, b, steps: int) -> None:
+    """Two runs' loss.tsv: the same steps and learning rates, losses within 1e-5."""
+    curve_a, curve_b = ((d / "loss.tsv").read_text().splitlines() for d in (a, b))
+    assert len(curve_a) == len(curve_b) == steps + 1
+    for row_a, row_b in zip(curve_a[1:], curve_b[1:]):
+        (step_a, loss_a, lr_a), (step_b, loss_b, lr_b) = row_a.split("\t"), row_b.split("\t")
+        assert step_a == step_b and lr_a == lr_b
+        assert float(loss_b) == pytest.approx(float(loss_a), rel=1e-5)
+
+
 def _assert_same_training(a: Path, b: Path):
     """Same files, same tensors within float-addition order, same steps and curve."""
     assert sorted(p.relative_to(a) for p in a.rglob("*")) == sorted(p.relative_to(b) for p in b.rglob("*"))
@@ -82,12 +92,7 @@ def _assert_same_training(a: Path, b: Path):
         assert ma[key] == mb[key], key
     for key in ("heldout_mlm_loss_before", "heldout_mlm_loss_after"):
         assert mb[key] == pytest.approx(ma[key], rel=1e-5), key
-    curve_a, curve_b = ((d / "loss.tsv").read_text().splitlines() for d in (a, b))
-    assert len(curve_a) == len(curve_b) == CFG.steps + 1
-    for row_a, row_b in zip(curve_a[1:], curve_b[1:]):
-        (step_a, loss_a, lr_a), (step_b, loss_b, lr_b) = row_a.split("\t"), row_b.split("\t")
-        assert step_a == step_b and lr_a == lr_b
-        assert float(loss_b) == pytest.approx(float(loss_a), rel=1e-5)
+    _assert_same_loss_curve(a, b, CFG.steps)
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +160,7 @@ def test_cli_arguments_round_trip(inputs, tmp_path, monkeypatch):
         seen["args"], seen["kwargs"] = args, kwargs
 
     monkeypatch.setattr(la, "train_language_adapter", fake_train)
-    monkeypatch.setattr(la, "_cli_logging", lambda *a: None)
+    monkeypatch.setattr(distributed, "process_logging", lambda *a: None)
     for name in distributed.LAUNCH_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     args = la.cli_arguments(*_arguments(inputs), tmp_path / "de", CFG, tracking_dir=tmp_path / "tb",
@@ -224,12 +229,7 @@ def _assert_same_baseline(a: Path, b: Path):
                 "heldout_retrieval_accuracy_before", "heldout_retrieval_accuracy_after",
                 "heldout_crosslingual_retrieval_accuracy_after"):
         assert ma[key] == mb[key], key
-    curve_a, curve_b = ((d / "loss.tsv").read_text().splitlines() for d in (a, b))
-    assert len(curve_a) == len(curve_b) == BL_CFG.max_steps + 1
-    for row_a, row_b in zip(curve_a[1:], curve_b[1:]):
-        (step_a, loss_a, lr_a), (step_b, loss_b, lr_b) = row_a.split("\t"), row_b.split("\t")
-        assert step_a == step_b and lr_a == lr_b
-        assert float(loss_b) == pytest.approx(float(loss_a), rel=1e-5)
+    _assert_same_loss_curve(a, b, BL_CFG.max_steps)
 
 
 def test_two_processes_train_the_full_baseline_one_process_trains(baseline_inputs, single_baseline, tmp_path):

@@ -21,6 +21,7 @@ from modsent.paraphrase_data import align_provided, translate_pairs, translation
 from modsent.sources.builtin import builtin_corpus, builtin_paraphrases, builtin_translations
 from modsent.testing import make_tiny_bert, make_tiny_xlmr, sample_texts
 from modsent.tokenizer_training import train_tokenizer
+from tiny_modules import assert_resumed_equals_straight
 
 LA_CFG = la.LanguageAdapterConfig(steps=4, batch_size=4, seq_len=32, learning_rate=2e-3,
                                   warmup_steps=1, eval_sentences=30, checkpoint_every=100, log_every=1)
@@ -310,13 +311,7 @@ def test_killed_job_resumes_from_its_last_checkpoint(inputs, tmp_path):
                                         device="cpu", progress=False)
     assert metrics["resumed_from_step"] == 3 and expected["resumed_from_step"] == 0
     assert not checkpoint.exists()
-    a = load_file(str(straight / "adapter" / "adapter_model.safetensors"))
-    b = load_file(str(resumed / "adapter" / "adapter_model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit for bit
-    for key in ("loss_first", "loss_last", "steps", "heldout_retrieval_accuracy_before",
-                "heldout_retrieval_accuracy_after"):
-        assert metrics[key] == expected[key], key
-    assert (resumed / "loss.tsv").read_text() == (straight / "loss.tsv").read_text()
+    assert_resumed_equals_straight(straight, resumed, expected, metrics, "adapter_model.safetensors")
 
 
 def test_checkpoint_of_other_settings_or_inputs_is_not_resumed(inputs, tmp_path):

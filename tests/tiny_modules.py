@@ -1,5 +1,8 @@
 """Tiny per-language modules (LA + SE) for the tests of later stages: seconds, not quality."""
 
+import torch
+from safetensors.torch import load_file
+
 from modsent import language_adapter as la
 from modsent import sentence_adapter as sa
 from modsent.fasttext_embeddings import train_token_fasttext
@@ -46,3 +49,15 @@ def pairs_in(lang, english, units):
 
     lang_units, _ = align_provided(units, builtin_translations(lang), lang)
     return translate_pairs(english, lang_units)
+
+
+def assert_resumed_equals_straight(straight, resumed, expected: dict, metrics: dict, weights_name: str) -> None:
+    """An adapter trained after a kill and resume equals the one trained without a break: its
+    weights bit for bit, its metrics and its loss curve (``expected``/``metrics``: their metrics)."""
+    a = load_file(str(straight / "adapter" / weights_name))
+    b = load_file(str(resumed / "adapter" / weights_name))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit for bit
+    for key in ("loss_first", "loss_last", "steps", "heldout_retrieval_accuracy_before",
+                "heldout_retrieval_accuracy_after"):
+        assert metrics[key] == expected[key], key
+    assert (resumed / "loss.tsv").read_text() == (straight / "loss.tsv").read_text()
