@@ -24,6 +24,7 @@ include: "rules/common.smk"
 
 check_and_fill_config(config)
 validate(config, "schemas/config.schema.yaml")  # fills in the schema's defaults
+normalize_config(config)  # one spelling per meaning: rules' params are canonical
 
 
 scattergather:

@@ -6,6 +6,7 @@ The workflow calls :func:`check_config` before planning anything. Errors name th
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import jsonschema
@@ -146,6 +147,7 @@ def source_errors(config: dict) -> list[str]:
                 variants.variant(name, (config.get("alignment") or {}).get("merge_weights"))
             except InputError as err:
                 problems.append(f"evaluation.variants[{i}]: {err}")
+    problems += local_path_errors(config)
     translation = config.get("translation") or {}
     engine = translation.get("engine", "transformers")
     if engine in ("transformers", "ctranslate2") and langs:
@@ -173,6 +175,64 @@ def source_errors(config: dict) -> list[str]:
     return problems
 
 
+def local_path_errors(config: dict) -> list[str]:
+    """Local inputs that do not exist (``local:PATH`` sources, with ``{lang}`` filled in for each
+    language that reads them), found before any job runs. Relative paths are relative to the
+    working directory, as the jobs see them. (Evaluation datasets: evaluation_data.check_source.)"""
+    from modsent.io import InputError
+    from modsent.sources.prepare import parse_source
+
+    def local_path(spec, key):
+        try:
+            source = parse_source(spec, key)
+        except InputError:
+            return None  # malformed: reported by the source's own check
+        return source.path if source.kind == "local" else None
+
+    def missing(path, lang=None, *, directory=False):
+        filled = path.replace("{lang}", lang) if lang else path
+        found = Path(filled).expanduser()
+        if directory and found.is_dir() or not directory and found.exists():
+            return None
+        what = "directory" if directory else "file"
+        return f"local {what} {filled!r}{f' (for {lang})' if lang and '{lang}' in path else ''} does not exist"
+
+    problems = []
+    langs = [code for code in config.get("languages") or [] if isinstance(code, str)]
+    base_source = (config.get("base_model") or {}).get("source")
+    if isinstance(base_source, str) and base_source.startswith("local:"):
+        error = missing(base_source.split(":", 1)[1], directory=True)
+        if error:
+            problems.append(f"base_model.source: {error}")
+    corpora = config.get("corpora") or {}
+    for lang in langs:
+        override = (corpora.get("per_language") or {}).get(lang) or {}
+        key = f"corpora.per_language.{lang}.source" if "source" in override else "corpora.source"
+        path = local_path(override.get("source", corpora.get("source", "builtin")), key)
+        error = path and missing(path, lang)
+        if error:
+            problems.append(f"{key}: {error}")
+    for name, dataset in (config.get("paraphrases") or {}).items():
+        path = local_path(dataset.get("source"), f"paraphrases.{name}.source") if isinstance(dataset, dict) else None
+        error = path and missing(path)
+        if error:
+            problems.append(f"paraphrases.{name}.source: {error}")
+    translation = config.get("translation") or {}
+    if translation.get("engine") == "provided" and translation.get("provided") is not None:
+        path = local_path(translation["provided"], "translation.provided")
+        for lang in ([code for code in langs if code != PIVOT_LANGUAGE] if path else []):
+            error = missing(path, lang)
+            if error:
+                problems.append(f"translation.provided: {error}")
+    model = translation.get("model")
+    if translation.get("engine") in ("transformers", "ctranslate2") and isinstance(model, str) \
+            and model.startswith("local:"):
+        error = missing(model.split(":", 1)[1], directory=True)
+        if error:
+            problems.append(f"translation.model: {error}")
+    return problems
+
+
 def check_config(config: dict, schema: dict | None = None) -> None:
     """Raise ConfigError listing every problem, schema violations first."""
     problems = schema_errors(config, schema)
@@ -182,25 +242,143 @@ def check_config(config: dict, schema: dict | None = None) -> None:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(dict.fromkeys(problems)))
 
 
-def corpus_settings(config: dict, lang: str) -> dict:
-    """The corpus settings for one language: defaults with its per-language overrides."""
-    corpora = dict(config["corpora"])
-    overrides = corpora.pop("per_language", {}).get(lang, {})
-    return {**corpora, **overrides}
+# ---- what a job's output depends on: canonical params, the runtime/selection split ------------
+#
+# Snakemake reruns a job whose params changed, comparing their repr: a dict's repr follows its
+# key order, so the same settings written in another order would retrain. Every rule's params
+# therefore go through canonical(). A schema property marked `x-role: runtime` says how a job
+# runs (GPUs, checkpoint cadence, logging, threads, inference batch sizes) and one marked
+# `x-role: selection` which outputs exist (the baselines, ablations and merge weights chosen):
+# neither is part of what a job trains, so job_settings() leaves both out of its params and the
+# scripts read the runtime keys from the config (runtime_settings). The schema is the one place
+# that declares them.
+
+ROLE_KEY = "x-role"
+RUNTIME, SELECTION = "runtime", "selection"
 
 
-def _merged(config: dict, section: str, lang: str) -> dict:
+def canonical(value):
+    """``value`` with every mapping's keys sorted, recursively (lists keep their order, which
+    can mean something: the languages, the merge weights)."""
+    if isinstance(value, dict):
+        return {key: canonical(value[key]) for key in sorted(value, key=str)}
+    if isinstance(value, (list, tuple)):
+        return [canonical(item) for item in value]
+    return value
+
+
+def _resolve(node: dict, schema: dict) -> dict:
+    while isinstance(node, dict) and "$ref" in node:
+        ref = node["$ref"]
+        if not ref.startswith("#/"):
+            raise ValueError(f"schema: only local $ref is supported, not {ref!r}")
+        target = schema
+        for part in ref[2:].split("/"):
+            target = target[part]
+        node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+    return node
+
+
+def key_roles(schema: dict | None = None) -> dict[str, str]:
+    """``section.key`` (or ``section`` for a whole section) -> role, for every schema property
+    marked with ``x-role`` (``runtime`` or ``selection``)."""
+    if schema is None:
+        return dict(_default_roles())
+    roles = {}
+    for section, node in schema["properties"].items():
+        node = _resolve(node, schema)
+        if ROLE_KEY in node:
+            roles[section] = node[ROLE_KEY]
+        for key, child in (node.get("properties") or {}).items():
+            child = _resolve(child, schema)
+            if ROLE_KEY in child:
+                roles[f"{section}.{key}"] = child[ROLE_KEY]
+    unknown = sorted(key for key, role in roles.items() if role not in (RUNTIME, SELECTION))
+    if unknown:
+        raise ValueError(f"schema: {ROLE_KEY} must be {RUNTIME!r} or {SELECTION!r} ({', '.join(unknown)})")
+    return roles
+
+
+@functools.cache
+def _default_roles() -> dict[str, str]:
+    return key_roles(load_schema())
+
+
+def _coerce_numbers(value, node: dict, schema: dict):
+    """Integers where the schema wants a number become floats (``scale: 20`` means 20.0)."""
+    node = _resolve(node, schema) if isinstance(node, dict) else {}
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        alternatives = [node] + [_resolve(alt, schema) for alt in node.get("oneOf", [])]
+        return float(value) if any(alt.get("type") == "number" for alt in alternatives) else value
+    if isinstance(value, list):
+        items = node.get("items")
+        if items is None:
+            for alt in node.get("oneOf", []):
+                alt = _resolve(alt, schema)
+                if alt.get("type") == "array":
+                    items = alt.get("items")
+        return [_coerce_numbers(item, items or {}, schema) for item in value]
+    if isinstance(value, dict):
+        properties = node.get("properties") or {}
+        extra = node.get("additionalProperties")
+        if not properties and extra is None:
+            for alt in node.get("oneOf", []):
+                alt = _resolve(alt, schema)
+                if alt.get("type") == "object":
+                    properties, extra = alt.get("properties") or {}, alt.get("additionalProperties")
+        return {key: _coerce_numbers(item, properties.get(key, extra if isinstance(extra, dict) else {}), schema)
+                for key, item in value.items()}
+    return value
+
+
+def normalize_config(config: dict, schema: dict | None = None) -> dict:
+    """A schema-filled config in its canonical spelling: keys sorted, numbers as the schema
+    types them. Two configs that mean the same normalise to equal dicts (and equal reprs)."""
+    schema = schema or load_schema()
+    return canonical(_coerce_numbers(config, schema, schema))
+
+
+def _merged(config: dict, section: str, lang: str | None) -> dict:
     values = dict(config[section])
-    overrides = values.pop("per_language", {}).get(lang, {})
+    overrides = values.pop("per_language", {}).get(lang, {}) if lang is not None else {}
+    values.pop("per_language", None)
     return {**values, **overrides}
 
 
+def _section_keys(section: str, role: str, schema: dict | None = None) -> set[str]:
+    prefix = f"{section}."
+    return {key[len(prefix):] for key, found in key_roles(schema).items() if key.startswith(prefix) and found == role}
+
+
+def job_settings(config: dict, section: str, lang: str | None = None) -> dict:
+    """What a job of ``section`` depends on, for a rule's params: the section with ``lang``'s
+    per-language overrides, without its runtime and selection keys, in canonical form."""
+    values = _merged(config, section, lang)
+    dropped = _section_keys(section, RUNTIME) | _section_keys(section, SELECTION)
+    return canonical({key: value for key, value in values.items() if key not in dropped})
+
+
+def runtime_settings(config: dict, section: str, lang: str | None = None) -> dict:
+    """How a job of ``section`` runs (its ``x-role: runtime`` keys), read by the workflow
+    scripts from the config rather than from the params."""
+    values = _merged(config, section, lang)
+    return {key: values[key] for key in sorted(_section_keys(section, RUNTIME)) if key in values}
+
+
+def corpus_settings(config: dict, lang: str) -> dict:
+    """The corpus settings for one language: defaults with its per-language overrides."""
+    return job_settings(config, "corpora", lang)
+
+
 def tokenizer_settings(config: dict, lang: str) -> dict:
-    return _merged(config, "tokenizer", lang)
+    return job_settings(config, "tokenizer", lang)
 
 
 def language_adapter_settings(config: dict, lang: str) -> dict:
-    return _merged(config, "language_adapter", lang)
+    """The LA settings of ``lang``, runtime keys included (the job's GPUs, checkpoint cadence)."""
+    return canonical(_merged(config, "language_adapter", lang))
 
 
 def specialized_languages(config: dict) -> list[str]:

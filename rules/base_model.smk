@@ -9,7 +9,7 @@ rule base_model:
         source=config["base_model"]["source"],
         revision=config["base_model"].get("revision"),
         trust_remote_code=config["base_model"]["trust_remote_code"],
-        prompts=config["base_model"].get("prompts"),
+        prompts=canonical(config["base_model"].get("prompts")),
         default_prompt_name=config["base_model"].get("default_prompt_name"),
     resources:
         **job_resources("cpu_heavy"),

@@ -25,6 +25,26 @@ def check_and_fill_config(config):
         raise WorkflowError(str(err)) from None
 
 
+def normalize_config(config):
+    """Replace the (schema-filled) config by its canonical spelling in place: keys sorted,
+    numbers typed as the schema says. Params derived from it compare equal across spellings."""
+    normalized = modsent_config.normalize_config(config)
+    config.clear()
+    config.update(normalized)
+
+
+def canonical(value):
+    """A rule's params value in canonical form (modsent.config.canonical: mapping keys sorted)."""
+    return modsent_config.canonical(value)
+
+
+def job_settings(section, lang=None):
+    """A rule's training settings: the section without the keys the schema marks `x-role:
+    runtime` or `selection`, canonical (modsent.config.job_settings). Changing a runtime key
+    (GPUs, checkpoint cadence, logging) or a selection key therefore reruns no finished job."""
+    return modsent_config.job_settings(config, section, lang)
+
+
 def base_name():
     return config["base_model"]["name"]
 
@@ -54,7 +74,7 @@ def corpus_settings(wildcards):
 
 
 def paraphrase_spec(wildcards):
-    return config["paraphrases"][wildcards.dataset]
+    return canonical(config["paraphrases"][wildcards.dataset])
 
 
 def paraphrase_source_paths():
@@ -103,7 +123,7 @@ def tokenizer_settings(wildcards):
 
 
 def language_adapter_settings(wildcards):
-    return modsent_config.language_adapter_settings(config, wildcards.lang)
+    return job_settings("language_adapter", wildcards.lang)
 
 
 def language_adapter_dirs(wildcards):
@@ -124,10 +144,8 @@ def specialization_targets():
 
 
 def sentence_adapter_settings(wildcards):
-    """The SE training settings without checkpoint_every (the script reads it from the config):
-    how often a job checkpoints must not rerun finished adapters (Snakemake reruns a job whose
-    params change)."""
-    return {k: v for k, v in config["sentence_adapter"].items() if k != "checkpoint_every"}
+    """The SE training settings (the script reads the runtime keys from the config)."""
+    return job_settings("sentence_adapter")
 
 
 def sentence_adapter_inputs(wildcards):
@@ -178,10 +196,9 @@ def alignment_inputs(wildcards):
 
 
 def alignment_settings(wildcards):
-    """The CLA training settings without checkpoint_every (the script reads it from the
-    config) and merge_weights (used by the merges only), so that changing them reruns no
-    finished adapter."""
-    return {k: v for k, v in config["alignment"].items() if k not in ("merge_weights", "checkpoint_every")}
+    """The CLA training settings: merge_weights (a selection, used by the merges only) and the
+    runtime keys (read by the script from the config) are not among them."""
+    return job_settings("alignment")
 
 
 def merge_weight_names():
@@ -235,20 +252,16 @@ def ablation_alignment_inputs(wildcards):
 
 
 def full_baseline_settings(wildcards):
-    """The training settings without the choice of systems or how the job runs (gpus,
-    checkpoint_every: the script reads them from the config): selecting another baseline or
-    ablation, or another GPU count, must not rerun the trained ones (Snakemake reruns a job
-    whose params change)."""
-    return {k: v for k, v in config["baselines"].items()
-            if k not in ("full", "ablations", "gpus", "checkpoint_every")}
+    """The training settings without the choice of systems (selection keys) or how the job
+    runs (runtime keys: gpus, checkpoint_every, log_every; the script reads them from the
+    config)."""
+    return job_settings("baselines")
 
 
 def ablation_alignment_settings(wildcards):
     """The alignment settings, trained at the SE adapter's sequence length (the modular CLA
-    adapters read it from the SE adapter, which this ablation has not); without the merge
-    weights and checkpoint_every, so that changing them reruns no training."""
-    settings = {k: v for k, v in config["alignment"].items() if k not in ("merge_weights", "checkpoint_every")}
-    return {**settings, "seq_len": config["sentence_adapter"]["seq_len"]}
+    adapters read it from the SE adapter, which this ablation has not)."""
+    return canonical({**job_settings("alignment"), "seq_len": config["sentence_adapter"]["seq_len"]})
 
 
 def baseline_targets():
@@ -307,7 +320,7 @@ def subset_path(name, subset):
 
 def evaluation_subset_settings(wildcards):
     settings = evaluation_datasets()[wildcards.dataset] or {}
-    return {"source": settings.get("source"), "revision": settings.get("revision")}
+    return canonical({"source": settings.get("source"), "revision": settings.get("revision")})
 
 
 def evaluated_variants():
@@ -358,7 +371,7 @@ def embedding_inputs(wildcards):
 
 
 def embedding_datasets(wildcards):
-    return _language_datasets(wildcards.lang)
+    return canonical(_language_datasets(wildcards.lang))
 
 
 def embedding_variants(wildcards):
@@ -387,19 +400,19 @@ def _group_of(name):
 
 def score_settings(wildcards):
     name = wildcards.dataset
-    return {
+    return canonical({
         "subsets": {subset: subset_path(name, subset) for subset in dataset_subsets(name)},
         "languages": dataset_languages(name),
         "embeddings": f"results/{wildcards.base}/eval/embeddings/{_group_of(wildcards.variant)}",
         "k": config["evaluation"]["xsim_k"],
         "margin": config["evaluation"]["xsim_margin"],
         "seed": config["evaluation"]["seed"],
-    }
+    })
 
 
 def evaluation_missing():
     """dataset → the configured languages it lacks (listed in the summary)."""
-    return {name: dataset_missing(name) for name in evaluation_datasets()}
+    return canonical({name: dataset_missing(name) for name in evaluation_datasets()})
 
 
 def score_paths(wildcards):

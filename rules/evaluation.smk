@@ -29,7 +29,6 @@ rule evaluation_embeddings:
     params:
         variants=embedding_variants,
         datasets=embedding_datasets,
-        batch_size=config["evaluation"]["batch_size"],
         merge_weights=embedding_merge_weights,
     threads: job_threads("gpu_encode")
     resources:

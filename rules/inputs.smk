@@ -38,7 +38,7 @@ rule provided_translations:
     output:
         "resources/translations/{lang}.parquet",
     params:
-        source=config["translation"]["provided"],
+        source=canonical(config["translation"]["provided"]),
     resources:
         **job_resources("cpu"),
     log:

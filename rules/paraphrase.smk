@@ -63,7 +63,7 @@ else:
         output:
             "results/translation/{lang}/shards/{scatteritem}.parquet",
         params:
-            settings=config["translation"],
+            settings=job_settings("translation"),
         threads: job_threads("gpu_translate")
         resources:
             **job_resources("gpu_translate"),

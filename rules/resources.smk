@@ -96,8 +96,8 @@ def job_resources(kind, gpus=None):
 
 
 def language_adapter_gpus(wildcards):
-    """language_adapter.gpus of the job's language: GPUs of one node, trained under torchrun."""
-    return language_adapter_settings(wildcards).get("gpus", 1)
+    """language_adapter.gpus: GPUs of one node, trained under torchrun."""
+    return modsent_config.runtime_settings(config, "language_adapter", wildcards.lang)["gpus"]
 
 
 def full_baseline_gpus(wildcards):

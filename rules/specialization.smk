@@ -32,7 +32,7 @@ rule fasttext:
     output:
         directory("results/{base}/fasttext/{lang}"),
     params:
-        settings=config["fasttext"],
+        settings=job_settings("fasttext"),
     threads: config["fasttext"]["threads"]
     resources:
         **job_resources("cpu_heavy"),

@@ -169,3 +169,107 @@ def test_skipping_the_language_adapter_of_a_language(tmp_path):
         assert f"results/me5-small/{stage}/de" not in out
         assert f"results/me5-small/{stage}/ky" in out
     assert "resources/corpora/de.txt" in out  # the language itself is still prepared
+
+
+# ---- canonical params and the runtime/selection split ---------------------------------------
+
+
+def reversed_keys(value):
+    """``value`` with every mapping's keys in reverse order (the same configuration)."""
+    if isinstance(value, dict):
+        return {key: reversed_keys(value[key]) for key in reversed(list(value))}
+    if isinstance(value, list):
+        return [reversed_keys(item) for item in value]
+    return value
+
+
+def filled(config):
+    from snakemake.utils import validate
+
+    config = copy.deepcopy(config)
+    check_config(config)
+    validate(config, str(REPO / "schemas/config.schema.yaml"))
+    return config
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_a_config_means_the_same_in_any_key_order(name):
+    from modsent.config import job_settings, normalize_config
+
+    config = load(name)
+    a, b = normalize_config(filled(config)), normalize_config(filled(reversed_keys(config)))
+    assert a == b and repr(a) == repr(b)
+    for section in ("corpora", "tokenizer", "language_adapter", "sentence_adapter", "alignment", "baselines"):
+        for lang in config["languages"]:
+            assert repr(job_settings(a, section, lang)) == repr(job_settings(b, section, lang))
+
+
+def test_numbers_are_typed_as_the_schema_says():
+    from modsent.config import normalize_config
+
+    config = load("config.yaml")
+    config["sentence_adapter"]["scale"] = 20  # a number: 20 means 20.0
+    config["alignment"]["merge_weights"] = [0, 1]
+    normalized = normalize_config(filled(config))
+    assert repr(normalized["sentence_adapter"]["scale"]) == "20.0"
+    assert normalized["alignment"]["merge_weights"] == [0.0, 1.0]
+    assert all(isinstance(w, float) for w in normalized["alignment"]["merge_weights"])
+    assert repr(normalized["sentence_adapter"]["batch_size"]) == "16"  # an integer stays one
+    assert normalized["base_model"]["trust_remote_code"] is False  # a bool is no number
+    assert list(normalized) == sorted(normalized)
+
+
+def test_runtime_and_selection_keys_never_reach_the_params():
+    from modsent.config import RUNTIME, SELECTION, job_settings, key_roles, normalize_config, runtime_settings
+
+    roles = key_roles()
+    for key in ("language_adapter.gpus", "language_adapter.checkpoint_every", "language_adapter.log_every",
+                "sentence_adapter.checkpoint_every", "alignment.log_every", "baselines.gpus",
+                "translation.checkpoint_every", "evaluation.batch_size", "fasttext.threads", "resources"):
+        assert roles[key] == RUNTIME, key
+    for key in ("alignment.merge_weights", "baselines.full", "baselines.ablations", "evaluation.variants"):
+        assert roles[key] == SELECTION, key
+    config = normalize_config(filled(load("config.yaml")))
+    for key, role in roles.items():
+        if "." not in key:
+            continue
+        section, name = key.split(".")
+        settings = job_settings(config, section, "ky")
+        assert name not in settings, key
+        assert (name in runtime_settings(config, section, "ky")) == (role == RUNTIME), key
+    la = job_settings(config, "language_adapter", "ky")
+    assert "per_language" not in la and la["steps"] == 30 and la["learning_rate"] == 0.0005
+    assert list(la) == sorted(la)
+    config["language_adapter"]["per_language"] = {"ky": {"steps": 7}}
+    assert job_settings(config, "language_adapter", "ky")["steps"] == 7
+    assert job_settings(config, "language_adapter", "de")["steps"] == 30  # ky's override is not de's
+
+
+def test_local_inputs_that_do_not_exist_are_errors_naming_the_key(tmp_path):
+    config = load("config.yaml")
+    (tmp_path / "de.txt").write_text("Hallo Welt\n", encoding="utf-8")
+    config["base_model"]["source"] = f"local:{tmp_path}/no-model"
+    config["corpora"]["per_language"] = {"de": {"source": f"local:{tmp_path}/{{lang}}.txt"},
+                                         "zh": {"source": f"local:{tmp_path}/{{lang}}.txt"}}
+    config["paraphrases"]["mine"] = {"source": {"local": str(tmp_path / "pairs.parquet")}}
+    with pytest.raises(ConfigError) as err:
+        check_config(config)
+    message = str(err.value)
+    assert f"base_model.source: local directory '{tmp_path}/no-model' does not exist" in message
+    assert f"corpora.per_language.zh.source: local file '{tmp_path}/zh.txt' (for zh) does not exist" in message
+    assert "corpora.per_language.de" not in message  # de.txt exists
+    assert f"paraphrases.mine.source: local file '{tmp_path / 'pairs.parquet'}' does not exist" in message
+
+
+def test_check_config_and_a_dry_run_stop_at_a_missing_local_corpus(tmp_path):
+    from modsent.cli import main
+
+    config = load("configs/test.yaml")
+    config["corpora"]["source"] = "local:corpora/{lang}.txt"  # relative to the working directory
+    path = tmp_path / "local.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["check-config", str(path)]) == 1
+    proc = run_snakemake("-n", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+                         "--configfile", str(path), check=False)
+    assert proc.returncode != 0
+    assert "corpora.source: local file 'corpora/de.txt' (for de) does not exist" in proc.stdout + proc.stderr

@@ -1,5 +1,6 @@
 """The whole workflow on configs/test.yaml, run by Snakemake in a scratch directory."""
 
+import re
 import subprocess
 
 import pandas as pd
@@ -159,6 +160,70 @@ def test_encode_command_line(run, tmp_path):
 def test_rerun_has_nothing_to_do(run):
     proc = snakemake(run, "-n")
     assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def _reversed_keys(value):
+    if isinstance(value, dict):
+        return {key: _reversed_keys(value[key]) for key in reversed(list(value))}
+    if isinstance(value, list):
+        return [_reversed_keys(item) for item in value]
+    return value
+
+
+def _dry_run(run, config, path):
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    proc = subprocess.run(
+        [snakemake_exe(), "--snakefile", str(REPO / "Snakefile"), "--directory", str(run),
+         "--configfile", str(path), "--cores", "2", "-n"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def test_the_same_configuration_spelled_otherwise_plans_nothing(run, tmp_path):
+    """Every mapping's keys in reverse order, and a number written as an integer: the same
+    meaning, so the same params (Snakemake compares their repr)."""
+    config = _reversed_keys(yaml.safe_load(CONFIG.read_text()))
+    config["sentence_adapter"]["scale"] = 20  # the schema's default, 20.0
+    output = _dry_run(run, config, tmp_path / "reversed.yaml")
+    assert "Nothing to be done" in output, output[-3000:]
+
+
+# A changed value for every key the schema marks `x-role: runtime` (how a job runs)
+RUNTIME_CHANGES = {
+    "translation.batch_size": 7, "translation.checkpoint_every": 3, "resources": {"gpu_train": {"cpus": 3}},
+    "evaluation.batch_size": 5, "fasttext.threads": 2, "language_adapter.checkpoint_every": 5,
+    "language_adapter.log_every": 3, "language_adapter.tracking": "tensorboard", "language_adapter.gpus": 2,
+    "sentence_adapter.log_every": 3, "sentence_adapter.checkpoint_every": 5, "alignment.log_every": 3,
+    "alignment.checkpoint_every": 5, "baselines.log_every": 3, "baselines.checkpoint_every": 5,
+    "baselines.gpus": 2,
+}
+
+
+def _set(config, key, value):
+    section, _, name = key.partition(".")
+    if name:
+        config.setdefault(section, {})[name] = value
+    else:
+        config[section] = value
+
+
+def test_changing_how_jobs_run_retrains_nothing(run, tmp_path):
+    """Every runtime key of every section changed at once plans no job (a key in any job's params
+    would replan that job); a changed training key, the control, does replan."""
+    from modsent.config import RUNTIME, key_roles
+
+    assert set(RUNTIME_CHANGES) == {key for key, role in key_roles().items() if role == RUNTIME}
+    config = yaml.safe_load(CONFIG.read_text())
+    for key, value in RUNTIME_CHANGES.items():
+        _set(config, key, value)
+    output = _dry_run(run, config, tmp_path / "runtime.yaml")
+    assert "Nothing to be done" in output, output[-3000:]
+    config["sentence_adapter"]["learning_rate"] = 0.002
+    output = _dry_run(run, config, tmp_path / "training.yaml")
+    assert "Params have changed since last execution" in output
+    planned = set(re.findall(r"^(?:local)?rule (\w+):", output, flags=re.M))
+    assert {"sentence_adapter", "alignment_adapter", "evaluation_embeddings"} <= planned
+    assert not {"language_adapter", "tokenizer", "full_baseline", "corpus"} & planned
 
 
 def test_no_temporaries_checkpoints_or_partials_left(run):

@@ -1,11 +1,12 @@
 # rules alignment_adapter and ablation_alignment_adapter: the pp or pl parallel adapter of one
 # language, on its LA + SE adapter (no SE input: Mod_c's adapter on the LA alone); resumes from
-# {output}.checkpoint. checkpoint_every is read from the config, not the params: changing it
-# reruns no finished job.
+# {output}.checkpoint. The runtime keys (checkpoint_every, log_every) are read from the config,
+# not the params: changing them reruns no finished job.
 import pandas as pd
 import torch
 
 from modsent.alignment import AlignmentConfig, train_alignment_adapter
+from modsent.config import runtime_settings
 from modsent.logs import setup_logging
 from modsent.paraphrase_data import crosslingual_paraphrase_pairs, parallel_pairs
 
@@ -17,8 +18,7 @@ if kind == "pp":
                                           pd.read_parquet(snakemake.input.pairs))
 else:
     pairs = parallel_pairs(pd.read_parquet(snakemake.input.translations))
-settings = dict(snakemake.params.settings)
-settings["checkpoint_every"] = snakemake.config["alignment"]["checkpoint_every"]
+settings = {**snakemake.params.settings, **runtime_settings(snakemake.config, "alignment")}
 train_alignment_adapter(
     kind,
     snakemake.input.base,

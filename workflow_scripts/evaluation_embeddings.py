@@ -5,6 +5,7 @@ from pathlib import Path
 import torch
 
 from modsent import evaluation, variants
+from modsent.config import runtime_settings
 from modsent.logs import setup_logging
 
 setup_logging(snakemake.log[0])
@@ -14,4 +15,4 @@ encoders = variants.build_language_encoders(
     snakemake.params.variants, Path("results") / snakemake.wildcards.base, snakemake.input.base, lang,
     merge_weights=snakemake.params.merge_weights)
 evaluation.embed_language(encoders, lang, snakemake.params.datasets, snakemake.output[0],
-                          batch_size=snakemake.params.batch_size)
+                          batch_size=runtime_settings(snakemake.config, "evaluation")["batch_size"])

@@ -7,20 +7,21 @@ import sys
 import torch
 
 from modsent import distributed
+from modsent.config import runtime_settings
 from modsent.baselines import FullTrainingConfig, cli_arguments, train_full_baseline
 from modsent.logs import setup_logging
 
 log = setup_logging(snakemake.log[0])
-# The training settings are the rule's params; gpus and checkpoint_every say how the job runs,
-# not what it trains, and are read from the config so that changing them reruns no finished job.
-section = snakemake.config["baselines"]
-settings = {**snakemake.params.settings, "checkpoint_every": section["checkpoint_every"]}
+# The training settings are the rule's params; gpus, checkpoint_every and log_every say how the
+# job runs, not what it trains, and are read from the config so that changing them reruns no
+# finished job.
+settings = {**snakemake.params.settings, **runtime_settings(snakemake.config, "baselines")}
 cfg = FullTrainingConfig.from_config(settings)
 pairs = snakemake.input.pairs
 pairs = [pairs] if isinstance(pairs, str) else list(pairs)
 pairs = dict(zip(snakemake.params.languages, pairs, strict=True))
 start_dir = snakemake.input.get("init") or snakemake.input.base  # Full_mc continues from Full_m
-processes = distributed.launched_processes(section["gpus"], "baselines.gpus")
+processes = distributed.launched_processes(settings["gpus"], "baselines.gpus")
 
 if processes > 1:
     threads = max(1, snakemake.threads // processes)

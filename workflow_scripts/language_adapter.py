@@ -7,15 +7,19 @@ from pathlib import Path
 import torch
 
 from modsent import distributed
+from modsent.config import runtime_settings
 from modsent.language_adapter import LanguageAdapterConfig, cli_arguments, train_language_adapter
 from modsent.logs import setup_logging
 
 log = setup_logging(snakemake.log[0])
-settings = snakemake.params.settings
+# The training settings are the rule's params; how the job runs (gpus, checkpoint_every,
+# log_every, tracking) is read from the config, so that changing it reruns no finished job.
+settings = {**snakemake.params.settings,
+            **runtime_settings(snakemake.config, "language_adapter", snakemake.wildcards.lang)}
 cfg = LanguageAdapterConfig.from_config(settings)
 # TensorBoard event files (tracking: tensorboard) beside the job's log
 tracking_dir = Path(snakemake.log[0]).parent / "tensorboard" / snakemake.wildcards.lang
-processes = distributed.launched_processes(settings.get("gpus", 1), "language_adapter.gpus")
+processes = distributed.launched_processes(settings["gpus"], "language_adapter.gpus")
 
 if processes > 1:
     threads = max(1, snakemake.threads // processes)

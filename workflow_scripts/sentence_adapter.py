@@ -1,15 +1,16 @@
 # rules sentence_adapter and ablation_sentence_adapter: LoRA on all linear layers over the
 # frozen LA (none for Mod_m-LA), trained with MNRL; resumes from {output}.checkpoint.
-# checkpoint_every is read from the config, not the params: changing it reruns no finished job.
+# The runtime keys (checkpoint_every, log_every) are read from the config, not the params:
+# changing them reruns no finished job.
 import torch
 
+from modsent.config import runtime_settings
 from modsent.logs import setup_logging
 from modsent.sentence_adapter import SentenceAdapterConfig, train_sentence_adapter
 
 setup_logging(snakemake.log[0])
 torch.set_num_threads(snakemake.threads)
-settings = dict(snakemake.params.settings)
-settings["checkpoint_every"] = snakemake.config["sentence_adapter"]["checkpoint_every"]
+settings = {**snakemake.params.settings, **runtime_settings(snakemake.config, "sentence_adapter")}
 train_sentence_adapter(
     snakemake.input.base,
     snakemake.input.get("language_adapter"),  # absent when the language skips its LA

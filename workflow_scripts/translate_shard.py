@@ -1,12 +1,14 @@
 # rule translate_shard: machine-translate one shard of the English units into {lang}.
 import torch
 
+from modsent.config import runtime_settings
 from modsent.logs import setup_logging
 from modsent.translation import translate_shard
 
 setup_logging(snakemake.log[0])
 torch.set_num_threads(snakemake.threads)
-settings = snakemake.params.settings
+# batch_size and checkpoint_every say how the job runs: read from the config, not the params
+settings = {**snakemake.params.settings, **runtime_settings(snakemake.config, "translation")}
 index, total = (int(x) for x in snakemake.wildcards.scatteritem.split("-of-"))
 engine = settings["engine"]
 translate_shard(
