@@ -62,7 +62,11 @@ def _read_sentences(args) -> list[str]:
     return pd.read_parquet(args.input, columns=[args.column])[args.column].astype(str).tolist()
 
 
-def _write_embeddings(args, sentences: list[str], vectors) -> None:
+def _write_embeddings(args, sentences: list[str], vectors, langs: list[str | None],
+                      detected: list[str] | None) -> None:
+    """npy: the vectors alone. jsonl/parquet: per sentence its text, the language whose modules
+    encoded it (``lang``) and, where it was identified rather than given, the identified
+    language (``detected_lang``: differs from ``lang`` where the fallback was used)."""
     import io
     import json
 
@@ -76,58 +80,76 @@ def _write_embeddings(args, sentences: list[str], vectors) -> None:
             np.save(buffer, vectors)
             sys.stdout.buffer.write(buffer.getvalue())
         return
+    columns = {args.column: sentences, "lang": langs}
+    if detected is not None:
+        columns["detected_lang"] = detected
     if args.output_format == "jsonl":
         target = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-        for text, vector in zip(sentences, vectors):
-            target.write(json.dumps({args.column: text, "embedding": vector.tolist()}, ensure_ascii=False) + "\n")
+        for i, vector in enumerate(vectors):
+            row = {key: values[i] for key, values in columns.items()}
+            target.write(json.dumps({**row, "embedding": vector.tolist()}, ensure_ascii=False) + "\n")
         return
     import pandas as pd
 
     if not args.output:
         raise SystemExit("modsent encode: --output-format parquet needs --output FILE")
-    pd.DataFrame({args.column: sentences, "embedding": list(vectors)}).to_parquet(args.output, index=False)
+    pd.DataFrame({**columns, "embedding": list(vectors)}).to_parquet(args.output, index=False)
 
 
 def load_encoder(model: str, lang: str | None, base: str | None, variant: str):
-    """An encoder for ``model``: an exported directory, or a results/{base} tree from which
-    :func:`modsent.variants.build_encoder` assembles system ``variant`` (default Mod_mc) for
-    ``lang`` (or every language with a sentence-encoding adapter)."""
+    """An encoder for ``model``: an exported directory (one language's; another ``lang`` is an
+    InputError), or a results/{base} tree from which :func:`modsent.variants.build_encoder`
+    assembles system ``variant`` (default Mod_mc) for ``lang`` (or every language with a
+    sentence-encoding adapter)."""
     from pathlib import Path
 
     from modsent import variants
     from modsent.io import InputError
-    from modsent.modular_encoder import load_exported
+    from modsent.modular_encoder import export_info
 
     root = Path(model)
     if (root / "modules.json").is_file():
-        return load_exported(root)
+        exported = export_info(root)["language"]
+        if lang is not None and lang != exported:
+            raise InputError(f"{root} is the export of {exported!r}: it does not encode {lang!r} "
+                             f"(use --lang {exported}, or a results tree for other languages)")
+        return variants.SentenceTransformerEncoder(root, language=exported)
     base_dir = Path(base) if base else root.parent.parent / "resources" / "base_models" / root.name
     if not (base_dir / "config.json").is_file():
         raise InputError(f"{base_dir}: no base model there; give it with --base")
-    available = sorted(p.name for p in (root / "sentence_adapters").glob("*") if p.is_dir())
+    available = sorted(p.name for p in (root / "sentence_adapters").glob("*") if p.is_dir() and "." not in p.name)
     if lang is not None and lang not in available:
         raise InputError(f"no modules for language {lang!r} under {root}; available: {', '.join(available) or 'none'}")
     return variants.build_encoder(variant, root, base_dir, [lang] if lang else available)
 
 
 def cmd_encode(args: argparse.Namespace) -> int:
+    import numpy as np
     from tqdm.auto import tqdm
+
+    from modsent.modular_encoder import ModularEncoder
 
     sentences = _read_sentences(args)
     encoder = load_encoder(args.model, args.lang, args.base, args.variant)
+    detected = None
+    if isinstance(encoder, ModularEncoder) and args.lang is None:
+        langs, detected = encoder.route(sentences, args.fallback_lang) if sentences else ([], [])
+        counts = ", ".join(f"{lang} {langs.count(lang)}" for lang in dict.fromkeys(langs))
+        print(f"modsent encode: languages identified per sentence: {counts or 'none'}", file=sys.stderr)
+    else:  # a named language, an export (its own language) or a monolithic model (any language)
+        langs = [args.lang or getattr(encoder, "language", None)] * len(sentences)
+    step = args.batch_size * 8
     chunks = []
     with tqdm(total=len(sentences), unit="sentence", file=sys.stderr, disable=args.quiet) as bar:
-        for start in range(0, len(sentences), args.batch_size * 8):
-            batch = sentences[start:start + args.batch_size * 8]
-            if not hasattr(encoder, "similarity"):  # a modsent encoder, not a SentenceTransformer
-                chunks.append(encoder.encode(batch, lang=args.lang, batch_size=args.batch_size))
+        for start in range(0, len(sentences), step):
+            batch = sentences[start:start + step]
+            if isinstance(encoder, ModularEncoder):
+                chunks.append(encoder.encode_by_language(batch, langs[start:start + step], args.batch_size))
             else:
-                chunks.append(encoder.encode(batch, batch_size=args.batch_size, normalize_embeddings=True))
+                chunks.append(encoder.encode(batch, lang=args.lang, batch_size=args.batch_size))
             bar.update(len(batch))
-    import numpy as np
-
-    vectors = np.concatenate(chunks) if chunks else np.zeros((0, 0), dtype=np.float32)
-    _write_embeddings(args, sentences, vectors.astype(np.float32))
+    vectors = np.concatenate(chunks) if chunks else np.zeros((0, encoder.embedding_dimension), dtype=np.float32)
+    _write_embeddings(args, sentences, vectors.astype(np.float32), langs, detected)
     return 0
 
 
@@ -196,7 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_check_config)
     p = sub.add_parser("encode", help="encode sentences (stdin or --input) into embeddings")
     p.add_argument("--model", required=True, help="exported encoder directory or results/{base}")
-    p.add_argument("--lang", help="language code; omitted: detected per sentence")
+    p.add_argument("--lang", help="language code; omitted: identified per sentence (a language without "
+                   "modules is an error unless --fallback-lang names one)")
+    p.add_argument("--fallback-lang", help="without --lang: the modules for sentences identified as a "
+                   "language that has none (counted on stderr, recorded in jsonl/parquet output)")
     p.add_argument("--base", help="base model directory (default: resources/base_models/{base})")
     p.add_argument("--variant", default="Mod_mc", help="the system to assemble from a results tree: Mod_mc "
                    "(merged alignment, weight 0.5), Mod_mc-0.7, Mod_mc-pp, Mod_mc-pl, Mod_m, Mod_en, base, Full_m, ...")
@@ -214,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--directory", default=".", help="the workflow's working directory")
     p.set_defaults(func=cmd_outputs)
     args = parser.parse_args(argv)
+    if getattr(args, "fallback_lang", None) and args.lang:
+        parser.error("--fallback-lang applies only without --lang")
     from modsent.io import InputError
 
     try:

@@ -56,7 +56,6 @@ EXPORT_INFO = "export_info.json"
 # c in GELU(c·x)/c ≈ ReLU(x) (error ≤ 0.17/c per unit; larger c overflows sooner in float16)
 RELU_AS_GELU_SCALE = 1000.0
 GELU_ACTIVATIONS = {"gelu", "gelu_new", "gelu_python", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate"}
-LANGID_ALIASES = {"zh-cn": "zh", "zh-hans": "zh", "zh-tw": "zh", "zh-hant": "zh", "nb": "no", "nn": "no"}
 
 
 class RoutedLoRALinear(nn.Module):
@@ -428,58 +427,90 @@ class ModularEncoder:
     # ---- encoding ----------------------------------------------------------------------------------
 
     def detect(self, sentences: Sequence[str]) -> list[str]:
-        """The registered language of each sentence, by py3langid restricted to the registered
-        languages it knows (codes as ``de``, ``zh``; ``zh-cn`` and the like map to ``zh``)."""
+        """Each sentence's identified language (a registry code), among every language the
+        identifier knows (:mod:`modsent.language_id`), whether or not this encoder has modules
+        for it; a registered language is reported by the code it was added under."""
+        from modsent import language_id
+
+        if self._identifier is None:
+            self._identifier = language_id.LanguageIdentifier()
+        labels = {language_id.label_of(lang): lang for lang in self._languages}
+        return [labels.get(language_id.label_of(code), code) for code in self._identifier.identify(sentences)]
+
+    def route(self, sentences: Sequence[str], fallback: str | None = None) -> tuple[list[str], list[str]]:
+        """(the language whose modules encode each sentence, its detected language). A sentence
+        detected as a language without modules goes to ``fallback`` (logged), and without a
+        fallback is an InputError naming the languages found: no sentence is routed silently to
+        another language's modules."""
         if not self._languages:
             raise InputError("no languages registered (add_language first)")
-        if len(self._languages) == 1:
-            return [next(iter(self._languages))] * len(sentences)
-        if self._identifier is None:
-            from py3langid import langid
-
-            identifier = langid._load_identifier()  # a private one: the module's global stays as is
-            known = set(identifier.labels)
-            mapping = {}
-            for lang in self._languages:
-                code = lang.lower().replace("_", "-")
-                code = LANGID_ALIASES.get(code, code)
-                code = code if code in known else code.split("-")[0]
-                if code in known:
-                    mapping.setdefault(code, lang)
-            if not mapping:
-                raise InputError(f"none of the registered languages ({', '.join(self.languages)}) is known "
-                                 "to the language identifier: pass lang=")
-            identifier.set_languages(sorted(mapping))
-            self._identifier = (identifier, mapping)
-        identifier, mapping = self._identifier
-        return [mapping[identifier.classify(s)[0]] for s in sentences]
+        if fallback is not None and fallback not in self._languages:
+            raise InputError(f"fallback language {fallback!r} has no modules; available: {', '.join(self.languages)}")
+        detected = self.detect(sentences)
+        unknown = [code for code in detected if code not in self._languages]
+        if unknown and fallback is None:
+            counts = ", ".join(f"{code} ({n})" for code, n in _counts(unknown))
+            first = next(s for s, code in zip(sentences, detected) if code not in self._languages)
+            raise InputError(f"{len(unknown)} of {len(detected)} sentences were identified as languages "
+                             f"without modules: {counts} (e.g. {first[:60]!r}); modules: {', '.join(self.languages)}. "
+                             "Name the language (lang=, --lang) or a fallback (fallback=, --fallback-lang)")
+        if unknown:
+            log.warning("%d of %d sentences identified as languages without modules (%s): encoded with "
+                        "the fallback %s's modules", len(unknown), len(detected),
+                        ", ".join(f"{code} {n}" for code, n in _counts(unknown)), fallback)
+        return [code if code in self._languages else fallback for code in detected], detected
 
     def encode(self, sentences: Sequence[str], lang: str | None = None, batch_size: int = 32,
-               normalize: bool = True) -> np.ndarray:
+               normalize: bool = True, fallback: str | None = None) -> np.ndarray:
         """Embeddings [n, dim] (float32), each sentence by ``lang``'s encoder, or, with
-        ``lang=None``, by the encoder of its detected language (see :meth:`detect`)."""
+        ``lang=None``, by the encoder of its detected language (see :meth:`route`)."""
         if isinstance(sentences, str):
             raise TypeError("encode() takes a sequence of sentences, not one string")
         sentences = list(sentences)
         if lang is not None:
-            return self._model(lang).encode(sentences, batch_size, normalize=normalize)
-        langs = self.detect(sentences)
-        out = None
+            model = self._model(lang)  # an unknown language is an error, with sentences or without
+            if not sentences:
+                return np.zeros((0, self.embedding_dimension), dtype=np.float32)
+            return model.encode(sentences, batch_size, normalize=normalize)
+        if not sentences:
+            return np.zeros((0, self.embedding_dimension), dtype=np.float32)
+        return self.encode_by_language(sentences, self.route(sentences, fallback)[0], batch_size, normalize)
+
+    def encode_by_language(self, sentences: Sequence[str], langs: Sequence[str], batch_size: int = 32,
+                           normalize: bool = True) -> np.ndarray:
+        """Embeddings [n, dim], sentence i by the modules of ``langs[i]``."""
+        if len(langs) != len(sentences):
+            raise ValueError(f"{len(sentences)} sentences but {len(langs)} languages")
+        out = np.zeros((len(sentences), self.embedding_dimension), dtype=np.float32)
         for group in dict.fromkeys(langs):
             rows = [i for i, g in enumerate(langs) if g == group]
-            emb = self._model(group).encode([sentences[i] for i in rows], batch_size, normalize=normalize)
-            if out is None:
-                out = np.zeros((len(sentences), emb.shape[1]), dtype=np.float32)
-            out[rows] = emb
-        return out if out is not None else np.zeros((0, 0), dtype=np.float32)
+            out[rows] = self._model(group).encode([sentences[i] for i in rows], batch_size, normalize=normalize)
+        return out
+
+    @property
+    def embedding_dimension(self) -> int:
+        """The length of the sentence vectors: the last head module's that states one (Dense,
+        Pooling), else the body's hidden size."""
+        for module in reversed(list(self.head)):
+            size = getattr(module, "get_embedding_dimension", lambda: None)()
+            if size:
+                return int(size)
+        return int(self._embedding_dim)
 
     __call__ = encode
 
     # ---- export -------------------------------------------------------------------------------------
 
     def export(self, lang: str, out_dir: str | Path) -> Path:
-        """``lang``'s encoder as a standalone sentence-transformers directory (atomically)."""
+        """``lang``'s encoder as a standalone sentence-transformers directory (atomically).
+
+        Plain ``SentenceTransformer(out_dir).encode(texts)`` computes what ``encode(texts,
+        lang=lang)`` does: the export has no prompts (the modules were trained and are evaluated
+        without one; a base's default prompt such as E5's "query: " would shift every vector).
+        ``export_info.json`` records the language and the base model's Hub id, where it has one."""
         import copy
+
+        from modsent.base_models import hub_id
 
         entry = self._activate(lang)
         base = self.base_model_dir
@@ -495,7 +526,7 @@ class ModularEncoder:
         body.embeddings.word_embeddings = copy.deepcopy(entry.embeddings).to("cpu")
         body.config.vocab_size = entry.embeddings.num_embeddings
         body.config.pad_token_id = entry.tokenizer.pad_token_id
-        info = {"language": lang, "base_model": str(base), "max_seq_length": entry.max_seq_length,
+        info = {"language": lang, "base_model": hub_id(base), "max_seq_length": entry.max_seq_length,
                 "parallel_adapter": None}
         if entry.adapters:
             ffn = body.config.intermediate_size
@@ -512,8 +543,12 @@ class ModularEncoder:
                 source = base / module["path"]
                 if source.is_dir():
                     shutil.copytree(source, tmp / module["path"])
+            st_settings = {}
             if (base / "config_sentence_transformers.json").is_file():
-                shutil.copy2(base / "config_sentence_transformers.json", tmp / "config_sentence_transformers.json")
+                st_settings = json.loads((base / "config_sentence_transformers.json").read_text(encoding="utf-8"))
+            st_settings.update(prompts={}, default_prompt_name=None)  # encoded without prompts, as evaluated
+            (tmp / "config_sentence_transformers.json").write_text(json.dumps(st_settings, indent=2) + "\n",
+                                                                   encoding="utf-8")
             shutil.copy2(base / "modules.json", tmp / "modules.json")
             target = tmp / transformer_path
             target.mkdir(parents=True, exist_ok=True)
@@ -550,6 +585,14 @@ def _copy_unused_pooler(base_weights: Path, exported: Path) -> None:
     save_file(tensors, str(exported), metadata={"format": "pt"})
 
 
+def export_info(export_dir: str | Path) -> dict:
+    """The ``export_info.json`` of a :meth:`ModularEncoder.export` directory (language, base model)."""
+    path = Path(export_dir) / EXPORT_INFO
+    if not path.is_file():
+        raise InputError(f"{export_dir}: no {EXPORT_INFO}: not a ModularEncoder export")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
 def load_exported(export_dir: str | Path, device: str | None = None):
     """A :meth:`ModularEncoder.export` directory as a SentenceTransformer: what
     ``SentenceTransformer(export_dir)`` does, after checking it is an export (no custom code)."""
@@ -563,3 +606,9 @@ def load_exported(export_dir: str | Path, device: str | None = None):
     if custom:
         raise InputError(f"{export_dir}: modules.json names module classes {custom} outside sentence-transformers")
     return SentenceTransformer(str(export_dir), device=device or "cpu")
+
+
+def _counts(codes: Sequence[str]) -> list[tuple[str, int]]:
+    from collections import Counter
+
+    return Counter(codes).most_common()

@@ -9,8 +9,11 @@ embeddings and adapters. :class:`MtebEncoder` takes it from the task's metadata:
   encoded by that language's modules;
 * several (a cross-lingual subset such as STS17 ``en-de`` or a bitext pair): mteb encodes each
   side in a separate call without saying which side it is, so each sentence's language is
-  identified (py3langid, offline) among the subset's languages only;
-* a subset whose languages have no modules is an error listing the languages available.
+  identified (modsent.language_id, offline) among the subset's languages only;
+* a subset with a language that has no modules (STS17 ``en-ar`` without Arabic modules) is an
+  error listing the languages available, unless ``fallback=`` names the language whose modules
+  encode it instead (logged, and recorded in ``MtebEncoder.fallbacks``). Select the subsets of
+  your languages with ``mteb.get_tasks(..., languages=[...])`` or ``task.filter_languages``.
 
 Any object with ``encode(sentences, lang=, batch_size=)`` works (a :class:`ModularEncoder`, a
 variant from :func:`modsent.variants.build_encoder`); embeddings are compared by cosine.
@@ -23,11 +26,13 @@ variant from :func:`modsent.variants.build_encoder`); embeddings are compared by
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from modsent import language_id
 from modsent import languages as registry
 from modsent.io import InputError
 
@@ -37,7 +42,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError("modsent.mteb_adapter needs the mteb package: pip install 'modsent[mteb]'") from error
 
-LANGID_CODES = {"zh-Hant": "zh", "nb": "no", "nn": "no"}
+log = logging.getLogger(__name__)
 
 
 def modsent_code(langscript: str) -> str | None:
@@ -54,55 +59,59 @@ def modsent_code(langscript: str) -> str | None:
 
 
 class MtebEncoder(AbsEncoder):
-    """mteb's encoder protocol around a modsent encoder (see the module docstring)."""
+    """mteb's encoder protocol around a modsent encoder (see the module docstring).
+
+    ``fallback``: the language whose modules encode a subset's languages that have none (for
+    example ``"en"`` to run STS17 ``en-ar`` without Arabic modules). Without it such a subset is
+    an InputError; with it every substitution is logged and kept in :attr:`fallbacks`."""
 
     def __init__(self, encoder: Any, languages: Sequence[str], *, name: str = "modsent/modular-encoder",
-                 revision: str | None = None, batch_size: int = 32):
+                 revision: str | None = None, batch_size: int = 32, fallback: str | None = None):
         self.model = encoder
         self.languages = list(languages)
         if not self.languages:
             raise InputError("MtebEncoder: no languages given")
+        if fallback is not None and fallback not in self.languages:
+            raise InputError(f"MtebEncoder: fallback {fallback!r} is not among the languages ({', '.join(self.languages)})")
+        self.fallback = fallback
+        self.fallbacks: dict[tuple[str, str], dict[str, str]] = {}  # (task, subset) -> {language: used}
         self.batch_size = batch_size
-        self._identifiers: dict[tuple[str, ...], Any] = {}
+        self._identifiers: dict[tuple[str, ...], language_id.LanguageIdentifier] = {}
         meta = ModelMeta.create_empty()
         self.mteb_model_meta = meta.model_copy(update={
             "name": name, "revision": revision or "local", "similarity_fn_name": ScoringFunction.COSINE,
             "framework": ["PyTorch"]})
 
     def subset_languages(self, task_metadata, hf_subset: str) -> list[str]:
-        """The modsent codes of ``hf_subset``'s languages that have modules here."""
+        """The modsent codes of ``hf_subset``'s languages, each of which must have modules here
+        (or is replaced by the fallback, logged)."""
         langscripts = task_metadata.hf_subsets_to_langscripts.get(hf_subset) or task_metadata.eval_langs
         if isinstance(langscripts, dict):
             langscripts = [code for codes in langscripts.values() for code in codes]
-        wanted = [modsent_code(code) for code in langscripts]
-        found = list(dict.fromkeys(code for code in wanted if code in self.languages))
-        if not found:
-            raise InputError(f"mteb task {task_metadata.name}, subset {hf_subset!r}: languages "
-                             f"{', '.join(langscripts)} have no modules here; available: {', '.join(self.languages)}")
-        return found
+        wanted = list(dict.fromkeys(modsent_code(code) or code for code in langscripts))
+        missing = [code for code in wanted if code not in self.languages]
+        if missing and self.fallback is None:
+            raise InputError(f"mteb task {task_metadata.name}, subset {hf_subset!r}: language(s) "
+                             f"{', '.join(missing)} have no modules here; available: {', '.join(self.languages)} "
+                             "(evaluate only subsets of these languages, or pass fallback=)")
+        if missing:
+            self.fallbacks[(task_metadata.name, hf_subset)] = {code: self.fallback for code in missing}
+            log.warning("mteb task %s, subset %r: %s encoded with the fallback %s's modules",
+                        task_metadata.name, hf_subset, ", ".join(missing), self.fallback)
+        return wanted
 
-    def _identify(self, sentences: list[str], candidates: list[str]) -> list[str]:
-        key = tuple(candidates)
+    def _route(self, sentences: list[str], langs: list[str]) -> list[str]:
+        """Each sentence's language among the subset's ``langs`` (mteb does not say which side
+        a sentence is on), then its modules' language (the fallback for one without)."""
+        key = tuple(langs)
         if key not in self._identifiers:
-            from py3langid import langid
-
-            identifier = langid._load_identifier()  # a private one: the module's global stays as is
-            known = set(identifier.labels)
-            mapping = {}
-            for lang in candidates:
-                code = LANGID_CODES.get(lang, lang).split("-")[0]
-                if code in known:
-                    mapping[code] = lang
-            if len(mapping) < 2:
-                self._identifiers[key] = None
-            else:
-                identifier.set_languages(sorted(mapping))
-                self._identifiers[key] = (identifier, mapping)
-        found = self._identifiers[key]
-        if found is None:  # the identifier cannot tell these apart: the first known language
-            return [candidates[0]] * len(sentences)
-        identifier, mapping = found
-        return [mapping[identifier.classify(sentence)[0]] for sentence in sentences]
+            identifier = language_id.LanguageIdentifier(langs)
+            if identifier.unknown:
+                raise InputError(f"cannot tell the sides of a subset of {', '.join(langs)} apart: the "
+                                 f"language identifier does not know {', '.join(identifier.unknown)}")
+            self._identifiers[key] = identifier
+        found = self._identifiers[key].identify(sentences)
+        return [lang if lang in self.languages else self.fallback for lang in found]
 
     def encode(self, inputs, *, task_metadata, hf_split: str, hf_subset: str, prompt_type=None,
                **kwargs) -> np.ndarray:
@@ -110,8 +119,9 @@ class MtebEncoder(AbsEncoder):
         langs = self.subset_languages(task_metadata, hf_subset)
         batch_size = int(kwargs.get("batch_size") or self.batch_size)
         if len(langs) == 1:
-            return self.model.encode(sentences, lang=langs[0], batch_size=batch_size)
-        per_sentence = self._identify(sentences, langs)
+            used = langs[0] if langs[0] in self.languages else self.fallback
+            return self.model.encode(sentences, lang=used, batch_size=batch_size)
+        per_sentence = self._route(sentences, langs)
         out = None
         for lang in dict.fromkeys(per_sentence):
             rows = [i for i, found in enumerate(per_sentence) if found == lang]
@@ -119,4 +129,4 @@ class MtebEncoder(AbsEncoder):
             if out is None:
                 out = np.zeros((len(sentences), emb.shape[1]), dtype=np.float32)
             out[rows] = emb
-        return out if out is not None else np.zeros((0, 0), dtype=np.float32)
+        return out if out is not None else self.model.encode([], lang=self.languages[0], batch_size=batch_size)

@@ -235,14 +235,20 @@ def module_paths(name: str, lang: str, merge_weights: Sequence[float] | None = N
 
 class SentenceTransformerEncoder:
     """A monolithic sentence-transformers directory behind the ModularEncoder interface: one
-    model for every language, so ``lang`` selects nothing. No prompt is added (the baselines
-    were trained without one, like every modular encoder)."""
+    model for every language, so ``lang`` selects nothing — unless ``language`` says the model
+    is one language's (a :meth:`ModularEncoder.export`), when another ``lang`` is an InputError.
+    No prompt is added (the baselines were trained without one, like every modular encoder)."""
 
-    def __init__(self, model_dir: str | Path, device: str | None = None):
+    def __init__(self, model_dir: str | Path, device: str | None = None, language: str | None = None):
         from sentence_transformers import SentenceTransformer
 
         self.model_dir = Path(model_dir)
+        self.language = language
         self.model = SentenceTransformer(str(self.model_dir), device=device or _default_device())
+
+    @property
+    def embedding_dimension(self) -> int:
+        return int(self.model.get_embedding_dimension())
 
     def encode(self, sentences: Sequence[str], lang: str | None = None, batch_size: int = 32,
                normalize: bool = True):
@@ -250,9 +256,12 @@ class SentenceTransformerEncoder:
 
         if isinstance(sentences, str):
             raise TypeError("encode() takes a sequence of sentences, not one string")
+        if self.language is not None and lang is not None and lang != self.language:
+            raise InputError(f"{self.model_dir} encodes {self.language!r} only (an export of that "
+                             f"language's modules), not {lang!r}")
         sentences = list(sentences)
         if not sentences:
-            return np.zeros((0, 0), dtype=np.float32)
+            return np.zeros((0, self.embedding_dimension), dtype=np.float32)
         vectors = self.model.encode(sentences, batch_size=batch_size, prompt="", convert_to_numpy=True,
                                     normalize_embeddings=normalize, show_progress_bar=False)
         return np.asarray(vectors, dtype=np.float32)

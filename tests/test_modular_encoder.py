@@ -99,8 +99,15 @@ def test_one_body_is_shared(inputs, modular):
     assert not any(p.requires_grad for p in modular.body.parameters())
 
 
+def long_lines(lang, start, stop):
+    """Built-in lines long enough to identify (single words and names cannot be; the first two
+    long Kyrgyz lines use only letters Russian has, and read as Russian)."""
+    return [s for s in builtin_corpus(lang) if len(s) >= (15 if lang == "zh" else 45)][start:stop]
+
+
 def test_language_detection_routes_by_script(inputs, modular):
-    mixed = [KYRGYZ[0], GERMAN[0], CHINESE[0], GERMAN[1], KYRGYZ[1], CHINESE[1]]
+    ky, de, zh = long_lines("ky", 2, 4), long_lines("de", 0, 2), long_lines("zh", 0, 2)
+    mixed = [ky[0], de[0], zh[0], de[1], ky[1], zh[1]]
     assert modular.detect(mixed) == ["ky", "de", "zh", "de", "ky", "zh"]
     auto = modular.encode(mixed)
     expected = np.stack([modular.encode([text], lang=lang)[0]
@@ -230,3 +237,73 @@ def test_base_word_embeddings_are_held_only_for_languages_without_an_la(inputs):
     assert torch.equal(encoder.base_embeddings.weight, stored[key].float())
     reference = sa.load_sentence_encoder(inputs["base"], None, inputs["zh"][1], device="cpu").encode(CHINESE)
     assert (np.sum(encoder.encode(CHINESE, lang="zh") * reference, axis=1) >= 0.9999).all()
+
+
+RUSSIAN = long_lines("ru", 0, 4)
+
+
+def test_a_language_without_modules_is_never_routed_silently(modular):
+    """Russian text, which the identifier knows but this encoder has no modules for, is an error
+    naming it; an explicit fallback encodes it with that language's modules and says so."""
+    assert modular.detect(RUSSIAN) == ["ru"] * 4
+    with pytest.raises(InputError, match=r"without modules: ru \(\d\).*modules: de, ky, zh.*fallback"):
+        modular.encode(RUSSIAN + long_lines("de", 0, 1))
+    used, detected = modular.route(RUSSIAN + long_lines("de", 0, 1), fallback="ky")
+    assert used == [lang if lang in ("de", "ky", "zh") else "ky" for lang in detected] and used[-1] == "de"
+    vectors = modular.encode(RUSSIAN + long_lines("de", 0, 1), fallback="ky")
+    expected = modular.encode_by_language(RUSSIAN + long_lines("de", 0, 1), used)
+    assert np.abs(vectors - expected).max() < 1e-6
+    with pytest.raises(InputError, match="fallback language 'fr' has no modules"):
+        modular.route(RUSSIAN, fallback="fr")
+
+
+def test_no_sentences_give_an_empty_matrix_of_the_embedding_width(modular):
+    dim = modular.encode(GERMAN[:1], lang="de").shape[1]
+    assert modular.embedding_dimension == dim
+    assert modular.encode([]).shape == (0, dim) and modular.encode([], lang="de").shape == (0, dim)
+
+
+def test_export_encodes_as_evaluated_when_the_base_has_a_default_prompt(inputs, tmp_path):
+    """A base with E5's default prompt ("query: "): the modules were trained and are evaluated
+    without it, and so does plain SentenceTransformer(export).encode(texts), with no argument.
+    export_info.json records the Hub id of the base, not a local path; `modsent encode` on the
+    export gives the same vectors and refuses another language."""
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    from modsent.base_models import BASE_INFO, E5_PROMPTS, set_prompts
+    from modsent.cli import main
+    from modsent.modular_encoder import export_info
+
+    base = tmp_path / "base-with-prompt"
+    shutil.copytree(inputs["base"], base)
+    set_prompts(base, E5_PROMPTS, "query")
+    (base / BASE_INFO).write_text(json.dumps({"source": "builtin:multilingual-e5-small"}))
+    assert SentenceTransformer(str(base), device="cpu").default_prompt_name == "query"
+    encoder = ModularEncoder(base, device="cpu")
+    encoder.add_language("ky", language_adapter=inputs["ky"][0], sentence_adapter=inputs["ky"][1])
+    out = encoder.export("ky", tmp_path / "export")
+    mine = encoder.encode(KYRGYZ, lang="ky")
+
+    def cosine(a, b):
+        return np.sum(a * b, axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+    exported = SentenceTransformer(str(out), device="cpu")
+    assert (cosine(mine, exported.encode(KYRGYZ)) >= 0.9999).all()
+    assert cosine(mine, exported.encode(KYRGYZ, prompt="query: ")).min() < 0.999  # a prompt would matter
+    info = export_info(out)
+    assert info["language"] == "ky" and info["base_model"] == "intfloat/multilingual-e5-small"
+    assert str(tmp_path) not in json.dumps(info["base_model"])
+    texts = tmp_path / "ky.txt"
+    texts.write_text("\n".join(KYRGYZ) + "\n", encoding="utf-8")
+    assert main(["encode", "--model", str(out), "--input", str(texts), "--output", str(tmp_path / "e.npy"),
+                 "--quiet"]) == 0
+    assert (cosine(mine, np.load(tmp_path / "e.npy")) >= 0.9999).all()
+    assert main(["encode", "--model", str(out), "--lang", "de", "--input", str(texts), "--quiet",
+                 "--output", str(tmp_path / "de.npy")]) == 2
+    assert not (tmp_path / "de.npy").exists()
+    texts.write_text("", encoding="utf-8")
+    assert main(["encode", "--model", str(out), "--input", str(texts), "--output", str(tmp_path / "none.npy"),
+                 "--quiet"]) == 0
+    assert np.load(tmp_path / "none.npy").shape == (0, mine.shape[1])

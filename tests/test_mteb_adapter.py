@@ -127,3 +127,35 @@ def test_a_task_language_without_modules_is_an_error(encoder):
     model = MtebEncoder(encoder, ["ky"], name="modsent/tiny")
     with pytest.raises(InputError, match="available: ky"):
         model.encode([{"text": GERMAN}], task_metadata=LocalSTS.metadata, hf_split="test", hf_subset="de")
+    # one side of a cross-lingual subset without modules (as STS17 en-ar with English modules
+    # only): an error too, not the other side's modules in silence
+    with pytest.raises(InputError, match="subset 'de-ky': language\\(s\\) de have no modules here"):
+        model.encode([{"text": KYRGYZ}], task_metadata=LocalSTS.metadata, hf_split="test", hf_subset="de-ky")
+
+
+def test_an_explicit_fallback_encodes_a_language_without_modules_and_records_it(encoder):
+    recording = Recording(encoder)
+    model = MtebEncoder(recording, ["ky"], name="modsent/tiny", fallback="ky")
+    model.encode([{"text": GERMAN[:6]}], task_metadata=LocalSTS.metadata, hf_split="test", hf_subset="de-ky")
+    assert {lang for _, lang in recording.calls} == {"ky"}
+    assert model.fallbacks == {("ModsentLocalSTS", "de-ky"): {"de": "ky"}}
+    with pytest.raises(InputError, match="fallback 'de' is not among the languages"):
+        MtebEncoder(encoder, ["ky"], fallback="de")
+
+
+def test_the_readme_selection_holds_only_subsets_with_modules():
+    """The README's example selects the subsets of English and Kyrgyz only (mteb reads task
+    metadata offline), and the adapter accepts every one of them."""
+    import re
+
+    from conftest import REPO
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    call = re.search(r"mteb\.get_tasks\((.*?)\)\)\n", readme, flags=re.S).group(1)
+    tasks = eval(f"mteb.get_tasks({call})", {"mteb": mteb})  # the README's own arguments
+    model = MtebEncoder(object(), ["en", "ky"])
+    subsets = [(task.metadata.name, subset) for task in tasks for subset in task.hf_subsets]
+    assert any(name.startswith("SIB200") for name, _ in subsets)
+    for task in tasks:
+        for subset in task.hf_subsets:
+            assert set(model.subset_languages(task.metadata, subset)) <= {"en", "ky"}

