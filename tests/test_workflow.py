@@ -149,6 +149,23 @@ def test_encode_command_line(run, tmp_path):
     assert len((tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()) == 2
     proc = subprocess.run(cli + ["--lang", "fr"], input=b"x\n", capture_output=True)
     assert proc.returncode == 2 and b"available: de, en, ky" in proc.stderr
+    # without --lang: a sentence in a language without modules (French) is an error, or goes to
+    # an explicit fallback, recorded per sentence
+    from modsent.sources.builtin import builtin_corpus
+
+    french = [line for line in builtin_corpus("fr") if len(line) >= 45][:2]
+    mixed = (tmp_path / "mixed.txt")
+    mixed.write_text("\n".join(sentences + french) + "\n", encoding="utf-8")
+    proc = subprocess.run(cli + ["--input", str(mixed)], capture_output=True)
+    assert proc.returncode == 2 and b"without modules: fr (2)" in proc.stderr
+    proc = subprocess.run(cli + ["--input", str(mixed), "--fallback-lang", "en", "--output-format", "jsonl",
+                                 "--output", str(tmp_path / "routed.jsonl")], capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    import json
+
+    rows = [json.loads(line) for line in (tmp_path / "routed.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [(row["lang"], row["detected_lang"]) for row in rows[2:]] == [("en", "fr"), ("en", "fr")]
+    assert all(row["lang"] == row["detected_lang"] for row in rows[:2])
     # another system of the same tree: Mod_m (no alignment adapter) encodes ky differently
     proc = subprocess.run(cli + ["--lang", "ky", "--variant", "Mod_m"], input=("\n".join(sentences) + "\n").encode(),
                           capture_output=True)
