@@ -26,3 +26,12 @@ def snakemake_exe() -> str:
     if exe is None:
         pytest.fail("snakemake is not on PATH: run the tests through ./run test")
     return exe
+
+
+def reversed_keys(value):
+    """``value`` with every mapping's keys in reverse order: the same configuration, spelled otherwise."""
+    if isinstance(value, dict):
+        return {key: reversed_keys(value[key]) for key in reversed(list(value))}
+    if isinstance(value, list):
+        return [reversed_keys(item) for item in value]
+    return value

@@ -7,7 +7,7 @@ import yaml
 
 from modsent.config import ConfigError, check_config
 
-from conftest import REPO, snakemake_exe
+from conftest import REPO, reversed_keys, snakemake_exe
 
 SHIPPED = ["config.yaml", *sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml"))]
 
@@ -172,15 +172,6 @@ def test_skipping_the_language_adapter_of_a_language(tmp_path):
 
 
 # ---- canonical params and the runtime/selection split ---------------------------------------
-
-
-def reversed_keys(value):
-    """``value`` with every mapping's keys in reverse order (the same configuration)."""
-    if isinstance(value, dict):
-        return {key: reversed_keys(value[key]) for key in reversed(list(value))}
-    if isinstance(value, list):
-        return [reversed_keys(item) for item in value]
-    return value
 
 
 def filled(config):

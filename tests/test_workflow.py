@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO, snakemake_exe
+from conftest import REPO, reversed_keys, snakemake_exe
 
 pytestmark = pytest.mark.workflow
 CONFIG = REPO / "configs" / "test.yaml"
@@ -179,14 +179,6 @@ def test_rerun_has_nothing_to_do(run):
     assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
-def _reversed_keys(value):
-    if isinstance(value, dict):
-        return {key: _reversed_keys(value[key]) for key in reversed(list(value))}
-    if isinstance(value, list):
-        return [_reversed_keys(item) for item in value]
-    return value
-
-
 def _dry_run(run, config, path):
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     proc = subprocess.run(
@@ -199,7 +191,7 @@ def _dry_run(run, config, path):
 def test_the_same_configuration_spelled_otherwise_plans_nothing(run, tmp_path):
     """Every mapping's keys in reverse order, and a number written as an integer: the same
     meaning, so the same params (Snakemake compares their repr)."""
-    config = _reversed_keys(yaml.safe_load(CONFIG.read_text()))
+    config = reversed_keys(yaml.safe_load(CONFIG.read_text()))
     config["sentence_adapter"]["scale"] = 20  # the schema's default, 20.0
     output = _dry_run(run, config, tmp_path / "reversed.yaml")
     assert "Nothing to be done" in output, output[-3000:]
