@@ -97,7 +97,7 @@ def quality_report(translations: pd.DataFrame, lang: str) -> dict:
         "language_id_confusions": {str(k): int(v) for k, v in confusions.items()},
         # the identifier's agreement on the built-in human translations into lang (None: no reference)
         "language_id_human_agreement": None if reference is None else round(reference[0], 4),
-        "language_id_human_reference": None if reference is None else f"{reference[2]} ({reference[1]})",
+        "language_id_human_reference": None if reference is None else f"{reference[2]}: {reference[1]} sentences",
         "language_id_off_target": None if shortfall is None else round(shortfall, 4),
         "language_id_flagged": flagged,
         "examples_untranslated": source[untranslated].head(5).tolist(),

@@ -128,7 +128,7 @@ def test_language_check_is_calibrated_on_human_translations():
     assert same[2] == "same sources" and same[1] < counted
     report = quality_report(rows, "ky")
     assert report["language_id_human_agreement"] == pytest.approx(same[0], abs=1e-4)
-    assert report["language_id_human_reference"] == f"same sources ({same[1]})"
+    assert report["language_id_human_reference"] == f"same sources: {same[1]} sentences"
     assert report["language_id_flagged"] is False
     assert report["language_id_agreement"] < 0.99  # raw agreement alone would have flagged it
     russian = builtin_translations("ru").set_index("english")["translation"]
