@@ -24,6 +24,7 @@ include: "rules/common.smk"
 
 check_and_fill_config(config)
 validate(config, "schemas/config.schema.yaml")  # fills in the schema's defaults
+fill_method_settings(config)  # the training methods' own settings (modsent.methods)
 normalize_config(config)  # one spelling per meaning: rules' params are canonical
 
 
@@ -37,9 +38,10 @@ wildcard_constraints:
     dataset=SLUG_REGEX,
     kind="pp|pl",
     weight=r"0(\.[0-9]+)?|1",
-    variant=r"base|(?:Full|Mod)_[A-Za-z]+(?:-[A-Za-z0-9.]+)?",
+    variant=r"base|(?:Full|Mod)_[A-Za-z]+(?:-[A-Za-z0-9.]+)?" + (f"|{method_regex()}" if configured_methods() else ""),
+    method=method_regex(),
     subset=SUBSET_REGEX,
-    group="modular|full",
+    group="modular|full" + (f"|{method_regex()}" if configured_methods() else ""),
 
 
 include: "rules/base_model.smk"
@@ -49,6 +51,7 @@ include: "rules/paraphrase.smk"
 include: "rules/sentence_encoding.smk"
 include: "rules/alignment.smk"
 include: "rules/baselines.smk"
+include: "rules/methods.smk"
 include: "rules/evaluation.smk"
 
 

@@ -5,7 +5,7 @@
     python benchmarks/translation_speed.py --size 600M --device cuda --units 1024 --batch-size 64
     python benchmarks/translation_speed.py --size 3.3B --device cuda --units 1024 --batch-size 64
 
-The model is an NLLB-shaped checkpoint with random weights (modsent.translation.make_random_nllb),
+The model is an NLLB-shaped checkpoint with random weights (modsent.testing.make_random_nllb),
 built once into --work-dir, then converted for CTranslate2. `--size 600M/1.3B/3.3B` use the
 released NLLB-200 architectures (vocabulary 256,206) and are meant for a GPU. Every engine
 generates exactly --tokens tokens per sentence (min = max length; random weights would
@@ -28,13 +28,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from modsent import translation as T  # noqa: E402
+from modsent import testing  # noqa: E402
 from modsent.testing import sample_texts  # noqa: E402
 
 # A scaled-down NLLB for CPUs: NLLB's layout (pre-norm, ReLU, scaled embeddings), narrower and
 # shallower, with a 32K vocabulary so that the output projection still weighs in.
 SIZES = {
     "small": dict(d_model=512, layers=3, heads=8, ffn_dim=2048, model_vocab_size=32000),
-    **T.NLLB_SIZES,
+    **testing.NLLB_SIZES,
 }
 
 
@@ -42,7 +43,7 @@ def build(work: Path, size: str, dtype: str) -> tuple[Path, Path]:
     checkpoint, converted = work / f"nllb-{size}-{dtype}", work / f"nllb-{size}-{dtype}-ct2"
     if not checkpoint.exists():
         start = time.perf_counter()
-        T.make_random_nllb(checkpoint, sample_texts(1000), vocab_size=4000, dtype=dtype, **SIZES[size])
+        testing.make_random_nllb(checkpoint, sample_texts(1000), vocab_size=4000, dtype=dtype, **SIZES[size])
         print(f"built random NLLB-{size} ({dtype}) in {time.perf_counter() - start:.1f} s", flush=True)
     if not converted.exists():
         start = time.perf_counter()

@@ -62,10 +62,13 @@ import torch
 from torch import nn
 
 from modsent import parallel_adapter as pa
+from modsent import losses
 from modsent import sentence_adapter as sa
 from modsent.plots import write_loss_curve
 from modsent.io import InputError, atomic_path, write_parquet
 from modsent.translation import make_units, unit_id
+from modsent.training import checkpoints
+from modsent.training.seeding import dropout_seed
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +144,8 @@ class AlignmentConfig:
 
     def fingerprint(self, kind: str, *inputs) -> str:
         """What a checkpoint of a ``kind`` adapter must match to be resumed
-        (``sentence_adapter.training_fingerprint``)."""
-        return sa.training_fingerprint({**self.to_dict(), "kind": kind}, *inputs)
+        (:func:`modsent.training.checkpoints.fingerprint`)."""
+        return checkpoints.fingerprint({**self.to_dict(), "kind": kind}, *inputs)
 
 
 # ---- English embeddings ------------------------------------------------------------------------
@@ -320,13 +323,6 @@ def build_alignment_model(base_model_dir, la_dir, se_dir, cfg: AlignmentConfig, 
     return model
 
 
-def cosine_similarity_loss(u: torch.Tensor, v: torch.Tensor, labels: torch.Tensor | float = 1.0) -> torch.Tensor:
-    """sentence-transformers' CosineSimilarityLoss: MSE between cos(u_i, v_i) and the label."""
-    cos = nn.functional.cosine_similarity(u.float(), v.float(), dim=-1)
-    labels = torch.as_tensor(labels, dtype=cos.dtype, device=cos.device).expand_as(cos)
-    return nn.functional.mse_loss(cos, labels)
-
-
 def batch_loss(kind: str, model: sa.SentenceEncoderModel, english: EnglishEmbeddings, rows: pd.DataFrame,
                scale: float = 20.0) -> torch.Tensor:
     """The loss of one batch: the English side looked up, L's texts encoded in one forward pass."""
@@ -334,11 +330,11 @@ def batch_loss(kind: str, model: sa.SentenceEncoderModel, english: EnglishEmbedd
     anchors = english.lookup(rows["anchor"].tolist()).to(device)
     positives = rows["positive"].tolist()
     if kind == "pl":
-        return cosine_similarity_loss(anchors, model(positives))
+        return losses.CosineSimilarityLoss()(anchors, model(positives))
     negatives = [t for t in rows["negative"] if isinstance(t, str)]
     emb = model(positives + negatives).float()
     n = len(positives)
-    return sa.MultipleNegativesRankingLoss(scale)(anchors, emb[:n], emb[n:] if negatives else None)
+    return losses.MultipleNegativesRankingLoss(scale)(anchors, emb[:n], emb[n:] if negatives else None)
 
 
 def retrieval_accuracy(model: sa.SentenceEncoderModel, english: EnglishEmbeddings, anchors: Sequence[str],
@@ -371,7 +367,7 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
 
     _check_kind(kind)
     out_dir = Path(out_dir)
-    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else sa.checkpoint_path(out_dir)
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else checkpoints.checkpoint_path(out_dir)
     language = language or out_dir.name
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -408,7 +404,7 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
                                   batch_size=eval_batch, precision=cfg.precision)
 
     fingerprint = cfg.fingerprint(kind, base_model_dir, la_dir, se_dir, data, english_embeddings_path)
-    resumed = sa.resume_training(checkpoint_dir, model, optimizer, fingerprint)
+    resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint)
     start = resumed["step"] if resumed else 0
     accuracy_before = resumed["accuracy_before"] if resumed else evaluate()
     schedule = sa.SentenceAdapterConfig(learning_rate=cfg.learning_rate, warmup_ratio=cfg.warmup_ratio)
@@ -420,7 +416,7 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
         precision=cfg.precision, max_grad_norm=cfg.max_grad_norm, log_every=cfg.log_every,
         desc=f"CLA {kind} {language}", progress=progress, start_step=start,
         losses=resumed["losses"] if resumed else None, history=resumed["history"] if resumed else None,
-        step_seed=lambda step: sa.dropout_seed(step, cfg.seed),
+        step_seed=lambda step: dropout_seed(step, cfg.seed),
         after_step=sa.checkpointer(checkpoint_dir, model, optimizer, fingerprint, cfg.checkpoint_every,
                                    total_steps, accuracy_before, on_step))
     model.eval()

@@ -66,13 +66,16 @@ import pandas as pd
 import torch
 
 from modsent import distributed
-from modsent import language_adapter as la
 from modsent import sentence_adapter as sa
 from modsent import variants
-from modsent.config import PIVOT_LANGUAGE
+from modsent.languages import PIVOT_LANGUAGE
 from modsent.io import InputError, atomic_open, atomic_path
+from modsent.losses import MultipleNegativesRankingLoss
+from modsent.methods import Method, PairTraining
 from modsent.paraphrase_data import crosslingual_mix
 from modsent.plots import write_loss_curve
+from modsent.training import checkpoints
+from modsent.training.seeding import dropout_seed
 
 log = logging.getLogger(__name__)
 
@@ -314,9 +317,8 @@ def _mean(values) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def _check_start(name: str, start_dir: Path) -> None:
+def _check_start(name: str, start_dir: Path, init: str | None) -> None:
     """A baseline that continues another (Full_mc from Full_m) must start from that one's output."""
-    init = variants.FULL_BASELINES[name].init
     if init is None:
         return
     metrics_path = start_dir / "metrics.json"
@@ -328,15 +330,15 @@ def _check_start(name: str, start_dir: Path) -> None:
 
 def training_fingerprint(name: str, cfg: FullTrainingConfig, start_dir: str | Path,
                          pairs_paths: Mapping[str, str | Path]) -> str:
-    """What a checkpoint must match to be resumed (``sentence_adapter.training_fingerprint``):
+    """What a checkpoint must match to be resumed (:func:`modsent.training.checkpoints.fingerprint`):
     the baseline, its languages, the hyperparameters (the log and checkpoint cadence may
     change) and the content of the inputs: every file of the starting directory (a retrained
     Full_m must not resume a stale Full_mc) and each language's pair file."""
     settings = {"baseline": name, "languages": sorted(pairs_paths), **dataclasses.asdict(cfg)}
-    return sa.training_fingerprint(settings, start_dir, *(pairs_paths[lang] for lang in sorted(pairs_paths)))
+    return checkpoints.fingerprint(settings, start_dir, *(pairs_paths[lang] for lang in sorted(pairs_paths)))
 
 
-def gathered_batch_loss(model: sa.SentenceEncoderModel, loss_fn: sa.MultipleNegativesRankingLoss,
+def gathered_batch_loss(model: sa.SentenceEncoderModel, loss_fn: MultipleNegativesRankingLoss,
                         rows: pd.DataFrame, rank: int, world: int) -> torch.Tensor:
     """MNRL of one batch (``sentence_adapter.batch_loss``), its texts encoded by ``world``
     processes with the in-batch negatives spanning all of them.
@@ -366,7 +368,8 @@ def gathered_batch_loss(model: sa.SentenceEncoderModel, loss_fn: sa.MultipleNega
 def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str, str | Path],
                       cfg: FullTrainingConfig = FullTrainingConfig(), *, device: str | None = None,
                       progress: bool = True, checkpoint_dir: str | Path | None = None,
-                      on_step: Callable[[int], None] | None = None) -> FullTrainingResult | None:
+                      on_step: Callable[[int], None] | None = None, recipe: variants.FullBaseline | None = None,
+                      objective: torch.nn.Module | None = None) -> FullTrainingResult | None:
     """Train baseline ``name`` from ``start_dir`` (the base model; Full_mc: Full_m's output) on
     ``pairs_paths`` ({language: pair file}; Full_en uses English only) and return the trained
     model, its metrics and loss history (nothing is written but checkpoints).
@@ -381,12 +384,18 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
     every batch (:func:`gathered_batch_loss`), the gradients are averaged after backward, and
     every process takes the same clipped AdamW step, so weights and moments stay replicated and
     a checkpoint does not depend on the number of processes. Only the main process evaluates,
-    writes checkpoints and shows progress; the others return None."""
-    recipe = variants.FULL_BASELINES.get(name)
+    writes checkpoints and shows progress; the others return None.
+
+    ``recipe`` (default: the paper's baseline ``name``) says which pairs and batches; ``objective``
+    (default: MNRL with ``cfg.scale``) is any loss over the batch's (anchors, positives,
+    negatives or None) embeddings, as :mod:`modsent.losses`' are: a training method of
+    :mod:`modsent.methods` trains every weight with its own objective this way."""
+    if recipe is None:
+        recipe = variants.FULL_BASELINES.get(name)
     if recipe is None:
         raise InputError(f"unknown full baseline {name!r}; baselines: {', '.join(variants.FULL_BASELINES)}")
     start_dir = Path(start_dir)
-    _check_start(name, start_dir)
+    _check_start(name, start_dir, recipe.init)
     langs = recipe.training_languages(list(pairs_paths))
     missing = [lang for lang in langs if lang not in pairs_paths]
     if missing:
@@ -419,7 +428,7 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
     no_decay = [p for p in trainable if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=cfg.learning_rate)
-    loss_fn = sa.MultipleNegativesRankingLoss(cfg.scale)
+    loss_fn = objective if objective is not None else MultipleNegativesRankingLoss(cfg.scale)
     eval_batch = max(1, min(cfg.batch_size, 64))
 
     def evaluate():
@@ -428,7 +437,7 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
     fingerprint, resumed = None, None
     if checkpoint_dir is not None:
         fingerprint = training_fingerprint(name, cfg, start_dir, {lang: pairs_paths[lang] for lang in langs})
-        resumed = sa.resume_training(checkpoint_dir, model, optimizer, fingerprint)
+        resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint)
     start = resumed["step"] if resumed else 0
     if resumed is not None:
         mono_before, cross_before = resumed["accuracy_before"]
@@ -450,7 +459,7 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
         max_grad_norm=cfg.max_grad_norm, log_every=cfg.log_every, desc=name, progress=progress and main,
         start_step=start, losses=resumed["losses"] if resumed else None,
         history=resumed["history"] if resumed else None,
-        step_seed=lambda step: la.dropout_seed(step, cfg.seed, rank), backward=backward,
+        step_seed=lambda step: dropout_seed(step, cfg.seed, rank), backward=backward,
         after_step=sa.checkpointer(checkpoint_dir, model, optimizer, fingerprint, cfg.checkpoint_every,
                                    total_steps, [mono_before, cross_before], on_step))
     step = len(losses)
@@ -486,15 +495,16 @@ def train_full_baseline(name: str, start_dir: str | Path, pairs_paths: Mapping[s
                         out_dir: str | Path, cfg: FullTrainingConfig = FullTrainingConfig(), *,
                         device: str | None = None, progress: bool = True,
                         checkpoint_dir: str | Path | None = None,
-                        on_step: Callable[[int], None] | None = None) -> dict | None:
+                        on_step: Callable[[int], None] | None = None, recipe: variants.FullBaseline | None = None,
+                        objective: torch.nn.Module | None = None) -> dict | None:
     """:func:`run_full_training` with checkpoints in ``checkpoint_dir`` (default:
-    ``{out_dir}.checkpoint``, ``sentence_adapter.checkpoint_path``), then ``out_dir`` (atomically): the sentence-transformers
+    ``{out_dir}.checkpoint``, :func:`modsent.training.checkpoints.checkpoint_path`), then ``out_dir`` (atomically): the sentence-transformers
     directory, ``metrics.json`` and the loss curve; the checkpoint is removed once the output
     is complete. Returns the metrics (None in the processes other than the main one)."""
     out_dir = Path(out_dir)
-    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else sa.checkpoint_path(out_dir)
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else checkpoints.checkpoint_path(out_dir)
     result = run_full_training(name, start_dir, pairs_paths, cfg, device=device, progress=progress,
-                               checkpoint_dir=checkpoint_dir, on_step=on_step)
+                               checkpoint_dir=checkpoint_dir, on_step=on_step, recipe=recipe, objective=objective)
     if result is None:
         distributed.barrier()  # while the main process evaluates and writes the output
         return None
@@ -502,7 +512,8 @@ def train_full_baseline(name: str, start_dir: str | Path, pairs_paths: Mapping[s
     with atomic_path(out_dir, directory=True) as tmp:
         save_sentence_transformer(result.model, start_dir, tmp)
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-        write_loss_curve(result.history, tmp, title=f"{name} (all weights)", ylabel="MNRL loss")
+        write_loss_curve(result.history, tmp, title=f"{name} (all weights)",
+                         ylabel=f"{type(objective).__name__ if objective is not None else 'MNRL'} loss")
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     log.info("%s: MNRL %.3f → %.3f; held-out retrieval accuracy (mean over %d languages) %s → %s; %.1f pairs/s",
              name, metrics["loss_first"] or 0, metrics["loss_last"] or 0, len(metrics["languages"]),
@@ -510,6 +521,41 @@ def train_full_baseline(name: str, start_dir: str | Path, pairs_paths: Mapping[s
              metrics["pairs_per_second"] or 0)
     distributed.barrier()
     return metrics
+
+
+# ---- training methods of this kind (modsent.methods): every weight, a new objective -----------
+
+
+def full_training_schema() -> dict[str, dict]:
+    """The settings every full-parameter method shares: the ``baselines`` section's training
+    keys (schemas/config.schema.yaml), with their defaults and roles."""
+    from modsent.schema import ROLE_KEY, SELECTION, inline_refs, load_schema
+
+    schema = load_schema()
+    properties = schema["properties"]["baselines"]["properties"]
+    return {key: inline_refs(value, schema) for key, value in properties.items()
+            if value.get(ROLE_KEY) != SELECTION and key != "gpus"}  # one GPU (several: the baselines)
+
+
+def full_parameter_method(name: str, description: str, *, objective: Callable[[dict], object],
+                          data: str = "monolingual", english_only: bool = False,
+                          settings_schema: Mapping[str, dict] | None = None) -> Method:
+    """A method that trains every weight of the base model like the full baselines (the same
+    batches: ``monolingual`` or ``crosslingual`` pairs; the same schedule, checkpoints and
+    resumption, on one GPU) with ``objective(settings)``: a loss over a batch's (anchors,
+    positives, negatives or None) embeddings (:mod:`modsent.losses`)."""
+    if data not in ("monolingual", "crosslingual"):
+        raise ValueError(f"method {name}: data must be 'monolingual' or 'crosslingual', got {data!r}")
+    recipe = PairTraining(name, description, data, english_only=english_only)
+
+    def train(inputs: dict, out_dir, settings: dict, *, device=None, progress=True) -> dict:
+        own = set(settings_schema or {})
+        cfg = FullTrainingConfig.from_config({k: v for k, v in settings.items() if k not in own})
+        return train_full_baseline(name, inputs["base"], inputs["pairs"], out_dir, cfg, device=device,
+                                   progress=progress, recipe=recipe, objective=objective(settings))
+
+    schema = {**full_training_schema(), **dict(settings_schema or {})}
+    return Method(name, description, train, ("base", "pairs"), schema, english_only)
 
 
 def write_summary(baseline_dirs: list[str | Path], out_path: str | Path) -> None:

@@ -103,9 +103,11 @@ def load_encoder(model: str, lang: str | None, base: str | None, variant: str):
     sentence-encoding adapter)."""
     from pathlib import Path
 
-    from modsent import variants
+    from modsent import methods, variants
     from modsent.io import InputError
     from modsent.modular_encoder import export_info
+
+    methods.load()  # modsent's own training methods are systems too
 
     root = Path(model)
     if (root / "modules.json").is_file():

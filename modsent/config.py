@@ -6,25 +6,20 @@ The workflow calls :func:`check_config` before planning anything. Errors name th
 
 from __future__ import annotations
 
+import copy
 import functools
 from pathlib import Path
 
 import jsonschema
-import yaml
 
 from modsent import languages as registry
+from modsent.schema import ROLE_KEY, RUNTIME, SCHEMA_PATH, SELECTION, load_schema, resolve  # noqa: F401
+from modsent.languages import PIVOT_LANGUAGE  # noqa: F401  (re-exported for the rules)
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
-PIVOT_LANGUAGE = "en"  # the method aligns every language to English
 
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message lists every problem with its key."""
-
-
-def load_schema(path: str | Path = SCHEMA_PATH) -> dict:
-    with open(path, encoding="utf-8") as handle:
-        return yaml.safe_load(handle)
 
 
 def _key(path) -> str:
@@ -148,6 +143,7 @@ def source_errors(config: dict) -> list[str]:
             except InputError as err:
                 problems.append(f"evaluation.variants[{i}]: {err}")
     problems += local_path_errors(config)
+    problems += method_errors(config)
     translation = config.get("translation") or {}
     engine = translation.get("engine", "transformers")
     if engine in ("transformers", "ctranslate2") and langs:
@@ -233,6 +229,77 @@ def local_path_errors(config: dict) -> list[str]:
     return problems
 
 
+def method_errors(config: dict) -> list[str]:
+    """Configured training methods that are not registered, and settings their schemas reject."""
+    from modsent import methods
+    from modsent.io import InputError
+
+    configured = config.get("methods") or {}
+    if not configured:
+        return []
+    try:
+        registry = methods.load(config.get("method_modules") or [])
+    except InputError as err:
+        return [str(err)]
+    problems = []
+    for name, settings in configured.items():
+        if name not in registry:
+            problems.append(f"methods.{name}: unknown method; registered: {', '.join(sorted(registry)) or 'none'} "
+                            "(a method outside modsent needs its module in method_modules)")
+            continue
+        validator = jsonschema.Draft202012Validator(registry[name].schema())
+        for error in sorted(validator.iter_errors(settings or {}), key=lambda e: list(map(str, e.absolute_path))):
+            error.path.appendleft(name)
+            error.path.appendleft("methods")
+            problems.append(_describe(error))
+    return problems
+
+
+def fill_defaults(instance, node: dict):
+    """``instance`` with the defaults of schema ``node`` filled in (objects, recursively; ``$ref``
+    must be inlined), as snakemake.utils.validate fills the config's."""
+    if not isinstance(instance, dict) or not isinstance(node, dict):
+        return instance
+    out = dict(instance)
+    for key, child in (node.get("properties") or {}).items():
+        if key not in out and "default" in child:
+            out[key] = copy.deepcopy(child["default"])
+        if key in out:
+            out[key] = fill_defaults(out[key], child)
+    return out
+
+
+def fill_method_settings(config: dict) -> None:
+    """Each configured method's settings with its schema's defaults and numbers typed as it
+    says (after check_config: the methods are registered and their settings valid)."""
+    from modsent import methods
+
+    if not config.get("methods"):
+        return
+    registry = methods.load(config.get("method_modules") or [])
+    config["methods"] = {name: _coerce_numbers(fill_defaults(settings or {}, registry[name].schema()),
+                                               registry[name].schema(), {})
+                         for name, settings in config["methods"].items()}
+
+
+def method_job_settings(config: dict, name: str) -> dict:
+    """A method's settings without its runtime and selection keys, canonical: its job's params."""
+    from modsent import methods
+
+    properties = methods.get(name).schema()["properties"]
+    return canonical({key: value for key, value in config["methods"][name].items()
+                      if properties.get(key, {}).get(ROLE_KEY) not in (RUNTIME, SELECTION)})
+
+
+def method_runtime_settings(config: dict, name: str) -> dict:
+    """A method's runtime keys (read by its workflow script from the config, not the params)."""
+    from modsent import methods
+
+    properties = methods.get(name).schema()["properties"]
+    return {key: value for key, value in config["methods"][name].items()
+            if properties.get(key, {}).get(ROLE_KEY) == RUNTIME}
+
+
 def check_config(config: dict, schema: dict | None = None) -> None:
     """Raise ConfigError listing every problem, schema violations first."""
     problems = schema_errors(config, schema)
@@ -253,8 +320,6 @@ def check_config(config: dict, schema: dict | None = None) -> None:
 # scripts read the runtime keys from the config (runtime_settings). The schema is the one place
 # that declares them.
 
-ROLE_KEY = "x-role"
-RUNTIME, SELECTION = "runtime", "selection"
 
 
 def canonical(value):
@@ -267,18 +332,6 @@ def canonical(value):
     return value
 
 
-def _resolve(node: dict, schema: dict) -> dict:
-    while isinstance(node, dict) and "$ref" in node:
-        ref = node["$ref"]
-        if not ref.startswith("#/"):
-            raise ValueError(f"schema: only local $ref is supported, not {ref!r}")
-        target = schema
-        for part in ref[2:].split("/"):
-            target = target[part]
-        node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
-    return node
-
-
 def key_roles(schema: dict | None = None) -> dict[str, str]:
     """``section.key`` (or ``section`` for a whole section) -> role, for every schema property
     marked with ``x-role`` (``runtime`` or ``selection``)."""
@@ -286,11 +339,11 @@ def key_roles(schema: dict | None = None) -> dict[str, str]:
         return dict(_default_roles())
     roles = {}
     for section, node in schema["properties"].items():
-        node = _resolve(node, schema)
+        node = resolve(node, schema)
         if ROLE_KEY in node:
             roles[section] = node[ROLE_KEY]
         for key, child in (node.get("properties") or {}).items():
-            child = _resolve(child, schema)
+            child = resolve(child, schema)
             if ROLE_KEY in child:
                 roles[f"{section}.{key}"] = child[ROLE_KEY]
     unknown = sorted(key for key, role in roles.items() if role not in (RUNTIME, SELECTION))
@@ -306,17 +359,17 @@ def _default_roles() -> dict[str, str]:
 
 def _coerce_numbers(value, node: dict, schema: dict):
     """Integers where the schema wants a number become floats (``scale: 20`` means 20.0)."""
-    node = _resolve(node, schema) if isinstance(node, dict) else {}
+    node = resolve(node, schema) if isinstance(node, dict) else {}
     if isinstance(value, bool):
         return value
     if isinstance(value, int):
-        alternatives = [node] + [_resolve(alt, schema) for alt in node.get("oneOf", [])]
+        alternatives = [node] + [resolve(alt, schema) for alt in node.get("oneOf", [])]
         return float(value) if any(alt.get("type") == "number" for alt in alternatives) else value
     if isinstance(value, list):
         items = node.get("items")
         if items is None:
             for alt in node.get("oneOf", []):
-                alt = _resolve(alt, schema)
+                alt = resolve(alt, schema)
                 if alt.get("type") == "array":
                     items = alt.get("items")
         return [_coerce_numbers(item, items or {}, schema) for item in value]
@@ -325,7 +378,7 @@ def _coerce_numbers(value, node: dict, schema: dict):
         extra = node.get("additionalProperties")
         if not properties and extra is None:
             for alt in node.get("oneOf", []):
-                alt = _resolve(alt, schema)
+                alt = resolve(alt, schema)
                 if alt.get("type") == "object":
                     properties, extra = alt.get("properties") or {}, alt.get("additionalProperties")
         return {key: _coerce_numbers(item, properties.get(key, extra if isinstance(extra, dict) else {}), schema)

@@ -49,7 +49,7 @@ import pyarrow.parquet as pq
 
 from modsent import evaluation_data as ed
 from modsent import metrics
-from modsent.config import PIVOT_LANGUAGE
+from modsent.languages import PIVOT_LANGUAGE
 from modsent.io import InputError, atomic_path, write_parquet
 
 log = logging.getLogger(__name__)

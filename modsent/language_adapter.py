@@ -25,7 +25,6 @@ torchrun trains data-parallel, one process per GPU (see :func:`train_language_ad
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -41,26 +40,29 @@ import torch
 
 from modsent import distributed
 from modsent.io import InputError, atomic_path, iter_utf8_lines
+from modsent.losses import MaskedLanguageModelingLoss, mlm_parts
+from modsent.training import schedules
+from modsent.training.checkpoints import load_checkpoint, save_checkpoint
+from modsent.training.precision import autocast
+from modsent.training.seeding import dropout_seed, step_generator
 from modsent.plots import write_before_after_bars, write_loss_curve
 
 log = logging.getLogger(__name__)
 
 EMBEDDINGS_NAME = "embeddings.safetensors"
 ADAPTER_DIR = "adapter"
-CHECKPOINT_STATE = "state.safetensors"
-CHECKPOINT_META = "meta.json"
 
 
 @dataclasses.dataclass(frozen=True)
 class LanguageAdapterConfig:
-    """Hyperparameters of LA training: the config's `language_adapter` section, whose defaults
-    live in schemas/config.schema.yaml (the ones here only serve direct library use)."""
+    """Hyperparameters of LA training: the config's `language_adapter` section. The defaults are
+    the schema's (schemas/config.schema.yaml, the one source; tests/test_config.py compares)."""
 
     steps: int
     batch_size: int
     seq_len: int
     learning_rate: float
-    warmup_steps: int = 0
+    warmup_steps: int = 1000
     weight_decay: float = 0.01
     mlm_probability: float = 0.15
     lora_r: int = 8
@@ -70,7 +72,7 @@ class LanguageAdapterConfig:
     eval_sentences: int = 1000
     checkpoint_every: int = 1000
     log_every: int = 50
-    head_warmup_steps: int = 0
+    head_warmup_steps: int = 500
     seed: int = 0
     precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on the CPU; fp32: never autocast
     tracking: str = "none"  # none | tensorboard | wandb
@@ -163,26 +165,11 @@ def mask_tokens(input_ids: torch.Tensor, tokenizer, probability: float,
 # ---- model ----------------------------------------------------------------------------------
 
 
-def _mlm_parts(model) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(encoder, MLM head) of a *ForMaskedLM model, through a PEFT wrapper if there is one."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    encoder = getattr(inner, inner.base_model_prefix)
-    head = getattr(inner, "cls", None) or getattr(inner, "lm_head", None)
-    if head is None:
-        raise TypeError(f"{type(inner).__name__} has no MLM head (cls or lm_head)")
-    return encoder, head
-
-
 def mlm_loss(model, input_ids: torch.Tensor, labels: torch.Tensor,
              reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy over masked positions, applying the MLM head to those positions only
-    (the vocabulary projection is the most expensive layer; 85% of its outputs would be
-    thrown away). ``reduction="sum"``: summed instead of averaged over the masked positions."""
-    encoder, head = _mlm_parts(model)
-    hidden = encoder(input_ids=input_ids).last_hidden_state
-    selected = labels != -100
-    logits = head(hidden[selected])
-    return torch.nn.functional.cross_entropy(logits.float(), labels[selected], reduction=reduction)
+    """:class:`modsent.losses.MaskedLanguageModelingLoss` of ``model`` on one batch: masked
+    positions only, averaged (or summed, ``reduction="sum"``)."""
+    return MaskedLanguageModelingLoss(reduction)(model, input_ids, labels)
 
 
 def share_of_mlm_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, rank: int,
@@ -220,7 +207,7 @@ def load_focus_embeddings(model, embeddings_path: Path, vocab_size: int) -> None
             output.bias.copy_(tensors["output_bias"])
         head_state = {k[len("mlm_head."):]: v for k, v in tensors.items() if k.startswith("mlm_head.")}
         if head_state:
-            _mlm_parts(model)[1].load_state_dict(head_state, strict=False)
+            mlm_parts(model)[1].load_state_dict(head_state, strict=False)
 
 
 def build_model(base_model_dir: str | Path, tokenizer, embeddings_path: str | Path,
@@ -240,19 +227,9 @@ def build_model(base_model_dir: str | Path, tokenizer, embeddings_path: str | Pa
     model = get_peft_model(model, lora)
     # besides LoRA: the embeddings (tied to the decoder) and the MLM head
     model.get_input_embeddings().weight.requires_grad_(True)
-    for param in _mlm_parts(model)[1].parameters():
+    for param in mlm_parts(model)[1].parameters():
         param.requires_grad_(True)
     return model
-
-
-def trainable_state(model) -> dict[str, torch.Tensor]:
-    """Every trainable tensor by name, shared (tied) tensors once."""
-    state, seen = {}, set()
-    for name, param in model.named_parameters():
-        if param.requires_grad and id(param) not in seen:
-            seen.add(id(param))
-            state[name] = param.detach()
-    return state
 
 
 def save_language_adapter(model, tokenizer, out_dir: Path) -> None:
@@ -265,7 +242,7 @@ def save_language_adapter(model, tokenizer, out_dir: Path) -> None:
     output = inner.get_output_embeddings()
     if output is not None and output.weight is not inner.get_input_embeddings().weight:
         tensors["output_embeddings"] = output.weight.detach().clone()
-    head = _mlm_parts(model)[1]
+    head = mlm_parts(model)[1]
     for name, value in head.state_dict().items():
         if value.data_ptr() != inner.get_input_embeddings().weight.data_ptr():
             tensors[f"mlm_head.{name}"] = value.detach().clone()
@@ -290,7 +267,7 @@ def load_language_model(base_model_dir: str | Path, la_dir: str | Path, *, mlm: 
     model = PeftModel.from_pretrained(model, str(la_dir / ADAPTER_DIR), is_trainable=False)
     model.eval()
     if not mlm:
-        model = _mlm_parts(model)[0]
+        model = mlm_parts(model)[0]
     return model, tokenizer
 
 
@@ -311,7 +288,7 @@ def heldout_mlm_loss(model, sequences: torch.Tensor, tokenizer, *, batch_size: i
         n = int((labels != -100).sum())
         if n == 0:
             continue
-        with _autocast(device, precision):
+        with autocast(device, precision):
             loss = mlm_loss(model, inputs.to(device), labels.to(device))
         total += float(loss) * n
         count += n
@@ -319,72 +296,12 @@ def heldout_mlm_loss(model, sequences: torch.Tensor, tokenizer, *, batch_size: i
     return total / max(count, 1)
 
 
-def _autocast(device, precision: str = "auto") -> contextlib.AbstractContextManager:
-    if str(device).startswith("cuda") and precision == "auto":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-# ---- checkpoints -------------------------------------------------------------------------------
-
-
-def save_checkpoint(path: Path, model, optimizer, step: int, fingerprint: str, history: list) -> None:
-    """Trainable weights, AdamW moments, the dropout RNG: safetensors + JSON, written atomically."""
-    from safetensors.torch import save_file
-
-    params = trainable_state(model)
-    tensors = {f"param/{k}": v.contiguous() for k, v in params.items()}
-    by_id = {id(p): n for n, p in model.named_parameters()}
-    for param, state in optimizer.state.items():
-        name = by_id[id(param)]
-        tensors[f"exp_avg/{name}"] = state["exp_avg"].contiguous()
-        tensors[f"exp_avg_sq/{name}"] = state["exp_avg_sq"].contiguous()
-        tensors[f"step/{name}"] = torch.as_tensor(state["step"]).reshape(1).float()
-    tensors["rng/torch"] = torch.get_rng_state()
-    with atomic_path(path, directory=True) as tmp:
-        save_file(tensors, str(tmp / CHECKPOINT_STATE))
-        meta = {"step": step, "fingerprint": fingerprint, "history": history}
-        (tmp / CHECKPOINT_META).write_text(json.dumps(meta) + "\n", encoding="utf-8")
-
-
-def load_checkpoint(path: Path, model, optimizer, fingerprint: str):
-    """Restore a checkpoint into model and optimizer (the AdamW moments on their parameters'
-    device; the step counts stay on the CPU, as AdamW keeps them); (step, history) or None."""
-    from safetensors.torch import load_file
-
-    meta_path = path / CHECKPOINT_META
-    if not meta_path.is_file():
-        return None
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    if meta.get("fingerprint") != fingerprint:
-        log.warning("checkpoint %s was made with other settings: starting over", path)
-        return None
-    tensors = load_file(str(path / CHECKPOINT_STATE))
-    named = dict(model.named_parameters())
-    with torch.no_grad():
-        for key, value in tensors.items():
-            if key.startswith("param/"):
-                named[key[len("param/"):]].copy_(value)
-    for name, param in named.items():
-        if f"exp_avg/{name}" in tensors:
-            optimizer.state[param] = {
-                "step": tensors[f"step/{name}"].reshape(()).clone(),
-                "exp_avg": tensors[f"exp_avg/{name}"].to(param.device, copy=True),
-                "exp_avg_sq": tensors[f"exp_avg_sq/{name}"].to(param.device, copy=True),
-            }
-    torch.set_rng_state(tensors["rng/torch"])
-    return meta["step"], meta["history"]
-
-
 # ---- training ----------------------------------------------------------------------------------
 
 
 def learning_rate(step: int, cfg: LanguageAdapterConfig) -> float:
     """Linear warm-up, then linear decay to zero at the last step."""
-    if step < cfg.warmup_steps:
-        return cfg.learning_rate * (step + 1) / cfg.warmup_steps
-    remaining = max(cfg.steps - step, 0) / max(cfg.steps - cfg.warmup_steps, 1)
-    return cfg.learning_rate * remaining
+    return schedules.warmup_linear(step, cfg.steps, cfg.warmup_steps, cfg.learning_rate)
 
 
 def batch_indices(step: int, n_sequences: int, batch_size: int, seed: int) -> torch.Tensor:
@@ -395,19 +312,6 @@ def batch_indices(step: int, n_sequences: int, batch_size: int, seed: int) -> to
     epoch, offset = divmod(step, per_epoch)
     order = torch.randperm(n_sequences, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
     return order[offset * batch_size:(offset + 1) * batch_size]
-
-
-def step_generator(step: int, seed: int) -> torch.Generator:
-    """The random stream of one step's masking, also a pure function of the step."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + step + 1)
-
-
-def dropout_seed(step: int, seed: int, rank: int) -> int:
-    """The dropout seed of process ``rank`` at ``step`` when training on several processes:
-    each process draws its own dropout masks, and a resumed run draws the same ones again
-    (one process keeps the single global stream, saved in its checkpoints, as before)."""
-    digest = hashlib.sha256(f"dropout {seed} {step} {rank}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 class _Tracker:
@@ -446,7 +350,7 @@ def warm_up_head(model, train: torch.Tensor, tokenizer, cfg: LanguageAdapterConf
     the "before" loss is measured. Uses steps past the end of the LA's batch sequence."""
     if cfg.head_warmup_steps <= 0:
         return
-    head = _mlm_parts(model)[1]
+    head = mlm_parts(model)[1]
     tied = model.get_input_embeddings().weight
     params = [p for p in head.parameters() if p.requires_grad and p is not tied]
     frozen = [p for p in model.parameters() if p.requires_grad and all(p is not q for q in params)]
@@ -459,7 +363,7 @@ def warm_up_head(model, train: torch.Tensor, tokenizer, cfg: LanguageAdapterConf
         index = batch_indices(step, len(train), cfg.batch_size, cfg.seed)
         inputs, labels = mask_tokens(train[index], tokenizer, cfg.mlm_probability,
                                      step_generator(step, cfg.seed + 1))
-        with _autocast(device, cfg.precision):
+        with autocast(device, cfg.precision):
             loss = mlm_loss(model, inputs.to(device), labels.to(device))
         loss.backward()
         optimizer.step()
@@ -568,12 +472,12 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, cfg)
         if world == 1:
-            with _autocast(device, cfg.precision):
+            with autocast(device, cfg.precision):
                 loss = mlm_loss(model, inputs.to(device), labels.to(device))
             loss.backward()
         else:
             torch.manual_seed(dropout_seed(step, cfg.seed, rank))
-            with _autocast(device, cfg.precision):
+            with autocast(device, cfg.precision):
                 loss = share_of_mlm_loss(model, inputs, labels, rank, world, device)
             loss.backward()
             distributed.average_gradients(trainable)

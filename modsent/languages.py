@@ -21,6 +21,9 @@ from importlib import resources
 
 import pycountry
 
+# The method aligns every language to English: the pivot of alignment, pairs and evaluation
+PIVOT_LANGUAGE = "en"
+
 CODE_PATTERN = r"[a-z]{2,3}(?:-[A-Z][a-z]{3})?"
 
 

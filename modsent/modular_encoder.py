@@ -49,6 +49,7 @@ from modsent import language_adapter as la
 from modsent import parallel_adapter as pa
 from modsent import sentence_adapter as sa
 from modsent.io import InputError, atomic_path
+from modsent.losses import mlm_parts
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +267,7 @@ class ModularEncoder:
         finally:
             transformers.logging.set_verbosity_warning()
         self._prefix = mlm.base_model_prefix
-        self.body = la._mlm_parts(mlm)[0]
+        self.body = mlm_parts(mlm)[0]
         del mlm
         self.body.requires_grad_(False)
         self.body.eval()

@@ -42,7 +42,6 @@ adapters (modsent.alignment) train with the same loop and checkpoints.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -59,6 +58,10 @@ from torch import nn
 
 from modsent import language_adapter as la
 from modsent.io import InputError, atomic_path
+from modsent.losses import MultipleNegativesRankingLoss, mlm_parts
+from modsent.training import checkpoints, schedules
+from modsent.training.precision import autocast
+from modsent.training.seeding import dropout_seed
 from modsent.plots import write_before_after_bars, write_loss_curve
 
 log = logging.getLogger(__name__)
@@ -66,7 +69,6 @@ log = logging.getLogger(__name__)
 ADAPTER_DIR = "adapter"
 PAIR_TEXT_COLUMNS = ("anchor", "positive", "negative")
 # settings that may change between a killed run and its rerun without making its checkpoint stale
-CADENCE_SETTINGS = ("checkpoint_every", "log_every")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +120,8 @@ class SentenceAdapterConfig:
             raise InputError(f"sentence_adapter.checkpoint_every must be at least 1, got {self.checkpoint_every}")
 
     def fingerprint(self, *inputs) -> str:
-        """What a checkpoint must match to be resumed (:func:`training_fingerprint`)."""
-        return training_fingerprint(dataclasses.asdict(self), *inputs)
+        """What a checkpoint must match to be resumed (:func:`modsent.training.checkpoints.fingerprint`)."""
+        return checkpoints.fingerprint(dataclasses.asdict(self), *inputs)
 
 
 def check_contrastive_settings(section: str, cfg) -> None:
@@ -133,37 +135,6 @@ def check_contrastive_settings(section: str, cfg) -> None:
         raise InputError(f"{section}.max_steps must be at least 1 or null, got {cfg.max_steps}")
     if cfg.epochs < 1:
         raise InputError(f"{section}.epochs must be at least 1, got {cfg.epochs}")
-
-
-# ---- the loss ----------------------------------------------------------------------------------
-
-
-class MultipleNegativesRankingLoss(nn.Module):
-    """MNRL (Henderson et al. 2017; sentence-transformers' loss of the same name).
-
-    Pulls each anchor towards its own positive and pushes it away from every other candidate in
-    the batch: the other pairs' positives (in-batch negatives) and every hard negative present.
-    Cross-entropy over ``scale * cos(anchor_i, candidate_j)``, target j = i. Pairs without a hard
-    negative simply contribute no extra candidate (``negatives`` may hold fewer rows than the
-    batch; with all or none present this is sentence-transformers' loss exactly).
-    """
-
-    def __init__(self, scale: float = 20.0):
-        super().__init__()
-        self.scale = scale
-
-    def forward(self, anchors: torch.Tensor, positives: torch.Tensor,
-                negatives: torch.Tensor | None = None) -> torch.Tensor:
-        candidates = positives
-        if negatives is not None and len(negatives):
-            candidates = torch.cat([positives, negatives])
-        scores = self.scale * _cos_sim(anchors, candidates)
-        target = torch.arange(len(anchors), device=anchors.device)
-        return nn.functional.cross_entropy(scores.float(), target)
-
-
-def _cos_sim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return nn.functional.normalize(a, dim=-1) @ nn.functional.normalize(b, dim=-1).T
 
 
 # ---- data --------------------------------------------------------------------------------------
@@ -297,7 +268,7 @@ def _base_encoder(base_model_dir: str | Path, la_dir: str | Path | None):
         model = transformers.AutoModelForMaskedLM.from_pretrained(
             str(base_model_dir), attn_implementation="sdpa", dtype=torch.float32)
         transformers.logging.set_verbosity_warning()
-    encoder = la._mlm_parts(model)[0]  # the same module names with and without an LA
+    encoder = mlm_parts(model)[0]  # the same module names with and without an LA
     encoder.requires_grad_(False)
     return encoder, tokenizer
 
@@ -333,7 +304,7 @@ class SentenceEncoderModel(nn.Module):
         device = next(self.encoder.parameters()).device
         chunks = []
         for start in range(0, len(sentences), batch_size):
-            with _autocast(device, precision):
+            with autocast(device, precision):
                 emb = self([sentences[i] for i in order[start:start + batch_size]]).float()
             if normalize:
                 emb = nn.functional.normalize(emb, dim=-1)
@@ -418,22 +389,13 @@ def retrieval_accuracy(model: SentenceEncoderModel, anchors: Sequence[str], posi
     return float(((a @ p.T).argmax(axis=1) == np.arange(len(a))).mean())
 
 
-def _autocast(device, precision: str = "auto") -> contextlib.AbstractContextManager:
-    if str(device).startswith("cuda") and precision == "auto":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 # ---- training ------------------------------------------------------------------------------------
 
 
-def learning_rate(step: int, total: int, cfg: SentenceAdapterConfig) -> float:
-    """Linear warm-up over ``warmup_ratio`` of the steps, then linear decay to zero
-    (sentence-transformers' WarmupLinear)."""
-    warmup = int(round(cfg.warmup_ratio * total))
-    if step < warmup:
-        return cfg.learning_rate * (step + 1) / warmup
-    return cfg.learning_rate * max(total - step, 0) / max(total - warmup, 1)
+def learning_rate(step: int, total: int, cfg) -> float:
+    """The rate of ``step`` of ``total``: linear warm-up over ``cfg.warmup_ratio`` of the steps,
+    then linear decay to zero (sentence-transformers' WarmupLinear)."""
+    return schedules.warmup_linear(step, total, schedules.warmup_steps_of(cfg.warmup_ratio, total), cfg.learning_rate)
 
 
 def iter_batches(pairs: pd.DataFrame, cfg: SentenceAdapterConfig, total_steps: int,
@@ -492,7 +454,7 @@ def fit(model, optimizer, trainable, batches, total_steps: int, loss_of_batch, l
             group["lr"] = lr
         if step_seed is not None:
             torch.manual_seed(step_seed(step))
-        with _autocast(device, precision):
+        with autocast(device, precision):
             loss = loss_of_batch(batch)
         if backward is None:
             loss.backward()
@@ -517,53 +479,6 @@ def fit(model, optimizer, trainable, batches, total_steps: int, loss_of_batch, l
 # ---- checkpoints -----------------------------------------------------------------------------------
 
 
-def checkpoint_path(out_dir: str | Path) -> Path:
-    """Where the checkpoints of the training that writes ``out_dir`` live: ``{out}.checkpoint``
-    beside it (not inside: Snakemake removes an incomplete output before a rerun)."""
-    out_dir = Path(out_dir)
-    return out_dir.with_name(out_dir.name + ".checkpoint")
-
-
-def training_fingerprint(settings: dict, *inputs) -> str:
-    """What a checkpoint must match to be resumed: the settings (how often to log and
-    checkpoint may change) and the content of the inputs: a file's bytes, a directory's files
-    (names and bytes, hidden files aside), a data frame's values, or None (an absent input)."""
-    relevant = {k: v for k, v in settings.items() if k not in CADENCE_SETTINGS}
-    digest = hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode())
-    for item in inputs:
-        if item is None:
-            digest.update(b"\0none")
-        elif isinstance(item, pd.DataFrame):
-            digest.update(b"\0frame" + json.dumps([str(c) for c in item.columns]).encode())
-            digest.update(pd.util.hash_pandas_object(item, index=False).to_numpy().tobytes())
-        else:
-            root = Path(item)
-            files = sorted(p for p in root.rglob("*") if p.is_file()
-                           and not any(part.startswith(".") for part in p.relative_to(root).parts)) \
-                if root.is_dir() else [root]
-            for path in files:
-                name = path.relative_to(root).as_posix() if root.is_dir() else ""
-                digest.update(f"\0file {name} {path.stat().st_size}\0".encode())
-                with open(path, "rb") as handle:
-                    for block in iter(lambda: handle.read(1 << 20), b""):
-                        digest.update(block)
-    return digest.hexdigest()[:16]
-
-
-def resume_training(checkpoint_dir: Path, model, optimizer, fingerprint: str) -> dict | None:
-    """Restore a checkpoint made with ``fingerprint`` into ``model`` and ``optimizer``: its
-    progress (step, losses, history, accuracy_before), or None when there is none or it is stale.
-
-    The language adapter's :func:`~modsent.language_adapter.load_checkpoint` reads it (the AdamW
-    moments onto their parameters' device)."""
-    resumed = la.load_checkpoint(checkpoint_dir, model, optimizer, fingerprint)
-    if resumed is None:
-        return None
-    step, progress = resumed
-    log.info("resuming from checkpoint %s at step %d", checkpoint_dir, step)
-    return {**progress, "step": step}
-
-
 def checkpointer(checkpoint_dir: Path | None, model, optimizer, fingerprint: str, every: int, total_steps: int,
                  accuracy_before, on_step=None):
     """The ``after_step`` of :func:`fit` that saves a checkpoint every ``every`` steps (not after
@@ -576,18 +491,11 @@ def checkpointer(checkpoint_dir: Path | None, model, optimizer, fingerprint: str
     def after_step(step: int, losses: list[float], history: list[list[float]]) -> None:
         if (checkpoint_dir is not None and distributed.is_main()
                 and step % every == 0 and step < total_steps):
-            la.save_checkpoint(checkpoint_dir, model, optimizer, step, fingerprint,
+            checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step, fingerprint,
                                {"losses": losses, "history": history, "accuracy_before": accuracy_before})
         if on_step is not None:
             on_step(step)
     return after_step
-
-
-def dropout_seed(step: int, seed: int) -> int:
-    """The seed of a step's dropout: a pure function of the step, so a resumed run draws the
-    masks an unbroken one draws, on the CPU and on GPUs alike (one process of
-    :func:`modsent.language_adapter.dropout_seed`)."""
-    return la.dropout_seed(step, seed, 0)
 
 
 def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None,
@@ -598,12 +506,12 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
     """Train L's SE adapter on its pair file and write ``out_dir`` (atomically); return metrics.
 
     Every ``cfg.checkpoint_every`` steps a checkpoint goes to ``checkpoint_dir`` (default
-    :func:`checkpoint_path`); a rerun with the same settings and inputs continues from it, and
+    :func:`modsent.training.checkpoints.checkpoint_path`); a rerun with the same settings and inputs continues from it, and
     it is removed once ``out_dir`` is complete. ``on_step(step)`` is called after every
     optimizer step and checkpoint (tests use it to kill the process midway)."""
 
     out_dir = Path(out_dir)
-    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else checkpoint_path(out_dir)
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else checkpoints.checkpoint_path(out_dir)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(cfg.seed)  # LoRA A initialisation
 
@@ -631,7 +539,7 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
                                   batch_size=eval_batch, precision=cfg.precision)
 
     fingerprint = cfg.fingerprint(base_model_dir, la_dir, pairs)
-    resumed = resume_training(checkpoint_dir, model, optimizer, fingerprint)
+    resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint)
     start = resumed["step"] if resumed else 0
     accuracy_before = resumed["accuracy_before"] if resumed else evaluate()
     losses, history, pairs_seen, elapsed = fit(

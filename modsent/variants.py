@@ -49,8 +49,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from modsent.config import PIVOT_LANGUAGE
+from modsent import layout, methods
 from modsent.io import InputError
+from modsent.languages import PIVOT_LANGUAGE
+from modsent.methods import PairTraining
 
 BASE = "base"
 BASELINES_DIR = "baselines"
@@ -113,17 +115,12 @@ class BaseVariant:
 
 
 @dataclass(frozen=True)
-class FullBaseline:
+class FullBaseline(PairTraining):
     """A full-parameter (monolithic) baseline: every weight of the base trained with MNRL on the
     base's own tokenizer. ``objective``: ``monolingual`` (batches of one language's pairs) or
     ``crosslingual`` (anchor and positive in randomly drawn languages); ``english_only``: English
     pairs only; ``init``: the baseline whose weights it starts from (None: the base model)."""
 
-    name: str
-    description: str
-    objective: str
-    english_only: bool = False
-    init: str | None = None
     kind = "full"
 
     @property
@@ -131,9 +128,23 @@ class FullBaseline:
         """The sentence-transformers directory, relative to results/{base}."""
         return f"{BASELINES_DIR}/{self.name}"
 
-    def training_languages(self, languages: Sequence[str]) -> list[str]:
-        """The languages whose pairs the baseline trains on."""
-        return [PIVOT_LANGUAGE] if self.english_only else list(languages)
+    def module_paths(self, lang: str, la_languages: Collection[str] | None = None) -> list[str]:
+        return [self.path]
+
+
+@dataclass(frozen=True)
+class MethodSystem:
+    """A system trained by a registered method (:mod:`modsent.methods`): a monolithic
+    sentence-transformers directory, ``methods/{name}``, used for every language."""
+
+    name: str
+    description: str
+    kind = "full"
+
+    @property
+    def path(self) -> str:
+        """The sentence-transformers directory, relative to results/{base}."""
+        return layout.method_relative(self.name)
 
     def module_paths(self, lang: str, la_languages: Collection[str] | None = None) -> list[str]:
         return [self.path]
@@ -174,7 +185,8 @@ def ablation(name: str, merge_weights: Sequence[float] | None = None) -> Variant
 
 
 def valid_names() -> str:
-    return ", ".join([BASE, *FULL_BASELINES, *FIXED, "Mod_mc", "Mod_mc-{w} (w in [0, 1])", *ABLATIONS])
+    return ", ".join([BASE, *FULL_BASELINES, *FIXED, "Mod_mc", "Mod_mc-{w} (w in [0, 1])", *ABLATIONS,
+                      *sorted(methods.REGISTRY)])
 
 
 def variant(name: str, merge_weights: Sequence[float] | None = None):
@@ -185,6 +197,8 @@ def variant(name: str, merge_weights: Sequence[float] | None = None):
         return BaseVariant()
     if name in FULL_BASELINES:
         return FULL_BASELINES[name]
+    if name in methods.REGISTRY:
+        return MethodSystem(name, methods.REGISTRY[name].description)
     if name in FIXED:
         return FIXED[name]
     if name in ABLATIONS:
@@ -207,7 +221,7 @@ def variant_names(merge_weights: Sequence[float]) -> list[str]:
 def evaluated_variants(config: dict) -> list[str]:
     """The systems a (schema-filled) config evaluates, in the order of the paper's table: base,
     the selected Full_* baselines, the modular variants (one Mod_mc-{w} per merge weight), the
-    selected ablations. A config without a ``baselines`` section selects every baseline and
+    selected ablations; then the configured training methods (``methods:``). A config without a ``baselines`` section selects every baseline and
     ablation (the schema's defaults)."""
     section = config.get("baselines") or {}
     full = section.get("full", list(FULL_BASELINES))
@@ -218,7 +232,7 @@ def evaluated_variants(config: dict) -> list[str]:
                          f"{', '.join(FULL_BASELINES)}; ablations: {', '.join(ABLATIONS)}")
     merge_weights = (config.get("alignment") or {}).get("merge_weights", [DEFAULT_MERGE_WEIGHT])
     return ([BASE] + [name for name in FULL_BASELINES if name in full] + variant_names(merge_weights)
-            + [name for name in ABLATIONS if name in ablations])
+            + [name for name in ABLATIONS if name in ablations] + methods.configured(config))
 
 
 def module_paths(name: str, lang: str, merge_weights: Sequence[float] | None = None,
@@ -314,9 +328,14 @@ def _modules(system, results_dir: Path, lang: str) -> dict[str, Path | None]:
 
 
 def group_of(name: str) -> str:
-    """``full`` for a monolithic baseline, ``modular`` for the base model and every variant
-    that runs on the shared base body (modular variants and ablations)."""
-    return "full" if variant(name).kind == "full" else "modular"
+    """The evaluation embeddings' group of a system: ``modular`` for the base model and every
+    variant that runs on the shared base body (modular variants and ablations), ``full`` for
+    the monolithic baselines, and the method's own name for a training method's system (so
+    that adding a method encodes nothing again)."""
+    system = variant(name)
+    if isinstance(system, MethodSystem):
+        return system.name
+    return "full" if system.kind == "full" else "modular"
 
 
 class KeyedEncoder:

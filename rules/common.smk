@@ -2,6 +2,7 @@
 # No rule lives here; each stage has its own file.
 
 import functools
+import re
 import sys
 from pathlib import Path
 
@@ -9,6 +10,8 @@ sys.path.insert(0, str(Path(workflow.basedir)))  # import modsent from this chec
 
 from modsent import config as modsent_config
 from modsent import languages as registry
+from modsent import layout
+from modsent import methods as modsent_methods
 from modsent import variants as modsent_variants
 
 LANGUAGE_REGEX = registry.wildcard_regex()
@@ -23,6 +26,13 @@ def check_and_fill_config(config):
         modsent_config.check_config(config)
     except modsent_config.ConfigError as err:
         raise WorkflowError(str(err)) from None
+
+
+def fill_method_settings(config):
+    """Register the configured training methods (method_modules) and fill in their settings'
+    defaults (modsent.config.fill_method_settings)."""
+    modsent_methods.load(config["method_modules"])
+    modsent_config.fill_method_settings(config)
 
 
 def normalize_config(config):
@@ -351,7 +361,7 @@ def group_variants(group):
 
 
 def embedding_groups():
-    return [group for group in ("modular", "full") if group_variants(group)]
+    return [group for group in ("modular", "full", *configured_methods()) if group_variants(group)]
 
 
 def embedding_inputs(wildcards):
@@ -420,6 +430,44 @@ def score_paths(wildcards):
                   variant=evaluated_variants(), dataset=list(evaluation_datasets()))
 
 
+# ---- training methods (modsent.methods) -----------------------------------------------------
+
+
+def configured_methods():
+    return modsent_methods.configured(config)
+
+
+def method_regex():
+    """The wildcard constraint of a method name: the configured ones (none: matches nothing)."""
+    names = configured_methods()
+    return "|".join(re.escape(name) for name in names) if names else "(?!)"
+
+
+def method_inputs(wildcards):
+    """The contract files a method reads (modsent.methods.Method.uses)."""
+    method = modsent_methods.get(wildcards.method)
+    inputs = {"base": layout.base_model(wildcards.base)}
+    if "pairs" in method.uses:
+        inputs["pairs"] = [layout.pairs(lang) for lang in method.training_languages(languages())]
+    if "translations" in method.uses:
+        inputs["translations"] = [layout.translations(lang) for lang in non_english()]
+    return inputs
+
+
+def method_languages(wildcards):
+    """The languages of the method's pair files, in their order."""
+    return modsent_methods.get(wildcards.method).training_languages(languages())
+
+
+def method_settings(wildcards):
+    """The method's settings without its runtime keys (the script reads them from the config)."""
+    return modsent_config.method_job_settings(config, wildcards.method)
+
+
+def method_targets():
+    return [layout.method_output(base_name(), name) for name in configured_methods()]
+
+
 def evaluation_targets():
     if not evaluation_datasets():
         return []
@@ -435,5 +483,6 @@ def all_targets():
         + sentence_encoding_targets()
         + alignment_targets()
         + baseline_targets()
+        + method_targets()
         + evaluation_targets()
     )

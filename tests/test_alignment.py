@@ -135,16 +135,6 @@ def test_pp_batches_hold_no_text_twice(inputs):
         assert len(set(texts)) == per_row
 
 
-def test_losses():
-    from sentence_transformers.sentence_transformer.losses import CosineSimilarityLoss
-
-    generator = torch.Generator().manual_seed(0)
-    u, v = torch.randn(8, 16, generator=generator), torch.randn(8, 16, generator=generator)
-    reference = CosineSimilarityLoss(model=None).compute_loss_from_embeddings([u, v], torch.ones(8))
-    assert torch.allclose(al.cosine_similarity_loss(u, v), reference, atol=1e-6)
-    assert al.cosine_similarity_loss(u, u).item() == pytest.approx(0.0, abs=1e-6)
-
-
 @pytest.mark.parametrize("kind", ["pp", "pl"])
 def test_training_raises_heldout_crosslingual_retrieval(inputs, trained, kind):
     directory, metrics = trained[kind]

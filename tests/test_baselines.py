@@ -23,6 +23,7 @@ from modsent import baselines as bl
 from modsent import sentence_adapter as sa
 from modsent import variants
 from modsent.io import InputError
+from modsent.losses import MultipleNegativesRankingLoss
 from modsent.paraphrase_data import align_provided, crosslingual_paraphrase_pairs, parallel_pairs
 from modsent.sources.builtin import builtin_translations
 from modsent.testing import make_tiny_bert, sample_texts
@@ -159,7 +160,7 @@ def test_every_weight_of_the_full_model_changes_the_se_adapter_leaves_the_base_a
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
     trainable = [p for p in model.parameters() if p.requires_grad]
     pairs = sa.read_pairs(data["paths"]["en"])
-    loss_fn = sa.MultipleNegativesRankingLoss()
+    loss_fn = MultipleNegativesRankingLoss()
     sa.fit(model, torch.optim.AdamW(trainable, lr=5e-3), trainable, sa.iter_batches(pairs, SE_CFG, 3), 3,
            lambda batch: sa.batch_loss(model, loss_fn, pairs.iloc[batch]), lambda step: 5e-3, device="cpu",
            precision="fp32", max_grad_norm=1.0, log_every=1, desc="SE", progress=False)

@@ -264,3 +264,44 @@ def test_check_config_and_a_dry_run_stop_at_a_missing_local_corpus(tmp_path):
                          "--configfile", str(path), check=False)
     assert proc.returncode != 0
     assert "corpora.source: local file 'corpora/de.txt' (for de) does not exist" in proc.stdout + proc.stderr
+
+
+def test_the_stages_dataclass_defaults_are_the_schemas():
+    """The schema is the one source of defaults: each stage's settings dataclass, built from a
+    section the schema filled, equals the dataclass's own defaults."""
+    import dataclasses
+
+    from modsent.alignment import AlignmentConfig
+    from modsent.baselines import FullTrainingConfig
+    from modsent.config import fill_defaults, job_settings, runtime_settings
+    from modsent.language_adapter import LanguageAdapterConfig
+    from modsent.schema import inline_refs, load_schema
+    from modsent.sentence_adapter import SentenceAdapterConfig
+
+    schema = load_schema()
+    for section, cls in [("language_adapter", LanguageAdapterConfig), ("sentence_adapter", SentenceAdapterConfig),
+                         ("alignment", AlignmentConfig), ("baselines", FullTrainingConfig)]:
+        config = {section: fill_defaults({}, inline_refs(schema["properties"][section], schema))}
+        settings = {**job_settings(config, section), **runtime_settings(config, section)}
+        ours = cls.from_config(settings)
+        required = {f.name: getattr(ours, f.name) for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        assert ours == cls(**required), section
+
+
+def test_the_schema_names_the_systems_of_the_registry():
+    """The systems are defined once (modsent.variants): the schema's enums list them, and the
+    workflow's wildcard constraint accepts every one of them and nothing else."""
+    import re
+
+    from modsent import variants
+    from modsent.schema import load_schema
+
+    baselines = load_schema()["properties"]["baselines"]["properties"]
+    assert baselines["full"]["items"]["enum"] == list(variants.FULL_BASELINES)
+    assert baselines["ablations"]["items"]["enum"] == list(variants.ABLATIONS)
+    snakefile = (REPO / "Snakefile").read_text(encoding="utf-8")
+    pattern = re.search(r'variant=r"([^"]+)"', snakefile).group(1)
+    names = variants.evaluated_variants({"alignment": {"merge_weights": [0.5, 0.25]}})
+    assert all(re.fullmatch(pattern, name) for name in names + ["Mod_mc", "Mod_mc-1"]), names
+    assert not any(re.fullmatch(pattern, name) for name in ["Toy-cos", "modular", "Full"])

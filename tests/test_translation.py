@@ -22,6 +22,7 @@ import torch
 
 from modsent import translation as T
 from modsent.io import InputError
+from modsent import testing
 from modsent.testing import sample_texts
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,12 +44,12 @@ def root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def nllb(root) -> Path:
-    return T.make_random_nllb(root / "nllb", sample_texts(300), vocab_size=600, init_std=1.0)
+    return testing.make_random_nllb(root / "nllb", sample_texts(300), vocab_size=600, init_std=1.0)
 
 
 @pytest.fixture(scope="module")
 def m2m100(root) -> Path:
-    return T.make_random_m2m100(root / "m2m100", sample_texts(300), vocab_size=600, init_std=1.0)
+    return testing.make_random_m2m100(root / "m2m100", sample_texts(300), vocab_size=600, init_std=1.0)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,10 @@
 """The whole workflow on configs/test.yaml, run by Snakemake in a scratch directory."""
 
+import copy
+import os
 import re
 import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -11,13 +14,32 @@ from conftest import REPO, reversed_keys, snakemake_exe
 
 pytestmark = pytest.mark.workflow
 CONFIG = REPO / "configs" / "test.yaml"
+TESTS = Path(__file__).resolve().parent
+# The whole-DAG run also trains a method registered by a test module (tests/toy_method.py): a
+# new method is one module and two config keys, and it lands in the same evaluation and summary.
+TOY_METHOD = {"method_modules": ["toy_method"],
+              "methods": {"Toy-cos": {"batch_size": 8, "seq_len": 32, "learning_rate": 0.001, "max_steps": 2,
+                                      "eval_pairs": 10, "log_every": 1}}}
+
+
+def workflow_config() -> dict:
+    """configs/test.yaml with the toy method: the configuration of the whole-DAG run."""
+    return {**yaml.safe_load(CONFIG.read_text()), **copy.deepcopy(TOY_METHOD)}
+
+
+def environment() -> dict:
+    """The tests' environment, with tests/ importable (the toy method's module)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
 
 
 def snakemake(workdir, *args, check=True):
+    config = workdir / "workflow.yaml"
+    if not config.exists():
+        config.write_text(yaml.safe_dump(workflow_config(), sort_keys=False))
     proc = subprocess.run(
         [snakemake_exe(), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-         "--configfile", str(CONFIG), "--cores", "2", *args],
-        capture_output=True, text=True,
+         "--configfile", str(config), "--cores", "2", *args],
+        capture_output=True, text=True, env=environment(),
     )
     if check and proc.returncode != 0:
         pytest.fail(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}")
@@ -183,7 +205,7 @@ def _dry_run(run, config, path):
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     proc = subprocess.run(
         [snakemake_exe(), "--snakefile", str(REPO / "Snakefile"), "--directory", str(run),
-         "--configfile", str(path), "--cores", "2", "-n"], capture_output=True, text=True)
+         "--configfile", str(path), "--cores", "2", "-n"], capture_output=True, text=True, env=environment())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 
@@ -191,7 +213,7 @@ def _dry_run(run, config, path):
 def test_the_same_configuration_spelled_otherwise_plans_nothing(run, tmp_path):
     """Every mapping's keys in reverse order, and a number written as an integer: the same
     meaning, so the same params (Snakemake compares their repr)."""
-    config = reversed_keys(yaml.safe_load(CONFIG.read_text()))
+    config = reversed_keys(workflow_config())
     config["sentence_adapter"]["scale"] = 20  # the schema's default, 20.0
     output = _dry_run(run, config, tmp_path / "reversed.yaml")
     assert "Nothing to be done" in output, output[-3000:]
@@ -222,9 +244,10 @@ def test_changing_how_jobs_run_retrains_nothing(run, tmp_path):
     from modsent.config import RUNTIME, key_roles
 
     assert set(RUNTIME_CHANGES) == {key for key, role in key_roles().items() if role == RUNTIME}
-    config = yaml.safe_load(CONFIG.read_text())
+    config = workflow_config()
     for key, value in RUNTIME_CHANGES.items():
         _set(config, key, value)
+    config["methods"]["Toy-cos"].update(log_every=2, checkpoint_every=7)  # a method's runtime keys
     output = _dry_run(run, config, tmp_path / "runtime.yaml")
     assert "Nothing to be done" in output, output[-3000:]
     config["sentence_adapter"]["learning_rate"] = 0.002
@@ -244,8 +267,7 @@ def test_no_temporaries_checkpoints_or_partials_left(run):
 def test_machine_translation_path_scatters_and_gathers(tmp_path):
     """engine: transformers with a tiny random NLLB, 2 shards per language: the shards run as
     separate jobs, every unit comes back exactly once, and the pair files stay parallel."""
-    from modsent.testing import sample_texts
-    from modsent.translation import make_random_nllb
+    from modsent.testing import make_random_nllb, sample_texts
 
     model = make_random_nllb(tmp_path / "nllb", sample_texts(300), vocab_size=400)
     config = yaml.safe_load(CONFIG.read_text())
@@ -301,7 +323,7 @@ def test_evaluation_summary_has_every_system_and_task(run):
 
     from modsent import variants
 
-    config = yaml.safe_load(CONFIG.read_text())
+    config = workflow_config()
     from modsent.config import check_config  # fills nothing: the schema defaults come from validate
 
     check_config(config)
@@ -310,6 +332,7 @@ def test_evaluation_summary_has_every_system_and_task(run):
     validate(config, str(REPO / "schemas/config.schema.yaml"))
     systems = variants.evaluated_variants(config)
     assert systems[0] == "base" and "Full_mc" in systems and "Mod_c" in systems and "Mod_mc-0.7" in systems
+    assert systems[-1] == "Toy-cos"  # the registered method, after the paper's systems
     table = pd.read_csv(run / "results/tiny/summary.csv", index_col=0)
     assert list(table.index) == systems
     assert {"BM builtin_parallel xsim err ↓", "RSIM builtin_parallel", "TC builtin_topics mono",
@@ -335,3 +358,28 @@ def test_report_has_the_summary(run, tmp_path):
     snakemake(run, "--report", str(report))
     html = report.read_text(encoding="utf-8", errors="replace")
     assert report.stat().st_size > 10_000 and "summary.md" in html and "xsim_heatmaps.png" in html
+
+
+def test_a_method_registered_once_trains_evaluates_and_is_a_summary_row(run):
+    """tests/toy_method.py (a new loss over the existing pairs, registered once) and two config
+    keys: the method trained every weight, its system reloads with plain sentence-transformers,
+    and the same evaluation scored it into the same summary."""
+    import json
+
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    out = run / "results/tiny/methods/Toy-cos"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["baseline"] == "Toy-cos" and metrics["steps"] == 2 and metrics["languages"] == ["en", "de", "ky"]
+    assert metrics["trainable_parameters"] == metrics["total_parameters"]  # every weight
+    assert (out / "loss_curve.png").is_file() or list(out.glob("*.png"))
+    trained = SentenceTransformer(str(out), device="cpu").encode(["Hallo Welt"], prompt="")
+    base = SentenceTransformer(str(run / "resources/base_models/tiny"), device="cpu").encode(["Hallo Welt"], prompt="")
+    assert trained.shape == base.shape and not np.allclose(trained, base, atol=1e-4)
+    table = pd.read_csv(run / "results/tiny/summary.csv", index_col=0)
+    assert table.loc["Toy-cos", "BM builtin_parallel xsim err ↓"] == pytest.approx(
+        np.mean(list(json.loads((run / "results/tiny/eval/scores/Toy-cos/builtin_parallel.json").read_text())
+                     ["scores"]["xsim"]["values"].values())), abs=1e-3)
+    assert table.loc["Toy-cos"].notna().all()
+    assert "Toy-cos" in (run / "results/tiny/summary.md").read_text()

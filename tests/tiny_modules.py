@@ -11,7 +11,8 @@ from modsent.sources.builtin import builtin_corpus
 from modsent.tokenizer_training import train_tokenizer
 
 LA_CFG = la.LanguageAdapterConfig(steps=3, batch_size=4, seq_len=32, learning_rate=2e-3,
-                                  warmup_steps=1, eval_sentences=20, checkpoint_every=100, log_every=1)
+                                  warmup_steps=1, eval_sentences=20, checkpoint_every=100, log_every=1,
+                                  head_warmup_steps=0)
 
 
 def language_modules(root, base, lang, pairs, se_cfg, *, with_la=True):

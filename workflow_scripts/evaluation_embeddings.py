@@ -4,12 +4,13 @@ from pathlib import Path
 
 import torch
 
-from modsent import evaluation, variants
+from modsent import evaluation, methods, variants
 from modsent.config import runtime_settings
 from modsent.logs import setup_logging
 
 setup_logging(snakemake.log[0])
 torch.set_num_threads(snakemake.threads)
+methods.load(snakemake.config["method_modules"])  # the training methods' systems
 lang = snakemake.wildcards.lang
 encoders = variants.build_language_encoders(
     snakemake.params.variants, Path("results") / snakemake.wildcards.base, snakemake.input.base, lang,

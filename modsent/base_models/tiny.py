@@ -1,4 +1,5 @@
-"""Tiny random sentence encoders built in code, for fast tests that download nothing.
+"""Tiny random sentence encoders built in code: the `builtin:tiny-*` base models, for trying the
+workflow's plumbing and for fast tests that download nothing.
 
 ``make_tiny_bert`` stands in for LaBSE (a cased WordPiece BERT) and ``make_tiny_xlmr`` for an
 XLM-R-based encoder (sentencepiece Unigram vocabulary). Each learns a vocabulary from the given

@@ -1,0 +1,84 @@
+"""Training objectives, one home for every method: each a small ``nn.Module`` whose docstring
+says what it pulls together and what it pushes apart. Each is tested against its reference
+definition (sentence-transformers' loss of the same name where one exists; the plain formula
+otherwise) in ``tests/test_losses.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def cos_sim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[len(a), len(b)] cosine similarities."""
+    return nn.functional.normalize(a, dim=-1) @ nn.functional.normalize(b, dim=-1).T
+
+
+class MultipleNegativesRankingLoss(nn.Module):
+    """MNRL (Henderson et al. 2017; sentence-transformers' loss of the same name).
+
+    Pulls each anchor towards its own positive and pushes it away from every other candidate in
+    the batch: the other pairs' positives (in-batch negatives) and every hard negative present.
+    Cross-entropy over ``scale * cos(anchor_i, candidate_j)``, target j = i (``scale`` is the
+    inverse temperature: 20 is 0.05). Pairs without a hard negative simply contribute no extra
+    candidate (``negatives`` may hold fewer rows than the batch; with all or none present this
+    is sentence-transformers' loss exactly).
+    """
+
+    def __init__(self, scale: float = 20.0):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, anchors: torch.Tensor, positives: torch.Tensor,
+                negatives: torch.Tensor | None = None) -> torch.Tensor:
+        candidates = positives
+        if negatives is not None and len(negatives):
+            candidates = torch.cat([positives, negatives])
+        scores = self.scale * cos_sim(anchors, candidates)
+        target = torch.arange(len(anchors), device=anchors.device)
+        return nn.functional.cross_entropy(scores.float(), target)
+
+
+class CosineSimilarityLoss(nn.Module):
+    """sentence-transformers' CosineSimilarityLoss: the mean squared error between cos(u_i, v_i)
+    and a label (default 1). With label 1 it pulls each pair together; it pushes nothing apart,
+    so alone it can collapse a space (the CLA's pl adapter trains against a frozen side)."""
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor, labels: torch.Tensor | float = 1.0) -> torch.Tensor:
+        cos = nn.functional.cosine_similarity(u.float(), v.float(), dim=-1)
+        labels = torch.as_tensor(labels, dtype=cos.dtype, device=cos.device).expand_as(cos)
+        return nn.functional.mse_loss(cos, labels)
+
+
+def mlm_parts(model) -> tuple[nn.Module, nn.Module]:
+    """(encoder, MLM head) of a ``*ForMaskedLM`` model, through a PEFT wrapper if there is one."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    encoder = getattr(inner, inner.base_model_prefix)
+    head = getattr(inner, "cls", None) or getattr(inner, "lm_head", None)
+    if head is None:
+        raise TypeError(f"{type(inner).__name__} has no MLM head (cls or lm_head)")
+    return encoder, head
+
+
+class MaskedLanguageModelingLoss(nn.Module):
+    """Masked language modelling: cross-entropy of the original token at every masked position
+    (label != -100), pulling the model's prediction there towards the token that was hidden.
+
+    The MLM head (the vocabulary projection, the most expensive layer) is applied to the masked
+    positions only: 85% of a full-sequence head's outputs would be thrown away. Equal to
+    transformers' ``*ForMaskedLM`` loss over the same labels. ``reduction="sum"`` sums instead of
+    averaging over the masked positions (data-parallel training divides by the global count)."""
+
+    def __init__(self, reduction: str = "mean"):
+        super().__init__()
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+        self.reduction = reduction
+
+    def forward(self, model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        encoder, head = mlm_parts(model)
+        hidden = encoder(input_ids=input_ids).last_hidden_state
+        selected = labels != -100
+        logits = head(hidden[selected])
+        return nn.functional.cross_entropy(logits.float(), labels[selected], reduction=self.reduction)

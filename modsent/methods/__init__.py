@@ -1,0 +1,132 @@
+"""Training methods beyond the modular encoder, registered in one place.
+
+A method trains one system from the data the workflow already makes (the base model, the
+multi-parallel paraphrase pairs, the translations) and writes a sentence-transformers
+directory, ``results/{base}/methods/{name}``; the evaluation suite scores it beside the modular
+systems and it is one more row of ``summary.md``. Adding one is one module:
+
+    from modsent import baselines, losses, methods
+
+    class SymmetricMNRL(losses.MultipleNegativesRankingLoss):
+        def forward(self, anchors, positives, negatives=None):
+            return (super().forward(anchors, positives, negatives) + super().forward(positives, anchors)) / 2
+
+    methods.register(baselines.full_parameter_method(
+        "Sym-MNRL", "every weight, MNRL in both directions", objective=lambda settings: SymmetricMNRL(settings["scale"])))
+
+and the config names it: ``method_modules: [my_module]`` (importable module names; the
+methods of ``modsent.methods``' own submodules are always there) and ``methods: {Sym-MNRL: {}}``
+(its settings; every key has a default). Each method declares its settings as JSON-schema
+properties with defaults: ``modsent check-config`` checks them, naming the key, before anything
+runs. ``x-role: runtime`` keys (how the job runs) are not part of the job's params.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib
+import pkgutil
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from modsent.io import InputError
+from modsent.languages import PIVOT_LANGUAGE
+
+# A system name: a summary row and a directory name; must not look like a modular variant's
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_.][A-Za-z0-9]+)*")
+RESERVED = re.compile(r"base|modular|full|(?:Full|Mod)_.*")  # systems and evaluation groups
+INPUT_KINDS = ("base", "pairs", "translations")
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One trainable system.
+
+    ``train(inputs, out_dir, settings, *, device, progress)`` writes the sentence-transformers
+    directory ``out_dir`` (atomically, with a ``metrics.json``) and returns its metrics.
+    ``inputs``: ``base`` (the base model directory), ``pairs`` ({language: paraphrase pair
+    file}) and ``translations`` ({language: translation file}, non-English languages), as
+    ``uses`` asks. ``settings``: the config's ``methods.{name}`` with the defaults of
+    ``settings_schema`` filled in."""
+
+    name: str
+    description: str
+    train: Callable[..., dict]
+    uses: tuple[str, ...] = ("base", "pairs")
+    settings_schema: Mapping[str, dict] = dataclasses.field(default_factory=dict)
+    english_only: bool = False
+
+    def __post_init__(self):
+        if not NAME.fullmatch(self.name) or RESERVED.fullmatch(self.name):
+            raise ValueError(f"method name {self.name!r}: letters and digits, words joined by - _ or ., "
+                             "not base, modular, full, Full_* or Mod_* (the paper's systems and groups)")
+        unknown = sorted(set(self.uses) - set(INPUT_KINDS))
+        if unknown:
+            raise ValueError(f"method {self.name}: unknown input kind(s) {unknown}; kinds: {', '.join(INPUT_KINDS)}")
+
+    def training_languages(self, languages: Sequence[str]) -> list[str]:
+        """The languages whose pairs it trains on."""
+        return [PIVOT_LANGUAGE] if self.english_only else list(languages)
+
+    def schema(self) -> dict:
+        """The JSON schema of the method's settings (``methods.{name}``)."""
+        return {"type": "object", "additionalProperties": False, "default": {},
+                "properties": copy.deepcopy(dict(self.settings_schema))}
+
+
+REGISTRY: dict[str, Method] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class PairTraining:
+    """Which paraphrase pairs a full-parameter training reads and how it batches them:
+    ``objective`` ``monolingual`` (each batch one language's pairs) or ``crosslingual`` (anchor
+    and positive in randomly drawn languages); ``english_only``: English pairs only; ``init``:
+    the system whose weights it starts from (None: the base model)."""
+
+    name: str
+    description: str
+    objective: str
+    english_only: bool = False
+    init: str | None = None
+
+    def training_languages(self, languages: Sequence[str]) -> list[str]:
+        """The languages whose pairs it trains on."""
+        return [PIVOT_LANGUAGE] if self.english_only else list(languages)
+
+
+def register(method: Method) -> Method:
+    """Add ``method`` to the registry (again with the same definition: nothing happens)."""
+    known = REGISTRY.get(method.name)
+    if known is not None and known.train.__module__ != method.train.__module__:
+        raise ValueError(f"a method named {method.name!r} is already registered (by {known.train.__module__})")
+    REGISTRY[method.name] = method
+    return method
+
+
+def load(modules: Sequence[str] = ()) -> dict[str, Method]:
+    """Import modsent's own method modules and ``modules`` (importable names, the config's
+    ``method_modules``), each of which registers its methods; the registry."""
+    package = Path(__file__).parent
+    for info in pkgutil.iter_modules([str(package)]):
+        importlib.import_module(f"{__name__}.{info.name}")
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise InputError(f"method_modules: cannot import {name!r}: {err}") from err
+    return REGISTRY
+
+
+def get(name: str) -> Method:
+    if name not in REGISTRY:
+        raise InputError(f"unknown method {name!r}; registered: {', '.join(sorted(REGISTRY)) or 'none'} "
+                         "(a method outside modsent needs its module in method_modules)")
+    return REGISTRY[name]
+
+
+def configured(config: Mapping) -> list[str]:
+    """The methods a (schema-filled) config trains and evaluates, in its order."""
+    return list((config.get("methods") or {}))

@@ -1,0 +1,51 @@
+"""The configuration's JSON schema (schemas/config.schema.yaml): loading it and reading it.
+
+No other modsent import, so that every module can read the schema (the defaults, the roles of
+keys) without importing the config checks.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from pathlib import Path
+
+import yaml
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
+# `x-role: runtime`: how a job runs; `x-role: selection`: which outputs exist (modsent.config)
+ROLE_KEY = "x-role"
+RUNTIME, SELECTION = "runtime", "selection"
+
+
+@functools.cache
+def _load(path: str) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def load_schema(path: str | Path = SCHEMA_PATH) -> dict:
+    """The schema as a dict (a fresh copy: callers may change it)."""
+    return copy.deepcopy(_load(str(path)))
+
+
+def resolve(node: dict, schema: dict) -> dict:
+    """``node`` with a local ``$ref`` (``#/$defs/...``) replaced by its target (siblings kept)."""
+    while isinstance(node, dict) and "$ref" in node:
+        ref = node["$ref"]
+        if not ref.startswith("#/"):
+            raise ValueError(f"schema: only local $ref is supported, not {ref!r}")
+        target = schema
+        for part in ref[2:].split("/"):
+            target = target[part]
+        node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+    return node
+
+
+def inline_refs(node, schema: dict):
+    """``node`` with every local ``$ref`` inside it resolved: a fragment that stands alone."""
+    if isinstance(node, dict):
+        return {key: inline_refs(value, schema) for key, value in resolve(node, schema).items()}
+    if isinstance(node, list):
+        return [inline_refs(item, schema) for item in node]
+    return node

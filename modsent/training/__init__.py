@@ -1,0 +1,13 @@
+"""The training toolkit every stage uses and no stage owns.
+
+* :mod:`~modsent.training.checkpoints` — resumable checkpoints (trainable weights, AdamW
+  moments, RNG state, progress as JSON), where they live, and the fingerprint a checkpoint must
+  match to be resumed;
+* :mod:`~modsent.training.seeding` — random streams that are pure functions of the step (a
+  resumed run draws what an unbroken one draws);
+* :mod:`~modsent.training.schedules` — learning-rate schedules;
+* :mod:`~modsent.training.precision` — autocast on GPUs.
+
+Helpers take plain values (a model, an optimizer, numbers), never a stage's config object.
+The objectives are in :mod:`modsent.losses`.
+"""

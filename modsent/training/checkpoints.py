@@ -1,0 +1,132 @@
+"""Resumable training checkpoints, one format for every stage.
+
+A checkpoint is a directory ``{output}.checkpoint`` beside the output it leads to (not inside:
+Snakemake removes an incomplete output before a rerun): ``state.safetensors`` with the
+trainable tensors, the AdamW moments and the torch RNG state, and ``meta.json`` with the step,
+the fingerprint of what was being trained and the stage's progress (losses, history, ...).
+It is written atomically and resumed only when its fingerprint matches, so a checkpoint of
+other settings or other inputs is never continued.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from modsent.io import atomic_path
+
+log = logging.getLogger(__name__)
+
+STATE = "state.safetensors"
+META = "meta.json"
+# Settings that say how a run goes, not what it trains: left out of fingerprints (the
+# workflow's runtime keys, modsent.config's `x-role: runtime`, are not passed to trainers)
+CADENCE_SETTINGS = ("checkpoint_every", "log_every")
+
+
+def checkpoint_path(out_dir: str | Path) -> Path:
+    """Where the checkpoints of the training that writes ``out_dir`` live: ``{out}.checkpoint``."""
+    out_dir = Path(out_dir)
+    return out_dir.with_name(out_dir.name + ".checkpoint")
+
+
+def trainable_state(model) -> dict[str, torch.Tensor]:
+    """Every trainable tensor by name, shared (tied) tensors once."""
+    state, seen = {}, set()
+    for name, param in model.named_parameters():
+        if param.requires_grad and id(param) not in seen:
+            seen.add(id(param))
+            state[name] = param.detach()
+    return state
+
+
+def save_checkpoint(path: Path, model, optimizer, step: int, fingerprint: str, progress) -> None:
+    """Trainable weights, AdamW moments, the torch RNG state (safetensors) and ``step``,
+    ``fingerprint`` and ``progress`` (JSON), written atomically to directory ``path``."""
+    from safetensors.torch import save_file
+
+    params = trainable_state(model)
+    tensors = {f"param/{k}": v.contiguous() for k, v in params.items()}
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    for param, state in optimizer.state.items():
+        name = by_id[id(param)]
+        tensors[f"exp_avg/{name}"] = state["exp_avg"].contiguous()
+        tensors[f"exp_avg_sq/{name}"] = state["exp_avg_sq"].contiguous()
+        tensors[f"step/{name}"] = torch.as_tensor(state["step"]).reshape(1).float()
+    tensors["rng/torch"] = torch.get_rng_state()
+    with atomic_path(path, directory=True) as tmp:
+        save_file(tensors, str(tmp / STATE))
+        meta = {"step": step, "fingerprint": fingerprint, "history": progress}
+        (tmp / META).write_text(json.dumps(meta) + "\n", encoding="utf-8")
+
+
+def load_checkpoint(path: Path, model, optimizer, fingerprint: str):
+    """Restore a checkpoint into model and optimizer (the AdamW moments on their parameters'
+    device; the step counts stay on the CPU, as AdamW keeps them): (step, progress), or None
+    when there is none or it was made with another fingerprint."""
+    from safetensors.torch import load_file
+
+    meta_path = path / META
+    if not meta_path.is_file():
+        return None
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    if meta.get("fingerprint") != fingerprint:
+        log.warning("checkpoint %s was made with other settings: starting over", path)
+        return None
+    tensors = load_file(str(path / STATE))
+    named = dict(model.named_parameters())
+    with torch.no_grad():
+        for key, value in tensors.items():
+            if key.startswith("param/"):
+                named[key[len("param/"):]].copy_(value)
+    for name, param in named.items():
+        if f"exp_avg/{name}" in tensors:
+            optimizer.state[param] = {
+                "step": tensors[f"step/{name}"].reshape(()).clone(),
+                "exp_avg": tensors[f"exp_avg/{name}"].to(param.device, copy=True),
+                "exp_avg_sq": tensors[f"exp_avg_sq/{name}"].to(param.device, copy=True),
+            }
+    torch.set_rng_state(tensors["rng/torch"])
+    return meta["step"], meta["history"]
+
+
+def resume(checkpoint_dir: Path, model, optimizer, fingerprint: str) -> dict | None:
+    """A checkpoint's progress dict with its ``step`` added, after restoring it into ``model``
+    and ``optimizer``; None when there is none or it is stale."""
+    resumed = load_checkpoint(checkpoint_dir, model, optimizer, fingerprint)
+    if resumed is None:
+        return None
+    step, progress = resumed
+    log.info("resuming from checkpoint %s at step %d", checkpoint_dir, step)
+    return {**progress, "step": step}
+
+
+def fingerprint(settings: dict, *inputs) -> str:
+    """What a checkpoint must match to be resumed: the settings (but how often to log and
+    checkpoint) and the content of the inputs: a file's bytes, a directory's files (names and
+    bytes, hidden files aside), a data frame's values, or None (an absent input)."""
+    relevant = {k: v for k, v in settings.items() if k not in CADENCE_SETTINGS}
+    digest = hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode())
+    for item in inputs:
+        if item is None:
+            digest.update(b"\0none")
+        elif isinstance(item, pd.DataFrame):
+            digest.update(b"\0frame" + json.dumps([str(c) for c in item.columns]).encode())
+            digest.update(pd.util.hash_pandas_object(item, index=False).to_numpy().tobytes())
+        else:
+            root = Path(item)
+            files = sorted(p for p in root.rglob("*") if p.is_file()
+                           and not any(part.startswith(".") for part in p.relative_to(root).parts)) \
+                if root.is_dir() else [root]
+            for path in files:
+                name = path.relative_to(root).as_posix() if root.is_dir() else ""
+                digest.update(f"\0file {name} {path.stat().st_size}\0".encode())
+                with open(path, "rb") as handle:
+                    for block in iter(lambda: handle.read(1 << 20), b""):
+                        digest.update(block)
+    return digest.hexdigest()[:16]

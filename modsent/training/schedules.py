@@ -1,0 +1,16 @@
+"""Learning-rate schedules, as functions of the step (the optimizer's rate is set every step)."""
+
+from __future__ import annotations
+
+
+def warmup_linear(step: int, total_steps: int, warmup_steps: int, peak: float) -> float:
+    """Linear warm-up from ``peak / warmup_steps`` to ``peak`` over ``warmup_steps`` steps, then
+    linear decay to zero at ``total_steps`` (sentence-transformers' WarmupLinear)."""
+    if step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    return peak * max(total_steps - step, 0) / max(total_steps - warmup_steps, 1)
+
+
+def warmup_steps_of(ratio: float, total_steps: int) -> int:
+    """The warm-up steps of a warm-up ``ratio`` of ``total_steps``."""
+    return int(round(ratio * total_steps))

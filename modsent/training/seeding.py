@@ -1,0 +1,25 @@
+"""Random streams that are pure functions of the training step.
+
+A run killed and resumed at step s must draw the batches, masks and dropout an unbroken run
+draws at step s; so every random choice of a step is seeded from (seed, step), not from a
+stream that the steps before it advanced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+
+def dropout_seed(step: int, seed: int, rank: int = 0) -> int:
+    """The dropout seed of process ``rank`` at ``step`` (``torch.manual_seed`` before the step's
+    forward pass): each process of a data-parallel run draws its own masks, and a resumed run
+    draws the same ones again."""
+    digest = hashlib.sha256(f"dropout {seed} {step} {rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def step_generator(step: int, seed: int) -> torch.Generator:
+    """A generator for one step's other random draws (the MLM masking)."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + step + 1)

@@ -1,0 +1,25 @@
+# Training methods registered in modsent.methods (the config's `methods:`), each trained from the
+# contract files into a sentence-transformers directory and evaluated like the baselines.
+
+
+rule train_method:
+    """One registered training method (modsent.methods): the base model and the paraphrase pairs
+    or translations it uses in, results/{base}/methods/{method} out."""
+    input:
+        unpack(method_inputs),
+    output:
+        directory("results/{base}/methods/{method}"),
+    params:
+        settings=method_settings,
+        languages=method_languages,
+    threads: job_threads("gpu_train")
+    resources:
+        **job_resources("gpu_train"),
+    log:
+        "logs/{base}/methods/{method}.log",
+    benchmark:
+        "logs/{base}/benchmarks/methods/{method}.tsv"
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/train_method.py"

@@ -1,0 +1,69 @@
+"""The shape of the package: production code does not import the test helpers, and no module
+imports itself through others (function-level imports included)."""
+
+import ast
+import subprocess
+import sys
+
+from conftest import REPO
+
+PACKAGE = REPO / "modsent"
+TEST_HELPERS = "modsent.testing"
+
+
+def module_names() -> dict[str, object]:
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        names[name] = path
+    return names
+
+
+def imported_modules(path, known) -> set[str]:
+    """The modsent modules ``path`` imports anywhere (functions included). ``from pkg import
+    submodule`` imports the submodule: the package's __init__ runs, but it is no dependency."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & set(known)
+            found |= submodules
+            if len(submodules) < len(node.names):
+                found.add(node.module)
+    return {name for name in found if name in known}
+
+
+def test_no_production_module_imports_the_test_helpers():
+    known = module_names()
+    offenders = sorted(name for name, path in known.items()
+                       if name != TEST_HELPERS and TEST_HELPERS in imported_modules(path, known))
+    assert offenders == []
+    # and importing every production module loads none of them
+    production = sorted(name for name in known if name != TEST_HELPERS and not name.endswith("__main__"))
+    code = ("import importlib, sys\n"
+            f"for name in {production!r}:\n"
+            "    importlib.import_module(name)\n"
+            f"print({TEST_HELPERS!r} in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "False"
+
+
+def test_no_import_cycles():
+    known = module_names()
+    graph = {name: imported_modules(path, known) - {name} for name, path in known.items()}
+    cycles = []
+
+    def visit(name, stack, done):
+        for dependency in sorted(graph[name]):
+            if dependency in stack:
+                cycles.append(stack[stack.index(dependency):] + [dependency])
+            elif dependency not in done:
+                done.add(dependency)
+                visit(dependency, stack + [dependency], done)
+
+    for name in sorted(graph):
+        visit(name, [name], {name})
+    assert cycles == []

@@ -1,0 +1,88 @@
+"""The objectives of modsent.losses against their reference definitions, and the training
+toolkit's schedules and seeds."""
+
+import pytest
+import torch
+
+from modsent import losses
+from modsent.training import schedules, seeding
+
+
+def test_mnrl_equals_sentence_transformers():
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    generator = torch.Generator().manual_seed(0)
+    a, p, n = (torch.randn(8, 16, generator=generator) for _ in range(3))
+    reference = MultipleNegativesRankingLoss(model=None, scale=20.0)
+    ours = losses.MultipleNegativesRankingLoss(20.0)
+    labels = torch.zeros(8)
+    assert torch.allclose(ours(a, p), reference.compute_loss_from_embeddings([a, p], labels), atol=1e-6)
+    assert torch.allclose(ours(a, p, n), reference.compute_loss_from_embeddings([a, p, n], labels), atol=1e-6)
+    # some pairs without a hard negative: those add no candidate
+    some = n[:3]
+    scores = 20.0 * torch.nn.functional.normalize(a, dim=-1) @ torch.nn.functional.normalize(
+        torch.cat([p, some]), dim=-1).T
+    expected = torch.nn.functional.cross_entropy(scores, torch.arange(8))
+    assert torch.allclose(ours(a, p, some), expected, atol=1e-6)
+
+
+def test_cosine_similarity_loss_equals_sentence_transformers():
+    from sentence_transformers.sentence_transformer.losses import CosineSimilarityLoss
+
+    generator = torch.Generator().manual_seed(0)
+    u, v = torch.randn(8, 16, generator=generator), torch.randn(8, 16, generator=generator)
+    reference = CosineSimilarityLoss(model=None).compute_loss_from_embeddings([u, v], torch.ones(8))
+    ours = losses.CosineSimilarityLoss()
+    assert torch.allclose(ours(u, v), reference, atol=1e-6)
+    assert ours(u, u).item() == pytest.approx(0.0, abs=1e-6)
+    labels = torch.rand(8, generator=generator)
+    assert torch.allclose(ours(u, v, labels),
+                          CosineSimilarityLoss(model=None).compute_loss_from_embeddings([u, v], labels), atol=1e-6)
+
+
+def test_masked_language_modeling_loss_equals_the_full_head_loss(tmp_path):
+    """Masked positions only through the head equals transformers' *ForMaskedLM loss over the
+    same labels; the sum is the mean times the masked positions."""
+    from transformers import AutoModelForMaskedLM
+
+    from modsent.testing import make_tiny_xlmr, sample_texts
+
+    model = AutoModelForMaskedLM.from_pretrained(str(make_tiny_xlmr(tmp_path / "base", sample_texts(200)))).eval()
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, model.config.vocab_size, (3, 12), generator=generator)
+    labels = torch.full_like(ids, -100)
+    chosen = torch.rand(ids.shape, generator=generator) < 0.3
+    labels[chosen] = ids[chosen]
+    with torch.no_grad():
+        ours = losses.MaskedLanguageModelingLoss()(model, ids, labels)
+        reference = model(input_ids=ids, labels=labels).loss
+        summed = losses.MaskedLanguageModelingLoss("sum")(model, ids, labels)
+    assert torch.allclose(ours, reference, atol=1e-5)
+    assert torch.allclose(summed, reference * chosen.sum(), rtol=1e-5)
+    with pytest.raises(ValueError, match="reduction"):
+        losses.MaskedLanguageModelingLoss("none")
+
+
+def test_warmup_linear_schedule():
+    """Warm-up to the peak, then linear decay to zero; step s's rate is set before its update,
+    so the warm-up starts at peak / warmup (transformers' get_linear_schedule_with_warmup one
+    step ahead during the warm-up, equal after it)."""
+    from transformers import get_linear_schedule_with_warmup
+
+    peak, total, warmup = 0.5, 20, 4
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=peak)
+    reference = get_linear_schedule_with_warmup(optimizer, warmup, total)
+    factors = [reference.lr_lambdas[0](step) for step in range(total + 1)]
+    ours = [schedules.warmup_linear(step, total, warmup, peak) for step in range(total)]
+    assert ours[:warmup] == pytest.approx([peak * f for f in factors[1:warmup + 1]])
+    assert ours[warmup:] == pytest.approx([peak * f for f in factors[warmup:total]])
+    assert schedules.warmup_linear(total, total, warmup, peak) == 0.0
+    assert schedules.warmup_steps_of(0.1, 47) == 5
+
+
+def test_step_seeds_are_pure_functions_of_the_step():
+    assert seeding.dropout_seed(7, 0) == seeding.dropout_seed(7, 0, rank=0)
+    assert len({seeding.dropout_seed(7, 0, rank) for rank in range(4)}) == 4
+    assert seeding.dropout_seed(7, 0) != seeding.dropout_seed(8, 0) != seeding.dropout_seed(7, 1)
+    a = torch.rand(3, generator=seeding.step_generator(5, 2))
+    assert torch.equal(a, torch.rand(3, generator=seeding.step_generator(5, 2)))
