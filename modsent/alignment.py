@@ -21,7 +21,7 @@ Objectives (``kind``):
     pp   MNRL: ``scale * cos(en_anchor_i, [pos_L_j ..., neg_L_j ...])``, cross-entropy with
          target j = i; the English anchor is looked up, L's positive and hard negative (where
          present) are encoded by the trainable model; batches hold no text twice
-         (``sentence_adapter.no_duplicate_batches``). Data: ``crosslingual_paraphrase_pairs``.
+         (``training.pairs.no_duplicate_batches``). Data: ``crosslingual_paraphrase_pairs``.
     pl   sentence-transformers' CosineSimilarityLoss with label 1: ``mean((cos(en_i, l_i) - 1)^2)``
          between the English sentence's frozen embedding and its translation encoded by the
          trainable model. Data: ``parallel_pairs`` (unit_id, english, translation).
@@ -39,7 +39,7 @@ killed midway and rerun continues from ``{out}.checkpoint/`` (safetensors + JSON
 batches and dropout an unbroken run sees; a checkpoint of other settings or inputs (pairs, LA,
 SE, English embeddings, base) is ignored, and it is removed once the output is complete.
 
-Held-out slice: the pairs with the smallest content hash (``sentence_adapter.split_heldout``);
+Held-out slice: the pairs with the smallest content hash (``training.pairs.split_heldout``);
 training pairs sharing an English or L text with a held-out pair are dropped, so the held-out
 texts are never trained on. Retrieval: for each held-out English sentence (its stored frozen
 embedding), is its own L text the most similar (cosine) among the held-out L texts?
@@ -68,6 +68,7 @@ from modsent.plots import write_loss_curve
 from modsent.io import InputError, atomic_path, write_parquet
 from modsent.translation import make_units, unit_id
 from modsent.training import checkpoints
+from modsent.training.pairs import no_duplicate_batches, split_heldout
 from modsent.training.seeding import dropout_seed
 
 log = logging.getLogger(__name__)
@@ -292,9 +293,9 @@ def alignment_pairs(kind: str, pairs) -> pd.DataFrame:
 
 
 def split_pairs(pairs: pd.DataFrame, count: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(train, heldout): ``sentence_adapter.split_heldout``, then training rows that share any
+    """(train, heldout): ``training.pairs.split_heldout``, then training rows that share any
     text with a held-out row are dropped."""
-    train, heldout = sa.split_heldout(pairs, count)
+    train, heldout = split_heldout(pairs, count)
     held_texts = set(heldout["anchor"]) | set(heldout["positive"])
     clash = train["anchor"].isin(held_texts) | train["positive"].isin(held_texts) \
         | train["negative"].isin(held_texts)
@@ -377,7 +378,7 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
     train, heldout = split_pairs(data, cfg.eval_pairs)
     if len(train) < 2:
         raise InputError(f"{kind} pairs: {len(train)} training pairs after holding out {len(heldout)}")
-    epoch_batches = len(sa.no_duplicate_batches(train, cfg.batch_size, cfg.seed, 0))
+    epoch_batches = len(no_duplicate_batches(train, cfg.batch_size, cfg.seed, 0))
     total_steps = cfg.max_steps or cfg.epochs * epoch_batches
     log.info("CLA %s %s: %d training pairs, %d held out; %d batches per epoch; %d steps",
              kind, language, len(train), len(heldout), epoch_batches, total_steps)

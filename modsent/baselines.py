@@ -75,6 +75,7 @@ from modsent.methods import Method, PairTraining
 from modsent.paraphrase_data import crosslingual_mix
 from modsent.plots import write_loss_curve
 from modsent.training import checkpoints
+from modsent.training.pairs import no_duplicate_batches, read_pairs, split_heldout
 from modsent.training.seeding import dropout_seed
 
 log = logging.getLogger(__name__)
@@ -131,11 +132,11 @@ class FullTrainingConfig:
 
 
 def read_language_pairs(pairs_paths: Mapping[str, str | Path]) -> dict[str, pd.DataFrame]:
-    """{language: its pairs} (``sentence_adapter.read_pairs``); every file needs unique pair ids
+    """{language: its pairs} (``training.pairs.read_pairs``); every file needs unique pair ids
     (they tie the languages' pairs together)."""
     frames = {}
     for lang, path in pairs_paths.items():
-        frame = sa.read_pairs(path)
+        frame = read_pairs(path)
         if "pair_id" not in frame.columns:
             raise InputError(f"{path}: no pair_id column (the baselines match pairs across languages by it)")
         if frame["pair_id"].duplicated().any():
@@ -160,7 +161,7 @@ def split_heldout_by_pivot(frames: Mapping[str, pd.DataFrame], count: int,
     held-out slice is its rows with those ids, minus rows repeating an anchor or positive of
     another held-out row (retrieval would be ambiguous)."""
     pivot = pivot_language(frames)
-    train_pivot, _ = sa.split_heldout(frames[pivot], count)
+    train_pivot, _ = split_heldout(frames[pivot], count)
     held_ids = set(frames[pivot]["pair_id"]) - set(train_pivot["pair_id"])
     train, heldout = {}, {}
     for lang, frame in frames.items():
@@ -198,7 +199,7 @@ def monolingual_data(frames: Mapping[str, pd.DataFrame], batch_size: int, seed: 
     def epoch_batches(epoch: int) -> list[list[int]]:
         batches = []
         for lang, offset in zip(langs, offsets):
-            for batch in sa.no_duplicate_batches(frames[lang], batch_size, language_seed(seed, lang), epoch):
+            for batch in no_duplicate_batches(frames[lang], batch_size, language_seed(seed, lang), epoch):
                 batches.append([int(offset) + i for i in batch])
         order = np.random.default_rng([seed, epoch]).permutation(len(batches))
         return [batches[i] for i in order]
@@ -222,7 +223,7 @@ def crosslingual_pairs(frames: Mapping[str, pd.DataFrame], seed: int) -> pd.Data
 def crosslingual_data(frames: Mapping[str, pd.DataFrame], batch_size: int, seed: int) -> TrainingData:
     """Full_c / Full_mc: :func:`crosslingual_pairs`, batched by ``no_duplicate_batches``."""
     rows = crosslingual_pairs(frames, seed)
-    return TrainingData(rows, lambda epoch: sa.no_duplicate_batches(rows, batch_size, seed, epoch))
+    return TrainingData(rows, lambda epoch: no_duplicate_batches(rows, batch_size, seed, epoch))
 
 
 def iter_steps(data: TrainingData, total_steps: int, start: int = 0) -> Iterator[list[int]]:

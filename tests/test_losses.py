@@ -86,3 +86,25 @@ def test_step_seeds_are_pure_functions_of_the_step():
     assert seeding.dropout_seed(7, 0) != seeding.dropout_seed(8, 0) != seeding.dropout_seed(7, 1)
     a = torch.rand(3, generator=seeding.step_generator(5, 2))
     assert torch.equal(a, torch.rand(3, generator=seeding.step_generator(5, 2)))
+
+
+def test_batches_can_keep_the_rows_of_one_group_apart():
+    """Multi-parallel rows (one pair_id in three languages) with group_column="pair_id": no batch
+    holds two rows of one pair (they would be each other's false negatives); every row is used
+    once an epoch; without the grouping the same data does put copies of a pair together."""
+    import pandas as pd
+
+    from modsent.training.pairs import no_duplicate_batches
+
+    rows = pd.DataFrame([{"pair_id": f"p{i}", "anchor": f"anchor {i} in {lang}", "positive": f"positive {i} in {lang}",
+                          "negative": None} for i in range(40) for lang in ("en", "de", "ky")])
+    grouped = no_duplicate_batches(rows, 16, seed=0, group_column="pair_id")
+    for batch in grouped:
+        assert rows.loc[batch, "pair_id"].is_unique
+    used = sorted(i for batch in grouped for i in batch)
+    assert used == sorted(set(used)) and len(used) >= len(rows) - 1  # at most a last lone row dropped
+    plain = no_duplicate_batches(rows, 16, seed=0)
+    assert any(not rows.loc[batch, "pair_id"].is_unique for batch in plain)
+    assert no_duplicate_batches(rows, 16, seed=0, group_column="pair_id") == grouped  # seeded
+    with pytest.raises(Exception, match="no column 'lang'"):
+        no_duplicate_batches(rows, 16, seed=0, group_column="lang")

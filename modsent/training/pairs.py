@@ -1,0 +1,87 @@
+"""Paraphrase pairs for training: reading a pair file, the held-out slice, and batches in which
+no text occurs twice (and, on request, no group twice), every stage's way of feeding MNRL and the
+other in-batch objectives of :mod:`modsent.losses`."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from modsent.io import InputError
+
+PAIR_TEXT_COLUMNS = ("anchor", "positive", "negative")
+_GROUP = object()  # marks a row's group among its texts (never equal to a text)
+
+
+def read_pairs(path: str | Path) -> pd.DataFrame:
+    """anchor, positive, negative (None where absent) of a pair file, empty texts dropped."""
+    frame = pd.read_parquet(path)
+    missing = {"anchor", "positive"} - set(frame.columns)
+    if missing:
+        raise InputError(f"{path}: missing pair columns {sorted(missing)} "
+                         "(expected anchor, positive, negative)")
+    out = pd.DataFrame({c: frame[c] if c in frame.columns else None for c in PAIR_TEXT_COLUMNS})
+    if "pair_id" in frame.columns:
+        out.insert(0, "pair_id", frame["pair_id"].astype(str))
+    for column in PAIR_TEXT_COLUMNS:
+        out[column] = out[column].map(lambda t: t.strip() if isinstance(t, str) and t.strip() else None)
+    out = out.dropna(subset=["anchor", "positive"]).reset_index(drop=True)
+    # a "negative" equal to its own anchor or positive contradicts the pair: no negative then
+    contradictory = (out["negative"] == out["anchor"]) | (out["negative"] == out["positive"])
+    out.loc[contradictory, "negative"] = None
+    if len(out) < 2:
+        raise InputError(f"{path}: {len(out)} usable pairs; MNRL needs at least 2")
+    return out
+
+
+def split_heldout(pairs: pd.DataFrame, count: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(train, heldout): the held-out pairs are those with the smallest hash of their anchor and
+    positive (order-independent), at most a tenth of the pairs. Held-out pairs whose anchor or
+    positive repeats a text of another held-out pair are dropped (retrieval would be ambiguous)."""
+    count = min(count, len(pairs) // 10)
+    keys = [hashlib.sha1(f"{a}\t{p}".encode()).digest() for a, p in zip(pairs["anchor"], pairs["positive"])]
+    ranked = sorted(range(len(pairs)), key=keys.__getitem__)
+    held = sorted(ranked[:count])
+    train = pairs.drop(index=held).reset_index(drop=True)
+    heldout = pairs.iloc[held]
+    heldout = heldout[~heldout["anchor"].duplicated(keep=False) & ~heldout["positive"].duplicated(keep=False)]
+    return train, heldout.reset_index(drop=True)
+
+
+def no_duplicate_batches(pairs: pd.DataFrame, batch_size: int, seed: int, epoch: int = 0,
+                         *, min_size: int = 2, group_column: str | None = None) -> list[list[int]]:
+    """Row indices of the batches of one epoch: a seeded shuffle, then each batch takes, in that
+    order, the next rows none of whose texts (anchor, positive, negative) is already in the batch
+    (sentence-transformers' NoDuplicatesBatchSampler). Rows that clash wait for a later batch.
+    The last batch may be smaller; batches under ``min_size`` rows are dropped.
+
+    ``group_column`` (e.g. ``pair_id``): rows of one group never share a batch either, so the
+    copies of one pair in other languages are not each other's in-batch negatives."""
+    order = np.random.default_rng([seed, epoch]).permutation(len(pairs)).tolist()
+    texts = [tuple(t for t in row if isinstance(t, str))
+             for row in pairs[list(PAIR_TEXT_COLUMNS)].itertuples(index=False)]
+    if group_column is not None:
+        if group_column not in pairs.columns:
+            raise InputError(f"no_duplicate_batches: no column {group_column!r} to group rows by")
+        # a group is one more "text" of every row in it: two rows of a group clash
+        texts = [row + ((_GROUP, str(group)),) for row, group in zip(texts, pairs[group_column])]
+    remaining = dict.fromkeys(order)  # insertion-ordered set
+    batches = []
+    while remaining:
+        batch, seen = [], set()
+        for index in remaining:
+            row = texts[index]  # anchor == positive within a row is allowed (as in s-t)
+            if any(t in seen for t in row):
+                continue
+            batch.append(index)
+            seen.update(row)
+            if len(batch) == batch_size:
+                break
+        for index in batch:
+            del remaining[index]
+        if len(batch) >= min_size:
+            batches.append(batch)
+    return batches
