@@ -133,6 +133,7 @@ def source_errors(config: dict) -> list[str]:
                 evaluation_data.check_source(name, source)
             except InputError as err:
                 problems.append(f"evaluation.datasets.{name}: {err}")
+    problems += method_errors(config)  # registers the methods: evaluation.variants may name them
     variants_chosen = (config.get("evaluation") or {}).get("variants")
     if isinstance(variants_chosen, list):
         from modsent import variants
@@ -143,7 +144,6 @@ def source_errors(config: dict) -> list[str]:
             except InputError as err:
                 problems.append(f"evaluation.variants[{i}]: {err}")
     problems += local_path_errors(config)
-    problems += method_errors(config)
     translation = config.get("translation") or {}
     engine = translation.get("engine", "transformers")
     if engine in ("transformers", "ctranslate2") and langs:

@@ -305,3 +305,22 @@ def test_the_schema_names_the_systems_of_the_registry():
     names = variants.evaluated_variants({"alignment": {"merge_weights": [0.5, 0.25]}})
     assert all(re.fullmatch(pattern, name) for name in names + ["Mod_mc", "Mod_mc-1"]), names
     assert not any(re.fullmatch(pattern, name) for name in ["Toy-cos", "modular", "Full"])
+
+
+def test_methods_are_checked_against_their_own_schema():
+    """A configured method must be registered (method_modules) and its settings must fit its
+    schema; errors name the key. A registered method's system may be chosen for evaluation."""
+    config = load("configs/test.yaml")
+    config.update(method_modules=["toy_method"], methods={"Toy-cos": {"max_steps": 0, "learning_rat": 1.0}})
+    with pytest.raises(ConfigError) as err:
+        check_config(config)
+    assert "methods.Toy-cos.max_steps" in str(err.value) and "methods.Toy-cos: unknown key(s) 'learning_rat'" in str(err.value)
+    config["methods"] = {"Toy-cos": {"max_steps": 2}, "Nope": {}}
+    with pytest.raises(ConfigError, match="methods.Nope: unknown method; registered: .*Toy-cos"):
+        check_config(config)
+    config["methods"] = {"Toy-cos": {"max_steps": 2}}
+    config["evaluation"]["variants"] = ["base", "Toy-cos"]
+    check_config(config)
+    config["method_modules"] = ["no_such_module"]
+    with pytest.raises(ConfigError, match="method_modules: cannot import 'no_such_module'"):
+        check_config(config)
