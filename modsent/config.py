@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 
 from modsent import languages as registry
-from modsent.schema import ROLE_KEY, RUNTIME, SCHEMA_PATH, SELECTION, load_schema, resolve  # noqa: F401
+from modsent.schema import ROLE_KEY, RUNTIME, SELECTION, load_schema, resolve
 from modsent.languages import PIVOT_LANGUAGE  # noqa: F401  (re-exported for the rules)
 
 

@@ -5,8 +5,6 @@ command line build paths with these functions, so no code rebuilds another stage
 
 from __future__ import annotations
 
-from pathlib import Path
-
 
 def base_model(base: str) -> str:
     """The base model as a sentence-transformers directory."""
@@ -39,7 +37,3 @@ def method_output(base: str, system: str) -> str:
 def method_relative(system: str) -> str:
     """:func:`method_output` relative to the results tree (``results/{base}``)."""
     return f"{METHODS_DIR}/{system}"
-
-
-def relative_to_results(path: str | Path, base: str) -> str:
-    return str(Path(path).relative_to(results(base)))

@@ -72,7 +72,7 @@ def non_english():
 
 def base_model_dir():
     """The base model as a local sentence-transformers directory (made by base_model)."""
-    return f"resources/base_models/{base_name()}"
+    return layout.base_model(base_name())
 
 
 def corpus_path(lang):
@@ -161,8 +161,8 @@ def sentence_adapter_settings(wildcards):
 def sentence_adapter_inputs(wildcards):
     """Base model, the language's pairs and, unless the language skips it, its LA."""
     inputs = {
-        "base": f"resources/base_models/{wildcards.base}",
-        "pairs": f"results/paraphrase/{wildcards.lang}.parquet",
+        "base": layout.base_model(wildcards.base),
+        "pairs": layout.pairs(wildcards.lang),
     }
     if wildcards.lang in modsent_config.specialized_languages(config):
         inputs["language_adapter"] = f"results/{wildcards.base}/language_adapters/{wildcards.lang}"
@@ -183,7 +183,7 @@ def sentence_encoding_targets():
 def _language_modules(base, lang):
     """The inputs naming a language's frozen encoder: its LA (unless skipped) and SE adapter."""
     inputs = {
-        "base": f"resources/base_models/{base}",
+        "base": layout.base_model(base),
         "sentence_adapter": f"results/{base}/sentence_adapters/{lang}",
     }
     if lang in modsent_config.specialized_languages(config):
@@ -198,10 +198,10 @@ def english_encoder_inputs(wildcards):
 def alignment_inputs(wildcards):
     inputs = _language_modules(wildcards.base, wildcards.lang)
     if wildcards.kind == "pp":
-        inputs["english_pairs"] = "results/paraphrase/en.parquet"
-        inputs["pairs"] = f"results/paraphrase/{wildcards.lang}.parquet"
+        inputs["english_pairs"] = layout.pairs(modsent_config.PIVOT_LANGUAGE)
+        inputs["pairs"] = layout.pairs(wildcards.lang)
     else:
-        inputs["translations"] = f"results/translation/{wildcards.lang}.parquet"
+        inputs["translations"] = layout.translations(wildcards.lang)
     return inputs
 
 
@@ -243,7 +243,7 @@ def full_baseline_inputs(wildcards):
         "pairs": expand("results/paraphrase/{lang}.parquet", lang=full_baseline_languages(wildcards)),
     }
     if recipe.init is None:
-        inputs["base"] = f"resources/base_models/{wildcards.base}"
+        inputs["base"] = layout.base_model(wildcards.base)
     else:
         inputs["init"] = f"results/{wildcards.base}/baselines/{recipe.init}"
     return inputs
