@@ -53,7 +53,7 @@ def build(args):
 
 
 def main() -> None:
-    from modsent.language_adapter import mlm_loss
+    from modsent.modular.language_adapter import mlm_loss
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default=str(REPO / "resources/base_models/me5-small"),

@@ -31,7 +31,7 @@ def rss_mib() -> float:
 def main() -> None:
     import torch
 
-    from modsent.modular_encoder import ModularEncoder, load_exported
+    from modsent.encoders.modular import ModularEncoder, load_exported
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", default=str(REPO / "results/me5-small"))
@@ -90,7 +90,7 @@ sys.path.insert(0, {str(REPO)!r})
 from benchmarks.modular_encoder import rss_mib
 from pathlib import Path
 import torch, sentence_transformers
-from modsent.modular_encoder import ModularEncoder, load_exported
+from modsent.encoders.modular import ModularEncoder, load_exported
 from modsent import languages as registry
 gc.collect(); before = rss_mib()
 if {kind!r} == "plain":

@@ -27,7 +27,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from modsent import translation as T  # noqa: E402
+from modsent.data import translation as T  # noqa: E402
 from modsent import testing  # noqa: E402
 from modsent.testing import sample_texts  # noqa: E402
 

@@ -6,7 +6,7 @@
 Multi-parallel random embeddings (a shared sentence vector plus a language offset plus noise,
 float32), 23 languages x 1012 sentences (FLORES-200 devtest) x 768 dimensions:
 
-1. ``modsent.metrics.xsim_all_pairs`` over all 506 ordered pairs (ratio margin, k = 4); prints
+1. ``modsent.evaluation.metrics.xsim_all_pairs`` over all 506 ordered pairs (ratio margin, k = 4); prints
    the wall time (goal < 30 s on 2 CPU cores).
 2. In the same run, on the first ``--naive-pairs`` ordered pairs, scaled up to all of them:
    a per-direction implementation that does what LASER's xsim.py does for each ordered pair
@@ -14,7 +14,7 @@ float32), 23 languages x 1012 sentences (FLORES-200 devtest) x 768 dimensions:
    sources for the targets, margin scoring of the k candidates), and ``xsim_error_rate``
    called per ordered pair; prints each time and its ratio to ``xsim_all_pairs``, and checks
    that the naive error rates equal the fast ones.
-3. ``modsent.metrics.rsim`` over the same 23 languages (253 pairs).
+3. ``modsent.evaluation.metrics.rsim`` over the same 23 languages (253 pairs).
 
 Each time is the median of ``--repeat`` runs. numpy's BLAS uses every core unless ``--threads``
 says otherwise; on a machine shared with other jobs one thread is often faster.
@@ -33,7 +33,7 @@ from collections.abc import Callable
 import numpy as np
 import threadpoolctl
 
-from modsent.metrics import rsim, xsim_all_pairs, xsim_error_rate
+from modsent.evaluation.metrics import rsim, xsim_all_pairs, xsim_error_rate
 
 
 def make_embeddings(languages: int, sentences: int, dim: int, noise: float, seed: int) -> dict[str, np.ndarray]:

@@ -98,14 +98,15 @@ def _write_embeddings(args, sentences: list[str], vectors, langs: list[str | Non
 
 def load_encoder(model: str, lang: str | None, base: str | None, variant: str):
     """An encoder for ``model``: an exported directory (one language's; another ``lang`` is an
-    InputError), or a results/{base} tree from which :func:`modsent.variants.build_encoder`
+    InputError), or a results/{base} tree from which :func:`modsent.encoders.systems.build_encoder`
     assembles system ``variant`` (default Mod_mc) for ``lang`` (or every language with a
     sentence-encoding adapter)."""
     from pathlib import Path
 
-    from modsent import methods, variants
+    from modsent import methods
+    from modsent.encoders import systems as variants
     from modsent.io import InputError
-    from modsent.modular_encoder import export_info
+    from modsent.encoders.modular import export_info
 
     methods.load()  # modsent's own training methods are systems too
 
@@ -129,7 +130,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
     import numpy as np
     from tqdm.auto import tqdm
 
-    from modsent.modular_encoder import ModularEncoder
+    from modsent.encoders.modular import ModularEncoder
 
     sentences = _read_sentences(args)
     encoder = load_encoder(args.model, args.lang, args.base, args.variant)

@@ -96,7 +96,7 @@ def source_errors(config: dict) -> list[str]:
                             "(pip install -e .[tracking])")
     base_source = (config.get("base_model") or {}).get("source")
     if isinstance(base_source, str):
-        from modsent.base_models import parse_source
+        from modsent.encoders.base_models import parse_source
 
         try:
             parse_source(base_source)
@@ -125,7 +125,7 @@ def source_errors(config: dict) -> list[str]:
                 problems.append(f"paraphrases.{name}.source: {err}")
     evaluation = (config.get("evaluation") or {}).get("datasets") or {}
     if isinstance(evaluation, dict):
-        from modsent import evaluation_data
+        from modsent.evaluation import data as evaluation_data
 
         for name, settings in evaluation.items():
             source = settings.get("source") if isinstance(settings, dict) else None
@@ -136,7 +136,7 @@ def source_errors(config: dict) -> list[str]:
     problems += method_errors(config)  # registers the methods: evaluation.variants may name them
     variants_chosen = (config.get("evaluation") or {}).get("variants")
     if isinstance(variants_chosen, list):
-        from modsent import variants
+        from modsent.encoders import systems as variants
 
         for i, name in enumerate(variants_chosen):
             try:
@@ -147,7 +147,7 @@ def source_errors(config: dict) -> list[str]:
     translation = config.get("translation") or {}
     engine = translation.get("engine", "transformers")
     if engine in ("transformers", "ctranslate2") and langs:
-        from modsent.translation import check_languages
+        from modsent.data.translation import check_languages
 
         try:  # before any GPU job: a language the model does not cover is named here
             check_languages(engine, translation.get("model", "facebook/nllb-200-3.3B"),

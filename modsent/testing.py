@@ -1,6 +1,6 @@
 """Helpers for the tests and benchmarks; no production module imports this one.
 
-The tiny random sentence encoders (:mod:`modsent.base_models.tiny`, also the workflow's
+The tiny random sentence encoders (:mod:`modsent.encoders.base_models.tiny`, also the workflow's
 `builtin:tiny-*` base models) and random NLLB / M2M100 translation checkpoints built in code,
 with a real tokenizer of the released models' kind learnt from the given texts.
 """
@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from modsent.base_models.tiny import (  # noqa: F401  (re-exported for the tests)
+from modsent.encoders.base_models.tiny import (  # noqa: F401  (re-exported for the tests)
     BERT_SPECIAL_TOKENS, XLMR_SPECIAL_TOKENS, _sentencepiece, make_tiny_bert, make_tiny_xlmr, sample_texts)
 from modsent.io import InputError, atomic_path
 

@@ -1,5 +1,5 @@
 # Monolithic baselines and ablations, on the same paraphrase pairs as the modular encoders.
-#   Full_en, Full_m, Full_c, Full_mc   every weight of the base model (modsent.baselines)
+#   Full_en, Full_m, Full_c, Full_mc   every weight of the base model (modsent.methods.baselines)
 #   Mod_m-LA                           SE adapters directly on the base model (no LA)
 #   Mod_c                              CLA adapters on the LA alone (no SE), merged
 # The ablations reuse the sentence_adapter and alignment settings and scripts.

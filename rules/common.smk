@@ -12,7 +12,7 @@ from modsent import config as modsent_config
 from modsent import languages as registry
 from modsent import layout
 from modsent import methods as modsent_methods
-from modsent import variants as modsent_variants
+from modsent.encoders import systems as modsent_variants
 
 LANGUAGE_REGEX = registry.wildcard_regex()
 SLUG_REGEX = r"[A-Za-z0-9][A-Za-z0-9._-]*"
@@ -302,7 +302,7 @@ def evaluation_datasets():
 
 @functools.cache
 def _dataset_subsets(name):
-    from modsent import evaluation_data
+    from modsent.evaluation import data as evaluation_data
 
     return evaluation_data.subsets(name, languages(), evaluation_datasets()[name].get("source"))
 
@@ -318,7 +318,7 @@ def dataset_missing(name):
 
 
 def dataset_languages(name):
-    from modsent.evaluation import subset_languages
+    from modsent.evaluation.suite import subset_languages
 
     found = {lang for subset in dataset_subsets(name) for lang in subset_languages(subset)}
     return [lang for lang in languages() if lang in found]
@@ -334,7 +334,7 @@ def evaluation_subset_settings(wildcards):
 
 
 def evaluated_variants():
-    from modsent import variants
+    from modsent.encoders import systems as variants
 
     chosen = config["evaluation"]["variants"]
     return list(chosen) if chosen is not None else variants.evaluated_variants(config)
@@ -342,7 +342,7 @@ def evaluated_variants():
 
 def _language_datasets(lang):
     """dataset → the subset files that hold sentences in ``lang``."""
-    from modsent.evaluation import subset_languages
+    from modsent.evaluation.suite import subset_languages
 
     out = {}
     for name in evaluation_datasets():
@@ -355,7 +355,7 @@ def _language_datasets(lang):
 
 def group_variants(group):
     """The evaluated systems of an embedding group: ``modular`` (base, Mod_*) or ``full``."""
-    from modsent import variants
+    from modsent.encoders import systems as variants
 
     return [name for name in evaluated_variants() if variants.group_of(name) == group]
 
@@ -365,7 +365,7 @@ def embedding_groups():
 
 
 def embedding_inputs(wildcards):
-    from modsent import variants
+    from modsent.encoders import systems as variants
 
     modules = {
         f"results/{wildcards.base}/{path}"
@@ -403,7 +403,7 @@ def score_inputs(wildcards):
 
 
 def _group_of(name):
-    from modsent import variants
+    from modsent.encoders import systems as variants
 
     return variants.group_of(name)
 

@@ -1,5 +1,5 @@
 # Evaluation: dataset subsets → embeddings per (variant, language) → scores per (variant,
-# dataset) → the summary tables, plots and report (modsent/evaluation.py).
+# dataset) → the summary tables, plots and report (modsent/evaluation/suite.py).
 
 
 rule evaluation_subset:

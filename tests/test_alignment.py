@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from modsent import alignment as al
-from modsent import parallel_adapter as pa
-from modsent import sentence_adapter as sa
+from modsent.modular import alignment as al
+from modsent.modular import parallel_adapter as pa
+from modsent.modular import sentence_adapter as sa
 from modsent.io import InputError
-from modsent.paraphrase_data import (align_provided, crosslingual_paraphrase_pairs, parallel_pairs,
+from modsent.data.paraphrase import (align_provided, crosslingual_paraphrase_pairs, parallel_pairs,
                                      translate_pairs)
 from modsent.sources.builtin import builtin_translations
 from modsent.testing import make_tiny_xlmr, sample_texts

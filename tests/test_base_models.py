@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from modsent.base_models import check_model_dir, parse_source, prepare_base_model
+from modsent.encoders.base_models import check_model_dir, parse_source, prepare_base_model
 from modsent.io import InputError
 from modsent.testing import make_tiny_xlmr, sample_texts
 
@@ -47,7 +47,7 @@ def test_local_model_without_safetensors_is_refused(tmp_path):
 
 
 def test_e5_models_get_their_prompts_unless_declared():
-    from modsent.base_models import needs_e5_prompts
+    from modsent.encoders.base_models import needs_e5_prompts
 
     assert needs_e5_prompts("intfloat/multilingual-e5-base", {})
     assert needs_e5_prompts("intfloat/e5-large-v2", None)

@@ -18,13 +18,13 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from conftest import REPO, snakemake_exe
-from modsent import alignment as al
-from modsent import baselines as bl
-from modsent import sentence_adapter as sa
-from modsent import variants
+from modsent.modular import alignment as al
+from modsent.methods import baselines as bl
+from modsent.modular import sentence_adapter as sa
+from modsent.encoders import systems as variants
 from modsent.io import InputError
 from modsent.losses import MultipleNegativesRankingLoss
-from modsent.paraphrase_data import align_provided, crosslingual_paraphrase_pairs, parallel_pairs
+from modsent.data.paraphrase import align_provided, crosslingual_paraphrase_pairs, parallel_pairs
 from modsent.sources.builtin import builtin_translations
 from modsent.testing import make_tiny_bert, sample_texts
 from tiny_modules import language_modules, pairs_in, tiny_base_and_data
@@ -415,7 +415,7 @@ def tree(data, trained):
 def test_build_encoder_for_every_system(data, tree):
     from sentence_transformers import SentenceTransformer
 
-    from modsent.modular_encoder import ModularEncoder
+    from modsent.encoders.modular import ModularEncoder
 
     base = data["base"]
     names = variants.evaluated_variants({"alignment": {"merge_weights": [0.5]}})

@@ -271,12 +271,12 @@ def test_the_stages_dataclass_defaults_are_the_schemas():
     section the schema filled, equals the dataclass's own defaults."""
     import dataclasses
 
-    from modsent.alignment import AlignmentConfig
-    from modsent.baselines import FullTrainingConfig
+    from modsent.modular.alignment import AlignmentConfig
+    from modsent.methods.baselines import FullTrainingConfig
     from modsent.config import fill_defaults, job_settings, runtime_settings
-    from modsent.language_adapter import LanguageAdapterConfig
+    from modsent.modular.language_adapter import LanguageAdapterConfig
     from modsent.schema import inline_refs, load_schema
-    from modsent.sentence_adapter import SentenceAdapterConfig
+    from modsent.modular.sentence_adapter import SentenceAdapterConfig
 
     schema = load_schema()
     for section, cls in [("language_adapter", LanguageAdapterConfig), ("sentence_adapter", SentenceAdapterConfig),
@@ -290,11 +290,11 @@ def test_the_stages_dataclass_defaults_are_the_schemas():
 
 
 def test_the_schema_names_the_systems_of_the_registry():
-    """The systems are defined once (modsent.variants): the schema's enums list them, and the
+    """The systems are defined once (modsent.encoders.systems): the schema's enums list them, and the
     workflow's wildcard constraint accepts every one of them and nothing else."""
     import re
 
-    from modsent import variants
+    from modsent.encoders import systems as variants
     from modsent.schema import load_schema
 
     baselines = load_schema()["properties"]["baselines"]["properties"]

@@ -13,14 +13,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from modsent import baselines as bl
+from modsent.methods import baselines as bl
 from modsent import distributed
-from modsent import language_adapter as la
-from modsent.fasttext_embeddings import train_token_fasttext
-from modsent.focus import initialize_embeddings
+from modsent.modular import language_adapter as la
+from modsent.modular.fasttext_embeddings import train_token_fasttext
+from modsent.modular.focus import initialize_embeddings
 from modsent.sources.builtin import builtin_corpus
 from modsent.testing import make_tiny_xlmr, sample_texts
-from modsent.tokenizer_training import train_tokenizer
+from modsent.modular.tokenizer_training import train_tokenizer
 from tiny_modules import pairs_in, tiny_base_and_data
 
 pytestmark = pytest.mark.skipif(
@@ -59,7 +59,7 @@ def _torchrun(inputs, out, nproc=2):
     """Train under torchrun with ``nproc`` CPU processes, as the workflow script does on GPUs."""
     log = out.with_name(out.name + ".log")
     command = distributed.launch_command(
-        "modsent.language_adapter",
+        "modsent.modular.language_adapter",
         la.cli_arguments(*_arguments(inputs), out, CFG, log_path=log, threads=1, progress=False)
         + ["--device", "cpu"], nproc)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -135,13 +135,13 @@ def test_a_checkpoint_of_one_process_resumes_on_two(inputs, single, tmp_path):
 
 
 def test_launch_command():
-    command = distributed.launch_command("modsent.language_adapter", ["--out", Path("x/y")], 4)
+    command = distributed.launch_command("modsent.modular.language_adapter", ["--out", Path("x/y")], 4)
     assert command == [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                       "--nproc_per_node=4", "-m", "modsent.language_adapter", "--out", "x/y"]
+                       "--nproc_per_node=4", "-m", "modsent.modular.language_adapter", "--out", "x/y"]
     script = distributed.launch_command("tools/train.py", [], 2)
     assert script[-1] == "tools/train.py" and "-m" not in script[3:]
     with pytest.raises(ValueError):
-        distributed.launch_command("modsent.language_adapter", [], 0)
+        distributed.launch_command("modsent.modular.language_adapter", [], 0)
 
 
 def test_local_slices_cover_the_batch_in_order():
@@ -208,7 +208,7 @@ def single_baseline(baseline_inputs, tmp_path_factory):
 def _torchrun_baseline(inputs, out, nproc=2):
     log = out.with_name(out.name + ".log")
     command = distributed.launch_command(
-        "modsent.baselines",
+        "modsent.methods.baselines",
         bl.cli_arguments("Full_m", inputs["base"], inputs["paths"], out, BL_CFG, log_path=log, threads=1,
                          progress=False) + ["--device", "cpu"], nproc)
     result = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy.stats import spearmanr
 
-from modsent import evaluation as ev
+from modsent.evaluation import suite as ev
 from modsent.io import InputError, write_parquet
 
 LANGS = ["en", "de", "ky"]
@@ -176,7 +176,7 @@ def test_subset_names():
 def test_systems_with_equal_modules_encode_once(subsets, tmp_path):
     """Two systems behind one encoder and key (as English in Mod_m and Mod_mc) are encoded once
     and get identical files; a third with its own key is encoded separately."""
-    from modsent.variants import KeyedEncoder
+    from modsent.encoders.systems import KeyedEncoder
 
     table = TableEncoder(_parallel_vectors())
     shared = {"Mod_m": KeyedEncoder(table, "en", "en"), "Mod_mc-0.5": KeyedEncoder(table, "en", "en"),

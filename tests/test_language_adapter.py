@@ -8,13 +8,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from modsent import language_adapter as la
-from modsent.fasttext_embeddings import train_token_fasttext
-from modsent.focus import initialize_embeddings
+from modsent.modular import language_adapter as la
+from modsent.modular.fasttext_embeddings import train_token_fasttext
+from modsent.modular.focus import initialize_embeddings
 from modsent.io import InputError
 from modsent.sources.builtin import builtin_corpus
 from modsent.testing import make_tiny_xlmr, sample_texts
-from modsent.tokenizer_training import train_tokenizer
+from modsent.modular.tokenizer_training import train_tokenizer
 
 CFG = la.LanguageAdapterConfig(steps=6, batch_size=4, seq_len=32, learning_rate=2e-3,
                                warmup_steps=1, eval_sentences=60, checkpoint_every=3, log_every=1,

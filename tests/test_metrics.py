@@ -1,4 +1,4 @@
-"""modsent.metrics against independent computations: scipy's correlations, a pure-Python xsim
+"""modsent.evaluation.metrics against independent computations: scipy's correlations, a pure-Python xsim
 with explicit nearest-neighbour loops, and cases whose answer is known by construction."""
 
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import pearsonr, spearmanr
 
-from modsent import metrics as m
+from modsent.evaluation import metrics as m
 from modsent.io import InputError
 
 

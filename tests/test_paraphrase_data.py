@@ -3,10 +3,10 @@ import json
 import pandas as pd
 import pytest
 
-from modsent import paraphrase_data as pd_
-from modsent.translation import shard_of, unit_id
+from modsent.data import paraphrase as pd_
+from modsent.data.translation import shard_of, unit_id
 from modsent.sources.builtin import builtin_paraphrases, builtin_translations
-from modsent.translation_quality import copy_rate, quality_report, write_quality_report
+from modsent.data.translation_quality import copy_rate, quality_report, write_quality_report
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_quality_report_flags_problems(tmp_path):
     out = write_quality_report(path, "ky", tmp_path / "ky.json", tmp_path / "ky.png")
     assert json.loads((tmp_path / "ky.json").read_text())["units"] == 4 == out["units"]
     assert (tmp_path / "ky.png").read_bytes()[:4] == b"\x89PNG"
-    from modsent.translation_quality import write_quality_summary
+    from modsent.data.translation_quality import write_quality_summary
 
     write_quality_summary([tmp_path / "ky.json"], tmp_path / "quality.md")
     table = (tmp_path / "quality.md").read_text().splitlines()
@@ -116,7 +116,7 @@ def test_quality_report_flags_problems(tmp_path):
 def test_language_check_is_calibrated_on_human_translations():
     """The identifier reads a share of good human Kyrgyz as Russian or Kazakh: human translations
     are not flagged, while Russian output passed off as Kyrgyz is (the same English sources)."""
-    from modsent.language_id import human_agreement
+    from modsent.data.language_id import human_agreement
     from modsent.sources.builtin import builtin_translations
 
     reference, counted, scope = human_agreement("ky")
@@ -143,7 +143,7 @@ def test_language_check_is_calibrated_on_human_translations():
 def test_without_human_translations_of_the_sources_the_language_is_the_reference():
     """Sources the built-in training data has no human translation of (the held-out evaluation
     texts): the reference is every built-in human translation into ky."""
-    from modsent.language_id import human_agreement
+    from modsent.data.language_id import human_agreement
     from modsent.sources.builtin import builtin_parallel_eval
 
     english = builtin_parallel_eval(["en", "ky"])["en"].tolist()

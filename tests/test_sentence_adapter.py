@@ -12,16 +12,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from modsent import language_adapter as la
-from modsent import sentence_adapter as sa
-from modsent.fasttext_embeddings import train_token_fasttext
-from modsent.focus import initialize_embeddings
+from modsent.modular import language_adapter as la
+from modsent.modular import sentence_adapter as sa
+from modsent.modular.fasttext_embeddings import train_token_fasttext
+from modsent.modular.focus import initialize_embeddings
 from modsent.io import InputError
 from modsent.losses import MultipleNegativesRankingLoss
-from modsent.paraphrase_data import align_provided, translate_pairs, translation_units
+from modsent.data.paraphrase import align_provided, translate_pairs, translation_units
 from modsent.sources.builtin import builtin_corpus, builtin_paraphrases, builtin_translations
 from modsent.testing import make_tiny_bert, make_tiny_xlmr, sample_texts
-from modsent.tokenizer_training import train_tokenizer
+from modsent.modular.tokenizer_training import train_tokenizer
 from tiny_modules import assert_resumed_equals_straight
 
 LA_CFG = la.LanguageAdapterConfig(steps=4, batch_size=4, seq_len=32, learning_rate=2e-3,

@@ -19,8 +19,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from modsent.fasttext_embeddings import load_token_vectors, train_token_fasttext
-from modsent.focus import (
+from modsent.modular.fasttext_embeddings import load_token_vectors, train_token_fasttext
+from modsent.modular.focus import (
     apply_focus_plan,
     canonical_token,
     focus_initialize,
@@ -31,7 +31,7 @@ from modsent.focus import (
 )
 from modsent.io import InputError
 from modsent.testing import make_tiny_bert, make_tiny_xlmr, sample_texts
-from modsent.tokenizer_training import load_tokenizer, tokenizer_kind, train_tokenizer
+from modsent.modular.tokenizer_training import load_tokenizer, tokenizer_kind, train_tokenizer
 
 KINDS = ("bert", "xlmr")
 NEW_VOCAB = 600
@@ -325,7 +325,7 @@ def deepfocus_env(tmp_path, monkeypatch):
 
 
 def _plan_and_base(kind, bases, tokenizers, fasttexts):
-    from modsent.focus import _plan_for
+    from modsent.modular.focus import _plan_for
 
     base_tok, new_tok = load_tokenizer(bases[kind]), load_tokenizer(tokenizers[kind])
     vectors, mask = load_token_vectors(fasttexts[kind], new_tok)

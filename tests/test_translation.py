@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import torch
 
-from modsent import translation as T
+from modsent.data import translation as T
 from modsent.io import InputError
 from modsent import testing
 from modsent.testing import sample_texts
@@ -330,7 +330,7 @@ def test_resume_after_the_process_is_killed(root, nllb, units, reference, monkey
     out = root / "killed.parquet"
     script = textwrap.dedent(f"""
         import os, signal, torch
-        from modsent.translation import translate_shard
+        from modsent.data.translation import translate_shard
         torch.set_num_threads(1)
         batches = []
         def kill_at_batch_3(ids):

@@ -81,7 +81,7 @@ def test_all_outputs_exist_and_reload(run):
 def test_language_adapters_reload_and_are_summarised(run):
     import json
 
-    from modsent.language_adapter import load_language_model
+    from modsent.modular.language_adapter import load_language_model
 
     config = yaml.safe_load(CONFIG.read_text())
     summary = (run / "results/tiny/language_adapters/summary.md").read_text()
@@ -103,7 +103,7 @@ def test_sentence_adapters_reload_and_encode(run):
 
     import numpy as np
 
-    from modsent.sentence_adapter import load_sentence_encoder
+    from modsent.modular.sentence_adapter import load_sentence_encoder
 
     config = yaml.safe_load(CONFIG.read_text())
     summary = (run / "results/tiny/sentence_adapters/summary.md").read_text()
@@ -124,8 +124,8 @@ def test_alignment_adapters_and_merges(run):
 
     import numpy as np
 
-    from modsent.alignment import load_aligned_encoder
-    from modsent.sentence_adapter import load_sentence_encoder
+    from modsent.modular.alignment import load_aligned_encoder
+    from modsent.modular.sentence_adapter import load_sentence_encoder
 
     base = run / "resources/base_models/tiny"
     for lang in ["de", "ky"]:
@@ -147,7 +147,7 @@ def test_encode_command_line(run, tmp_path):
 
     import numpy as np
 
-    from modsent.modular_encoder import ModularEncoder
+    from modsent.encoders.modular import ModularEncoder
 
     sentences = ["Салам дүйнө", "Кош келиңиз"]
     cli = [sys.executable, "-m", "modsent.cli", "encode", "--model", str(run / "results/tiny"), "--quiet"]
@@ -296,7 +296,7 @@ def test_variants_assemble_from_the_results_tree(run):
     import numpy as np
 
     from modsent.io import InputError
-    from modsent.variants import build_encoder, variant, variant_names
+    from modsent.encoders.systems import build_encoder, variant, variant_names
 
     assert variant_names([0.5, 0.7]) == ["Mod_en", "Mod_m", "Mod_mc-pp", "Mod_mc-pl", "Mod_mc-0.5", "Mod_mc-0.7"]
     assert variant("Mod_mc").cla == "merged-0.5"
@@ -321,7 +321,7 @@ def test_evaluation_summary_has_every_system_and_task(run):
 
     import numpy as np
 
-    from modsent import variants
+    from modsent.encoders import systems as variants
 
     config = workflow_config()
     from modsent.config import check_config  # fills nothing: the schema defaults come from validate

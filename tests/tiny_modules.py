@@ -3,12 +3,12 @@
 import torch
 from safetensors.torch import load_file
 
-from modsent import language_adapter as la
-from modsent import sentence_adapter as sa
-from modsent.fasttext_embeddings import train_token_fasttext
-from modsent.focus import initialize_embeddings
+from modsent.modular import language_adapter as la
+from modsent.modular import sentence_adapter as sa
+from modsent.modular.fasttext_embeddings import train_token_fasttext
+from modsent.modular.focus import initialize_embeddings
 from modsent.sources.builtin import builtin_corpus
-from modsent.tokenizer_training import train_tokenizer
+from modsent.modular.tokenizer_training import train_tokenizer
 
 LA_CFG = la.LanguageAdapterConfig(steps=3, batch_size=4, seq_len=32, learning_rate=2e-3,
                                   warmup_steps=1, eval_sentences=20, checkpoint_every=100, log_every=1,
@@ -35,7 +35,7 @@ def language_modules(root, base, lang, pairs, se_cfg, *, with_la=True):
 
 def tiny_base_and_data(root):
     """(base dir, English pairs, translation units): a tiny random XLM-R and the built-in pairs."""
-    from modsent.paraphrase_data import translation_units
+    from modsent.data.paraphrase import translation_units
     from modsent.sources.builtin import builtin_paraphrases
     from modsent.testing import make_tiny_xlmr, sample_texts
 
@@ -45,7 +45,7 @@ def tiny_base_and_data(root):
 
 def pairs_in(lang, english, units):
     """The English pairs translated into ``lang`` with the built-in human translations."""
-    from modsent.paraphrase_data import align_provided, translate_pairs
+    from modsent.data.paraphrase import align_provided, translate_pairs
     from modsent.sources.builtin import builtin_translations
 
     lang_units, _ = align_provided(units, builtin_translations(lang), lang)

@@ -1,7 +1,8 @@
 """A training method in a few lines, registered once (tests/test_workflow.py runs it): every
 weight of the base model trained with a new objective over the existing paraphrase pairs."""
 
-from modsent import baselines, losses, methods
+from modsent import losses, methods
+from modsent.methods import baselines
 
 
 class AnchorPositiveCosine(losses.CosineSimilarityLoss):

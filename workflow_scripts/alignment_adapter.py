@@ -5,10 +5,10 @@
 import pandas as pd
 import torch
 
-from modsent.alignment import AlignmentConfig, train_alignment_adapter
+from modsent.modular.alignment import AlignmentConfig, train_alignment_adapter
 from modsent.config import runtime_settings
 from modsent.logs import setup_logging
-from modsent.paraphrase_data import crosslingual_paraphrase_pairs, parallel_pairs
+from modsent.data.paraphrase import crosslingual_paraphrase_pairs, parallel_pairs
 
 setup_logging(snakemake.log[0])
 torch.set_num_threads(snakemake.threads)

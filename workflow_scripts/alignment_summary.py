@@ -1,5 +1,5 @@
 # rule alignment_summary: held-out English→L retrieval accuracy of pp and pl per language.
-from modsent.alignment import write_summary
+from modsent.modular.alignment import write_summary
 from modsent.logs import setup_logging
 
 setup_logging(snakemake.log[0])

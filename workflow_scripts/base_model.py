@@ -1,5 +1,5 @@
 # rule base_model: the base model as a local sentence-transformers directory.
-from modsent.base_models import prepare_base_model
+from modsent.encoders.base_models import prepare_base_model
 from modsent.logs import setup_logging
 
 setup_logging(snakemake.log[0])

@@ -1,5 +1,5 @@
 # rule full_baseline_summary: held-out retrieval accuracy before/after per baseline and language.
-from modsent.baselines import write_summary
+from modsent.methods.baselines import write_summary
 from modsent.logs import setup_logging
 
 setup_logging(snakemake.log[0])

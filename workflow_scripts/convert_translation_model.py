@@ -1,6 +1,6 @@
 # rule convert_translation_model: the NLLB/M2M100 checkpoint converted for CTranslate2.
 from modsent.logs import setup_logging
-from modsent.translation import convert_checkpoint
+from modsent.data.translation import convert_checkpoint
 
 setup_logging(snakemake.log[0])
 convert_checkpoint(snakemake.params.model, snakemake.output[0], quantization=snakemake.params.compute_type,

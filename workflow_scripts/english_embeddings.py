@@ -1,7 +1,7 @@
 # rule english_embeddings: the frozen English encoder embeds every English sentence once.
 import torch
 
-from modsent.alignment import embed_english
+from modsent.modular.alignment import embed_english
 from modsent.logs import setup_logging
 
 setup_logging(snakemake.log[0])

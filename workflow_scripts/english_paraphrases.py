@@ -3,7 +3,7 @@ import logging
 
 from modsent.logs import setup_logging
 from modsent.io import write_parquet
-from modsent.paraphrase_data import merge_english
+from modsent.data.paraphrase import merge_english
 
 setup_logging(snakemake.log[0])
 pairs = merge_english(list(snakemake.input))

@@ -4,7 +4,9 @@ from pathlib import Path
 
 import torch
 
-from modsent import evaluation, methods, variants
+from modsent import methods
+from modsent.evaluation import suite as evaluation
+from modsent.encoders import systems as variants
 from modsent.config import runtime_settings
 from modsent.logs import setup_logging
 

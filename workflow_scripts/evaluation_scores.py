@@ -1,7 +1,7 @@
 # rule evaluation_scores: one variant on one dataset, by the paper's protocol.
 from pathlib import Path
 
-from modsent import evaluation
+from modsent.evaluation import suite as evaluation
 from modsent.logs import setup_logging
 
 setup_logging(snakemake.log[0])

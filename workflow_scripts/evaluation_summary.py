@@ -1,5 +1,5 @@
 # rule evaluation_summary: the summary table, per-language tables and plots.
-from modsent import evaluation
+from modsent.evaluation import suite as evaluation
 from modsent.logs import setup_logging
 
 setup_logging(snakemake.log[0])

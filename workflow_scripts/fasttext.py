@@ -1,5 +1,5 @@
 # rule fasttext: token-level fastText vectors for FOCUS.
-from modsent.fasttext_embeddings import train_token_fasttext
+from modsent.modular.fasttext_embeddings import train_token_fasttext
 from modsent.logs import setup_logging
 
 setup_logging(snakemake.log[0])

@@ -1,5 +1,5 @@
 # rule focus_embeddings: FOCUS initialisation of the language's embedding matrix.
-from modsent.focus import initialize_embeddings
+from modsent.modular.focus import initialize_embeddings
 from modsent.logs import setup_logging
 
 setup_logging(snakemake.log[0])

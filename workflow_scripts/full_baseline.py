@@ -1,6 +1,6 @@
 # rule full_baseline: every weight of the base model trained with MNRL (Full_en/m/c/mc); resumes
 # from results/{base}/baselines/{name}.checkpoint. baselines.gpus > 1 on a node with GPUs: the
-# training runs under torchrun, one process per GPU (python -m modsent.baselines), data-parallel;
+# training runs under torchrun, one process per GPU (python -m modsent.methods.baselines), data-parallel;
 # otherwise in this process.
 import sys
 
@@ -8,7 +8,7 @@ import torch
 
 from modsent import distributed
 from modsent.config import runtime_settings
-from modsent.baselines import FullTrainingConfig, cli_arguments, train_full_baseline
+from modsent.methods.baselines import FullTrainingConfig, cli_arguments, train_full_baseline
 from modsent.logs import setup_logging
 
 log = setup_logging(snakemake.log[0])
@@ -26,7 +26,7 @@ processes = distributed.launched_processes(settings["gpus"], "baselines.gpus")
 if processes > 1:
     threads = max(1, snakemake.threads // processes)
     log.info("%d GPUs, %d threads each", processes, threads)
-    command = distributed.launch_command("modsent.baselines", cli_arguments(
+    command = distributed.launch_command("modsent.methods.baselines", cli_arguments(
         snakemake.wildcards.name, start_dir, pairs, snakemake.output[0], cfg,
         log_path=snakemake.log[0], threads=threads), processes)
     sys.exit(distributed.run_launched(command, snakemake.log[0], threads))

@@ -1,6 +1,6 @@
 # rule language_adapter: continued MLM with new embeddings and LoRA; resumes from checkpoints.
 # language_adapter.gpus > 1 on a node with GPUs: the training runs under torchrun, one process
-# per GPU (python -m modsent.language_adapter), data-parallel; otherwise in this process.
+# per GPU (python -m modsent.modular.language_adapter), data-parallel; otherwise in this process.
 import sys
 from pathlib import Path
 
@@ -8,7 +8,7 @@ import torch
 
 from modsent import distributed
 from modsent.config import runtime_settings
-from modsent.language_adapter import LanguageAdapterConfig, cli_arguments, train_language_adapter
+from modsent.modular.language_adapter import LanguageAdapterConfig, cli_arguments, train_language_adapter
 from modsent.logs import setup_logging
 
 log = setup_logging(snakemake.log[0])
@@ -24,7 +24,7 @@ processes = distributed.launched_processes(settings["gpus"], "language_adapter.g
 if processes > 1:
     threads = max(1, snakemake.threads // processes)
     log.info("%d GPUs, %d threads each", processes, threads)
-    command = distributed.launch_command("modsent.language_adapter", cli_arguments(
+    command = distributed.launch_command("modsent.modular.language_adapter", cli_arguments(
         snakemake.input.base, snakemake.input.tokenizer, snakemake.input.embeddings,
         snakemake.input.corpus, snakemake.output[0], cfg, tracking_dir=tracking_dir,
         log_path=snakemake.log[0], threads=threads), processes)

@@ -1,5 +1,5 @@
 # rule merge_alignment: weight-average the pp and pl adapters of one language.
-from modsent.alignment import merge_alignment_adapters
+from modsent.modular.alignment import merge_alignment_adapters
 from modsent.logs import setup_logging
 
 setup_logging(snakemake.log[0])

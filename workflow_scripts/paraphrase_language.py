@@ -5,7 +5,7 @@ import pandas as pd
 
 from modsent.logs import setup_logging
 from modsent.io import write_parquet
-from modsent.paraphrase_data import translate_pairs
+from modsent.data.paraphrase import translate_pairs
 
 setup_logging(snakemake.log[0])
 english = pd.read_parquet(snakemake.input.english)

@@ -3,7 +3,7 @@ import pandas as pd
 
 from modsent.logs import setup_logging
 from modsent.io import write_parquet
-from modsent.paraphrase_data import align_provided
+from modsent.data.paraphrase import align_provided
 
 setup_logging(snakemake.log[0])
 units = pd.read_parquet(snakemake.input.units)

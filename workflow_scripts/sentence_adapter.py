@@ -6,7 +6,7 @@ import torch
 
 from modsent.config import runtime_settings
 from modsent.logs import setup_logging
-from modsent.sentence_adapter import SentenceAdapterConfig, train_sentence_adapter
+from modsent.modular.sentence_adapter import SentenceAdapterConfig, train_sentence_adapter
 
 setup_logging(snakemake.log[0])
 torch.set_num_threads(snakemake.threads)

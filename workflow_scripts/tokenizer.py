@@ -1,6 +1,6 @@
 # rule tokenizer: a tokenizer of the base model's kind trained on the language's corpus.
 from modsent.logs import setup_logging
-from modsent.tokenizer_training import train_tokenizer
+from modsent.modular.tokenizer_training import train_tokenizer
 
 setup_logging(snakemake.log[0])
 settings = snakemake.params.settings

@@ -3,7 +3,7 @@ import torch
 
 from modsent.config import runtime_settings
 from modsent.logs import setup_logging
-from modsent.translation import translate_shard
+from modsent.data.translation import translate_shard
 
 setup_logging(snakemake.log[0])
 torch.set_num_threads(snakemake.threads)

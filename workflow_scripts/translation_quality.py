@@ -1,6 +1,6 @@
 # rule translation_quality: the quality report of one language's translations.
 from modsent.logs import setup_logging
-from modsent.translation_quality import write_quality_report
+from modsent.data.translation_quality import write_quality_report
 
 setup_logging(snakemake.log[0])
 write_quality_report(snakemake.input.translations, snakemake.wildcards.lang, snakemake.output.report,

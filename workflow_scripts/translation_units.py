@@ -5,7 +5,7 @@ import pandas as pd
 
 from modsent.logs import setup_logging
 from modsent.io import write_parquet
-from modsent.paraphrase_data import translation_units
+from modsent.data.paraphrase import translation_units
 
 setup_logging(snakemake.log[0])
 pairs = pd.read_parquet(snakemake.input[0])

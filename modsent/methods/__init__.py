@@ -5,7 +5,8 @@ multi-parallel paraphrase pairs, the translations) and writes a sentence-transfo
 directory, ``results/{base}/methods/{name}``; the evaluation suite scores it beside the modular
 systems and it is one more row of ``summary.md``. Adding one is one module:
 
-    from modsent import baselines, losses, methods
+    from modsent import losses, methods
+    from modsent.methods import baselines
 
     class SymmetricMNRL(losses.MultipleNegativesRankingLoss):
         def forward(self, anchors, positives, negatives=None):
@@ -107,11 +108,14 @@ def register(method: Method) -> Method:
 
 
 def load(modules: Sequence[str] = ()) -> dict[str, Method]:
-    """Import modsent's own method modules and ``modules`` (importable names, the config's
-    ``method_modules``), each of which registers its methods; the registry."""
+    """Import modsent's own methods (each subpackage of :mod:`modsent.methods`) and ``modules``
+    (importable names, the config's ``method_modules``), each of which registers its methods;
+    the registry. The workflow calls this while planning, so a method's ``__init__`` imports
+    nothing heavy (no torch): its training code lives in a submodule that ``train`` imports."""
     package = Path(__file__).parent
     for info in pkgutil.iter_modules([str(package)]):
-        importlib.import_module(f"{__name__}.{info.name}")
+        if info.ispkg:  # a method is a subpackage; plain modules (baselines) are libraries
+            importlib.import_module(f"{__name__}.{info.name}")
     for name in modules:
         try:
             importlib.import_module(name)

@@ -4,7 +4,7 @@ pulls L's sentence embeddings towards the frozen English encoder's (method steps
 The model of a non-English language L during CLA training:
 
     L's tokenizer + embeddings, base + merged LA, SE LoRA, pooling      frozen
-    parallel adapters beside every FFN (modsent.parallel_adapter)       trained
+    parallel adapters beside every FFN (modsent.modular.parallel_adapter)       trained
 
 The English side is frozen: :func:`embed_english` encodes every English training sentence once
 per base model with the English LA + SE encoder and writes
@@ -14,7 +14,7 @@ per base model with the English LA + SE encoder and writes
     {out stem}.units.parquet unit_id, text — row i of ``embeddings`` is ``unit_id[i]``
 
 (:func:`units_path` names the second file). Each language's CLA training looks English vectors
-up by content-hash id (``modsent.translation.unit_id``) instead of re-encoding them.
+up by content-hash id (``modsent.data.translation.unit_id``) instead of re-encoding them.
 
 Objectives (``kind``):
 
@@ -61,12 +61,12 @@ import pandas as pd
 import torch
 from torch import nn
 
-from modsent import parallel_adapter as pa
+from modsent.modular import parallel_adapter as pa
 from modsent import losses
-from modsent import sentence_adapter as sa
-from modsent.plots import write_loss_curve
+from modsent.modular import sentence_adapter as sa
+from modsent.evaluation.plots import write_loss_curve
 from modsent.io import InputError, atomic_path, write_parquet
-from modsent.translation import make_units, unit_id
+from modsent.data.translation import make_units, unit_id
 from modsent.training import checkpoints
 from modsent.training.pairs import no_duplicate_batches, split_heldout
 from modsent.training.seeding import dropout_seed

@@ -37,7 +37,7 @@ A job killed midway and rerun continues from its last checkpoint (``{out}.checkp
 language adapter's format: safetensors + JSON, written atomically; removed once the output is
 complete). Batches, the learning rate and dropout (reseeded every step) are pure functions of
 the step, so the resumed run ends where an unbroken one ends, bit for bit on the CPU. The CLA
-adapters (modsent.alignment) train with the same loop and checkpoints.
+adapters (modsent.modular.alignment) train with the same loop and checkpoints.
 """
 
 from __future__ import annotations
@@ -55,14 +55,14 @@ import pandas as pd
 import torch
 from torch import nn
 
-from modsent import language_adapter as la
+from modsent.modular import language_adapter as la
 from modsent.io import InputError, atomic_path
 from modsent.losses import MultipleNegativesRankingLoss, mlm_parts
 from modsent.training import checkpoints, schedules
 from modsent.training.pairs import PAIR_TEXT_COLUMNS, no_duplicate_batches, read_pairs, split_heldout  # noqa: F401
 from modsent.training.precision import autocast
 from modsent.training.seeding import dropout_seed
-from modsent.plots import write_before_after_bars, write_loss_curve
+from modsent.evaluation.plots import write_before_after_bars, write_loss_curve
 
 log = logging.getLogger(__name__)
 
@@ -419,7 +419,7 @@ def checkpointer(checkpoint_dir: Path | None, model, optimizer, fingerprint: str
                  accuracy_before, on_step=None):
     """The ``after_step`` of :func:`fit` that saves a checkpoint every ``every`` steps (not after
     the last: the output follows) with the language adapter's
-    :func:`~modsent.language_adapter.save_checkpoint` (trainable weights, AdamW moments, RNG
+    :func:`~modsent.modular.language_adapter.save_checkpoint` (trainable weights, AdamW moments, RNG
     state; the losses and the accuracy before training as JSON), then calls ``on_step(step)``.
     Only the main process of a process group writes; ``checkpoint_dir`` None: none is written."""
     from modsent import distributed

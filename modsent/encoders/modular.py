@@ -1,6 +1,6 @@
 """Many languages' sentence encoders on one shared transformer body.
 
-Every language's encoder (see :mod:`modsent.sentence_adapter` and :mod:`modsent.alignment`) is
+Every language's encoder (see :mod:`modsent.modular.sentence_adapter` and :mod:`modsent.modular.alignment`) is
 the same frozen base body plus small per-language parts:
 
     tokenizer + word embeddings     the language's (LA directory), or the base's without an LA
@@ -14,11 +14,11 @@ language. Routing is explicit: every ``nn.Linear`` of the body's encoder layers 
 :class:`RoutedLoRALinear` that adds the LoRA deltas of the *active* language
 (``W x + Σ s·B A x``, one term per LA and SE adapter, as PEFT computes them); the body's word
 embedding module is swapped for the language's; the language's parallel adapters are attached
-with the same forward pre-hook :mod:`modsent.parallel_adapter` uses. The reference encoder merges
+with the same forward pre-hook :mod:`modsent.modular.parallel_adapter` uses. The reference encoder merges
 the LA into ``W`` before adding the SE LoRA; stacking the two unmerged computes the same function
 up to float rounding.
 
-Prompts are not added (as in :mod:`modsent.sentence_adapter`).
+Prompts are not added (as in :mod:`modsent.modular.sentence_adapter`).
 
 :meth:`ModularEncoder.export` writes one language as a standalone sentence-transformers
 directory (safetensors) that a plain ``SentenceTransformer(out_dir)`` loads: LoRA merged into the
@@ -44,10 +44,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from modsent import alignment as al
-from modsent import language_adapter as la
-from modsent import parallel_adapter as pa
-from modsent import sentence_adapter as sa
+from modsent.modular import alignment as al
+from modsent.modular import language_adapter as la
+from modsent.modular import parallel_adapter as pa
+from modsent.modular import sentence_adapter as sa
 from modsent.io import InputError, atomic_path
 from modsent.losses import mlm_parts
 
@@ -110,7 +110,7 @@ def fold_parallel_adapters(body: nn.Module, adapters: dict[int, pa.ParallelAdapt
     """Fold parallel adapters into the FFN of ``body`` (in place); return the new FFN width.
 
     A layer's FFN computes ``W2 · act(W1 h + b1) + b2`` and its adapter adds
-    ``s · (Wu · ReLU(Wd h + bd) + bu)`` to it (see :mod:`modsent.parallel_adapter`). Appending
+    ``s · (Wu · ReLU(Wd h + bd) + bu)`` to it (see :mod:`modsent.modular.parallel_adapter`). Appending
     ``c·Wd`` to W1's rows (``c·bd`` to b1) and ``(s/c)·Wu`` to W2's columns (``s·bu`` to b2) gives
     the sum with ``act(c·x)/c`` in place of ``ReLU(x)``: exact for a ReLU FFN (c = 1), and for
     GELU within ``max_t t·Q(t)/c ≈ 0.17/c`` per unit. Layers without an adapter get zero units
@@ -429,9 +429,9 @@ class ModularEncoder:
 
     def detect(self, sentences: Sequence[str]) -> list[str]:
         """Each sentence's identified language (a registry code), among every language the
-        identifier knows (:mod:`modsent.language_id`), whether or not this encoder has modules
+        identifier knows (:mod:`modsent.data.language_id`), whether or not this encoder has modules
         for it; a registered language is reported by the code it was added under."""
-        from modsent import language_id
+        from modsent.data import language_id
 
         if self._identifier is None:
             self._identifier = language_id.LanguageIdentifier()
@@ -511,7 +511,7 @@ class ModularEncoder:
         ``export_info.json`` records the language and the base model's Hub id, where it has one."""
         import copy
 
-        from modsent.base_models import hub_id
+        from modsent.encoders.base_models import hub_id
 
         entry = self._activate(lang)
         base = self.base_model_dir

@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from modsent.io import InputError, atomic_path
-from modsent.tokenizer_training import SPECIAL_ROLES, load_tokenizer
+from modsent.modular.tokenizer_training import SPECIAL_ROLES, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ def focus_plan(
     """Decide copy / combine / random for every new token and compute the sparsemax weights.
 
     ``new_vectors`` [num_new, dim] and ``new_vector_mask`` [num_new] are the fastText vectors by
-    new token id (:func:`modsent.fasttext_embeddings.load_token_vectors`). ``special_map`` (new id
+    new token id (:func:`modsent.modular.fasttext_embeddings.load_token_vectors`). ``special_map`` (new id
     → base id) overrides the canonical match for special tokens.
     """
     import entmax
@@ -413,7 +413,7 @@ def initialize_embeddings(
     """
     from safetensors.torch import save_file
 
-    from modsent.fasttext_embeddings import load_token_vectors, vocab_fingerprint
+    from modsent.modular.fasttext_embeddings import load_token_vectors, vocab_fingerprint
 
     start = time.perf_counter()
     base_tokenizer = load_tokenizer(base_model_dir, "base model tokenizer")

@@ -25,7 +25,7 @@ import pandas as pd
 
 from modsent.io import InputError
 from modsent.sources.paraphrase import combine_pairs, read_pairs
-from modsent.translation import make_units
+from modsent.data.translation import make_units
 
 log = logging.getLogger(__name__)
 

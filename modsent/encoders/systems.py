@@ -3,7 +3,7 @@
 Three kinds of system:
 
 - ``base``: the base model itself; every language through the base's tokenizer.
-- Full-parameter baselines (``Full_*``, trained by :mod:`modsent.baselines`): one monolithic
+- Full-parameter baselines (``Full_*``, trained by :mod:`modsent.methods.baselines`): one monolithic
   sentence-transformers directory, ``baselines/{name}``, used for every language.
 - Modular variants: a recipe per language saying which of its modules are active. Modules live
   in a results tree (``results/{base}/...``):
@@ -295,7 +295,7 @@ def build_encoder(name: str, results_dir: str | Path, base_model_dir: str | Path
     ``.encode(sentences, lang=..., batch_size=32) -> np.ndarray`` (L2-normalised float32). A
     ModularEncoder for ``base`` (no modules), the modular variants and the ablations; a
     :class:`SentenceTransformerEncoder` for ``Full_*``. ``merge_weights``: Mod_c's (its first)."""
-    from modsent.modular_encoder import ModularEncoder
+    from modsent.encoders.modular import ModularEncoder
 
     results_dir = Path(results_dir)
     system = variant(name, merge_weights)
@@ -356,7 +356,7 @@ def build_language_encoders(names: Sequence[str], results_dir: str | Path, base_
     systems share one ModularEncoder (one body, each system's modules registered under a key);
     systems whose modules for ``lang`` are the same (English in Mod_m, Mod_mc-*, Mod_en, Mod_c)
     share a key, so a caller can encode once for all of them."""
-    from modsent.modular_encoder import ModularEncoder
+    from modsent.encoders.modular import ModularEncoder
 
     results_dir = Path(results_dir)
     out: dict[str, KeyedEncoder] = {}

@@ -9,17 +9,17 @@ embeddings and adapters. :class:`MtebEncoder` takes it from the task's metadata:
   encoded by that language's modules;
 * several (a cross-lingual subset such as STS17 ``en-de`` or a bitext pair): mteb encodes each
   side in a separate call without saying which side it is, so each sentence's language is
-  identified (modsent.language_id, offline) among the subset's languages only;
+  identified (modsent.data.language_id, offline) among the subset's languages only;
 * a subset with a language that has no modules (STS17 ``en-ar`` without Arabic modules) is an
   error listing the languages available, unless ``fallback=`` names the language whose modules
   encode it instead (logged, and recorded in ``MtebEncoder.fallbacks``). Select the subsets of
   your languages with ``mteb.get_tasks(..., languages=[...])`` or ``task.filter_languages``.
 
 Any object with ``encode(sentences, lang=, batch_size=)`` works (a :class:`ModularEncoder`, a
-variant from :func:`modsent.variants.build_encoder`); embeddings are compared by cosine.
+variant from :func:`modsent.encoders.systems.build_encoder`); embeddings are compared by cosine.
 
     import mteb
-    from modsent.mteb_adapter import MtebEncoder
+    from modsent.evaluation.mteb import MtebEncoder
     model = MtebEncoder(encoder, languages=["en", "de"], name="modsent/Mod_mc-labse")
     mteb.evaluate(model, mteb.get_tasks(tasks=["STS17"]), cache=None)
 """
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from modsent import language_id
+from modsent.data import language_id
 from modsent import languages as registry
 from modsent.io import InputError
 
@@ -40,7 +40,7 @@ try:
     from mteb.models.abs_encoder import AbsEncoder
     from mteb.models.model_meta import ModelMeta, ScoringFunction
 except ImportError as error:  # pragma: no cover - exercised only without the extra
-    raise ImportError("modsent.mteb_adapter needs the mteb package: pip install 'modsent[mteb]'") from error
+    raise ImportError("modsent.evaluation.mteb needs the mteb package: pip install 'modsent[mteb]'") from error
 
 log = logging.getLogger(__name__)
 

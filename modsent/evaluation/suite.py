@@ -11,7 +11,7 @@ Three steps, one Snakemake rule each (rules/evaluation.smk):
    variants and ablations on one shared body, loaded once) and ``full`` (the monolithic
    baselines, whose retraining then leaves the modular embeddings alone).
 2. :func:`score_dataset` — the paper's protocol for one (variant, dataset), from those files and
-   the normalised dataset subsets (:mod:`modsent.evaluation_data`), into one JSON:
+   the normalised dataset subsets (:mod:`modsent.evaluation.data`), into one JSON:
 
    ============== =====================================================================
    kind           scores
@@ -19,7 +19,7 @@ Three steps, one Snakemake rule each (rules/evaluation.smk):
    pairs          STS/STR: Spearman ×100 of cosine vs gold, per language (``mono``) and
                   per language pair (``cross``, symmetric pairs averaged); for
                   multi-parallel sets also every configured language pair built from
-                  ``pair_id`` and the language bias (:func:`modsent.metrics.language_bias`)
+                  ``pair_id`` and the language bias (:func:`modsent.evaluation.metrics.language_bias`)
    parallel       bitext mining: xsim error rate ×100 (ratio margin, k = 4) for every
                   ordered language pair; RSIM over language pairs
    bitext_pairs   bitext mining en↔X: xsim error ×100, the mean of both directions
@@ -47,8 +47,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from modsent import evaluation_data as ed
-from modsent import metrics
+from modsent.evaluation import data as ed
+from modsent.evaluation import metrics
 from modsent.languages import PIVOT_LANGUAGE
 from modsent.io import InputError, atomic_path, write_parquet
 
@@ -131,7 +131,7 @@ def embed_language(encoders: dict, lang: str, datasets: dict[str, list[str | Pat
     system's encoder (``{system: encoder}``, anything with ``encode(sentences, lang=,
     batch_size=)``) into ``out_dir/{system}/{name}.parquet``; the directory is written
     atomically. Encoders that compute the same function (equal ``encoder`` and ``key``
-    attributes, see :func:`modsent.variants.build_language_encoders`) encode once.
+    attributes, see :func:`modsent.encoders.systems.build_language_encoders`) encode once.
     Returns sentence counts per system and dataset."""
     texts = {}
     for name, paths in datasets.items():

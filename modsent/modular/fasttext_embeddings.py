@@ -50,7 +50,7 @@ Decisions, matching deepfocus where it has one:
 The tokenised text is a temporary file inside the output's temporary directory (no cache in the
 home directory) and is deleted before the directory is published.
 
-fastText runs in a fresh Python process (``python -m modsent.fasttext_embeddings JOB``) that
+fastText runs in a fresh Python process (``python -m modsent.modular.fasttext_embeddings JOB``) that
 imports nothing but fastText, numpy and safetensors. Measured with fasttext-numpy2 0.10.4: one
 training with ``threads=1`` gives the same vectors in every fresh process, but a second training
 in the same process gives different vectors, and which one depends on what the process did
@@ -73,7 +73,7 @@ from pathlib import Path
 import numpy as np
 
 from modsent.io import InputError, atomic_path, iter_utf8_lines
-from modsent.tokenizer_training import load_tokenizer
+from modsent.modular.tokenizer_training import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ def _run_child(work_dir: Path, job: dict) -> dict:
     job["out_dir"] = str(work_dir)
     job_path.write_text(json.dumps(job, ensure_ascii=False), encoding="utf-8")
     env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parent.parent)  # so the child imports this modsent
+    package_root = str(Path(__file__).resolve().parents[2])  # so the child imports this modsent
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     try:
         process = subprocess.run([sys.executable, "-m", __name__, str(job_path)], env=env,

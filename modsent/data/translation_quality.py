@@ -3,7 +3,7 @@
 Per language: empty outputs, untranslated outputs (identical to the English), outputs much
 shorter than their source (likely truncated or dropped content), the character length ratio
 distribution, the copy rate (share of output words found verbatim in the source), and the
-agreement of an offline language identifier (modsent.language_id: py3langid's bundled model, 97
+agreement of an offline language identifier (modsent.data.language_id: py3langid's bundled model, 97
 languages) with the target language. JSON + a plot per language; a Markdown table over languages.
 
 The identifier misreads even good human translations of short UI strings and names (a third or
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from modsent import language_id
+from modsent.data import language_id
 from modsent.io import atomic_open, atomic_path
 
 # Output shorter than 30% of the language's typical length ratio: likely truncated or dropped

@@ -1,13 +1,13 @@
 """Full-parameter (monolithic) baselines: every weight of the base model trained with Multiple
 Negatives Ranking Loss on the base's own tokenizer, on the same paraphrase pairs as the modular
-encoders (the recipes are :data:`modsent.variants.FULL_BASELINES`):
+encoders (the recipes are :data:`modsent.encoders.systems.FULL_BASELINES`):
 
     Full_en   English pairs only                                   monolingual batches
     Full_m    every language's pairs, each batch in one language   monolingual batches
     Full_c    each pair's anchor and positive in random languages  cross-lingual pairs
     Full_mc   Full_c's data, starting from Full_m's weights        cross-lingual pairs
 
-Everything but the trainable set is the SE adapter's (:mod:`modsent.sentence_adapter`): the
+Everything but the trainable set is the SE adapter's (:mod:`modsent.modular.sentence_adapter`): the
 encoder loaded the same way (the base without an LA), the base's own Pooling/Dense/Normalize
 modules, the loss (MNRL, scale 20, in-batch negatives plus each pair's hard negative), batches
 without a repeated text (``no_duplicate_batches``), the warm-up/linear-decay schedule, AdamW
@@ -38,7 +38,7 @@ language and SE adapters' checkpoint format); a rerun of a killed job continues 
 a checkpoint made from other settings or inputs (:func:`training_fingerprint`) is ignored. The
 batch of a step is a pure function of (seed, epoch, step) and dropout is seeded per step, so a
 resumed run trains exactly as an unbroken one (bit for bit on the CPU). Several GPUs of one
-node: ``python -m modsent.baselines`` (:func:`main`) under torchrun, one process per GPU; see
+node: ``python -m modsent.methods.baselines`` (:func:`main`) under torchrun, one process per GPU; see
 :func:`gathered_batch_loss` for how the in-batch negatives span the processes.
 
 Output: a sentence-transformers directory (``SentenceTransformer(dir)`` loads it and encodes as
@@ -66,14 +66,14 @@ import pandas as pd
 import torch
 
 from modsent import distributed
-from modsent import sentence_adapter as sa
-from modsent import variants
+from modsent.modular import sentence_adapter as sa
+from modsent.encoders import systems as variants
 from modsent.languages import PIVOT_LANGUAGE
 from modsent.io import InputError, atomic_open, atomic_path
 from modsent.losses import MultipleNegativesRankingLoss
 from modsent.methods import Method, PairTraining
-from modsent.paraphrase_data import crosslingual_mix
-from modsent.plots import write_loss_curve
+from modsent.data.paraphrase import crosslingual_mix
+from modsent.evaluation.plots import write_loss_curve
 from modsent.training import checkpoints
 from modsent.training.pairs import no_duplicate_batches, read_pairs, split_heldout
 from modsent.training.seeding import dropout_seed
@@ -593,7 +593,7 @@ def write_summary(baseline_dirs: list[str | Path], out_path: str | Path) -> None
 def cli_arguments(name: str, start_dir, pairs_paths: Mapping[str, str | Path], out_dir,
                   cfg: FullTrainingConfig, *, log_path=None, threads: int | None = None,
                   progress: bool = True) -> list[str]:
-    """The arguments of ``python -m modsent.baselines`` that train like ``train_full_baseline``
+    """The arguments of ``python -m modsent.methods.baselines`` that train like ``train_full_baseline``
     with these inputs (:func:`main` reads them back). No option is a prefix of torchrun's own
     (``--start`` would be: see ``distributed.launch_command``)."""
     args = ["--name", name, "--init", start_dir, "--out", out_dir,
@@ -610,12 +610,12 @@ def cli_arguments(name: str, start_dir, pairs_paths: Mapping[str, str | Path], o
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m modsent.baselines --name Full_m --init DIR --pairs LANG FILE ... --out DIR
+    """``python -m modsent.methods.baselines --name Full_m --init DIR --pairs LANG FILE ... --out DIR
     --config JSON``: train one full baseline.
 
     Run directly, one process; under torchrun (``modsent.distributed.launch_command``), one
     process per GPU of the node, data-parallel (see :func:`run_full_training`)."""
-    parser = argparse.ArgumentParser(prog="python -m modsent.baselines",
+    parser = argparse.ArgumentParser(prog="python -m modsent.methods.baselines",
                                      description="Train one full-parameter baseline.")
     parser.add_argument("--name", required=True, choices=list(variants.FULL_BASELINES))
     parser.add_argument("--init", required=True, help="the starting directory: the base model, or Full_m for Full_mc")
@@ -636,6 +636,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # run the imported module's main, so that log records and classes carry its real name
-    from modsent.baselines import main as _main
+    from modsent.methods.baselines import main as _main
 
     sys.exit(_main())

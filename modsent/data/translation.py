@@ -476,7 +476,7 @@ def load_translator(engine: str, model: str | os.PathLike, *, src_lang: str, tgt
     path = Path(location)
     if not (path / "model.bin").is_file():
         raise InputError(f"{location}: not a CTranslate2 model directory (no model.bin); convert the "
-                         f"checkpoint first (modsent.translation.convert_checkpoint)")
+                         f"checkpoint first (modsent.data.translation.convert_checkpoint)")
     tokenizer_location = _model_location(tokenizer) if tokenizer else str(path / CONVERTED_TOKENIZER_DIR)
     if not Path(tokenizer_location).is_dir() and tokenizer is None:
         raise InputError(f"{location}: no {CONVERTED_TOKENIZER_DIR}/ inside; pass tokenizer= (the checkpoint)")

