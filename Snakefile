@@ -38,10 +38,10 @@ wildcard_constraints:
     dataset=SLUG_REGEX,
     kind="pp|pl",
     weight=r"0(\.[0-9]+)?|1",
-    variant=r"base|(?:Full|Mod)_[A-Za-z]+(?:-[A-Za-z0-9.]+)?" + (f"|{method_regex()}" if configured_methods() else ""),
+    variant=modsent_variants.name_pattern(configured_methods()),
     method=method_regex(),
     subset=SUBSET_REGEX,
-    group="modular|full" + (f"|{method_regex()}" if configured_methods() else ""),
+    group=modsent_variants.group_pattern(configured_methods()),
 
 
 include: "rules/base_model.smk"

@@ -156,39 +156,17 @@ def cmd_encode(args: argparse.Namespace) -> int:
     return 0
 
 
-# Every per-language output of the workflow, relative to its working directory; {base} is a
-# directory under results/. Outputs downstream of these (summaries, evaluation) are rerun by
-# Snakemake because their inputs change, so they need not be listed.
-LANGUAGE_OUTPUTS = (
-    "resources/corpora/{lang}.txt",
-    "resources/translations/{lang}.parquet",
-    "resources/eval/*/{lang}.parquet",
-    "results/translation/{lang}/shards/*.parquet",
-    "results/translation/{lang}.parquet",
-    "results/translation/quality/{lang}.json",
-    "results/paraphrase/{lang}.parquet",
-    "results/{base}/tokenizers/{lang}",
-    "results/{base}/fasttext/{lang}",
-    "results/{base}/embeddings/{lang}",
-    "results/{base}/language_adapters/{lang}",
-    "results/{base}/sentence_adapters/{lang}",
-    "results/{base}/alignment/*/{lang}",
-    "results/{base}/ablations/sentence_adapters_base/{lang}",
-    "results/{base}/ablations/alignment_la/*/{lang}",
-    "results/{base}/eval/embeddings/*/{lang}",
-)
-
-
 def language_outputs(langs: list[str], directory: str = ".", base: str | None = None) -> list[str]:
     """The existing outputs of ``langs`` under ``directory`` (all bases, or ``base``)."""
     from glob import escape, glob
     from pathlib import Path
 
+    from modsent import layout
+
     root = Path(directory)
     found: list[str] = []
     for lang in langs:
-        for pattern in LANGUAGE_OUTPUTS:
-            pattern = pattern.format(lang=escape(lang), base=escape(base) if base else "*")
+        for pattern in layout.language_outputs(escape(lang), escape(base) if base else "*"):
             found += sorted(str(Path(path).relative_to(root)) for path in glob(str(root / pattern))
                             if not Path(path).name.startswith("."))
     return list(dict.fromkeys(found))

@@ -125,7 +125,7 @@ def source_errors(config: dict) -> list[str]:
                 problems.append(f"paraphrases.{name}.source: {err}")
     evaluation = (config.get("evaluation") or {}).get("datasets") or {}
     if isinstance(evaluation, dict):
-        from modsent.evaluation import data as evaluation_data
+        from modsent.sources import evaluation as evaluation_data
 
         for name, settings in evaluation.items():
             source = settings.get("source") if isinstance(settings, dict) else None

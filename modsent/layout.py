@@ -1,39 +1,141 @@
-"""The workflow's file layout, in one place: where each stage's inputs and outputs live,
-relative to the working directory. The rules (rules/common.smk), the methods registry and the
-command line build paths with these functions, so no code rebuilds another stage's paths.
+"""The workflow's file layout, in one place: where each stage's outputs live, relative to the
+working directory, as Snakemake patterns (``{lang}``, ``{base}``, ... are wildcards).
+
+The rules name their outputs with these patterns, their input functions build paths with the
+functions below, the systems (:mod:`modsent.encoders.systems`) find their modules with the
+``*_DIR`` names, and ``modsent outputs``/``modsent clean`` find a language's outputs with
+:func:`language_outputs`; so no code rebuilds another stage's paths by hand. Moving an output is
+an edit here (and a rerun).
+
+The results tree of one base model, ``results/{base}``::
+
+    tokenizers/{lang}  fasttext/{lang}  embeddings/{lang}     the language's vocabulary (LA inputs)
+    language_adapters/{lang}                                 LA
+    sentence_adapters/{lang}                                 SE
+    alignment/{kind}/{lang}, alignment/merged-{weight}/{lang}  CLA (pp, pl) and their merge
+    ablations/sentence_adapters_base/{lang}                  Mod_m-LA's SE adapters (no LA)
+    ablations/alignment_la/...                               Mod_c's CLA adapters (no SE)
+    baselines/{name}                                         Full_* (sentence-transformers)
+    methods/{method}                                         registered training methods
+    eval/embeddings/{group}/{lang}, eval/scores/{variant}/{dataset}.json
+    summary.csv, summary.md
 """
 
 from __future__ import annotations
 
+RESULTS = "results/{base}"
+
+# ---- inputs and the shared, base-independent data ----------------------------------------------
+BASE_MODEL = "resources/base_models/{base}"
+CORPUS = "resources/corpora/{lang}.txt"
+PARAPHRASE_SOURCE = "resources/paraphrases/{dataset}.parquet"
+PROVIDED_TRANSLATIONS = "resources/translations/{lang}.parquet"
+EVALUATION_SUBSET = "resources/eval/{dataset}/{subset}.parquet"
+INPUTS_SUMMARY = "resources/inputs_summary.md"
+MT_MODEL = "resources/mt_models/ct2"
+ENGLISH_PAIRS = "results/paraphrase/en.parquet"
+PAIRS = "results/paraphrase/{lang}.parquet"
+TRANSLATION_UNITS = "results/translation/units.parquet"
+TRANSLATIONS = "results/translation/{lang}.parquet"
+TRANSLATION_SHARD = "results/translation/{lang}/shards/{scatteritem}.parquet"
+TRANSLATION_QUALITY = "results/translation/quality/{lang}.json"
+TRANSLATION_QUALITY_PLOT = "results/translation/quality/{lang}.png"
+TRANSLATION_QUALITY_SUMMARY = "results/translation/quality.md"
+
+# ---- one base model's modules, relative to its results tree (the systems' module paths) --------
+TOKENIZER_DIR = "tokenizers/{lang}"
+FASTTEXT_DIR = "fasttext/{lang}"
+EMBEDDINGS_DIR = "embeddings/{lang}"
+LANGUAGE_ADAPTERS = "language_adapters"
+SENTENCE_ADAPTERS = "sentence_adapters"
+ALIGNMENT = "alignment"
+ABLATION_SENTENCE_ADAPTERS = "ablations/sentence_adapters_base"
+ABLATION_ALIGNMENT = "ablations/alignment_la"
+BASELINES = "baselines"
+METHODS = "methods"
+
+
+def _tree(relative: str) -> str:
+    return f"{RESULTS}/{relative}"
+
+
+# ---- one base model's outputs ------------------------------------------------------------------
+TOKENIZER = _tree(TOKENIZER_DIR)
+FASTTEXT = _tree(FASTTEXT_DIR)
+EMBEDDINGS = _tree(EMBEDDINGS_DIR)
+LANGUAGE_ADAPTER = _tree(f"{LANGUAGE_ADAPTERS}/{{lang}}")
+LANGUAGE_ADAPTER_SUMMARY = _tree(f"{LANGUAGE_ADAPTERS}/summary.md")
+LANGUAGE_ADAPTER_PLOT = _tree(f"{LANGUAGE_ADAPTERS}/summary.png")
+SENTENCE_ADAPTER = _tree(f"{SENTENCE_ADAPTERS}/{{lang}}")
+SENTENCE_ADAPTER_SUMMARY = _tree(f"{SENTENCE_ADAPTERS}/summary.md")
+SENTENCE_ADAPTER_PLOT = _tree(f"{SENTENCE_ADAPTERS}/summary.png")
+ENGLISH_EMBEDDINGS = _tree(f"{ALIGNMENT}/english_embeddings.safetensors")
+ENGLISH_EMBEDDING_UNITS = _tree(f"{ALIGNMENT}/english_embeddings.units.parquet")
+ALIGNMENT_ADAPTER = _tree(f"{ALIGNMENT}/{{kind}}/{{lang}}")
+MERGED_ALIGNMENT = _tree(f"{ALIGNMENT}/merged-{{weight}}/{{lang}}")
+ALIGNMENT_SUMMARY = _tree(f"{ALIGNMENT}/summary.md")
+ABLATION_SENTENCE_ADAPTER = _tree(f"{ABLATION_SENTENCE_ADAPTERS}/{{lang}}")
+ABLATION_ALIGNMENT_ADAPTER = _tree(f"{ABLATION_ALIGNMENT}/{{kind}}/{{lang}}")
+ABLATION_MERGED_ALIGNMENT = _tree(f"{ABLATION_ALIGNMENT}/merged-{{weight}}/{{lang}}")
+BASELINE = _tree(f"{BASELINES}/{{name}}")
+BASELINE_SUMMARY = _tree(f"{BASELINES}/summary.md")
+METHOD = _tree(f"{METHODS}/{{method}}")
+EVALUATION_GROUP = _tree("eval/embeddings/{group}")  # one directory per language
+EVALUATION_EMBEDDINGS = f"{EVALUATION_GROUP}/{{lang}}"
+EVALUATION_SCORES = _tree("eval/scores/{variant}/{dataset}.json")
+SUMMARY_CSV = _tree("summary.csv")
+SUMMARY = _tree("summary.md")
+SUMMARY_PLOT = _tree("eval/summary.png")
+XSIM_HEATMAPS = _tree("eval/xsim_heatmaps.png")
+PER_LANGUAGE = _tree("eval/per_language")  # {name}.md per dataset
+
+# Everything one language owns: what ``modsent clean --lang`` removes and ``modsent outputs``
+# lists. Downstream outputs shared by every language (summaries, evaluation scores) are not
+# listed: Snakemake reruns them when their inputs go.
+LANGUAGE_OUTPUTS = (
+    CORPUS, PROVIDED_TRANSLATIONS, EVALUATION_SUBSET.replace("{subset}", "{lang}"),
+    TRANSLATION_SHARD, TRANSLATIONS, TRANSLATION_QUALITY, PAIRS,
+    TOKENIZER, FASTTEXT, EMBEDDINGS, LANGUAGE_ADAPTER, SENTENCE_ADAPTER,
+    ALIGNMENT_ADAPTER.replace("{kind}", "*"), ABLATION_SENTENCE_ADAPTER,
+    ABLATION_ALIGNMENT_ADAPTER.replace("{kind}", "*"), EVALUATION_EMBEDDINGS,
+)
+
+
+def language_outputs(lang: str, base: str = "*") -> list[str]:
+    """The glob patterns of ``lang``'s outputs (``lang`` and ``base`` already glob-escaped);
+    every other wildcard is ``*``."""
+    import re
+
+    return [re.sub(r"\{[a-z]+\}", "*", pattern.replace("{lang}", lang).replace("{base}", base))
+            for pattern in LANGUAGE_OUTPUTS]
+
 
 def base_model(base: str) -> str:
     """The base model as a sentence-transformers directory."""
-    return f"resources/base_models/{base}"
+    return BASE_MODEL.format(base=base)
 
 
 def pairs(lang: str) -> str:
     """The paraphrase pairs in ``lang`` (the same pair_ids in every language)."""
-    return f"results/paraphrase/{lang}.parquet"
+    return PAIRS.format(lang=lang)
 
 
 def translations(lang: str) -> str:
     """``unit_id, text, translation`` of every English sentence, translated into ``lang``."""
-    return f"results/translation/{lang}.parquet"
+    return TRANSLATIONS.format(lang=lang)
 
 
 def results(base: str) -> str:
     """The results tree of one base model."""
-    return f"results/{base}"
-
-
-METHODS_DIR = "methods"
+    return RESULTS.format(base=base)
 
 
 def method_output(base: str, system: str) -> str:
     """A training method's trained system (a sentence-transformers directory)."""
-    return f"{results(base)}/{METHODS_DIR}/{system}"
+    return METHOD.format(base=base, method=system)
 
 
 def method_relative(system: str) -> str:
     """:func:`method_output` relative to the results tree (``results/{base}``)."""
-    return f"{METHODS_DIR}/{system}"
+    return f"{METHODS}/{system}"
+

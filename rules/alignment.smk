@@ -6,10 +6,10 @@ rule english_embeddings:
     """The frozen English encoder (English LA + SE) embeds every English training sentence once."""
     input:
         unpack(english_encoder_inputs),
-        units="results/translation/units.parquet",
+        units=layout.TRANSLATION_UNITS,
     output:
-        embeddings="results/{base}/alignment/english_embeddings.safetensors",
-        units="results/{base}/alignment/english_embeddings.units.parquet",
+        embeddings=layout.ENGLISH_EMBEDDINGS,
+        units=layout.ENGLISH_EMBEDDING_UNITS,
     threads: job_threads("gpu_encode")
     resources:
         **job_resources("gpu_encode"),
@@ -27,9 +27,9 @@ rule alignment_adapter:
     Resumes from results/{base}/alignment/{kind}/{lang}.checkpoint when rerun after a kill."""
     input:
         unpack(alignment_inputs),
-        english="results/{base}/alignment/english_embeddings.safetensors",
+        english=layout.ENGLISH_EMBEDDINGS,
     output:
-        directory("results/{base}/alignment/{kind}/{lang}"),
+        directory(layout.ALIGNMENT_ADAPTER),
     params:
         settings=alignment_settings,
     threads: job_threads("gpu_train")
@@ -48,10 +48,10 @@ rule alignment_adapter:
 rule merge_alignment:
     """w * pp + (1 - w) * pl: an ordinary adapter directory."""
     input:
-        pp="results/{base}/alignment/pp/{lang}",
-        pl="results/{base}/alignment/pl/{lang}",
+        pp=layout.ALIGNMENT_ADAPTER.replace("{kind}", "pp"),
+        pl=layout.ALIGNMENT_ADAPTER.replace("{kind}", "pl"),
     output:
-        directory("results/{base}/alignment/merged-{weight}/{lang}"),
+        directory(layout.MERGED_ALIGNMENT),
     resources:
         **job_resources("cpu"),
     log:
@@ -67,7 +67,7 @@ rule alignment_summary:
     input:
         alignment_dirs,
     output:
-        "results/{base}/alignment/summary.md",
+        layout.ALIGNMENT_SUMMARY,
     resources:
         **job_resources("cpu"),
     log:

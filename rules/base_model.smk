@@ -4,7 +4,7 @@
 rule base_model:
     """Convert the built-in model, download a Hub model (safetensors only) or copy a local one."""
     output:
-        directory("resources/base_models/{base}"),
+        directory(layout.BASE_MODEL),
     params:
         source=config["base_model"]["source"],
         revision=config["base_model"].get("revision"),

@@ -15,7 +15,7 @@ rule full_baseline:
     input:
         unpack(full_baseline_inputs),
     output:
-        directory("results/{base}/baselines/{name}"),
+        directory(layout.BASELINE),
     wildcard_constraints:
         name="|".join(modsent_variants.FULL_BASELINES),
     params:
@@ -39,7 +39,7 @@ rule full_baseline_summary:
     input:
         full_baseline_dirs,
     output:
-        "results/{base}/baselines/summary.md",
+        layout.BASELINE_SUMMARY,
     resources:
         **job_resources("cpu"),
     log:
@@ -55,10 +55,10 @@ rule ablation_sentence_adapter:
     Resumes from results/{base}/ablations/sentence_adapters_base/{lang}.checkpoint when rerun
     after a kill."""
     input:
-        base="resources/base_models/{base}",
-        pairs="results/paraphrase/{lang}.parquet",
+        base=layout.BASE_MODEL,
+        pairs=layout.PAIRS,
     output:
-        directory("results/{base}/ablations/sentence_adapters_base/{lang}"),
+        directory(layout.ABLATION_SENTENCE_ADAPTER),
     params:
         settings=sentence_adapter_settings,
     threads: job_threads("gpu_train")
@@ -80,9 +80,9 @@ rule ablation_alignment_adapter:
     results/{base}/ablations/alignment_la/{kind}/{lang}.checkpoint when rerun after a kill."""
     input:
         unpack(ablation_alignment_inputs),
-        english="results/{base}/alignment/english_embeddings.safetensors",
+        english=layout.ENGLISH_EMBEDDINGS,
     output:
-        directory("results/{base}/ablations/alignment_la/{kind}/{lang}"),
+        directory(layout.ABLATION_ALIGNMENT_ADAPTER),
     params:
         settings=ablation_alignment_settings,
     threads: job_threads("gpu_train")
@@ -101,10 +101,10 @@ rule ablation_alignment_adapter:
 rule ablation_merge_alignment:
     """Mod_c: w * pp + (1 - w) * pl of the CLA adapters trained without SE."""
     input:
-        pp="results/{base}/ablations/alignment_la/pp/{lang}",
-        pl="results/{base}/ablations/alignment_la/pl/{lang}",
+        pp=layout.ABLATION_ALIGNMENT_ADAPTER.replace("{kind}", "pp"),
+        pl=layout.ABLATION_ALIGNMENT_ADAPTER.replace("{kind}", "pl"),
     output:
-        directory("results/{base}/ablations/alignment_la/merged-{weight}/{lang}"),
+        directory(layout.ABLATION_MERGED_ALIGNMENT),
     resources:
         **job_resources("cpu"),
     log:

@@ -76,7 +76,7 @@ def base_model_dir():
 
 
 def corpus_path(lang):
-    return f"resources/corpora/{lang}.txt"
+    return layout.CORPUS.format(lang=lang)
 
 
 def corpus_settings(wildcards):
@@ -88,13 +88,13 @@ def paraphrase_spec(wildcards):
 
 
 def paraphrase_source_paths():
-    return expand("resources/paraphrases/{dataset}.parquet", dataset=list(config["paraphrases"]))
+    return expand(layout.PARAPHRASE_SOURCE, dataset=list(config["paraphrases"]))
 
 
 def translation_targets():
     if config["translation"]["engine"] != "provided":
         return []
-    return expand("resources/translations/{lang}.parquet", lang=non_english())
+    return expand(layout.PROVIDED_TRANSLATIONS, lang=non_english())
 
 
 def input_targets():
@@ -103,7 +103,7 @@ def input_targets():
         + [corpus_path(lang) for lang in languages()]
         + paraphrase_source_paths()
         + translation_targets()
-        + ["resources/inputs_summary.md"]
+        + [layout.INPUTS_SUMMARY]
     )
 
 
@@ -114,14 +114,14 @@ def translation_model_input(wildcards):
     """The converted CTranslate2 model for that engine; nothing for transformers (it loads
     the checkpoint itself, from the Hub or a local path)."""
     if config["translation"]["engine"] == "ctranslate2":
-        return ["resources/mt_models/ct2"]
+        return [layout.MT_MODEL]
     return []
 
 
 def paraphrase_targets():
-    targets = expand("results/paraphrase/{lang}.parquet", lang=languages())
+    targets = expand(layout.PAIRS, lang=languages())
     if non_english():
-        targets.append("results/translation/quality.md")
+        targets.append(layout.TRANSLATION_QUALITY_SUMMARY)
     return targets
 
 
@@ -138,7 +138,7 @@ def language_adapter_settings(wildcards):
 
 def language_adapter_dirs(wildcards):
     return expand(
-        "results/{base}/language_adapters/{lang}",
+        layout.LANGUAGE_ADAPTER,
         base=wildcards.base,
         lang=modsent_config.specialized_languages(config),
     )
@@ -147,7 +147,7 @@ def language_adapter_dirs(wildcards):
 def specialization_targets():
     if not modsent_config.specialized_languages(config):
         return []
-    return [f"results/{base_name()}/language_adapters/summary.md"]
+    return [layout.LANGUAGE_ADAPTER_SUMMARY.format(base=base_name())]
 
 
 # ---- sentence encoding -----------------------------------------------------------------------
@@ -165,16 +165,16 @@ def sentence_adapter_inputs(wildcards):
         "pairs": layout.pairs(wildcards.lang),
     }
     if wildcards.lang in modsent_config.specialized_languages(config):
-        inputs["language_adapter"] = f"results/{wildcards.base}/language_adapters/{wildcards.lang}"
+        inputs["language_adapter"] = layout.LANGUAGE_ADAPTER.format(**wildcards)
     return inputs
 
 
 def sentence_adapter_dirs(wildcards):
-    return expand("results/{base}/sentence_adapters/{lang}", base=wildcards.base, lang=languages())
+    return expand(layout.SENTENCE_ADAPTER, base=wildcards.base, lang=languages())
 
 
 def sentence_encoding_targets():
-    return [f"results/{base_name()}/sentence_adapters/summary.md"]
+    return [layout.SENTENCE_ADAPTER_SUMMARY.format(base=base_name())]
 
 
 # ---- cross-lingual alignment -------------------------------------------------------------------
@@ -184,10 +184,10 @@ def _language_modules(base, lang):
     """The inputs naming a language's frozen encoder: its LA (unless skipped) and SE adapter."""
     inputs = {
         "base": layout.base_model(base),
-        "sentence_adapter": f"results/{base}/sentence_adapters/{lang}",
+        "sentence_adapter": layout.SENTENCE_ADAPTER.format(base=base, lang=lang),
     }
     if lang in modsent_config.specialized_languages(config):
-        inputs["language_adapter"] = f"results/{base}/language_adapters/{lang}"
+        inputs["language_adapter"] = layout.LANGUAGE_ADAPTER.format(base=base, lang=lang)
     return inputs
 
 
@@ -216,15 +216,15 @@ def merge_weight_names():
 
 
 def alignment_dirs(wildcards):
-    return expand("results/{base}/alignment/{kind}/{lang}", base=wildcards.base,
+    return expand(layout.ALIGNMENT_ADAPTER, base=wildcards.base,
                   kind=["pp", "pl"], lang=non_english())
 
 
 def alignment_targets():
     if not non_english():
         return []
-    return [f"results/{base_name()}/alignment/summary.md"] + expand(
-        "results/{base}/alignment/merged-{weight}/{lang}", base=base_name(),
+    return [layout.ALIGNMENT_SUMMARY.format(base=base_name())] + expand(
+        layout.MERGED_ALIGNMENT, base=base_name(),
         weight=merge_weight_names(), lang=non_english())
 
 
@@ -240,17 +240,17 @@ def full_baseline_inputs(wildcards):
     """The base model (Full_mc: Full_m's output instead) and the pairs it trains on."""
     recipe = modsent_variants.FULL_BASELINES[wildcards.name]
     inputs = {
-        "pairs": expand("results/paraphrase/{lang}.parquet", lang=full_baseline_languages(wildcards)),
+        "pairs": expand(layout.PAIRS, lang=full_baseline_languages(wildcards)),
     }
     if recipe.init is None:
         inputs["base"] = layout.base_model(wildcards.base)
     else:
-        inputs["init"] = f"results/{wildcards.base}/baselines/{recipe.init}"
+        inputs["init"] = layout.BASELINE.format(base=wildcards.base, name=recipe.init)
     return inputs
 
 
 def full_baseline_dirs(wildcards):
-    return expand("results/{base}/baselines/{name}", base=wildcards.base,
+    return expand(layout.BASELINE, base=wildcards.base,
                   name=config["baselines"]["full"])
 
 
@@ -277,15 +277,13 @@ def ablation_alignment_settings(wildcards):
 def baseline_targets():
     """Every output of the baseline and ablation rules (rules/baselines.smk) the config asks for."""
     section, base = config["baselines"], base_name()
-    targets = expand("results/{base}/baselines/{name}", base=base, name=section["full"])
+    targets = expand(layout.BASELINE, base=base, name=section["full"])
     if section["full"]:
-        targets.append(f"results/{base}/baselines/summary.md")
-    if "Mod_m-LA" in section["ablations"]:
-        targets += expand("results/{base}/ablations/sentence_adapters_base/{lang}", base=base,
-                          lang=languages())
-    if "Mod_c" in section["ablations"]:
-        targets += expand("results/{base}/ablations/alignment_la/merged-{weight}/{lang}", base=base,
-                          weight=merge_weight_names()[0], lang=non_english())
+        targets.append(layout.BASELINE_SUMMARY.format(base=base))
+    merge_weights, specialized = config["alignment"]["merge_weights"], modsent_config.specialized_languages(config)
+    for name in section["ablations"]:  # each ablation's modules, in every language
+        targets += [f"{layout.results(base)}/{path}" for lang in languages()
+                    for path in modsent_variants.module_paths(name, lang, merge_weights, specialized)]
     return targets
 
 
@@ -302,7 +300,7 @@ def evaluation_datasets():
 
 @functools.cache
 def _dataset_subsets(name):
-    from modsent.evaluation import data as evaluation_data
+    from modsent.sources import evaluation as evaluation_data
 
     return evaluation_data.subsets(name, languages(), evaluation_datasets()[name].get("source"))
 
@@ -325,7 +323,7 @@ def dataset_languages(name):
 
 
 def subset_path(name, subset):
-    return f"resources/eval/{name}/{subset}.parquet"
+    return layout.EVALUATION_SUBSET.format(dataset=name, subset=subset)
 
 
 def evaluation_subset_settings(wildcards):
@@ -368,7 +366,7 @@ def embedding_inputs(wildcards):
     from modsent.encoders import systems as variants
 
     modules = {
-        f"results/{wildcards.base}/{path}"
+        f"{layout.results(wildcards.base)}/{path}"
         for name in group_variants(wildcards.group)
         for path in variants.module_paths(name, wildcards.lang, config["alignment"]["merge_weights"],
                                           modsent_config.specialized_languages(config))
@@ -397,7 +395,7 @@ def score_inputs(wildcards):
     name = wildcards.dataset
     return {
         "subsets": [subset_path(name, subset) for subset in dataset_subsets(name)],
-        "embeddings": expand("results/{base}/eval/embeddings/{group}/{lang}", base=wildcards.base,
+        "embeddings": expand(layout.EVALUATION_EMBEDDINGS, base=wildcards.base,
                              group=_group_of(wildcards.variant), lang=dataset_languages(name)),
     }
 
@@ -413,7 +411,7 @@ def score_settings(wildcards):
     return canonical({
         "subsets": {subset: subset_path(name, subset) for subset in dataset_subsets(name)},
         "languages": dataset_languages(name),
-        "embeddings": f"results/{wildcards.base}/eval/embeddings/{_group_of(wildcards.variant)}",
+        "embeddings": layout.EVALUATION_GROUP.format(base=wildcards.base, group=_group_of(wildcards.variant)),
         "k": config["evaluation"]["xsim_k"],
         "margin": config["evaluation"]["xsim_margin"],
         "seed": config["evaluation"]["seed"],
@@ -426,7 +424,7 @@ def evaluation_missing():
 
 
 def score_paths(wildcards):
-    return expand("results/{base}/eval/scores/{variant}/{dataset}.json", base=wildcards.base,
+    return expand(layout.EVALUATION_SCORES, base=wildcards.base,
                   variant=evaluated_variants(), dataset=list(evaluation_datasets()))
 
 
@@ -471,7 +469,7 @@ def method_targets():
 def evaluation_targets():
     if not evaluation_datasets():
         return []
-    return expand("results/{base}/{name}", base=base_name(), name=["summary.csv", "summary.md"])
+    return [layout.SUMMARY_CSV.format(base=base_name()), layout.SUMMARY.format(base=base_name())]
 
 
 def all_targets():

@@ -5,7 +5,7 @@
 rule evaluation_subset:
     """One subset (a language or a language pair) of an evaluation dataset, normalised."""
     output:
-        "resources/eval/{dataset}/{subset}.parquet",
+        layout.EVALUATION_SUBSET,
     params:
         settings=evaluation_subset_settings,
     resources:
@@ -25,7 +25,7 @@ rule evaluation_embeddings:
     input:
         unpack(embedding_inputs),
     output:
-        directory("results/{base}/eval/embeddings/{group}/{lang}"),
+        directory(layout.EVALUATION_EMBEDDINGS),
     params:
         variants=embedding_variants,
         datasets=embedding_datasets,
@@ -48,7 +48,7 @@ rule evaluation_scores:
     input:
         unpack(score_inputs),
     output:
-        "results/{base}/eval/scores/{variant}/{dataset}.json",
+        layout.EVALUATION_SCORES,
     params:
         settings=score_settings,
     resources:
@@ -66,12 +66,12 @@ rule evaluation_summary:
     input:
         score_paths,
     output:
-        csv="results/{base}/summary.csv",
-        md=report("results/{base}/summary.md", category="Summary", caption="../report/summary.rst"),
-        plot=report("results/{base}/eval/summary.png", category="Summary", caption="../report/summary_plot.rst"),
-        heatmap=report("results/{base}/eval/xsim_heatmaps.png", category="Bitext mining",
+        csv=layout.SUMMARY_CSV,
+        md=report(layout.SUMMARY, category="Summary", caption="../report/summary.rst"),
+        plot=report(layout.SUMMARY_PLOT, category="Summary", caption="../report/summary_plot.rst"),
+        heatmap=report(layout.XSIM_HEATMAPS, category="Bitext mining",
                        caption="../report/xsim_heatmaps.rst"),
-        per_language=report(directory("results/{base}/eval/per_language"), patterns=["{name}.md"],
+        per_language=report(directory(layout.PER_LANGUAGE), patterns=["{name}.md"],
                             category="Per language", caption="../report/per_language.rst"),
     params:
         variants=evaluated_variants(),

@@ -4,7 +4,7 @@
 rule corpus:
     """Monolingual text of one language: cleaned, deduplicated, capped; one sentence a line."""
     output:
-        "resources/corpora/{lang}.txt",
+        layout.CORPUS,
     params:
         settings=corpus_settings,
     resources:
@@ -20,7 +20,7 @@ rule corpus:
 rule paraphrase_source:
     """One English paraphrase dataset in the contract (pair_id, dataset, anchor, positive, negative)."""
     output:
-        "resources/paraphrases/{dataset}.parquet",
+        layout.PARAPHRASE_SOURCE,
     params:
         spec=paraphrase_spec,
     resources:
@@ -36,7 +36,7 @@ rule paraphrase_source:
 rule provided_translations:
     """Existing human translations EN→X (english, translation), used by the `provided` engine."""
     output:
-        "resources/translations/{lang}.parquet",
+        layout.PROVIDED_TRANSLATIONS,
     params:
         source=canonical(config["translation"]["provided"]),
     resources:
@@ -52,11 +52,11 @@ rule provided_translations:
 rule inputs_summary:
     """A table of what every input holds: rows, sources, and time of preparation."""
     input:
-        corpora=expand("resources/corpora/{lang}.txt", lang=languages()),
+        corpora=expand(layout.CORPUS, lang=languages()),
         paraphrases=paraphrase_source_paths(),
         translations=translation_targets(),
     output:
-        "resources/inputs_summary.md",
+        layout.INPUTS_SUMMARY,
     resources:
         **job_resources("cpu"),
     log:

@@ -8,7 +8,7 @@ rule train_method:
     input:
         unpack(method_inputs),
     output:
-        directory("results/{base}/methods/{method}"),
+        directory(layout.METHOD),
     params:
         settings=method_settings,
         languages=method_languages,

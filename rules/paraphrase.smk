@@ -8,7 +8,7 @@ rule english_paraphrases:
     input:
         paraphrase_source_paths(),
     output:
-        "results/paraphrase/en.parquet",
+        layout.ENGLISH_PAIRS,
     resources:
         **job_resources("cpu"),
     log:
@@ -22,9 +22,9 @@ rule english_paraphrases:
 rule translation_units:
     """The distinct English sentences (content-hash ids): each is translated once per language."""
     input:
-        "results/paraphrase/en.parquet",
+        layout.ENGLISH_PAIRS,
     output:
-        "results/translation/units.parquet",
+        layout.TRANSLATION_UNITS,
     resources:
         **job_resources("cpu"),
     log:
@@ -40,10 +40,10 @@ if config["translation"]["engine"] == "provided":
     rule provided_translation:
         """Human translations aligned on the English text; units without one are dropped."""
         input:
-            units="results/translation/units.parquet",
-            provided="resources/translations/{lang}.parquet",
+            units=layout.TRANSLATION_UNITS,
+            provided=layout.PROVIDED_TRANSLATIONS,
         output:
-            "results/translation/{lang}.parquet",
+            layout.TRANSLATIONS,
         resources:
             **job_resources("cpu"),
         log:
@@ -58,10 +58,10 @@ else:
     rule translate_shard:
         """Machine-translate one shard of the units; resumes finished batches after a crash."""
         input:
-            units="results/translation/units.parquet",
+            units=layout.TRANSLATION_UNITS,
             model=translation_model_input,
         output:
-            "results/translation/{lang}/shards/{scatteritem}.parquet",
+            layout.TRANSLATION_SHARD,
         params:
             settings=job_settings("translation"),
         threads: job_threads("gpu_translate")
@@ -79,10 +79,10 @@ else:
     rule gather_translations:
         """One language's shards joined; every unit exactly once."""
         input:
-            units="results/translation/units.parquet",
+            units=layout.TRANSLATION_UNITS,
             shards=gather.translation("results/translation/{{lang}}/shards/{scatteritem}.parquet"),
         output:
-            "results/translation/{lang}.parquet",
+            layout.TRANSLATIONS,
         resources:
             **job_resources("cpu"),
         log:
@@ -98,7 +98,7 @@ if config["translation"]["engine"] == "ctranslate2":
     rule convert_translation_model:
         """The translation checkpoint converted for CTranslate2 (ct2-transformers-converter)."""
         output:
-            directory("resources/mt_models/ct2"),
+            directory(layout.MT_MODEL),
         params:
             model=config["translation"]["model"],
             compute_type=config["translation"]["compute_type"],
@@ -118,10 +118,10 @@ if config["translation"]["engine"] == "ctranslate2":
 rule paraphrase_language:
     """The English pairs in language L: every sentence replaced by its translation."""
     input:
-        english="results/paraphrase/en.parquet",
-        translations="results/translation/{lang}.parquet",
+        english=layout.ENGLISH_PAIRS,
+        translations=layout.TRANSLATIONS,
     output:
-        "results/paraphrase/{lang}.parquet",
+        layout.PAIRS,
     resources:
         **job_resources("cpu"),
     log:
@@ -135,11 +135,11 @@ rule paraphrase_language:
 rule translation_quality:
     """Empty, untranslated, short outputs, length ratios, copy rate, language-ID agreement."""
     input:
-        translations="results/translation/{lang}.parquet",
-        units="results/translation/units.parquet",
+        translations=layout.TRANSLATIONS,
+        units=layout.TRANSLATION_UNITS,
     output:
-        report="results/translation/quality/{lang}.json",
-        plot="results/translation/quality/{lang}.png",
+        report=layout.TRANSLATION_QUALITY,
+        plot=layout.TRANSLATION_QUALITY_PLOT,
     resources:
         **job_resources("cpu"),
     log:
@@ -153,9 +153,9 @@ rule translation_quality:
 rule translation_quality_summary:
     """The quality reports of all languages in one table."""
     input:
-        expand("results/translation/quality/{lang}.json", lang=non_english()),
+        expand(layout.TRANSLATION_QUALITY, lang=non_english()),
     output:
-        "results/translation/quality.md",
+        layout.TRANSLATION_QUALITY_SUMMARY,
     resources:
         **job_resources("cpu"),
     log:

@@ -7,7 +7,7 @@ rule sentence_adapter:
     input:
         unpack(sentence_adapter_inputs),
     output:
-        directory("results/{base}/sentence_adapters/{lang}"),
+        directory(layout.SENTENCE_ADAPTER),
     params:
         settings=sentence_adapter_settings,
     threads: job_threads("gpu_train")
@@ -28,8 +28,8 @@ rule sentence_adapter_summary:
     input:
         sentence_adapter_dirs,
     output:
-        table="results/{base}/sentence_adapters/summary.md",
-        plot="results/{base}/sentence_adapters/summary.png",
+        table=layout.SENTENCE_ADAPTER_SUMMARY,
+        plot=layout.SENTENCE_ADAPTER_PLOT,
     resources:
         **job_resources("cpu"),
     log:

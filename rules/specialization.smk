@@ -5,10 +5,10 @@
 rule tokenizer:
     """A new tokenizer of the base model's kind, trained on the language's corpus."""
     input:
-        corpus="resources/corpora/{lang}.txt",
-        base="resources/base_models/{base}",
+        corpus=layout.CORPUS,
+        base=layout.BASE_MODEL,
     output:
-        directory("results/{base}/tokenizers/{lang}"),
+        directory(layout.TOKENIZER),
     params:
         settings=tokenizer_settings,
     threads: job_threads("cpu_heavy")
@@ -27,10 +27,10 @@ rule tokenizer:
 rule fasttext:
     """Token-level fastText vectors: the corpus tokenised with the new tokenizer."""
     input:
-        corpus="resources/corpora/{lang}.txt",
-        tokenizer="results/{base}/tokenizers/{lang}",
+        corpus=layout.CORPUS,
+        tokenizer=layout.TOKENIZER,
     output:
-        directory("results/{base}/fasttext/{lang}"),
+        directory(layout.FASTTEXT),
     params:
         settings=job_settings("fasttext"),
     threads: config["fasttext"]["threads"]
@@ -49,11 +49,11 @@ rule fasttext:
 rule focus_embeddings:
     """FOCUS initialisation of the language's embedding matrix."""
     input:
-        base="resources/base_models/{base}",
-        tokenizer="results/{base}/tokenizers/{lang}",
-        fasttext="results/{base}/fasttext/{lang}",
+        base=layout.BASE_MODEL,
+        tokenizer=layout.TOKENIZER,
+        fasttext=layout.FASTTEXT,
     output:
-        directory("results/{base}/embeddings/{lang}"),
+        directory(layout.EMBEDDINGS),
     params:
         seed=config["focus"]["seed"],
     threads: job_threads("cpu_heavy")
@@ -73,12 +73,12 @@ rule language_adapter:
     """Continued MLM: the new embeddings and a LoRA adapter on attention q/k/v.
     Resumes from results/{base}/language_adapters/{lang}.checkpoint when rerun after a kill."""
     input:
-        base="resources/base_models/{base}",
-        tokenizer="results/{base}/tokenizers/{lang}",
-        embeddings="results/{base}/embeddings/{lang}",
-        corpus="resources/corpora/{lang}.txt",
+        base=layout.BASE_MODEL,
+        tokenizer=layout.TOKENIZER,
+        embeddings=layout.EMBEDDINGS,
+        corpus=layout.CORPUS,
     output:
-        directory("results/{base}/language_adapters/{lang}"),
+        directory(layout.LANGUAGE_ADAPTER),
     params:
         settings=language_adapter_settings,
     threads: job_threads("gpu_train", gpus=language_adapter_gpus)
@@ -99,8 +99,8 @@ rule language_adapter_summary:
     input:
         language_adapter_dirs,
     output:
-        table="results/{base}/language_adapters/summary.md",
-        plot="results/{base}/language_adapters/summary.png",
+        table=layout.LANGUAGE_ADAPTER_SUMMARY,
+        plot=layout.LANGUAGE_ADAPTER_PLOT,
     resources:
         **job_resources("cpu"),
     log:

@@ -301,10 +301,15 @@ def test_the_schema_names_the_systems_of_the_registry():
     assert baselines["full"]["items"]["enum"] == list(variants.FULL_BASELINES)
     assert baselines["ablations"]["items"]["enum"] == list(variants.ABLATIONS)
     snakefile = (REPO / "Snakefile").read_text(encoding="utf-8")
-    pattern = re.search(r'variant=r"([^"]+)"', snakefile).group(1)
+    assert "variant=modsent_variants.name_pattern(configured_methods())" in snakefile
+    assert "group=modsent_variants.group_pattern(configured_methods())" in snakefile
+    pattern = variants.name_pattern()
     names = variants.evaluated_variants({"alignment": {"merge_weights": [0.5, 0.25]}})
     assert all(re.fullmatch(pattern, name) for name in names + ["Mod_mc", "Mod_mc-1"]), names
-    assert not any(re.fullmatch(pattern, name) for name in ["Toy-cos", "modular", "Full"])
+    assert not any(re.fullmatch(pattern, name) for name in ["Toy-cos", "modular", "Full", "Mod_mc-2", "Mod_x"])
+    assert re.fullmatch(variants.name_pattern(["Toy-cos"]), "Toy-cos")
+    groups = {variants.group_of(name) for name in names}
+    assert all(re.fullmatch(variants.group_pattern(), group) for group in groups)
 
 
 def test_methods_are_checked_against_their_own_schema():

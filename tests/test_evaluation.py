@@ -186,3 +186,22 @@ def test_systems_with_equal_modules_encode_once(subsets, tmp_path):
     one, two, other = (ev.read_embeddings(tmp_path / "en" / name / "flores.parquet")
                        for name in ("Mod_m", "Mod_mc-0.5", "base"))
     assert np.array_equal(one.embeddings, two.embeddings) and not np.allclose(one.embeddings, other.embeddings)
+
+
+def test_every_dataset_kind_has_one_task_kind():
+    """The task registry is the one place of a kind's columns, sentences and scorer: every
+    catalogue dataset's kind is registered, the loaders' schemas are the registry's, and a
+    kind's sentences of a language are exactly that language's texts, first seen first."""
+    from modsent.evaluation import tasks
+    from modsent.sources import evaluation as datasets
+
+    assert {dataset.kind for dataset in datasets.DATASETS.values()} <= set(tasks.REGISTRY)
+    assert dict(datasets.KIND_COLUMNS) == {name: kind.columns for name, kind in tasks.REGISTRY.items()}
+    frame = pd.DataFrame({"pair_id": ["1", "2"], "lang1": ["en", "de"], "lang2": ["de", "en"],
+                          "sentence1": ["a", "b"], "sentence2": ["c", "a"], "score": [1.0, 2.0]})
+    assert tasks.get("pairs").sentences([frame], "en") == ["a"]
+    assert tasks.get("pairs").sentences([frame], "de") == ["b", "c"]
+    texts = pd.DataFrame({"id": ["1", "2", "3"], "text": ["x", "y", "x"]})
+    assert tasks.get("parallel").sentences([texts], "de") == ["x", "y"]
+    with pytest.raises(InputError, match="unknown evaluation task kind 'nope'; kinds: pairs"):
+        tasks.get("nope")

@@ -1,4 +1,4 @@
-"""Tests of modsent.evaluation.data: the evaluation datasets, read from fixtures in each source's
+"""Tests of modsent.sources.evaluation: the evaluation datasets, read from fixtures in each source's
 own layout (tests/fixtures/eval/, rows written for the tests) and through a stand-in for
 ``datasets.load_dataset``."""
 
@@ -19,7 +19,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import datasets  # noqa: E402
 
-from modsent.evaluation import data as ev  # noqa: E402
+from modsent.sources import evaluation as ev  # noqa: E402
 from modsent import languages  # noqa: E402
 from modsent.io import InputError  # noqa: E402
 

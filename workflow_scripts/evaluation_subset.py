@@ -1,5 +1,5 @@
 # rule evaluation_subset: one subset of an evaluation dataset, normalised.
-from modsent.evaluation import data as evaluation_data
+from modsent.sources import evaluation as evaluation_data
 from modsent.logs import setup_logging
 
 setup_logging(snakemake.log[0])

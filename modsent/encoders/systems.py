@@ -55,9 +55,9 @@ from modsent.languages import PIVOT_LANGUAGE
 from modsent.methods import PairTraining
 
 BASE = "base"
-BASELINES_DIR = "baselines"
-ABLATION_SE_DIR = "ablations/sentence_adapters_base"
-ABLATION_CLA_DIR = "ablations/alignment_la"
+BASELINES_DIR = layout.BASELINES
+ABLATION_SE_DIR = layout.ABLATION_SENTENCE_ADAPTERS
+ABLATION_CLA_DIR = layout.ABLATION_ALIGNMENT
 DEFAULT_MERGE_WEIGHT = 0.5  # the schema's alignment.merge_weights default is [0.5]
 
 
@@ -79,9 +79,9 @@ class Variant:
     se_from_english: bool = False
     cla: str | None = None  # "pp", "pl", "merged-{w}" or None
     language_adapters: bool = True  # False: Mod_m-LA (the base's tokenizer and embeddings)
-    sentence_adapters: str = "sentence_adapters"  # where the SE adapters live
+    sentence_adapters: str = layout.SENTENCE_ADAPTERS  # where the SE adapters live
     se_for_non_english: bool = True  # False: Mod_c (non-English languages have no SE adapter)
-    alignment_root: str = "alignment"  # where the CLA adapters live
+    alignment_root: str = layout.ALIGNMENT  # where the CLA adapters live
     kind = "modular"
 
     def recipe(self, lang: str) -> LanguageRecipe:
@@ -89,7 +89,7 @@ class Variant:
         se = (f"{self.sentence_adapters}/{se_lang}"
               if lang == PIVOT_LANGUAGE or self.se_for_non_english else None)
         cla = None if lang == PIVOT_LANGUAGE or self.cla is None else f"{self.alignment_root}/{self.cla}/{lang}"
-        return LanguageRecipe(f"language_adapters/{lang}" if self.language_adapters else None, se, cla)
+        return LanguageRecipe(f"{layout.LANGUAGE_ADAPTERS}/{lang}" if self.language_adapters else None, se, cla)
 
     def module_paths(self, lang: str, la_languages: Collection[str] | None = None) -> list[str]:
         recipe = self.recipe(lang)
@@ -211,6 +211,18 @@ def variant(name: str, merge_weights: Sequence[float] | None = None):
         return Variant(name, f"SE + merged CLA ({weight:g}·pp + {1 - weight:g}·pl)",
                        cla=f"merged-{_weight_name(weight)}")
     raise InputError(f"unknown variant {name!r}; variants: {valid_names()}")
+
+
+def name_pattern(method_names: Sequence[str] = ()) -> str:
+    """The regular expression of every system name (the workflow's ``variant`` wildcard
+    constraint): the paper's systems, ``Mod_mc-{w}`` for any weight and ``method_names``."""
+    fixed = [BASE, *FULL_BASELINES, *FIXED, *ABLATIONS, *method_names]
+    return "|".join([re.escape(name) for name in fixed] + [r"Mod_mc(?:-[01](?:\.[0-9]+)?)?"])
+
+
+def group_pattern(method_names: Sequence[str] = ()) -> str:
+    """The regular expression of every evaluation-embeddings group (:func:`group_of`)."""
+    return "|".join(["modular", "full", *(re.escape(name) for name in method_names)])
 
 
 def variant_names(merge_weights: Sequence[float]) -> list[str]:

@@ -11,7 +11,8 @@ Three steps, one Snakemake rule each (rules/evaluation.smk):
    variants and ablations on one shared body, loaded once) and ``full`` (the monolithic
    baselines, whose retraining then leaves the modular embeddings alone).
 2. :func:`score_dataset` — the paper's protocol for one (variant, dataset), from those files and
-   the normalised dataset subsets (:mod:`modsent.evaluation.data`), into one JSON:
+   the normalised dataset subsets (:mod:`modsent.sources.evaluation`), into one JSON, scored by
+   the dataset's task kind (:mod:`modsent.evaluation.tasks`):
 
    ============== =====================================================================
    kind           scores
@@ -47,9 +48,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from modsent.evaluation import data as ed
-from modsent.evaluation import metrics
-from modsent.languages import PIVOT_LANGUAGE
+from modsent.sources import evaluation as ed
+from modsent.evaluation import tasks
+from modsent.evaluation.tasks import Scoring
 from modsent.io import InputError, atomic_path, write_parquet
 
 log = logging.getLogger(__name__)
@@ -71,18 +72,6 @@ def subset_languages(subset: str) -> list[str]:
         if char == "-" and registry.is_registered(subset[:i]) and registry.is_registered(subset[i + 1:]):
             return [subset[:i], subset[i + 1:]]
     raise InputError(f"evaluation subset {subset!r}: not a registered language or language pair")
-
-
-def sentences_of(kind: str, frames: Sequence[pd.DataFrame], lang: str) -> list[str]:
-    """The distinct sentences in language ``lang`` of a dataset's subsets, in first-seen order."""
-    texts: list[str] = []
-    for frame in frames:
-        if kind in ("pairs", "bitext_pairs"):
-            texts += frame.loc[frame["lang1"] == lang, "sentence1"].tolist()
-            texts += frame.loc[frame["lang2"] == lang, "sentence2"].tolist()
-        else:
-            texts += frame["text"].tolist()
-    return list(dict.fromkeys(texts))
 
 
 # ---- step 1: embeddings ------------------------------------------------------------------------
@@ -135,8 +124,8 @@ def embed_language(encoders: dict, lang: str, datasets: dict[str, list[str | Pat
     Returns sentence counts per system and dataset."""
     texts = {}
     for name, paths in datasets.items():
-        kind = ed.DATASETS[name].kind
-        texts[name] = sentences_of(kind, [ed.read_subset(path) for path in paths], lang)
+        kind = tasks.get(ed.DATASETS[name].kind)
+        texts[name] = kind.sentences([ed.read_subset(path) for path in paths], lang)
         log.info("%s %s: %d sentences", name, lang, len(texts[name]))
     done: dict[tuple, Path] = {}
     counts = {}
@@ -163,106 +152,6 @@ def embed_language(encoders: dict, lang: str, datasets: dict[str, list[str | Pat
 # ---- step 2: scores ----------------------------------------------------------------------------
 
 
-def _pct(value: float) -> float:
-    return float(100 * value)
-
-
-def _summary(values: dict[str, float]) -> dict:
-    finite = [v for v in values.values() if v is not None and math.isfinite(v)]
-    return {"average": float(np.mean(finite)) if finite else None, "values": values}
-
-
-def _key(pair: tuple[str, str]) -> str:
-    return f"{pair[0]}-{pair[1]}"
-
-
-def _score_pairs(dataset, frames: dict[str, pd.DataFrame], emb: dict[str, EmbeddingTable],
-                 languages: list[str]) -> dict:
-    mono, cross = {}, {}
-    for subset, frame in frames.items():
-        l1, l2 = frame["lang1"].iloc[0], frame["lang2"].iloc[0]
-        value = _pct(metrics.sts_spearman(emb[l1](frame["sentence1"]), emb[l2](frame["sentence2"]),
-                                          frame["score"].to_numpy()))
-        if l1 == l2:
-            mono[l1] = value
-        else:
-            cross[(l1, l2)] = value
-    out = {"mono": _summary(mono)}
-    if dataset.multi_parallel:
-        monolingual = {f["lang1"].iloc[0]: f for f in frames.values() if f["lang1"].iloc[0] == f["lang2"].iloc[0]}
-        langs = [lang for lang in languages if lang in monolingual]
-        common = set.intersection(*(set(monolingual[lang]["pair_id"]) for lang in langs)) if langs else set()
-        ids = sorted(common)
-        aligned = {lang: monolingual[lang].set_index("pair_id").loc[ids] for lang in langs}
-        combos = {}
-        for a in langs:
-            for b in langs:
-                u = emb[a](aligned[a]["sentence1"])
-                v = emb[b](aligned[b]["sentence2"])
-                gold = aligned[a]["score"].to_numpy()
-                combos[(a, b)] = (metrics.cosine_rows(u, v), gold)
-                if a != b:
-                    cross[(a, b)] = _pct(metrics.sts_spearman(u, v, gold))
-        if len(langs) >= 2:
-            bias, bilingual, pooled = metrics.language_bias(combos)
-            out["language_bias"] = {"average": _pct(bias), "bilingual": _pct(bilingual), "pooled": _pct(pooled),
-                                    "languages": langs, "pairs": len(ids)}
-    if cross:
-        out["cross"] = _summary({_key(pair): value for pair, value in metrics.symmetric_average(cross).items()})
-    return out
-
-
-def _score_parallel(frames: dict[str, pd.DataFrame], emb: dict[str, EmbeddingTable], languages: list[str],
-                    k: int, margin: str) -> dict:
-    langs = [lang for lang in languages if lang in frames]
-    if len(langs) < 2:
-        return {}
-    ids = sorted(set.intersection(*(set(frames[lang]["id"]) for lang in langs)))
-    vectors = {lang: emb[lang](frames[lang].set_index("id").loc[ids, "text"]) for lang in langs}
-    errors = metrics.xsim_all_pairs(vectors, k=k, margin=margin)
-    average, per_pair = metrics.rsim(vectors)
-    return {
-        "xsim": {**_summary({_key(pair): _pct(v) for pair, v in errors.items()}), "sentences": len(ids),
-                 "k": k, "margin": margin},
-        "rsim": {**_summary({_key(pair): float(v) for pair, v in per_pair.items()}), "sentences": len(ids)},
-    }
-
-
-def _score_bitext_pairs(frames: dict[str, pd.DataFrame], emb: dict[str, EmbeddingTable], k: int,
-                        margin: str) -> dict:
-    values = {}
-    for frame in frames.values():
-        l1, l2 = frame["lang1"].iloc[0], frame["lang2"].iloc[0]
-        u, v = emb[l1](frame["sentence1"]), emb[l2](frame["sentence2"])
-        both = (metrics.xsim_error_rate(u, v, k=k, margin=margin) + metrics.xsim_error_rate(v, u, k=k, margin=margin)) / 2
-        other = l1 if l2 == PIVOT_LANGUAGE else l2
-        values[other] = _pct(both)
-    return {"xsim": {**_summary(values), "k": k, "margin": margin, "directions": "mean of en→X and X→en"}}
-
-
-def _score_classification(frames: dict[str, pd.DataFrame], emb: dict[str, EmbeddingTable], seed: int) -> dict:
-    def split(lang, name):
-        frame = frames[lang]
-        part = frame[frame["split"] == name]
-        return emb[lang](part["text"]), part["label"].to_numpy()
-
-    mono, zero_shot = {}, {}
-    english = split(PIVOT_LANGUAGE, "train") if PIVOT_LANGUAGE in frames else None
-    for lang in frames:
-        train_x, train_y = split(lang, "train")
-        test_x, test_y = split(lang, "test")
-        if len(test_y) == 0:
-            continue
-        if len(set(train_y)) >= 2:
-            mono[lang] = _pct(metrics.classification_accuracy(train_x, train_y, test_x, test_y, seed=seed))
-        if english is not None and lang != PIVOT_LANGUAGE and len(set(english[1])) >= 2:
-            zero_shot[lang] = _pct(metrics.classification_accuracy(*english, test_x, test_y, seed=seed))
-    out = {"mono": _summary(mono)}
-    if zero_shot:
-        out["zero_shot"] = _summary(zero_shot)
-    return out
-
-
 def score_dataset(name: str, subset_paths: dict[str, str | Path], embedding_paths: dict[str, str | Path],
                   languages: list[str], *, variant: str = "", missing: Sequence[str] = (), k: int = 4,
                   margin: str = "ratio", seed: int = 0) -> dict:
@@ -274,16 +163,7 @@ def score_dataset(name: str, subset_paths: dict[str, str | Path], embedding_path
     frames = {subset: ed.read_subset(path) for subset, path in subset_paths.items()}
     frames = {subset: frame for subset, frame in frames.items() if len(frame)}
     emb = {lang: read_embeddings(path) for lang, path in embedding_paths.items()}
-    if dataset.kind == "pairs":
-        scores = _score_pairs(dataset, frames, emb, languages)
-    elif dataset.kind == "parallel":
-        scores = _score_parallel(frames, emb, languages, k, margin)
-    elif dataset.kind == "bitext_pairs":
-        scores = _score_bitext_pairs(frames, emb, k, margin)
-    elif dataset.kind == "classification":
-        scores = _score_classification(frames, emb, seed)
-    else:  # pragma: no cover - the registry has no other kind
-        raise InputError(f"dataset {name}: unknown kind {dataset.kind!r}")
+    scores = tasks.get(dataset.kind).score(Scoring(dataset, frames, emb, languages, k, margin, seed))
     return {"variant": variant, "dataset": name, "task": dataset.task, "kind": dataset.kind,
             "languages": [lang for lang in languages if lang in emb], "missing_languages": list(missing),
             "scores": scores}
@@ -450,5 +330,5 @@ def write_scores(path: str | Path, result: dict) -> None:
         Path(tmp).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-__all__ = ["aggregate", "embed_language", "read_embeddings", "score_dataset", "sentences_of", "subset_languages",
+__all__ = ["aggregate", "embed_language", "read_embeddings", "score_dataset", "subset_languages",
            "summary_frame", "write_embeddings", "write_parquet", "write_scores"]

@@ -1,5 +1,6 @@
 """Data sources: the Hub catalog, local files and the built-in offline data, and the
-functions that write them in the design's contracts (see :mod:`modsent.sources.prepare`)."""
+functions that write them in the design's contracts (see :mod:`modsent.sources.prepare`); the
+evaluation datasets' catalogue and loaders (:mod:`modsent.sources.evaluation`)."""
 
 from modsent.sources.prepare import (
     parse_source,

@@ -1,7 +1,7 @@
 """The evaluation datasets of the paper, loaded from the Hugging Face Hub or from local files and
 normalised into four parquet schemas (one file per dataset and subset).
 
-Schemas (:data:`KIND_COLUMNS`):
+Schemas (:data:`KIND_COLUMNS`, one per task kind of :mod:`modsent.evaluation.tasks`):
 
 - ``pairs`` (STS, STR): ``pair_id, lang1, lang2, sentence1, sentence2, score``. ``pair_id`` is
   a string, unique within the file; for a multi-parallel dataset (the same pairs translated into
@@ -57,6 +57,7 @@ from typing import Literal, NamedTuple
 import pandas as pd
 
 from modsent import languages as registry
+from modsent.evaluation.tasks import KIND_COLUMNS
 from modsent.io import InputError, write_parquet
 
 log = logging.getLogger(__name__)
@@ -64,14 +65,6 @@ log = logging.getLogger(__name__)
 Kind = Literal["pairs", "parallel", "bitext_pairs", "classification"]
 Task = Literal["sts", "str", "bitext", "classification"]
 
-KIND_COLUMNS: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {
-        "pairs": ("pair_id", "lang1", "lang2", "sentence1", "sentence2", "score"),
-        "parallel": ("id", "text"),
-        "bitext_pairs": ("id", "lang1", "lang2", "sentence1", "sentence2"),
-        "classification": ("id", "text", "label", "split"),
-    }
-)
 TEXT_COLUMNS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "pairs": ("sentence1", "sentence2"),
