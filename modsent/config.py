@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 
 from modsent import languages as registry
-from modsent.schema import ROLE_KEY, RUNTIME, SELECTION, load_schema, resolve
+from modsent.schema import ROLE_KEY, RUNTIME, SELECTION, inline_refs, load_schema, resolve
 from modsent.languages import PIVOT_LANGUAGE  # noqa: F401  (re-exported for the rules)
 
 
@@ -301,10 +301,12 @@ def method_runtime_settings(config: dict, name: str) -> dict:
 
 
 def check_config(config: dict, schema: dict | None = None) -> None:
-    """Raise ConfigError listing every problem, schema violations first."""
+    """Raise ConfigError listing every problem: schema violations first; then, on the config
+    with the schema's defaults filled in (as the workflow will run it), the meaning checks."""
+    schema = schema or load_schema()
     problems = schema_errors(config, schema)
     if not problems:
-        problems = semantic_errors(config)
+        problems = semantic_errors(fill_defaults(config, inline_refs(schema, schema)))
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(dict.fromkeys(problems)))
 

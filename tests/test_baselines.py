@@ -24,6 +24,7 @@ from modsent.modular import sentence_adapter as sa
 from modsent.encoders import systems as variants
 from modsent.io import InputError
 from modsent.losses import MultipleNegativesRankingLoss
+from modsent.training.loop import optimizer_step
 from modsent.data.paraphrase import align_provided, crosslingual_paraphrase_pairs, parallel_pairs
 from modsent.sources.builtin import builtin_translations
 from modsent.testing import make_tiny_bert, sample_texts
@@ -161,9 +162,11 @@ def test_every_weight_of_the_full_model_changes_the_se_adapter_leaves_the_base_a
     trainable = [p for p in model.parameters() if p.requires_grad]
     pairs = sa.read_pairs(data["paths"]["en"])
     loss_fn = MultipleNegativesRankingLoss()
-    sa.fit(model, torch.optim.AdamW(trainable, lr=5e-3), trainable, sa.iter_batches(pairs, SE_CFG, 3), 3,
-           lambda batch: sa.batch_loss(model, loss_fn, pairs.iloc[batch]), lambda step: 5e-3, device="cpu",
-           precision="fp32", max_grad_norm=1.0, log_every=1, desc="SE", progress=False)
+    optimizer = torch.optim.AdamW(trainable, lr=5e-3)
+    model.train()
+    for batch in sa.iter_batches(pairs, SE_CFG, 3):
+        sa.batch_loss(model, loss_fn, pairs.iloc[batch]).backward()
+        optimizer_step(optimizer, trainable, 1.0)
     params = dict(model.named_parameters())
     assert all(torch.equal(p, params[n].detach()) for n, p in frozen.items())
     assert any(not torch.all(p == 0) for n, p in params.items() if "lora_B" in n)  # the LoRA did train

@@ -75,7 +75,9 @@ from modsent.methods import Method, PairTraining
 from modsent.data.paraphrase import crosslingual_mix
 from modsent.evaluation.plots import write_loss_curve
 from modsent.training import checkpoints
+from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import no_duplicate_batches, read_pairs, split_heldout
+from modsent.training.precision import autocast
 from modsent.training.seeding import dropout_seed
 
 log = logging.getLogger(__name__)
@@ -447,22 +449,25 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
     # every process starts from the main process's weights, as DistributedDataParallel does
     distributed.broadcast_from_main(trainable)
 
-    def backward(loss):
+    # the loss is the whole batch's, the same in every process
+    log_ = TrainingLog(total_steps, start, name, progress and main, cfg.log_every, resumed)
+    model.train()
+    for step, batch in enumerate(iter_steps(data, total_steps, start=start), start=start):
+        lr = set_learning_rate(optimizer, sa.learning_rate(step, total_steps, cfg))
+        torch.manual_seed(dropout_seed(step, cfg.seed, rank))
+        with autocast(device, cfg.precision):
+            loss = gathered_batch_loss(model, loss_fn, data.rows.iloc[batch], rank, world)
         if loss.requires_grad:  # a process with no text in a tiny batch has no share of the gradient
             (loss * world).backward()
         distributed.average_gradients(trainable)
-
-    # the loss is the whole batch's, the same in every process
-    losses, history, pairs_seen, elapsed = sa.fit(
-        model, optimizer, trainable, iter_steps(data, total_steps, start=start), total_steps,
-        lambda batch: gathered_batch_loss(model, loss_fn, data.rows.iloc[batch], rank, world),
-        lambda step: sa.learning_rate(step, total_steps, cfg), device=device, precision=cfg.precision,
-        max_grad_norm=cfg.max_grad_norm, log_every=cfg.log_every, desc=name, progress=progress and main,
-        start_step=start, losses=resumed["losses"] if resumed else None,
-        history=resumed["history"] if resumed else None,
-        step_seed=lambda step: dropout_seed(step, cfg.seed, rank), backward=backward,
-        after_step=sa.checkpointer(checkpoint_dir, model, optimizer, fingerprint, cfg.checkpoint_every,
-                                   total_steps, [mono_before, cross_before], on_step))
+        optimizer_step(optimizer, trainable, cfg.max_grad_norm)
+        log_.record(step, loss.item(), lr, len(batch))
+        if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
+            checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
+                                        log_.state(accuracy_before=[mono_before, cross_before]))
+        if on_step is not None:
+            on_step(step + 1)
+    losses, history, pairs_seen, elapsed = log_.close()
     step = len(losses)
     if not main:
         return None

@@ -34,7 +34,7 @@ The output directory of :func:`train_alignment_adapter` (written atomically):
                       before and after
     loss.tsv, loss.png
 
-Training resumes like the SE adapter's (``sentence_adapter.fit`` and its checkpoints): a job
+Training resumes like the SE adapter's (the loop of :mod:`modsent.training.loop` and its checkpoints): a job
 killed midway and rerun continues from ``{out}.checkpoint/`` (safetensors + JSON), seeing the
 batches and dropout an unbroken run sees; a checkpoint of other settings or inputs (pairs, LA,
 SE, English embeddings, base) is ignored, and it is removed once the output is complete.
@@ -68,7 +68,9 @@ from modsent.evaluation.plots import write_loss_curve
 from modsent.io import InputError, atomic_path, write_parquet
 from modsent.data.translation import make_units, unit_id
 from modsent.training import checkpoints
+from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import no_duplicate_batches, split_heldout
+from modsent.training.precision import autocast
 from modsent.training.seeding import dropout_seed
 
 log = logging.getLogger(__name__)
@@ -410,16 +412,22 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
     accuracy_before = resumed["accuracy_before"] if resumed else evaluate()
     schedule = sa.SentenceAdapterConfig(learning_rate=cfg.learning_rate, warmup_ratio=cfg.warmup_ratio)
     batching = sa.SentenceAdapterConfig(batch_size=cfg.batch_size, seed=cfg.seed)
-    losses, history, pairs_seen, elapsed = sa.fit(
-        model, optimizer, trainable, sa.iter_batches(train, batching, total_steps, start), total_steps,
-        lambda batch: batch_loss(kind, model, english, train.iloc[batch], cfg.scale),
-        lambda step: sa.learning_rate(step, total_steps, schedule), device=device,
-        precision=cfg.precision, max_grad_norm=cfg.max_grad_norm, log_every=cfg.log_every,
-        desc=f"CLA {kind} {language}", progress=progress, start_step=start,
-        losses=resumed["losses"] if resumed else None, history=resumed["history"] if resumed else None,
-        step_seed=lambda step: dropout_seed(step, cfg.seed),
-        after_step=sa.checkpointer(checkpoint_dir, model, optimizer, fingerprint, cfg.checkpoint_every,
-                                   total_steps, accuracy_before, on_step))
+    log_ = TrainingLog(total_steps, start, f"CLA {kind} {language}", progress, cfg.log_every, resumed)
+    model.train()
+    for step, batch in enumerate(sa.iter_batches(train, batching, total_steps, start), start=start):
+        lr = set_learning_rate(optimizer, sa.learning_rate(step, total_steps, schedule))
+        torch.manual_seed(dropout_seed(step, cfg.seed))
+        with autocast(device, cfg.precision):
+            loss = batch_loss(kind, model, english, train.iloc[batch], cfg.scale)
+        loss.backward()
+        optimizer_step(optimizer, trainable, cfg.max_grad_norm)
+        log_.record(step, loss.item(), lr, len(batch))
+        if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
+            checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
+                                        log_.state(accuracy_before=accuracy_before))
+        if on_step is not None:
+            on_step(step + 1)
+    losses, history, pairs_seen, elapsed = log_.close()
     model.eval()
     accuracy_after = evaluate()
 

@@ -46,7 +46,6 @@ import dataclasses
 import json
 import logging
 import shutil
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -60,6 +59,7 @@ from modsent.io import InputError, atomic_path
 from modsent.losses import MultipleNegativesRankingLoss, mlm_parts
 from modsent.training import checkpoints, schedules
 from modsent.training.pairs import PAIR_TEXT_COLUMNS, no_duplicate_batches, read_pairs, split_heldout  # noqa: F401
+from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.precision import autocast
 from modsent.training.seeding import dropout_seed
 from modsent.evaluation.plots import write_before_after_bars, write_loss_curve
@@ -362,76 +362,7 @@ def batch_loss(model: SentenceEncoderModel, loss_fn: MultipleNegativesRankingLos
     return loss_fn(emb[:n], emb[n:2 * n], emb[2 * n:] if negatives else None)
 
 
-def fit(model, optimizer, trainable, batches, total_steps: int, loss_of_batch, lr_of_step, *,
-        device, precision: str, max_grad_norm: float, log_every: int, desc: str,
-        progress: bool = True, start_step: int = 0, losses: list[float] | None = None,
-        history: list[list[float]] | None = None, step_seed=None,
-        after_step=None, backward=None) -> tuple[list[float], list[list[float]], int, float]:
-    """The training loop shared by the SE and CLA adapters: set the step's learning rate,
-    compute the batch loss (autocast on GPUs), clip, step. Returns (losses, logged history
-    [step, loss, lr], pairs seen, seconds).
-
-    Resuming: ``batches`` starts at ``start_step``, and ``losses`` and ``history`` hold the
-    steps before it (extended in place). ``step_seed(step)``: the seed of the step's dropout,
-    so that it does not depend on where a run started. ``after_step(steps_done, losses,
-    history)`` is called after every optimizer step (checkpoints). ``backward(loss)``: instead of
-    ``loss.backward()`` (data-parallel training averages the gradients there). Pairs seen and
-    seconds count this run's steps only."""
-    from tqdm.auto import tqdm
-
-    history = [] if history is None else history
-    losses = [] if losses is None else losses
-    pairs_seen, start_time = 0, time.perf_counter()
-    model.train()
-    bar = tqdm(total=total_steps, initial=start_step, desc=desc, disable=not progress, unit="step")
-    for step, batch in enumerate(batches, start=start_step):
-        lr = lr_of_step(step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        if step_seed is not None:
-            torch.manual_seed(step_seed(step))
-        with autocast(device, precision):
-            loss = loss_of_batch(batch)
-        if backward is None:
-            loss.backward()
-        else:
-            backward(loss)
-        torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        pairs_seen += len(batch)
-        value = loss.item()
-        losses.append(value)
-        if (step + 1) % log_every == 0 or step == 0 or step + 1 == total_steps:
-            history.append([step + 1, value, lr])
-            bar.set_postfix(loss=f"{value:.3f}")
-        bar.update(1)
-        if after_step is not None:
-            after_step(step + 1, losses, history)
-    bar.close()
-    return losses, history, pairs_seen, time.perf_counter() - start_time
-
-
 # ---- checkpoints -----------------------------------------------------------------------------------
-
-
-def checkpointer(checkpoint_dir: Path | None, model, optimizer, fingerprint: str, every: int, total_steps: int,
-                 accuracy_before, on_step=None):
-    """The ``after_step`` of :func:`fit` that saves a checkpoint every ``every`` steps (not after
-    the last: the output follows) with the language adapter's
-    :func:`~modsent.modular.language_adapter.save_checkpoint` (trainable weights, AdamW moments, RNG
-    state; the losses and the accuracy before training as JSON), then calls ``on_step(step)``.
-    Only the main process of a process group writes; ``checkpoint_dir`` None: none is written."""
-    from modsent import distributed
-
-    def after_step(step: int, losses: list[float], history: list[list[float]]) -> None:
-        if (checkpoint_dir is not None and distributed.is_main()
-                and step % every == 0 and step < total_steps):
-            checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step, fingerprint,
-                               {"losses": losses, "history": history, "accuracy_before": accuracy_before})
-        if on_step is not None:
-            on_step(step)
-    return after_step
 
 
 def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None,
@@ -478,16 +409,22 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
     resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint)
     start = resumed["step"] if resumed else 0
     accuracy_before = resumed["accuracy_before"] if resumed else evaluate()
-    losses, history, pairs_seen, elapsed = fit(
-        model, optimizer, trainable, iter_batches(train, cfg, total_steps, start), total_steps,
-        lambda batch: batch_loss(model, loss_fn, train.iloc[batch]),
-        lambda step: learning_rate(step, total_steps, cfg), device=device, precision=cfg.precision,
-        max_grad_norm=cfg.max_grad_norm, log_every=cfg.log_every, desc=f"SE {out_dir.name}",
-        progress=progress, start_step=start, losses=resumed["losses"] if resumed else None,
-        history=resumed["history"] if resumed else None,
-        step_seed=lambda step: dropout_seed(step, cfg.seed),
-        after_step=checkpointer(checkpoint_dir, model, optimizer, fingerprint, cfg.checkpoint_every,
-                                total_steps, accuracy_before, on_step))
+    log_ = TrainingLog(total_steps, start, f"SE {out_dir.name}", progress, cfg.log_every, resumed)
+    model.train()
+    for step, batch in enumerate(iter_batches(train, cfg, total_steps, start), start=start):
+        lr = set_learning_rate(optimizer, learning_rate(step, total_steps, cfg))
+        torch.manual_seed(dropout_seed(step, cfg.seed))
+        with autocast(device, cfg.precision):
+            loss = batch_loss(model, loss_fn, train.iloc[batch])
+        loss.backward()
+        optimizer_step(optimizer, trainable, cfg.max_grad_norm)
+        log_.record(step, loss.item(), lr, len(batch))
+        if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
+            checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
+                                        log_.state(accuracy_before=accuracy_before))
+        if on_step is not None:
+            on_step(step + 1)
+    losses, history, pairs_seen, elapsed = log_.close()
     model.eval()
     accuracy_after = evaluate()
 
