@@ -25,6 +25,7 @@ from modsent.encoders import systems as variants
 from modsent.io import InputError
 from modsent.losses import MultipleNegativesRankingLoss
 from modsent.training.loop import optimizer_step
+from modsent.training.pairs import batches_of_steps
 from modsent.data.paraphrase import align_provided, crosslingual_paraphrase_pairs, parallel_pairs
 from modsent.sources.builtin import builtin_translations
 from modsent.testing import make_tiny_bert, sample_texts
@@ -164,7 +165,7 @@ def test_every_weight_of_the_full_model_changes_the_se_adapter_leaves_the_base_a
     loss_fn = MultipleNegativesRankingLoss()
     optimizer = torch.optim.AdamW(trainable, lr=5e-3)
     model.train()
-    for batch in sa.iter_batches(pairs, SE_CFG, 3):
+    for batch in batches_of_steps(pairs, SE_CFG.batch_size, SE_CFG.seed, 3):
         sa.batch_loss(model, loss_fn, pairs.iloc[batch]).backward()
         optimizer_step(optimizer, trainable, 1.0)
     params = dict(model.named_parameters())

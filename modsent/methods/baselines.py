@@ -74,7 +74,7 @@ from modsent.losses import MultipleNegativesRankingLoss
 from modsent.methods import Method, PairTraining
 from modsent.data.paraphrase import crosslingual_mix
 from modsent.evaluation.plots import write_loss_curve
-from modsent.training import checkpoints
+from modsent.training import checkpoints, schedules
 from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import no_duplicate_batches, read_pairs, split_heldout
 from modsent.training.precision import autocast
@@ -453,7 +453,8 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
     log_ = TrainingLog(total_steps, start, name, progress and main, cfg.log_every, resumed)
     model.train()
     for step, batch in enumerate(iter_steps(data, total_steps, start=start), start=start):
-        lr = set_learning_rate(optimizer, sa.learning_rate(step, total_steps, cfg))
+        lr = set_learning_rate(optimizer, schedules.warmup_ratio_linear(step, total_steps, cfg.warmup_ratio,
+                                                                        cfg.learning_rate))
         torch.manual_seed(dropout_seed(step, cfg.seed, rank))
         with autocast(device, cfg.precision):
             loss = gathered_batch_loss(model, loss_fn, data.rows.iloc[batch], rank, world)

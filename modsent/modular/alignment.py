@@ -69,7 +69,8 @@ from modsent.io import InputError, atomic_path, write_parquet
 from modsent.data.translation import make_units, unit_id
 from modsent.training import checkpoints
 from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
-from modsent.training.pairs import no_duplicate_batches, split_heldout
+from modsent.training import schedules
+from modsent.training.pairs import PAIR_TEXT_COLUMNS, batches_of_steps, no_duplicate_batches, split_heldout
 from modsent.training.precision import autocast
 from modsent.training.seeding import dropout_seed
 
@@ -284,7 +285,7 @@ def alignment_pairs(kind: str, pairs) -> pd.DataFrame:
     else:
         out = pd.DataFrame({"anchor": frame["english"], "positive": frame["translation"], "negative": None})
     # texts exactly as given (the English side is looked up by the hash of its exact text)
-    for column in sa.PAIR_TEXT_COLUMNS:
+    for column in PAIR_TEXT_COLUMNS:
         out[column] = out[column].map(lambda t: t if isinstance(t, str) and t.strip() else None)
     out = out.dropna(subset=["anchor", "positive"]).reset_index(drop=True)
     contradictory = out["negative"] == out["positive"]
@@ -410,12 +411,12 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
     resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint)
     start = resumed["step"] if resumed else 0
     accuracy_before = resumed["accuracy_before"] if resumed else evaluate()
-    schedule = sa.SentenceAdapterConfig(learning_rate=cfg.learning_rate, warmup_ratio=cfg.warmup_ratio)
-    batching = sa.SentenceAdapterConfig(batch_size=cfg.batch_size, seed=cfg.seed)
     log_ = TrainingLog(total_steps, start, f"CLA {kind} {language}", progress, cfg.log_every, resumed)
     model.train()
-    for step, batch in enumerate(sa.iter_batches(train, batching, total_steps, start), start=start):
-        lr = set_learning_rate(optimizer, sa.learning_rate(step, total_steps, schedule))
+    batches = batches_of_steps(train, cfg.batch_size, cfg.seed, total_steps, start)
+    for step, batch in enumerate(batches, start=start):
+        lr = set_learning_rate(optimizer, schedules.warmup_ratio_linear(step, total_steps, cfg.warmup_ratio,
+                                                                        cfg.learning_rate))
         torch.manual_seed(dropout_seed(step, cfg.seed))
         with autocast(device, cfg.precision):
             loss = batch_loss(kind, model, english, train.iloc[batch], cfg.scale)

@@ -46,7 +46,7 @@ import dataclasses
 import json
 import logging
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +58,7 @@ from modsent.modular import language_adapter as la
 from modsent.io import InputError, atomic_path
 from modsent.losses import MultipleNegativesRankingLoss, mlm_parts
 from modsent.training import checkpoints, schedules
-from modsent.training.pairs import PAIR_TEXT_COLUMNS, no_duplicate_batches, read_pairs, split_heldout  # noqa: F401
+from modsent.training.pairs import batches_of_steps, no_duplicate_batches, read_pairs, split_heldout  # noqa: F401
 from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.precision import autocast
 from modsent.training.seeding import dropout_seed
@@ -328,30 +328,6 @@ def retrieval_accuracy(model: SentenceEncoderModel, anchors: Sequence[str], posi
 # ---- training ------------------------------------------------------------------------------------
 
 
-def learning_rate(step: int, total: int, cfg) -> float:
-    """The rate of ``step`` of ``total``: linear warm-up over ``cfg.warmup_ratio`` of the steps,
-    then linear decay to zero (sentence-transformers' WarmupLinear)."""
-    return schedules.warmup_linear(step, total, schedules.warmup_steps_of(cfg.warmup_ratio, total), cfg.learning_rate)
-
-
-def iter_batches(pairs: pd.DataFrame, cfg: SentenceAdapterConfig, total_steps: int,
-                 start: int = 0) -> Iterator[list[int]]:
-    """The batches of steps ``start`` to ``total_steps - 1``: epoch after epoch of
-    :func:`no_duplicate_batches` (a resumed run starts at its checkpoint's step)."""
-    step, epoch = 0, 0
-    while step < total_steps:
-        batches = no_duplicate_batches(pairs, cfg.batch_size, cfg.seed, epoch)
-        if not batches:
-            raise InputError("no batch of at least 2 pairs without duplicate texts can be formed")
-        for batch in batches:
-            if step == total_steps:
-                return
-            if step >= start:
-                yield batch
-            step += 1
-        epoch += 1
-
-
 def batch_loss(model: SentenceEncoderModel, loss_fn: MultipleNegativesRankingLoss,
                rows: pd.DataFrame) -> torch.Tensor:
     """MNRL of one batch; all its texts are encoded in one forward pass."""
@@ -411,8 +387,10 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
     accuracy_before = resumed["accuracy_before"] if resumed else evaluate()
     log_ = TrainingLog(total_steps, start, f"SE {out_dir.name}", progress, cfg.log_every, resumed)
     model.train()
-    for step, batch in enumerate(iter_batches(train, cfg, total_steps, start), start=start):
-        lr = set_learning_rate(optimizer, learning_rate(step, total_steps, cfg))
+    batches = batches_of_steps(train, cfg.batch_size, cfg.seed, total_steps, start)
+    for step, batch in enumerate(batches, start=start):
+        lr = set_learning_rate(optimizer, schedules.warmup_ratio_linear(step, total_steps, cfg.warmup_ratio,
+                                                                        cfg.learning_rate))
         torch.manual_seed(dropout_seed(step, cfg.seed))
         with autocast(device, cfg.precision):
             loss = batch_loss(model, loss_fn, train.iloc[batch])

@@ -5,6 +5,7 @@ other in-batch objectives of :mod:`modsent.losses`."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -85,3 +86,22 @@ def no_duplicate_batches(pairs: pd.DataFrame, batch_size: int, seed: int, epoch:
         if len(batch) >= min_size:
             batches.append(batch)
     return batches
+
+
+def batches_of_steps(pairs: pd.DataFrame, batch_size: int, seed: int, total_steps: int, start: int = 0,
+                     *, group_column: str | None = None) -> Iterator[list[int]]:
+    """The batches of steps ``start`` to ``total_steps - 1``: epoch after epoch of
+    :func:`no_duplicate_batches` (a resumed run starts at its checkpoint's step and gets the
+    batches the unbroken run had there)."""
+    step, epoch = 0, 0
+    while step < total_steps:
+        batches = no_duplicate_batches(pairs, batch_size, seed, epoch, group_column=group_column)
+        if not batches:
+            raise InputError("no batch of at least 2 pairs without duplicate texts can be formed")
+        for batch in batches:
+            if step == total_steps:
+                return
+            if step >= start:
+                yield batch
+            step += 1
+        epoch += 1

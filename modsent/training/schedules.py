@@ -14,3 +14,8 @@ def warmup_linear(step: int, total_steps: int, warmup_steps: int, peak: float) -
 def warmup_steps_of(ratio: float, total_steps: int) -> int:
     """The warm-up steps of a warm-up ``ratio`` of ``total_steps``."""
     return int(round(ratio * total_steps))
+
+
+def warmup_ratio_linear(step: int, total_steps: int, warmup_ratio: float, peak: float) -> float:
+    """:func:`warmup_linear` with the warm-up given as a ratio of ``total_steps``."""
+    return warmup_linear(step, total_steps, warmup_steps_of(warmup_ratio, total_steps), peak)
