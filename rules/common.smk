@@ -212,7 +212,7 @@ def alignment_settings(wildcards):
 
 
 def merge_weight_names():
-    return [f"{w:g}" for w in config["alignment"]["merge_weights"]]
+    return [modsent_variants.weight_name(w) for w in config["alignment"]["merge_weights"]]
 
 
 def alignment_dirs(wildcards):

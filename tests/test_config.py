@@ -130,6 +130,23 @@ def test_defaults_come_from_the_schema(tmp_path):
     assert "resources/paraphrases/builtin.parquet" in proc.stdout  # the schema's default dataset
 
 
+def test_merge_weights_keep_their_exact_value_in_names(tmp_path):
+    """A merge weight names its directory and system by its exact decimal: 1e-05 plans (no
+    exponent in a path) and 0.5 and 0.5000001 are two merges, not one."""
+    from modsent.encoders import systems
+
+    assert [systems.weight_name(w) for w in (0.5, 1e-05, 0.5000001, 1.0, 0)] == ["0.5", "0.00001", "0.5000001", "1", "0"]
+    config = load("configs/test.yaml")
+    config["alignment"]["merge_weights"] = [1e-05, 0.5, 0.5000001]
+    path = tmp_path / "weights.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = run_snakemake("-n", "--configfile", str(path), "--directory", str(tmp_path),
+                        "--snakefile", str(REPO / "Snakefile")).stdout
+    for name in ("0.00001", "0.5", "0.5000001"):
+        assert f"alignment/merged-{name}/de" in out, name
+    assert systems.variant("Mod_mc-0.5000001").cla == "merged-0.5000001"
+
+
 LINT_CONFIGS = ["config.yaml", "configs/paper-labse.yaml", "configs/test.yaml", "ctranslate2"]
 
 

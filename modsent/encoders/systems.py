@@ -167,8 +167,13 @@ ABLATIONS = ("Mod_m-LA", "Mod_c")
 MERGED = re.compile(r"Mod_mc(?:-([01](?:\.[0-9]+)?))?$")
 
 
-def _weight_name(weight: float) -> str:
-    return f"{weight:g}"
+def weight_name(weight: float) -> str:
+    """A merge weight as it appears in paths and system names: its exact shortest decimal, never
+    an exponent (1e-05 is ``0.00001``) and never rounded (0.5 and 0.5000001 stay apart)."""
+    from decimal import Decimal
+
+    text = format(Decimal(repr(float(weight))), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def ablation(name: str, merge_weights: Sequence[float] | None = None) -> Variant:
@@ -179,7 +184,7 @@ def ablation(name: str, merge_weights: Sequence[float] | None = None) -> Variant
     if name == "Mod_c":
         weight = float(merge_weights[0]) if merge_weights else DEFAULT_MERGE_WEIGHT
         return Variant(name, f"LA + merged CLA ({weight:g}·pp + {1 - weight:g}·pl) trained without SE; "
-                       "no SE adapter for non-English languages", cla=f"merged-{_weight_name(weight)}",
+                       "no SE adapter for non-English languages", cla=f"merged-{weight_name(weight)}",
                        se_for_non_english=False, alignment_root=ABLATION_CLA_DIR)
     raise InputError(f"unknown ablation {name!r}; ablations: {', '.join(ABLATIONS)}")
 
@@ -209,7 +214,7 @@ def variant(name: str, merge_weights: Sequence[float] | None = None):
         if not 0 <= weight <= 1:
             raise InputError(f"variant {name!r}: the merge weight must be in [0, 1]")
         return Variant(name, f"SE + merged CLA ({weight:g}·pp + {1 - weight:g}·pl)",
-                       cla=f"merged-{_weight_name(weight)}")
+                       cla=f"merged-{weight_name(weight)}")
     raise InputError(f"unknown variant {name!r}; variants: {valid_names()}")
 
 
@@ -227,7 +232,7 @@ def group_pattern(method_names: Sequence[str] = ()) -> str:
 
 def variant_names(merge_weights: Sequence[float]) -> list[str]:
     """Every modular variant a config produces (no baselines or ablations), in the paper's order."""
-    return list(FIXED) + [f"Mod_mc-{_weight_name(w)}" for w in merge_weights]
+    return list(FIXED) + [f"Mod_mc-{weight_name(w)}" for w in merge_weights]
 
 
 def evaluated_variants(config: dict) -> list[str]:
