@@ -82,3 +82,34 @@ class MaskedLanguageModelingLoss(nn.Module):
         selected = labels != -100
         logits = head(hidden[selected])
         return nn.functional.cross_entropy(logits.float(), labels[selected], reduction=self.reduction)
+
+
+class TripletInfoNCELoss(nn.Module):
+    """SimCSE's supervised objective over (anchor, positive, hard negative) triplets (Gao et al.
+    2021; mSimCSE; m-ST5):
+
+        l_i = -log e^{cos(h_i, h_i+)/t} / sum_j (e^{cos(h_i, h_j+)/t} + e^{cos(h_i, h_j-)/t})
+
+    Pulls each anchor towards its own positive and pushes it away from every other positive in
+    the batch and from every triplet's hard negative, its own included; ``t`` is the
+    temperature (0.05 in SimCSE's and mSimCSE's scripts). With every triplet's negative present
+    it is :class:`MultipleNegativesRankingLoss` with ``scale = 1 / t``; it differs in insisting on
+    triplets: ``negatives`` holds one row per anchor, or is None (in-batch negatives only). The
+    similarities are computed in float32 whatever the embeddings' dtype.
+    """
+
+    def __init__(self, temperature: float = 0.05):
+        super().__init__()
+        if not temperature > 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        self.temperature = temperature
+
+    def forward(self, anchors: torch.Tensor, positives: torch.Tensor,
+                negatives: torch.Tensor | None = None) -> torch.Tensor:
+        if len(positives) != len(anchors) or (negatives is not None and len(negatives) != len(anchors)):
+            raise ValueError(f"one positive and one negative per anchor: {len(anchors)} anchors, "
+                             f"{len(positives)} positives, {None if negatives is None else len(negatives)} negatives")
+        candidates = positives if negatives is None else torch.cat([positives, negatives])
+        scores = cos_sim(anchors.float(), candidates.float()) / self.temperature
+        target = torch.arange(len(anchors), device=anchors.device)
+        return nn.functional.cross_entropy(scores, target)

@@ -1,0 +1,275 @@
+"""m-ST5 (modsent.methods.mst5): the triplet loss, the triplet builder, training a tiny random
+mT5 encoder and a tiny encoder-only base, the saved sentence-transformers directory, resumption."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from modsent import losses, methods
+from modsent.encoders import transformer as tf
+from modsent.io import InputError
+from modsent.methods.mst5 import training as mt
+from modsent.testing import _sentencepiece, make_tiny_bert, sample_texts
+from tiny_modules import pairs_in, tiny_base_and_data
+
+LANGS = ["en", "de", "ky"]
+# a tiny random model moves only with a large learning rate; the built-in pairs have no mnli rows
+SETTINGS = {"batch_size": 8, "max_steps": 3, "eval_pairs": 10, "learning_rate": 5e-3, "datasets": None,
+            "log_every": 1, "seq_len": 32}
+TEXTS = ["Hallo Welt", "Guten Morgen, wie geht es dir?", "Салам дүйнө", "A short English sentence."]
+
+
+def make_tiny_mt5(out_dir, texts, *, vocab_size=600, seed=0):
+    """A tiny random mT5 checkpoint of the released models' kind: the whole encoder-decoder
+    (MT5ForConditionalGeneration, gated-GELU, untied head) and a sentencepiece Unigram
+    tokenizer with mT5's ids (<pad> 0, </s> 1, <unk> 2; "$A </s>") learnt from ``texts``."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import MT5Config, MT5ForConditionalGeneration
+
+    proto = _sentencepiece(texts, model_type="unigram", vocab_size=vocab_size, normalization_rule_name="nmt_nfkc",
+                           pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+    vocab = [(p.piece, 0.0 if p.type != p.NORMAL else p.score) for p in proto.pieces]
+    tok = Tokenizer(models.Unigram(vocab, unk_id=2, byte_fallback=False))
+    tok.normalizer = normalizers.Sequence([normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap),
+                                           normalizers.Replace(Regex(" {2,}"), " ")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                       special_tokens=[("</s>", 1)])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<pad>", "</s>", "<unk>")])
+    config = MT5Config(vocab_size=tok.get_vocab_size(), d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                       num_decoder_layers=1, num_heads=4, relative_attention_num_buckets=8,
+                       relative_attention_max_distance=32, dropout_rate=0.1, feed_forward_proj="gated-gelu",
+                       tie_word_embeddings=False, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = MT5ForConditionalGeneration(config)
+    out_dir.mkdir(parents=True)
+    model.save_pretrained(out_dir)
+    tok.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A tiny random XLM-R base (sentence-transformers), a tiny random mT5 and the built-in pairs
+    in en, de, ky (the same pair ids)."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("mst5")
+    base, english, units = tiny_base_and_data(root)
+    paths = {}
+    for lang in LANGS:
+        frame = english if lang == "en" else pairs_in(lang, english, units)
+        paths[lang] = root / f"pairs-{lang}.parquet"
+        frame.to_parquet(paths[lang], index=False)
+    mt5 = make_tiny_mt5(root / "mt5", sample_texts(600))
+    return {"root": root, "base": base, "mt5": mt5, "paths": paths, "inputs": {"base": base, "pairs": paths}}
+
+
+# ---- the loss ------------------------------------------------------------------------------------
+
+
+def test_triplet_infonce_is_its_formula_and_mnrl_with_scale_one_over_t():
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    generator = torch.Generator().manual_seed(0)
+    a, p, n = (torch.randn(6, 16, generator=generator, dtype=torch.float64) for _ in range(3))
+    t = 0.05
+    ours = losses.TripletInfoNCELoss(t)(a, p, n)
+
+    def cos(u, v):
+        return float(np.dot(u, v) / (np.linalg.norm(u) * np.linalg.norm(v)))
+
+    a64, p64, n64 = a.numpy(), p.numpy(), n.numpy()
+    terms = []
+    for i in range(len(a)):
+        numerator = math.exp(cos(a64[i], p64[i]) / t)
+        denominator = sum(math.exp(cos(a64[i], p64[j]) / t) + math.exp(cos(a64[i], n64[j]) / t)
+                          for j in range(len(a)))
+        terms.append(-math.log(numerator / denominator))
+    assert ours.item() == pytest.approx(np.mean(terms), rel=1e-5)
+
+    reference = MultipleNegativesRankingLoss(model=None, scale=1 / t)
+    labels = torch.zeros(6)
+    a32, p32, n32 = a.float(), p.float(), n.float()
+    assert torch.allclose(losses.TripletInfoNCELoss(t)(a32, p32, n32),
+                          reference.compute_loss_from_embeddings([a32, p32, n32], labels), atol=1e-5)
+    assert torch.allclose(losses.TripletInfoNCELoss(t)(a32, p32),  # no negatives: in-batch only
+                          reference.compute_loss_from_embeddings([a32, p32], labels), atol=1e-5)
+    with pytest.raises(ValueError, match="one positive and one negative per anchor"):
+        losses.TripletInfoNCELoss(t)(a32, p32, n32[:3])
+
+
+def test_mean_pooling_averages_the_real_tokens_only():
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    tokens = torch.randn(2, 4, 3, generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    pooled = tf.mean_pool(tokens, mask)
+    assert torch.allclose(pooled[0], tokens[0, :3].mean(0)) and torch.allclose(pooled[1], tokens[1, 0])
+    reference = Pooling(3, "mean")({"token_embeddings": tokens, "attention_mask": mask})["sentence_embedding"]
+    assert torch.allclose(pooled, reference, atol=1e-6)
+
+
+# ---- the triplets --------------------------------------------------------------------------------
+
+
+def test_triplets_come_from_one_pair_id_languages_vary_and_batches_hold_each_pair_id_once(data):
+    frames = mt.read_frames(data["paths"], None, "methods.mST5-xnli.datasets")
+    rows = mt.crosslingual_triplets(frames, seed=0)
+    indexed = {lang: frame.set_index("pair_id") for lang, frame in frames.items()}
+    for row in rows.itertuples(index=False):
+        assert row.anchor == indexed[row.anchor_lang].at[row.pair_id, "anchor"]
+        assert row.positive == indexed[row.positive_lang].at[row.pair_id, "positive"]
+        assert row.negative == indexed[row.negative_lang].at[row.pair_id, "negative"]
+        assert row.negative not in (row.anchor, row.positive)
+    # a pair id once per anchor language (less where a name is the same in two languages and the
+    # triplet was dropped); the other two languages drawn from all of them
+    assert rows.groupby(["pair_id", "anchor_lang"]).size().max() == 1
+    assert (rows.groupby("pair_id").size() == len(LANGS)).mean() > 0.9
+    assert set(rows["positive_lang"]) == set(rows["negative_lang"]) == set(LANGS)
+    assert 0.5 < (rows["positive_lang"] != rows["anchor_lang"]).mean() < 0.85  # 2/3 expected
+    assert 0.5 < (rows["negative_lang"] != rows["positive_lang"]).mean() < 0.85
+    pd.testing.assert_frame_equal(mt.crosslingual_triplets(frames, seed=0), rows)  # seeded
+    assert not mt.crosslingual_triplets(frames, seed=1)["positive_lang"].equals(rows["positive_lang"])
+
+    english = mt.english_triplets(frames["en"])
+    assert set(english[["anchor_lang", "positive_lang", "negative_lang"]].to_numpy().ravel()) == {"en"}
+    assert len(english) == frames["en"]["negative"].notna().sum()
+
+    data_ = mt.triplet_data(rows, 16, seed=0)
+    batches = data_.epoch_batches(0)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(rows)))  # every triplet once
+    for batch in batches:
+        chosen = rows.iloc[batch]
+        assert chosen["pair_id"].is_unique
+        per_row = [set(row) for row in chosen[["anchor", "positive", "negative"]].itertuples(index=False)]
+        texts = [t for row in per_row for t in row]  # a row may repeat its own text (a name)
+        assert len(texts) == len(set(texts))
+    assert data_.epoch_batches(1) != batches and mt.triplet_data(rows, 16, seed=0).epoch_batches(0) == batches
+
+
+def test_datasets_choose_the_rows_and_a_missing_dataset_names_the_setting(data):
+    frames = mt.read_frames(data["paths"], ["builtin-countries"], "methods.X.datasets")
+    english = pd.read_parquet(data["paths"]["en"])
+    countries = set(english.loc[english["dataset"] == "builtin-countries", "pair_id"])
+    assert set(frames["en"]["pair_id"]) == countries
+    with pytest.raises(InputError, match=r"methods\.X\.datasets \['mnli'\].*builtin-countries"):
+        mt.read_frames(data["paths"], ["mnli"], "methods.X.datasets")
+    with pytest.raises(InputError, match=r"methods\.mST5-en: unknown key\(s\) lr"):
+        mt.MST5Config.from_settings("mST5-en", {"lr": 1})
+
+
+# ---- training ----------------------------------------------------------------------------------
+
+
+def test_a_tiny_mt5_trains_and_reloads_with_sentence_transformers_to_the_same_vectors(data, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    methods.load()
+    method = methods.get("mST5-xnli")
+    settings = {**SETTINGS, "model": str(data["mt5"])}
+    metrics = method.train(data["inputs"], tmp_path / "out", settings, device="cpu", progress=False)
+    assert metrics["steps"] == 3 and metrics["lora_targets"] == ["q", "v"]
+    assert metrics["languages"] == sorted(LANGS) and metrics["source_model"] == str(data["mt5"])
+    assert metrics["trainable_parameters"] == 2 * 2 * 8 * (32 + 32)  # q, v of 2 blocks: A [8, 32], B [32, 8]
+    assert not (tmp_path / "out.checkpoint").exists()
+
+    # the same run in memory (a pure function of the settings) encodes as the saved directory
+    result = mt.run_training("mST5-xnli", data["inputs"], mt.MST5Config.from_settings("mST5-xnli", settings),
+                             english_only=False, device="cpu", progress=False)
+    ours = result.model.encode(TEXTS)
+    reloaded = SentenceTransformer(str(tmp_path / "out"), device="cpu")
+    assert type(reloaded[0].auto_model).__name__ == "MT5EncoderModel"
+    assert [type(m).__name__ for m in reloaded][1:] == ["Pooling"]  # mean pooling, no normalisation
+    assert reloaded.max_seq_length == 32
+    theirs = reloaded.encode(TEXTS, normalize_embeddings=True)
+    assert np.min(np.sum(ours * theirs, axis=1)) >= 0.9999
+    weights = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert not any("decoder" in k or "lora" in k for k in weights)  # the encoder alone, LoRA merged
+
+    # trained: not the frozen encoder any more
+    body, tokenizer = tf.load_encoder_body(data["mt5"])
+    frozen = {k: v for k, v in body.state_dict().items()}
+    changed = [k for k in weights if k in frozen and not torch.equal(weights[k], frozen[k])]
+    assert changed and all(k.endswith(("q.weight", "v.weight")) for k in changed)
+
+    # gradient checkpointing recomputes the same activations (dropout masks included)
+    checkpointed = mt.run_training("mST5-xnli", data["inputs"], mt.MST5Config.from_settings(
+        "mST5-xnli", {**settings, "gradient_checkpointing": True}), english_only=False, device="cpu", progress=False)
+    assert np.allclose(checkpointed.model.encode(TEXTS), ours, atol=1e-5)
+
+    # all-linear: every linear layer of the encoder
+    targets = mt.lora_targets(body, "all-linear")
+    assert {name.rsplit(".", 1)[-1] for name in targets} == {"q", "k", "v", "o", "wi_0", "wi_1", "wo"}
+    assert len(targets) == 2 * 7
+
+
+def test_a_killed_run_resumes_to_the_weights_of_an_unbroken_one(data, tmp_path):
+    settings = {**SETTINGS, "model": str(data["mt5"]), "max_steps": 5, "checkpoint_every": 2}
+    straight = mt.train_mst5("mST5-xnli", data["inputs"], tmp_path / "straight", settings, english_only=False,
+                             device="cpu", progress=False)
+
+    class Killed(Exception):
+        pass
+
+    def kill(step):
+        if step == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        mt.train_mst5("mST5-xnli", data["inputs"], tmp_path / "resumed", settings, english_only=False,
+                      device="cpu", progress=False, on_step=kill)
+    assert (tmp_path / "resumed.checkpoint").is_dir() and not (tmp_path / "resumed").exists()
+    resumed = mt.train_mst5("mST5-xnli", data["inputs"], tmp_path / "resumed", settings, english_only=False,
+                            device="cpu", progress=False)
+    assert resumed["resumed_from_step"] == 2 and straight["resumed_from_step"] == 0
+    a = load_file(str(tmp_path / "straight" / "model.safetensors"))
+    b = load_file(str(tmp_path / "resumed" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit for bit
+    for key in ("loss_first", "loss_last", "steps", "heldout_retrieval_accuracy_before",
+                "heldout_retrieval_accuracy_after"):
+        assert resumed[key] == straight[key], key
+    assert (tmp_path / "resumed" / "loss.tsv").read_text() == (tmp_path / "straight" / "loss.tsv").read_text()
+    # a checkpoint of other settings is not resumed
+    with pytest.raises(Killed):
+        mt.train_mst5("mST5-xnli", data["inputs"], tmp_path / "other", settings, english_only=False,
+                      device="cpu", progress=False, on_step=kill)
+    other = mt.train_mst5("mST5-xnli", data["inputs"], tmp_path / "other", {**settings, "learning_rate": 1e-3},
+                          english_only=False, device="cpu", progress=False)
+    assert other["resumed_from_step"] == 0
+
+
+@pytest.mark.parametrize("kind", ["xlmr-mean-normalize", "bert-cls-dense"])
+def test_encoder_only_bases_train_keep_their_head_and_reload(data, tmp_path, kind):
+    """model: null trains the workflow's base (a sentence-transformers directory, its own
+    pooling kept); English-only triplets."""
+    from sentence_transformers import SentenceTransformer
+
+    base = data["base"] if kind.startswith("xlmr") else make_tiny_bert(tmp_path / "bert", sample_texts(600),
+                                                                        pooling="cls")
+    inputs = {"base": base, "pairs": data["paths"]}
+    methods.load()
+    metrics = methods.get("mST5-en-all").train(inputs, tmp_path / "out", SETTINGS, device="cpu", progress=False)
+    assert metrics["languages"] == ["en"] and metrics["english_only"]
+    assert metrics["triplets_by_anchor_language"].keys() == {"en"} and metrics["crosslingual_positive_share"] == 0
+    assert metrics["config"]["targets"] == "all-linear"  # the variant's default
+    assert methods.get("mST5-en-all").schema()["properties"]["learning_rate"]["default"] == 5e-4
+    assert not any("pooler" in name for name in metrics["lora_targets"])
+    cfg = mt.MST5Config.from_settings("mST5-en-all", {**SETTINGS, "targets": "all-linear"})
+    result = mt.run_training("mST5-en-all", inputs, cfg, english_only=True, device="cpu", progress=False)
+    reloaded = SentenceTransformer(str(tmp_path / "out"), device="cpu")
+    original = SentenceTransformer(str(base), device="cpu")
+    assert [type(m).__name__ for m in reloaded] == [type(m).__name__ for m in original]
+    ours, theirs = result.model.encode(TEXTS), reloaded.encode(TEXTS, normalize_embeddings=True)
+    assert np.min(np.sum(ours * theirs, axis=1)) >= 0.9999
+    assert not np.allclose(theirs, original.encode(TEXTS, normalize_embeddings=True, prompt=""), atol=1e-4)
+    body, _ = tf.load_encoder_body(base)
+    assert mt.lora_targets(body, "qv") == ["query", "value"]
