@@ -5,6 +5,8 @@
 #
 # The config is checked against schemas/config.schema.yaml before anything is planned.
 
+from pathlib import Path
+
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -52,6 +54,9 @@ include: "rules/sentence_encoding.smk"
 include: "rules/alignment.smk"
 include: "rules/baselines.smk"
 include: "rules/methods.smk"
+for method_rules in sorted(Path(workflow.basedir, "rules", "methods").glob("*.smk")):  # a method's own stages
+
+    include: method_rules
 include: "rules/evaluation.smk"
 
 

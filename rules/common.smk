@@ -449,6 +449,8 @@ def method_inputs(wildcards):
         inputs["pairs"] = [layout.pairs(lang) for lang in method.training_languages(languages())]
     if "translations" in method.uses:
         inputs["translations"] = [layout.translations(lang) for lang in non_english()]
+    if method.extra_inputs is not None:  # made by the method's own rules (rules/methods/)
+        inputs.update(method.extra_inputs(wildcards.base, config["methods"][wildcards.method], languages()))
     return inputs
 
 

@@ -19,5 +19,8 @@ inputs = {"base": snakemake.input.base, "pairs": dict(zip(snakemake.params.langu
 if translations:  # the method uses them (Method.uses): every non-English language's
     inputs["translations"] = dict(zip([lang for lang in snakemake.config["languages"] if lang != PIVOT_LANGUAGE],
                                       translations, strict=True))
+for key in snakemake.input.keys():  # what the method's own rules made (Method.extra_inputs)
+    if key not in ("base", "pairs", "translations"):
+        inputs[key] = snakemake.input[key]
 settings = {**snakemake.params.settings, **method_runtime_settings(snakemake.config, name)}
 methods.get(name).train(inputs, snakemake.output[0], settings)

@@ -50,7 +50,12 @@ class Method:
     ``inputs``: ``base`` (the base model directory), ``pairs`` ({language: paraphrase pair
     file}) and ``translations`` ({language: translation file}, non-English languages), as
     ``uses`` asks. ``settings``: the config's ``methods.{name}`` with the defaults of
-    ``settings_schema`` filled in."""
+    ``settings_schema`` filled in.
+
+    A method with stages of its own before training (a cache, a teacher's outputs) writes them
+    with rules in ``rules/methods/{module}.smk`` (the Snakefile includes every file there) and
+    names them in ``extra_inputs(base, settings, languages) -> {key: path or [paths]}``: they
+    become inputs of its training job and reach ``train`` as ``inputs[key]``."""
 
     name: str
     description: str
@@ -58,6 +63,7 @@ class Method:
     uses: tuple[str, ...] = ("base", "pairs")
     settings_schema: Mapping[str, dict] = dataclasses.field(default_factory=dict)
     english_only: bool = False
+    extra_inputs: Callable[[str, Mapping, Sequence[str]], dict[str, str | list[str]]] | None = None
 
     def __post_init__(self):
         if not NAME.fullmatch(self.name) or RESERVED.fullmatch(self.name):
