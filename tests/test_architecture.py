@@ -67,3 +67,15 @@ def test_no_import_cycles():
     for name in sorted(graph):
         visit(name, [name], {name})
     assert cycles == []
+
+
+def test_loading_the_methods_imports_no_torch():
+    """The workflow registers the methods while planning: a method subpackage's __init__ must
+    not import torch (or transformers), or every dry run pays for it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from modsent import methods; registry = methods.load(); "
+            "print(len(registry), sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(None, 1)
+    assert int(out[0]) >= 4 and out[1].strip() == "[]", out
