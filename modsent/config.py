@@ -229,6 +229,33 @@ def local_path_errors(config: dict) -> list[str]:
     return problems
 
 
+def local_source_files(spec, **fill: str) -> list[str]:
+    """The files of a ``local:PATH`` source (``spec``: the string, or a mapping with a
+    ``source``), ``{lang}``/``{subset}`` filled in from ``fill``: the file itself, or every file
+    under the directory (hidden ones left out), sorted. The rule that reads the source declares
+    them as inputs, so editing one in place reruns it; [] for other sources and missing paths
+    (those are reported by the config checks)."""
+    import os
+
+    if isinstance(spec, dict):
+        spec = spec.get("source")
+    if not isinstance(spec, str) or not spec.startswith("local:"):
+        return []
+    path = spec.split(":", 1)[1]
+    for key, value in fill.items():
+        path = path.replace("{" + key + "}", value)
+    found = Path(path).expanduser()
+    if found.is_file():
+        return [str(found)]
+    if not found.is_dir():
+        return []
+    files = []
+    for root, dirs, names in os.walk(found):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        files += [os.path.join(root, name) for name in sorted(names) if not name.startswith(".")]
+    return files
+
+
 def method_errors(config: dict) -> list[str]:
     """Configured training methods that are not registered, and settings their schemas reject."""
     from modsent import methods

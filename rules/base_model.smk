@@ -3,6 +3,8 @@
 
 rule base_model:
     """Convert the built-in model, download a Hub model (safetensors only) or copy a local one."""
+    input:
+        local=base_model_local_files,
     output:
         directory(layout.BASE_MODEL),
     params:

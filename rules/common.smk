@@ -83,6 +83,32 @@ def corpus_settings(wildcards):
     return modsent_config.corpus_settings(config, wildcards.lang)
 
 
+# ---- local sources are inputs: editing a local file in place reruns the rule that reads it ----
+
+
+def corpus_local_files(wildcards):
+    corpora = config["corpora"]
+    override = (corpora.get("per_language") or {}).get(wildcards.lang) or {}
+    return modsent_config.local_source_files(override.get("source", corpora["source"]), lang=wildcards.lang)
+
+
+def paraphrase_local_files(wildcards):
+    return modsent_config.local_source_files(config["paraphrases"][wildcards.dataset])
+
+
+def provided_translation_local_files(wildcards):
+    return modsent_config.local_source_files(config["translation"]["provided"], lang=wildcards.lang)
+
+
+def base_model_local_files(wildcards):
+    return modsent_config.local_source_files(config["base_model"]["source"])
+
+
+def evaluation_local_files(wildcards):
+    settings = config["evaluation"]["datasets"][wildcards.dataset]
+    return modsent_config.local_source_files(settings, subset=wildcards.subset, lang=wildcards.subset)
+
+
 def paraphrase_spec(wildcards):
     return canonical(config["paraphrases"][wildcards.dataset])
 
@@ -474,10 +500,36 @@ def evaluation_targets():
     return [layout.SUMMARY_CSV.format(base=base_name()), layout.SUMMARY.format(base=base_name())]
 
 
+def module_targets():
+    """Every module directory of every configured system in every language, and what each is
+    built from (a language adapter's tokenizer, fastText vectors and embeddings; a merged
+    adapter's pp and pl adapters). Listed in rule all because Snakemake checks a file only when
+    a job that runs asks for it: a module removed under a finished summary would otherwise
+    never be rebuilt."""
+    from modsent.encoders import systems as variants
+
+    results = layout.results(base_name())
+    merge_weights = config["alignment"]["merge_weights"]
+    specialized = modsent_config.specialized_languages(config)
+    targets = []
+    for name in variants.evaluated_variants(config):
+        for lang in languages():
+            for path in variants.module_paths(name, lang, merge_weights, specialized):
+                targets.append(f"{results}/{path}")
+                root, _, merged = path.rpartition("/")[0].rpartition("/")
+                if merged.startswith("merged-"):  # .../{root}/merged-{w}/{lang}
+                    targets += [f"{results}/{root}/{kind}/{lang}" for kind in ("pp", "pl")]
+    for lang in specialized:
+        targets += [pattern.format(base=base_name(), lang=lang)
+                    for pattern in (layout.TOKENIZER, layout.FASTTEXT, layout.EMBEDDINGS)]
+    return list(dict.fromkeys(targets))
+
+
 def all_targets():
     """Everything the configured run produces: the target list of the default target."""
     return (
-        input_targets()
+        module_targets()
+        + input_targets()
         + paraphrase_targets()
         + specialization_targets()
         + sentence_encoding_targets()

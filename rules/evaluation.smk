@@ -4,6 +4,8 @@
 
 rule evaluation_subset:
     """One subset (a language or a language pair) of an evaluation dataset, normalised."""
+    input:
+        local=evaluation_local_files,
     output:
         layout.EVALUATION_SUBSET,
     params:

@@ -3,6 +3,8 @@
 
 rule corpus:
     """Monolingual text of one language: cleaned, deduplicated, capped; one sentence a line."""
+    input:
+        local=corpus_local_files,
     output:
         layout.CORPUS,
     params:
@@ -19,6 +21,8 @@ rule corpus:
 
 rule paraphrase_source:
     """One English paraphrase dataset in the contract (pair_id, dataset, anchor, positive, negative)."""
+    input:
+        local=paraphrase_local_files,
     output:
         layout.PARAPHRASE_SOURCE,
     params:
@@ -35,6 +39,8 @@ rule paraphrase_source:
 
 rule provided_translations:
     """Existing human translations EN→X (english, translation), used by the `provided` engine."""
+    input:
+        local=provided_translation_local_files,
     output:
         layout.PROVIDED_TRANSLATIONS,
     params:

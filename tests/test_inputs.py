@@ -211,3 +211,41 @@ def test_local_triplets_keep_their_negative_without_a_mapping(tmp_path):
     out = tmp_path / "t.parquet"
     prepare_paraphrase_dataset("mine", {"source": f"local:{source}"}, out)
     assert pd.read_parquet(out)["negative"].tolist() == ["Delete"]
+
+
+def test_a_local_source_edited_in_place_reruns_the_rule_that_reads_it(tmp_path):
+    """local: corpora, paraphrases and base models are the rules' inputs: a prepared corpus is
+    up to date until its local file changes, and then exactly that corpus is planned again."""
+    import os
+    import subprocess
+
+    import yaml
+
+    from conftest import REPO, snakemake_exe
+
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    for lang in ("en", "de", "ky"):
+        (texts / f"{lang}.txt").write_text("".join(f"{lang} sentence number {i}\n" for i in range(50)))
+    config = yaml.safe_load((REPO / "configs" / "test.yaml").read_text())
+    config["corpora"]["source"] = f"local:{texts}/{{lang}}.txt"
+    path = tmp_path / "local.yaml"
+    path.write_text(yaml.safe_dump(config))
+
+    def snakemake(*args):
+        proc = subprocess.run([snakemake_exe(), "--snakefile", str(REPO / "Snakefile"), "--directory",
+                               str(tmp_path), "--configfile", str(path), "--cores", "1", *args],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout + proc.stderr
+
+    targets = [f"resources/corpora/{lang}.txt" for lang in ("en", "de", "ky")]
+    snakemake(*targets)
+    assert "Nothing to be done" in snakemake("-n", *targets)
+    with open(texts / "de.txt", "a", encoding="utf-8") as f:
+        f.write("one more German line\n")
+    later = (tmp_path / "resources" / "corpora" / "de.txt").stat().st_mtime + 5
+    os.utime(texts / "de.txt", (later, later))
+    planned = snakemake("-n", *targets)
+    assert planned.count("rule corpus:") == 1 and "reason: Updated input files:" in planned, planned[-2000:]
+    assert "output: resources/corpora/de.txt" in planned, planned[-2000:]

@@ -201,6 +201,40 @@ def test_rerun_has_nothing_to_do(run):
     assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
+def _planned(output: str) -> dict[str, int]:
+    """rule -> job count of a dry run's job stats."""
+    stats = output.split("Job stats:", 1)[1].split("total", 1)[0]
+    return {line.split()[0]: int(line.split()[1]) for line in stats.splitlines()
+            if len(line.split()) == 2 and line.split()[1].isdigit()}
+
+
+# a module of the finished run -> the rule that rebuilds it (and nothing else of its stage)
+MODULES = {"tokenizers/de": "tokenizer", "fasttext/ky": "fasttext", "embeddings/de": "focus_embeddings",
+           "language_adapters/ky": "language_adapter", "sentence_adapters/en": "sentence_adapter",
+           "alignment/pl/de": "alignment_adapter", "alignment/merged-0.5/ky": "merge_alignment",
+           "ablations/sentence_adapters_base/de": "ablation_sentence_adapter",
+           "ablations/alignment_la/pp/ky": "ablation_alignment_adapter", "baselines/Full_m": "full_baseline",
+           "methods/Toy-cos": "train_method"}
+
+
+def test_a_removed_module_is_always_rebuilt(run):
+    """Remove any module of a finished run: a dry run plans its rebuild (one job of its rule,
+    two for Full_m, whose weights Full_mc starts from) and what depends on it, every time —
+    also when the summaries above it exist."""
+    results = next((run / "results").glob("*/summary.md")).parent
+    for module, rule in MODULES.items():
+        path = results / module
+        assert path.is_dir(), module
+        aside = path.with_name(path.name + ".aside")
+        path.rename(aside)
+        try:
+            planned = _planned(snakemake(run, "-n").stdout)
+        finally:
+            aside.rename(path)
+        assert planned.get(rule) == (2 if module == "baselines/Full_m" else 1), (module, planned)
+        assert planned.get("evaluation_summary") == 1, (module, planned)
+
+
 def _dry_run(run, config, path):
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     proc = subprocess.run(
