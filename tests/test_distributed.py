@@ -351,6 +351,7 @@ def test_run_launched_hands_the_log_to_the_trainers_and_takes_it_back_on_failure
             logging.getLogger().removeHandler(handler)
             handler.close()
     lines = log_path.read_text().splitlines()
-    assert "the job starts" in lines[1] and "python" in lines[2]  # the host line, then the command
-    assert lines[3] == "the trainer writes" and lines[4] == "the trainer writes"
-    assert "torchrun exited with status 3" in lines[5] and "after the failure" in lines[6]
+    assert lines[0] == "==== attempt 1 ====" and "CUDA_VISIBLE_DEVICES" in lines[1]
+    assert "the job starts" in lines[2] and "python" in lines[3]  # the host line, then the command
+    assert lines[4] == "the trainer writes" and lines[5] == "the trainer writes"
+    assert "torchrun exited with status 3" in lines[6] and "after the failure" in lines[7]
