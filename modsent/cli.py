@@ -46,19 +46,58 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _input_lines(args):
+    """(line number, text) of --input or stdin, decoded strictly: invalid UTF-8 is an
+    InputError naming the input, the line and the byte."""
+    from modsent.io import InputError, iter_utf8_lines
+
+    if args.input:
+        yield from iter_utf8_lines(args.input)
+        return
+    for number, raw in enumerate(sys.stdin.buffer, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InputError(f"stdin: line {number}: invalid UTF-8 at byte {err.start} of the line "
+                             f"({raw[max(0, err.start - 10):err.start + 10]!r}); the input must be UTF-8 text") from None
+        yield number, text.rstrip("\r\n")
+
+
 def _read_sentences(args) -> list[str]:
     import json
 
+    from modsent.io import InputError
+
+    where = args.input or "stdin"
     if args.input_format == "txt":
-        source = open(args.input, encoding="utf-8") if args.input else sys.stdin
-        return [line.rstrip("\n") for line in source]
+        return [line for _, line in _input_lines(args)]
     if args.input_format == "jsonl":
-        source = open(args.input, encoding="utf-8") if args.input else sys.stdin
-        return [json.loads(line)[args.column] for line in source if line.strip()]
+        sentences = []
+        for number, line in _input_lines(args):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise InputError(f"{where}: line {number}: not JSON ({err.msg}); --input-format jsonl "
+                                 "reads one object a line") from None
+            if not isinstance(row, dict) or args.column not in row:
+                found = ", ".join(map(str, row)) if isinstance(row, dict) else type(row).__name__
+                raise InputError(f"{where}: line {number}: no {args.column!r} field (found: {found}); "
+                                 "--column names the text field")
+            if not isinstance(row[args.column], str):
+                raise InputError(f"{where}: line {number}: {args.column!r} is not a string")
+            sentences.append(row[args.column])
+        return sentences
     import pandas as pd
+    import pyarrow.parquet as pq
 
     if not args.input:
         raise SystemExit("modsent encode: --input-format parquet needs --input FILE")
+    columns = pq.read_schema(args.input).names
+    if args.column not in columns:
+        raise InputError(f"{args.input}: no column {args.column!r} (columns: {', '.join(columns)}); "
+                         "--column names the text column")
     return pd.read_parquet(args.input, columns=[args.column])[args.column].astype(str).tolist()
 
 
@@ -152,6 +191,12 @@ def cmd_encode(args: argparse.Namespace) -> int:
                 chunks.append(encoder.encode(batch, lang=args.lang, batch_size=args.batch_size))
             bar.update(len(batch))
     vectors = np.concatenate(chunks) if chunks else np.zeros((0, encoder.embedding_dimension), dtype=np.float32)
+    bad = int((~np.isfinite(vectors)).any(axis=1).sum())
+    if bad:
+        from modsent.io import InputError
+
+        raise InputError(f"{args.model}: {bad} of {len(sentences)} embeddings are not finite (NaN or inf): "
+                         "the model holds non-finite weights; nothing was written")
     _write_embeddings(args, sentences, vectors.astype(np.float32), langs, detected)
     return 0
 

@@ -205,3 +205,20 @@ def test_every_dataset_kind_has_one_task_kind():
     assert tasks.get("parallel").sentences([texts], "de") == ["x", "y"]
     with pytest.raises(InputError, match="unknown evaluation task kind 'nope'; kinds: pairs"):
         tasks.get("nope")
+
+
+def test_non_finite_embeddings_are_an_error_naming_the_system(subsets, tmp_path):
+    """A corrupt module (NaN weights) makes NaN vectors: the embedding job fails, naming the
+    system and language, instead of writing them (exit 0) for the scores to average."""
+
+    class NaNEncoder:
+        def encode(self, sentences, lang, batch_size=32):
+            out = np.ones((len(sentences), 4), dtype=np.float32)
+            out[1, 2] = np.nan
+            return out
+
+    datasets = {name: [p for subset, p in paths.items() if subset == "de"] for name, paths in subsets.items()}
+    datasets = {name: files for name, files in datasets.items() if files}
+    with pytest.raises(InputError, match=r"Mod_x de \(.*\): 1 of \d+ embeddings are not finite"):
+        ev.embed_language({"Mod_x": NaNEncoder()}, "de", datasets, tmp_path / "emb")
+    assert not (tmp_path / "emb").exists()

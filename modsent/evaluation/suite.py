@@ -141,6 +141,11 @@ def embed_language(encoders: dict, lang: str, datasets: dict[str, list[str | Pat
                 else:
                     vectors = (encoder.encode(sentences, lang=lang, batch_size=batch_size) if sentences
                                else np.zeros((0, 0)))
+                    bad = int((~np.isfinite(vectors)).any(axis=-1).sum()) if vectors.size else 0
+                    if bad:
+                        raise InputError(f"{system} {lang} ({name}): {bad} of {len(sentences)} embeddings are not "
+                                         "finite (NaN or inf): a module of this system holds non-finite weights; "
+                                         "retrain it (its directory is listed by `modsent outputs`)")
                     write_embeddings(target, sentences, vectors)
                     done[identity, name] = target
                 counts[system][name] = len(sentences)

@@ -1,0 +1,45 @@
+"""modsent encode's input reading: strict, and every error names the input, line and fix."""
+
+import io
+import json
+import sys
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from modsent import cli
+from modsent.io import InputError
+
+
+def args(**kw):
+    return SimpleNamespace(**{"input": None, "input_format": "txt", "column": "text", **kw})
+
+
+def with_stdin(monkeypatch, data: bytes):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+
+def test_stdin_text_and_invalid_utf8(monkeypatch):
+    with_stdin(monkeypatch, "eins\nzwei drei\r\n".encode())
+    assert cli._read_sentences(args()) == ["eins", "zwei drei"]
+    with_stdin(monkeypatch, b"ok\nbad \xff byte\n")
+    with pytest.raises(InputError, match=r"stdin: line 2: invalid UTF-8 at byte 4"):
+        cli._read_sentences(args())
+
+
+def test_jsonl_and_parquet_name_the_missing_column(monkeypatch, tmp_path):
+    with_stdin(monkeypatch, b'{"text": "a"}\n\n{"text": "b"}\n')
+    assert cli._read_sentences(args(input_format="jsonl")) == ["a", "b"]
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"text": "a"}) + "\n" + json.dumps({"sentence": "b", "id": 1}) + "\n")
+    with pytest.raises(InputError, match=r"in.jsonl: line 2: no 'text' field \(found: sentence, id\)"):
+        cli._read_sentences(args(input=str(path), input_format="jsonl"))
+    path.write_text('{"text": "a"}\nnot json\n')
+    with pytest.raises(InputError, match=r"in.jsonl: line 2: not JSON"):
+        cli._read_sentences(args(input=str(path), input_format="jsonl"))
+    parquet = tmp_path / "in.parquet"
+    pd.DataFrame({"sentence": ["x"]}).to_parquet(parquet)
+    with pytest.raises(InputError, match=r"no column 'text' \(columns: sentence\)"):
+        cli._read_sentences(args(input=str(parquet), input_format="parquet"))
+    assert cli._read_sentences(args(input=str(parquet), input_format="parquet", column="sentence")) == ["x"]
