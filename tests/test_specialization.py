@@ -179,6 +179,13 @@ def test_tokenizer_bad_input(bases, corpus, tmp_path):
 
     with pytest.raises(InputError, match="not found"):
         train_tokenizer(tmp_path / "missing.txt", base, tmp_path / "out", 100)
+
+    han = tmp_path / "han.txt"  # more distinct characters than the vocabulary has room for
+    han.write_text("".join(chr(0x4E00 + i) * 2 + " " + chr(0x4E01 + i) + "\n" for i in range(0, 600, 2)),
+                   encoding="utf-8")
+    with pytest.raises(InputError, match=r"a vocabulary of 100 tokens cannot hold the corpus' 60[01] distinct "
+                                         r"characters.*raise tokenizer.vocab_size"):
+        train_tokenizer(han, bases["xlmr"], tmp_path / "out", 100)
     assert not (tmp_path / "out").exists()  # nothing half-written
     assert not list(tmp_path.glob(".out*"))
 

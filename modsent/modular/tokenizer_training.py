@@ -192,7 +192,16 @@ def train_tokenizer(
     batches = _CorpusBatches(corpus_path, max_sentences, batch_size, _WORD_COUNT_CAP_FACTOR * vocab_size, added)
     log.info("training a %s tokenizer of %d tokens on %s (max_sentences=%s)", kind, vocab_size, corpus_path, max_sentences)
     start = time.perf_counter()
-    new = base.train_new_from_iterator(iter(batches), vocab_size=vocab_size, show_progress=False)
+    try:
+        new = base.train_new_from_iterator(iter(batches), vocab_size=vocab_size, show_progress=False)
+    except Exception as err:  # the Rust trainers raise plain exceptions
+        if "not large enough to contain all chars" not in str(err):
+            raise
+        raise InputError(
+            f"{corpus_path}: a vocabulary of {vocab_size} tokens cannot hold the corpus' "
+            f"{len(batches.characters)} distinct characters (plus {n_specials} special tokens): raise "
+            f"tokenizer.vocab_size (or tokenizer.per_language.<lang>.vocab_size) above "
+            f"{len(batches.characters) + n_specials}") from None
     seconds = time.perf_counter() - start
 
     obtained = len(new)
