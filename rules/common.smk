@@ -516,9 +516,9 @@ def module_targets():
         for lang in languages():
             for path in variants.module_paths(name, lang, merge_weights, specialized):
                 targets.append(f"{results}/{path}")
-                root, _, merged = path.rpartition("/")[0].rpartition("/")
-                if merged.startswith("merged-"):  # .../{root}/merged-{w}/{lang}
-                    targets += [f"{results}/{root}/{kind}/{lang}" for kind in ("pp", "pl")]
+                module_dir = Path(path)
+                if module_dir.parent.name.startswith("merged-"):  # {root}/merged-{w}/{lang}: its pp and pl
+                    targets += [f"{results}/{module_dir.parent.parent}/{kind}/{lang}" for kind in ("pp", "pl")]
     for lang in specialized:
         targets += [pattern.format(base=base_name(), lang=lang)
                     for pattern in (layout.TOKENIZER, layout.FASTTEXT, layout.EMBEDDINGS)]
