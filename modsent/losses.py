@@ -113,3 +113,62 @@ class TripletInfoNCELoss(nn.Module):
         scores = cos_sim(anchors.float(), candidates.float()) / self.temperature
         target = torch.arange(len(anchors), device=anchors.device)
         return nn.functional.cross_entropy(scores, target)
+
+
+class WMDAnchorLoss(nn.Module):
+    """DuEAM's semantic loss L_A (the DuEAM paper's Eq. 1): the learner's Euclidean distance
+    between a pair's sentence vectors is pulled towards the pair's word mover's distance d_wmd,
+    a constant per pair computed from a frozen anchor model's token states:
+
+        L_A = (1/N) sum_i exp(|exp(-d_euc(s'_i, t'_i)) - exp(-d_wmd(s_i, t_i))|)
+
+    with d_euc = ||s'_i - t'_i||_2 between the unnormalised vectors. Each term is at least 1 and
+    equals 1 when d_euc = d_wmd: close pairs (small WMD) are pulled together and distant ones
+    pushed apart, so the space keeps a spread without negatives. ``wmd`` holds one distance per
+    pair and gets no gradient. Computed in float32 (the norm's gradient at d_euc = 0 is 0)."""
+
+    def forward(self, sources: torch.Tensor, targets: torch.Tensor, wmd: torch.Tensor) -> torch.Tensor:
+        if len(sources) != len(targets) or len(wmd) != len(sources):
+            raise ValueError(f"one target and one WMD per source: {len(sources)} sources, {len(targets)} "
+                             f"targets, {len(wmd)} distances")
+        d_euc = torch.linalg.vector_norm(sources.float() - targets.float(), dim=-1)
+        d_wmd = torch.as_tensor(wmd, dtype=d_euc.dtype, device=d_euc.device).detach()
+        return torch.exp((torch.exp(-d_euc) - torch.exp(-d_wmd)).abs()).mean()
+
+
+class MeanPairCosine(nn.Module):
+    """DuEAM's translation-mining term L_B (Eq. 2): the mean cosine similarity of each pair's
+    two vectors, (1/N) sum_i cos(s'_i, t'_i). A similarity, to be maximised (DuEAMLoss subtracts
+    it): it pulls each pair together and pushes nothing apart, so on its own it lets the whole
+    space collapse (every vector towards one direction)."""
+
+    def forward(self, sources: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if len(sources) != len(targets):
+            raise ValueError(f"one target per source: {len(sources)} sources, {len(targets)} targets")
+        return nn.functional.cosine_similarity(sources.float(), targets.float(), dim=-1).mean()
+
+
+class DuEAMLoss(nn.Module):
+    """DuEAM's multi-task objective, L = L_A - lambda * L_B (:class:`WMDAnchorLoss`,
+    :class:`MeanPairCosine`; the paper's lambda: 0.003). ``objective`` picks the paper's
+    ablations [Fig. 2]: ``joint`` (L_A - lambda L_B), ``LA`` (L_A alone), ``LB`` (-L_B alone, the
+    cosine term with weight 1). No negatives: every term is a function of one pair."""
+
+    OBJECTIVES = ("joint", "LA", "LB")
+
+    def __init__(self, lambda_: float = 0.003, objective: str = "joint"):
+        super().__init__()
+        if objective not in self.OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(self.OBJECTIVES)}, got {objective!r}")
+        if not lambda_ >= 0:
+            raise ValueError(f"lambda must be at least 0, got {lambda_}")
+        self.lambda_, self.objective = lambda_, objective
+        self.anchor_loss, self.cosine = WMDAnchorLoss(), MeanPairCosine()
+
+    def forward(self, sources: torch.Tensor, targets: torch.Tensor, wmd: torch.Tensor) -> torch.Tensor:
+        if self.objective == "LB":
+            return -self.cosine(sources, targets)
+        anchor = self.anchor_loss(sources, targets, wmd)
+        if self.objective == "LA":
+            return anchor
+        return anchor - self.lambda_ * self.cosine(sources, targets)

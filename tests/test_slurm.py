@@ -43,9 +43,9 @@ TARGETS = [
 
 
 def _rule_blocks() -> dict[str, str]:
-    """rule name -> its text, for every rule in rules/*.smk."""
+    """rule name -> its text, for every rule in rules/*.smk and rules/methods/*.smk."""
     blocks = {}
-    for smk in sorted((REPO / "rules").glob("*.smk")):
+    for smk in sorted((REPO / "rules").glob("*.smk")) + sorted((REPO / "rules" / "methods").glob("*.smk")):
         parts = re.split(r"^[ \t]*rule (\w+):", smk.read_text(), flags=re.M)
         blocks.update(zip(parts[1::2], parts[2::2]))
     return blocks

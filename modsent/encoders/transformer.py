@@ -175,3 +175,12 @@ def save_sentence_transformer(body: nn.Module, tokenizer, head: Sequence[nn.Modu
     st_config["default_prompt_name"] = None
     (out_dir / "config_sentence_transformers.json").write_text(json.dumps(st_config, indent=2) + "\n",
                                                                encoding="utf-8")
+
+
+def model_source(model: str | None, base: str | Path | None, key: str) -> str:
+    """The encoder a method trains: its ``model`` setting (a Hub id or directory), else the
+    workflow's base model; an InputError naming ``key`` when there is neither."""
+    source = model if model is not None else base
+    if source is None:
+        raise InputError(f"{key}.model: null trains the base model, and no base model was given")
+    return str(source)

@@ -309,10 +309,7 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
     missing = [lang for lang in langs if lang not in pairs_paths]
     if missing:
         raise InputError(f"{name}: no paraphrase pairs for {', '.join(missing)}")
-    source = cfg.model if cfg.model is not None else inputs.get("base")
-    if source is None:
-        raise InputError(f"{key}.model: null trains the base model, and no base model was given")
-    source = str(source)
+    source = tf.model_source(cfg.model, inputs.get("base"), key)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
 
