@@ -75,6 +75,7 @@ from modsent.methods import Method, PairTraining
 from modsent.data.paraphrase import crosslingual_mix
 from modsent.evaluation.plots import write_loss_curve
 from modsent.training import checkpoints, schedules
+from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import no_duplicate_batches, read_pairs, split_heldout
 from modsent.training.precision import autocast
@@ -427,10 +428,7 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
     model = build_full_model(start_dir, cfg).to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
-    decay = [p for p in trainable if p.ndim >= 2]
-    no_decay = [p for p in trainable if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.learning_rate)
+    optimizer = adamw(trainable, cfg.learning_rate, cfg.weight_decay)
     loss_fn = objective if objective is not None else MultipleNegativesRankingLoss(cfg.scale)
     eval_batch = max(1, min(cfg.batch_size, 64))
 

@@ -68,6 +68,7 @@ from modsent.evaluation.plots import write_loss_curve
 from modsent.io import InputError, atomic_path, write_parquet
 from modsent.data.translation import make_units, unit_id
 from modsent.training import checkpoints
+from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training import schedules
 from modsent.training.pairs import PAIR_TEXT_COLUMNS, batches_of_steps, no_duplicate_batches, split_heldout
@@ -397,10 +398,7 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
     n_total = sum(p.numel() for p in model.parameters())
-    decay = [p for p in trainable if p.ndim >= 2]
-    no_decay = [p for p in trainable if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.learning_rate)
+    optimizer = adamw(trainable, cfg.learning_rate, cfg.weight_decay)
     eval_batch = max(1, min(cfg.batch_size, 64))
 
     def evaluate():

@@ -43,6 +43,7 @@ from modsent.io import InputError, atomic_path, iter_utf8_lines
 from modsent.losses import MaskedLanguageModelingLoss, mlm_parts
 from modsent.training import schedules
 from modsent.training.checkpoints import load_checkpoint, save_checkpoint
+from modsent.training.optim import adamw
 from modsent.training.precision import autocast
 from modsent.training.seeding import dropout_seed, step_generator
 from modsent.evaluation.plots import write_before_after_bars, write_loss_curve
@@ -432,10 +433,7 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
     n_total = sum(p.numel() for p in model.parameters())
     log.info("trainable parameters: %d of %d (%.2f%%)", n_trainable, n_total, 100 * n_trainable / n_total)
 
-    decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.learning_rate)
+    optimizer = adamw([p for p in model.parameters() if p.requires_grad], cfg.learning_rate, cfg.weight_decay)
     eval_batch = max(1, min(cfg.batch_size, 64))
 
     fingerprint = cfg.fingerprint(Path(tokenizer_dir) / "tokenizer.json",

@@ -59,6 +59,7 @@ from modsent.io import InputError, atomic_path
 from modsent.losses import MultipleNegativesRankingLoss, mlm_parts
 from modsent.training import checkpoints, schedules
 from modsent.training.pairs import batches_of_steps, no_duplicate_batches, read_pairs, split_heldout  # noqa: F401
+from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.precision import autocast
 from modsent.training.seeding import dropout_seed
@@ -370,10 +371,7 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
     n_trainable = sum(p.numel() for p in trainable)
     n_total = sum(p.numel() for p in model.parameters())
     log.info("trainable parameters: %d of %d (%.2f%%)", n_trainable, n_total, 100 * n_trainable / n_total)
-    decay = [p for p in trainable if p.ndim >= 2]
-    no_decay = [p for p in trainable if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.learning_rate)
+    optimizer = adamw(trainable, cfg.learning_rate, cfg.weight_decay)
     loss_fn = MultipleNegativesRankingLoss(cfg.scale)
     eval_batch = max(1, min(cfg.batch_size, 64))
 

@@ -56,6 +56,7 @@ from modsent.methods.dueam.settings import DuEAMConfig, uses_translations
 from modsent.methods.dueam.wmd import anchor_for, compute_wmd, pair_idf, read_wmd
 from modsent.modular import sentence_adapter as sa
 from modsent.training import checkpoints, schedules
+from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.precision import autocast
 from modsent.training.seeding import dropout_seed
@@ -242,10 +243,7 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
              ", ".join(f"{k} {v}" for k, v in pairs.stats["pairs_by_kind"].items()), pairs.stats["groups"],
              pairs.stats["heldout_pair_ids"], total_steps, steps_per_epoch, source, n_trainable, cfg.objective,
              cfg.lambda_)
-    decay = [p for p in trainable if p.ndim >= 2]
-    no_decay = [p for p in trainable if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.learning_rate)
+    optimizer = adamw(trainable, cfg.learning_rate, cfg.weight_decay)
     loss_fn = DuEAMLoss(cfg.lambda_, cfg.objective)
     eval_batch = max(1, min(cfg.batch_size, 64))
     sample = np.sort(np.random.default_rng([cfg.seed, 4]).permutation(len(rows))[:min(cfg.eval_pairs,
