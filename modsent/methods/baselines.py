@@ -77,7 +77,7 @@ from modsent.evaluation.plots import write_loss_curve
 from modsent.training import checkpoints, schedules
 from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
-from modsent.training.pairs import no_duplicate_batches, read_pairs, split_heldout
+from modsent.training.pairs import no_duplicate_batches, read_pairs, split_heldout, steps_of_epochs
 from modsent.training.precision import autocast
 from modsent.training.seeding import dropout_seed
 
@@ -231,20 +231,8 @@ def crosslingual_data(frames: Mapping[str, pd.DataFrame], batch_size: int, seed:
 
 def iter_steps(data: TrainingData, total_steps: int, start: int = 0) -> Iterator[list[int]]:
     """The batches of steps ``start`` .. ``total_steps - 1``: epoch after epoch of
-    ``data.epoch_batches``, so the batch of a step depends on (seed, epoch, step) only and a run
-    resumed at ``start`` sees what an unbroken run sees from there."""
-    step, epoch = 0, 0
-    while step < total_steps:
-        batches = data.epoch_batches(epoch)
-        if not batches:
-            raise InputError("no batch of at least 2 pairs without duplicate texts can be formed")
-        for batch in batches:
-            if step == total_steps:
-                return
-            if step >= start:
-                yield batch
-            step += 1
-        epoch += 1
+    ``data.epoch_batches`` (:func:`modsent.training.pairs.steps_of_epochs`)."""
+    return steps_of_epochs(data.epoch_batches, total_steps, start)
 
 
 # ---- the model ---------------------------------------------------------------------------------

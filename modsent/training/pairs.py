@@ -5,7 +5,7 @@ other in-batch objectives of :mod:`modsent.losses`."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -88,14 +88,14 @@ def no_duplicate_batches(pairs: pd.DataFrame, batch_size: int, seed: int, epoch:
     return batches
 
 
-def batches_of_steps(pairs: pd.DataFrame, batch_size: int, seed: int, total_steps: int, start: int = 0,
-                     *, group_column: str | None = None) -> Iterator[list[int]]:
+def steps_of_epochs(epoch_batches: Callable[[int], list[list[int]]], total_steps: int,
+                    start: int = 0) -> Iterator[list[int]]:
     """The batches of steps ``start`` to ``total_steps - 1``: epoch after epoch of
-    :func:`no_duplicate_batches` (a resumed run starts at its checkpoint's step and gets the
-    batches the unbroken run had there)."""
+    ``epoch_batches(epoch)``, so the batch of a step depends on (epoch, step) only and a run
+    resumed at ``start`` gets the batches the unbroken run had there."""
     step, epoch = 0, 0
     while step < total_steps:
-        batches = no_duplicate_batches(pairs, batch_size, seed, epoch, group_column=group_column)
+        batches = epoch_batches(epoch)
         if not batches:
             raise InputError("no batch of at least 2 pairs without duplicate texts can be formed")
         for batch in batches:
@@ -105,3 +105,11 @@ def batches_of_steps(pairs: pd.DataFrame, batch_size: int, seed: int, total_step
                 yield batch
             step += 1
         epoch += 1
+
+
+def batches_of_steps(pairs: pd.DataFrame, batch_size: int, seed: int, total_steps: int, start: int = 0,
+                     *, group_column: str | None = None) -> Iterator[list[int]]:
+    """:func:`steps_of_epochs` over :func:`no_duplicate_batches` of ``pairs``."""
+    return steps_of_epochs(
+        lambda epoch: no_duplicate_batches(pairs, batch_size, seed, epoch, group_column=group_column),
+        total_steps, start)
