@@ -4,7 +4,8 @@
 
 rule train_method:
     """One registered training method (modsent.methods): the base model and the paraphrase pairs
-    or translations it uses in, results/{base}/methods/{method} out."""
+    or translations it uses in, results/{base}/methods/{method} out; a data-parallel method
+    on methods.{method}.gpus GPUs of one node (torchrun)."""
     input:
         unpack(method_inputs),
     output:
@@ -12,9 +13,9 @@ rule train_method:
     params:
         settings=method_settings,
         languages=method_languages,
-    threads: job_threads("gpu_train")
+    threads: job_threads("gpu_train", gpus=method_gpus)
     resources:
-        **job_resources("gpu_train"),
+        **job_resources("gpu_train", gpus=method_gpus),
     log:
         "logs/{base}/methods/{method}.log",
     benchmark:

@@ -103,3 +103,11 @@ def language_adapter_gpus(wildcards):
 def full_baseline_gpus(wildcards):
     """baselines.gpus: GPUs of one node for each full baseline, trained under torchrun."""
     return config["baselines"].get("gpus", 1)
+
+
+def method_gpus(wildcards):
+    """methods.{method}.gpus of a data-parallel method (modsent.methods.Method.data_parallel):
+    GPUs of one node, trained under torchrun; one GPU for any other method."""
+    if not modsent_methods.get(wildcards.method).data_parallel:
+        return 1
+    return modsent_config.method_runtime_settings(config, wildcards.method).get("gpus", 1)

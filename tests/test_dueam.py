@@ -297,7 +297,7 @@ def test_dueam_methods_are_registered_with_the_paper_s_defaults():
     assert registry["DuEAM-unsup"].schema()["properties"]["data"]["default"] == "unsup"
     assert registry["DuEAM-LB-only"].schema()["properties"]["objective"]["default"] == "LB"
     assert {k for k, v in properties.items() if v.get("x-role") == "runtime"} == {
-        "wmd_batch_size", "log_every", "checkpoint_every"}
+        "wmd_batch_size", "log_every", "checkpoint_every", "gpus"}  # gpus: DuEAM is data-parallel
     # the WMD jobs' params: the pairs' and the distances' settings, no training setting
     job = dueam.wmd_job_settings(defaults)
     assert "learning_rate" not in job and "lambda" not in job and {"seed", "anchor_layer", "data"} <= set(job)
@@ -413,3 +413,12 @@ def test_the_workflow_plans_one_wmd_job_per_shard_and_distinct_pairs(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     counts = dict(line.split()[:2] for line in proc.stdout.splitlines() if line.startswith(("dueam_wmd", "train_m")))
     assert counts == {"dueam_wmd": "3", "train_method": "3"}  # 2 shards shared by weak and LA-only, 1 unsup
+
+    # DuEAM is data-parallel: its gpus is a runtime key (no retraining) and the job's GPU count
+    config["methods"]["DuEAM-unsup"]["gpus"] = 2
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.run([snakemake_exe(), "-n", "--configfile", str(path), "--directory", str(tmp_path / "run"),
+                           "--snakefile", str(REPO / "Snakefile")], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    jobs = {block.split("output: ")[1].split()[0]: block for block in proc.stdout.split("\nrule train_method:")[1:]}
+    assert "gpu=2," in jobs["results/tiny/methods/DuEAM-unsup"] and "gpu=1," in jobs["results/tiny/methods/DuEAM-weak"]

@@ -1,15 +1,18 @@
 # rule train_method: a registered training method (modsent.methods) writes its system.
-# Its runtime keys (checkpoint_every, log_every) are read from the config, not the params.
-import torch
+# Its runtime keys (gpus, checkpoint_every, log_every) are read from the config, not the params.
+# A data-parallel method with gpus > 1 on a node with GPUs trains under torchrun, one process
+# per GPU (python -m modsent.methods.launch); otherwise in this process.
+import sys
 
 from modsent import methods
 from modsent.config import method_runtime_settings
 from modsent.languages import PIVOT_LANGUAGE
 from modsent.logs import setup_logging
+from modsent.methods import launch
 
 setup_logging(snakemake.log[0])
-torch.set_num_threads(snakemake.threads)
-methods.load(snakemake.config["method_modules"])
+modules = snakemake.config["method_modules"]
+methods.load(modules)
 name = snakemake.wildcards.method
 pairs = snakemake.input.get("pairs", [])
 pairs = [pairs] if isinstance(pairs, str) else list(pairs)
@@ -21,6 +24,8 @@ if translations:  # the method uses them (Method.uses): every non-English langua
                                       translations, strict=True))
 for key in snakemake.input.keys():  # what the method's own rules made (Method.extra_inputs)
     if key not in ("base", "pairs", "translations"):
-        inputs[key] = snakemake.input[key]
+        value = snakemake.input[key]
+        inputs[key] = value if isinstance(value, str) else list(value)
 settings = {**snakemake.params.settings, **method_runtime_settings(snakemake.config, name)}
-methods.get(name).train(inputs, snakemake.output[0], settings)
+sys.exit(launch.train(name, inputs, snakemake.output[0], settings, modules=modules, log_path=snakemake.log[0],
+                      threads=snakemake.threads))

@@ -20,6 +20,12 @@ methods of ``modsent.methods``' own submodules are always there) and ``methods: 
 (its settings; every key has a default). Each method declares its settings as JSON-schema
 properties with defaults: ``modsent check-config`` checks them, naming the key, before anything
 runs. ``x-role: runtime`` keys (how the job runs) are not part of the job's params.
+
+Several GPUs: a method whose ``train`` is data-parallel (it runs in every process of a torchrun
+group, :mod:`modsent.distributed`, and writes only from the main one) says so with
+``data_parallel=True``; its settings then have a runtime key ``gpus`` (default 1), its training
+job requests that many GPUs of one node, and :mod:`modsent.methods.launch` starts one process
+per GPU.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from pathlib import Path
 
 from modsent.io import InputError
 from modsent.languages import PIVOT_LANGUAGE
+from modsent.schema import ROLE_KEY, RUNTIME
 
 # A system name: a summary row and a directory name; must not look like a modular variant's
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_.][A-Za-z0-9]+)*")
@@ -55,7 +62,12 @@ class Method:
     A method with stages of its own before training (a cache, a teacher's outputs) writes them
     with rules in ``rules/methods/{module}.smk`` (the Snakefile includes every file there) and
     names them in ``extra_inputs(base, settings, languages) -> {key: path or [paths]}``: they
-    become inputs of its training job and reach ``train`` as ``inputs[key]``."""
+    become inputs of its training job and reach ``train`` as ``inputs[key]``.
+
+    ``data_parallel``: ``train`` may run in every process of a torchrun group (one per GPU):
+    each process takes its share of every batch, gradients are averaged, only the main process
+    (rank 0) evaluates and writes ``out_dir``, and the others return None after it. The
+    settings then get the runtime key ``gpus`` (:data:`GPUS_SETTING`)."""
 
     name: str
     description: str
@@ -64,6 +76,7 @@ class Method:
     settings_schema: Mapping[str, dict] = dataclasses.field(default_factory=dict)
     english_only: bool = False
     extra_inputs: Callable[[str, Mapping, Sequence[str]], dict[str, str | list[str]]] | None = None
+    data_parallel: bool = False
 
     def __post_init__(self):
         if not NAME.fullmatch(self.name) or RESERVED.fullmatch(self.name):
@@ -78,12 +91,21 @@ class Method:
         return [PIVOT_LANGUAGE] if self.english_only else list(languages)
 
     def schema(self) -> dict:
-        """The JSON schema of the method's settings (``methods.{name}``)."""
-        return {"type": "object", "additionalProperties": False, "default": {},
-                "properties": copy.deepcopy(dict(self.settings_schema))}
+        """The JSON schema of the method's settings (``methods.{name}``); a data-parallel
+        method's has ``gpus`` (unless it declares its own)."""
+        properties = copy.deepcopy(dict(self.settings_schema))
+        if self.data_parallel:
+            properties.setdefault("gpus", copy.deepcopy(GPUS_SETTING))
+        return {"type": "object", "additionalProperties": False, "default": {}, "properties": properties}
 
 
 REGISTRY: dict[str, Method] = {}
+
+# the runtime key of every data-parallel method (Method.data_parallel)
+GPUS_SETTING = {
+    "type": "integer", "minimum": 1, "default": 1, ROLE_KEY: RUNTIME,
+    "description": "GPUs of one node; more than 1 trains under torchrun, one data-parallel process per GPU, "
+                   "each on its share of every batch (the batch size is the total). Changing it reruns nothing"}
 
 
 @dataclasses.dataclass(frozen=True)

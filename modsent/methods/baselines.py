@@ -527,7 +527,7 @@ def full_training_schema() -> dict[str, dict]:
     schema = load_schema()
     properties = schema["properties"]["baselines"]["properties"]
     return {key: inline_refs(value, schema) for key, value in properties.items()
-            if value.get(ROLE_KEY) != SELECTION and key != "gpus"}  # one GPU (several: the baselines)
+            if value.get(ROLE_KEY) != SELECTION and key != "gpus"}  # Method.data_parallel adds its own
 
 
 def full_parameter_method(name: str, description: str, *, objective: Callable[[dict], object],
@@ -535,8 +535,9 @@ def full_parameter_method(name: str, description: str, *, objective: Callable[[d
                           settings_schema: Mapping[str, dict] | None = None) -> Method:
     """A method that trains every weight of the base model like the full baselines (the same
     batches: ``monolingual`` or ``crosslingual`` pairs; the same schedule, checkpoints and
-    resumption, on one GPU) with ``objective(settings)``: a loss over a batch's (anchors,
-    positives, negatives or None) embeddings (:mod:`modsent.losses`)."""
+    resumption, data-parallel on several GPUs like them: the method's ``gpus``) with
+    ``objective(settings)``: a loss over a batch's (anchors, positives, negatives or None)
+    embeddings (:mod:`modsent.losses`)."""
     if data not in ("monolingual", "crosslingual"):
         raise ValueError(f"method {name}: data must be 'monolingual' or 'crosslingual', got {data!r}")
     recipe = PairTraining(name, description, data, english_only=english_only)
@@ -548,7 +549,7 @@ def full_parameter_method(name: str, description: str, *, objective: Callable[[d
                                    progress=progress, recipe=recipe, objective=objective(settings))
 
     schema = {**full_training_schema(), **dict(settings_schema or {})}
-    return Method(name, description, train, ("base", "pairs"), schema, english_only)
+    return Method(name, description, train, ("base", "pairs"), schema, english_only, data_parallel=True)
 
 
 def write_summary(baseline_dirs: list[str | Path], out_path: str | Path) -> None:

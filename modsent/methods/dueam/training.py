@@ -22,6 +22,13 @@ the RNG state and the progress go to ``{out}.checkpoint/`` (:mod:`modsent.traini
 a rerun with the same settings and inputs resumes there and ends, on the CPU, with exactly the
 weights of an unbroken run.
 
+Several GPUs (the method's ``gpus``; :mod:`modsent.methods.launch` starts one process per GPU
+under torchrun): every process holds the step's whole batch (a pure function of the step) and
+encodes its contiguous share of the pairs; each term of the loss is a function of one pair, so
+the processes' shares, weighted by their size, sum to the batch's mean exactly, and the
+averaged gradients are the one-process gradients up to float rounding (and dropout draws,
+seeded per process). Only the main process evaluates, writes checkpoints and the output.
+
 Metrics: held-out retrieval accuracy (each language, and English->L), the mean cosine of
 related and of unrelated held-out pairs (a collapsed space has both near 1), and the Spearman
 correlation of d_euc with d_wmd on a sample of training pairs, before and after; L_A and L_B
@@ -46,6 +53,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from modsent import distributed
 from modsent.encoders import transformer as tf
 from modsent.evaluation.plots import write_loss_curve
 from modsent.io import atomic_path
@@ -214,16 +222,20 @@ def training_pairs(name: str, inputs: Mapping, cfg: DuEAMConfig, device: str | N
 
 def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | None = None, progress: bool = True,
                  checkpoint_dir: str | Path | None = None,
-                 on_step: Callable[[int], None] | None = None) -> TrainingResult:
+                 on_step: Callable[[int], None] | None = None) -> TrainingResult | None:
     """Train method ``name`` on ``inputs`` (``base``: the workflow's base model, used when
     ``cfg.model`` is None; ``pairs``: {language: paraphrase file}; ``translations``: {language:
     translation file} for parallel data; ``wmd``: the WMD stage's shard files, optional) and
     return the model, its metrics and logged losses; nothing is written but checkpoints
-    (``checkpoint_dir``; None: none). ``on_step(step)`` runs after every step and checkpoint."""
+    (``checkpoint_dir``; None: none). ``on_step(step)`` runs after every step and checkpoint.
+    In a process group (torchrun) the processes share every batch (see the module's text); the
+    main process returns the result, the others None."""
     key = f"methods.{name}"
     source = tf.model_source(cfg.model, inputs.get("base"), key)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    rank, world = distributed.rank(), distributed.world_size()
+    main = rank == 0
 
     pairs, d_wmd, wmd_stats = training_pairs(name, inputs, cfg, device)
     rows = pairs.rows
@@ -257,27 +269,38 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
     fingerprint = training_fingerprint(name, cfg, source, inputs) if checkpoint_dir is not None else None
     resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint) if checkpoint_dir else None
     start = resumed["step"] if resumed else 0
-    before = resumed["before"] if resumed else evaluate()
+    before = resumed["before"] if resumed else (evaluate() if main else None)
     components = [list(row) for row in resumed["components"]] if resumed else []
+    if world > 1:
+        log.info("data-parallel over %d processes: each encodes its share of a step's pairs", world)
+    distributed.broadcast_from_main(trainable)  # as DistributedDataParallel does
 
-    log_ = TrainingLog(total_steps, start, name, progress, cfg.log_every, resumed)
+    log_ = TrainingLog(total_steps, start, name, progress and main, cfg.log_every, resumed)
     model.train()
     for step, batch in enumerate(bl.iter_steps(data, total_steps, start), start=start):
         lr = set_learning_rate(optimizer, schedules.warmup_linear(step, total_steps, cfg.warmup_steps,
                                                                   cfg.learning_rate))
-        torch.manual_seed(dropout_seed(step, cfg.seed))  # the same masks in a resumed run
-        wmd = torch.as_tensor(d_wmd[batch], dtype=torch.float32, device=device)
-        with autocast(device, cfg.precision):
-            sources, targets = pair_embeddings(model, rows.iloc[batch])
-            loss = loss_fn(sources, targets, wmd)
-        loss.backward()
+        torch.manual_seed(dropout_seed(step, cfg.seed, rank))  # the same masks in a resumed run
+        local = batch[distributed.local_slice(len(batch), rank, world)]
+        share = len(local) / len(batch)  # this process's terms' weight in the batch's mean
+        logged = (step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == total_steps
+        parts = torch.zeros(3, device=device)  # the batch's loss, L_A and L_B: this process's shares
+        if local:
+            wmd = torch.as_tensor(d_wmd[local], dtype=torch.float32, device=device)
+            with autocast(device, cfg.precision):
+                sources, targets = pair_embeddings(model, rows.iloc[local])
+                loss = loss_fn(sources, targets, wmd) * share
+            (loss * world).backward()  # the average over the processes is then the batch's gradient
+            parts[0] = loss.detach().float()
+            if logged:
+                with torch.no_grad():
+                    parts[1] = loss_fn.anchor_loss(sources, targets, wmd).float() * share
+                    parts[2] = loss_fn.cosine(sources, targets).float() * share
+        distributed.average_gradients(trainable)
         optimizer_step(optimizer, trainable, cfg.max_grad_norm)
-        value = loss.item()
+        value, la, lb = (distributed.all_reduce_mean(parts) * world).tolist()  # the shares' sums
         log_.record(step, value, lr, len(batch))
-        if (step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == total_steps:
-            with torch.no_grad():
-                la = loss_fn.anchor_loss(sources, targets, wmd).item()
-                lb = loss_fn.cosine(sources, targets).item()
+        if logged:
             components.append([step + 1, la, lb])
             log.info("%s: step %d/%d, loss %.4f (L_A %.4f, L_B %.4f), lr %.2e", name, step + 1, total_steps,
                      value, la, lb, lr)
@@ -287,6 +310,8 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
         if on_step is not None:
             on_step(step + 1)
     losses, history, pairs_seen, elapsed = log_.close()
+    if not main:
+        return None
     model.eval()
     after = evaluate()
 
@@ -322,6 +347,7 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
         "wmd": wmd_stats, "anchor_truncated_texts": wmd_stats.get("truncated_texts"),
         "learner_truncated_texts": learner_truncated,
         "steps": len(losses), "batches_per_epoch": steps_per_epoch, "resumed_from_step": start,
+        "processes": world,
         "pairs_per_second": pairs_seen / elapsed if elapsed > 0 and pairs_seen else None,
         "trainable_parameters": n_trainable, "total_parameters": sum(p.numel() for p in model.parameters()),
         "max_seq_length": model.max_seq_length, "device": str(device),
@@ -345,17 +371,21 @@ def write_output(result: TrainingResult, out_dir: str | Path) -> None:
 
 def train_dueam(name: str, inputs: Mapping, out_dir: str | Path, settings: Mapping, *, device: str | None = None,
                 progress: bool = True, checkpoint_dir: str | Path | None = None,
-                on_step: Callable[[int], None] | None = None) -> dict:
+                on_step: Callable[[int], None] | None = None) -> dict | None:
     """A DuEAM method's ``train``: :func:`run_training` with checkpoints in ``checkpoint_dir``
     (default ``{out_dir}.checkpoint``), then :func:`write_output`; the checkpoint is removed
-    once the output is complete. Returns the metrics."""
+    once the output is complete. Returns the metrics (None in processes other than the main)."""
     cfg = DuEAMConfig.from_settings(name, settings)
     out_dir = Path(out_dir)
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else checkpoints.checkpoint_path(out_dir)
     result = run_training(name, inputs, cfg, device=device, progress=progress, checkpoint_dir=checkpoint_dir,
                           on_step=on_step)
+    if result is None:
+        distributed.barrier()  # while the main process evaluates and writes the output
+        return None
     write_output(result, out_dir)
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    distributed.barrier()
     m = result.metrics
     log.info("%s: loss %.4f → %.4f; held-out retrieval accuracy (mean over %d languages) %s → %s; mean cosine "
              "of unrelated pairs %s → %s; %.1f pairs/s", name, m["loss_first"] or 0, m["loss_last"] or 0,
