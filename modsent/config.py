@@ -76,6 +76,11 @@ def semantic_errors(config: dict) -> list[str]:
             if code not in langs:
                 problems.append(f"{section}.per_language.{code}: {code!r} is not in `languages` "
                                 f"({', '.join(langs)})")
+    for name, settings in (config.get("methods") or {}).items():
+        if isinstance(settings, dict) and settings.get("provided_translations") \
+                and not (config.get("translation") or {}).get("provided"):
+            problems.append(f"methods.{name}.provided_translations: true needs translation.provided (the "
+                            "human translations to train on, e.g. builtin or local:...)")
     problems += source_errors(config)
     return problems
 

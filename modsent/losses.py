@@ -115,6 +115,77 @@ class TripletInfoNCELoss(nn.Module):
         return nn.functional.cross_entropy(scores, target)
 
 
+class KoLeoLoss(nn.Module):
+    """The Kozachenko-Leonenko entropy estimator as a regulariser (Sablayrolles et al. 2019;
+    DINOv2; MEXMA), on L2-normalised vectors x_1..x_n of one batch:
+
+        KoLeo(X) = -(1/n) sum_i log(min_{j != i} ||x_i - x_j||_2 + eps)
+
+    Pushes every vector away from its nearest neighbour in the batch, so the vectors spread over
+    the sphere (the mean pairwise cosine falls); it pulls nothing together. Computed in float32;
+    the nearest neighbour is found without gradient (the largest dot product), the distance to
+    it carries the gradient. ``n`` must be at least 2."""
+
+    def __init__(self, eps: float = 1e-8):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, vectors: torch.Tensor) -> torch.Tensor:
+        if len(vectors) < 2:
+            raise ValueError(f"KoLeo needs at least 2 vectors (a nearest neighbour), got {len(vectors)}")
+        x = nn.functional.normalize(vectors.float(), dim=-1, eps=self.eps)
+        with torch.no_grad():
+            dots = x @ x.T
+            dots.fill_diagonal_(-float("inf"))
+            nearest = dots.argmax(dim=1)
+        distances = torch.linalg.vector_norm(x - x[nearest], dim=-1)
+        return -torch.log(distances + self.eps).mean()
+
+
+class SymmetricInfoNCELoss(nn.Module):
+    """InfoNCE in both directions over aligned pairs (a_i, b_i) with in-batch negatives:
+
+        (1/2) [ CE_i(cos(a_i, b_.) / t, i) + CE_i(cos(b_i, a_.) / t, i) ]
+
+    Pulls each pair together and pushes every a_i away from the other pairs' b_j and every b_i
+    from the other a_j (MEXMA's contrastive variant; = (MNRL(a, b) + MNRL(b, a)) / 2 with scale
+    1/t). Similarities in float32."""
+
+    def __init__(self, temperature: float = 0.05):
+        super().__init__()
+        if not temperature > 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        self.temperature = temperature
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if len(a) != len(b):
+            raise ValueError(f"one b per a: {len(a)} and {len(b)}")
+        scores = cos_sim(a.float(), b.float()) / self.temperature
+        target = torch.arange(len(a), device=a.device)
+        return (nn.functional.cross_entropy(scores, target) + nn.functional.cross_entropy(scores.T, target)) / 2
+
+
+class CrossUnmaskingLoss(nn.Module):
+    """MEXMA's token-level objective: cross-entropy of the original token at every masked
+    position (label != -100) of the unmasking head's output states, through the vocabulary
+    projection ``logits(states) -> [.., vocab]`` (tied to the word embeddings). The head saw the
+    masked sentence with its position 0 replaced by the *other* language's clean sentence
+    vector, so restoring the tokens pulls that vector towards carrying the sentence's content.
+    The projection runs on the masked positions only. ``reduction="sum"``: summed over the
+    positions (a data-parallel trainer divides by the global count)."""
+
+    def __init__(self, reduction: str = "mean"):
+        super().__init__()
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+        self.reduction = reduction
+
+    def forward(self, logits, states: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        selected = labels != -100
+        scores = logits(states[selected])
+        return nn.functional.cross_entropy(scores.float(), labels[selected], reduction=self.reduction)
+
+
 class WMDAnchorLoss(nn.Module):
     """DuEAM's semantic loss L_A (the DuEAM paper's Eq. 1): the learner's Euclidean distance
     between a pair's sentence vectors is pulled towards the pair's word mover's distance d_wmd,

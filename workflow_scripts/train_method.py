@@ -18,7 +18,9 @@ pairs = snakemake.input.get("pairs", [])
 pairs = [pairs] if isinstance(pairs, str) else list(pairs)
 translations = snakemake.input.get("translations", [])
 translations = [translations] if isinstance(translations, str) else list(translations)
-inputs = {"base": snakemake.input.base, "pairs": dict(zip(snakemake.params.languages, pairs, strict=True))}
+inputs = {"base": snakemake.input.base}
+if pairs:  # the method uses them (Method.uses): its training languages'
+    inputs["pairs"] = dict(zip(snakemake.params.languages, pairs, strict=True))
 if translations:  # the method uses them (Method.uses): every non-English language's
     inputs["translations"] = dict(zip([lang for lang in snakemake.config["languages"] if lang != PIVOT_LANGUAGE],
                                       translations, strict=True))

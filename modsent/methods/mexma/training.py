@@ -1,0 +1,489 @@
+"""MEXMA's training: bitext, four passes per pair, L = w_align L_align + w_mlm L_mlm + w_koleo L_K.
+
+Data. English sentence + its translation into X, for every non-English language: the
+translations ``results/translation/{lang}.parquet`` (``unit_id, text, translation``) and, with
+``provided_translations``, the human translations ``resources/translations/{lang}.parquet``
+(``english, translation``); identical pairs once. ``eval_pairs`` English sentences are held out
+in every language (a seeded sample of the English texts; none of them is trained in any
+language) for the retrieval and spread measures before and after. Batches are a seeded
+permutation of all languages' pairs per epoch; a step takes ``grad_accum`` micro-batches of
+``batch_size`` pairs.
+
+Masking (:func:`modsent.modular.language_adapter.mask_tokens`, BERT's 80/10/10 on
+``mask_probability`` of the non-special tokens, 40% by default), drawn for the whole micro-batch
+from a generator seeded by (seed, step), independently for A and B, so a resumed run and any
+number of processes mask exactly alike.
+
+Loss (:mod:`modsent.losses`), per micro-batch:
+
+    L_mlm   = CE(head_A, A) + CE(head_B, B)       CrossUnmaskingLoss, masked positions only
+    L_align = MSE(S_A, S_B)                        alignment "mse" (mean over pairs and dimensions)
+            | SymmetricInfoNCE(S_A, S_B)           alignment "contrastive" (temperature)
+    L_K     = KoLeo(S_A) + KoLeo(S_B)              within each process's share of the batch
+
+weights 1 / 0.5 / 0.005 (the public script's 1 x mean of the two CEs and 0.01 x mean of the two
+KoLeo terms are the same objective). The contrastive variant of the paper has no KoLeo: set
+``koleo_weight: 0`` with it (MEXMA-contrastive does).
+
+Several processes (torchrun; :mod:`modsent.methods.launch`): every process tokenises and masks
+the whole micro-batch and encodes its contiguous share of the pairs. The CE terms are summed
+over the share's masked positions and divided by the micro-batch's count, the MSE likewise, so
+the shares sum to the one-process loss; InfoNCE ranks each pair against the whole micro-batch
+(the vectors gathered, :func:`modsent.distributed.all_gather_rows`); KoLeo is computed within
+each process's share, as the paper does per GPU, and averaged over the processes. Gradients are
+averaged after the step's micro-batches; every process takes the same clipped AdamW step.
+
+Schedule (the public repo's): AdamW without weight decay, ``warmup_ratio`` (30%) of the steps
+of linear warm-up from ``warmup_start_factor`` (0.1) x lr, then cosine to zero; clipping at 1.2;
+bf16 autocast on GPUs (``precision: auto``) or fp16 with a loss scaler. Every
+``checkpoint_every`` steps the encoder, the head, the AdamW moments and the progress go to
+``{out}.checkpoint/``; a rerun resumes there (bit for bit on the CPU).
+
+Output: a sentence-transformers directory (the encoder without pooler + CLS pooling, not
+normalised: ``SentenceTransformer(path)`` encodes as MEXMA does), ``metrics.json``, ``loss.tsv``,
+``loss.png``. The unmasking head is a training device and is not saved; the source's pooler is
+saved as it was (untrained and unused by CLS pooling) so that a plain load finds every weight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from modsent import distributed
+from modsent.encoders import transformer as tf
+from modsent.evaluation.plots import write_loss_curve
+from modsent.io import InputError, atomic_path
+from modsent.losses import CrossUnmaskingLoss, KoLeoLoss, SymmetricInfoNCELoss
+from modsent.methods import baselines as bl
+from modsent.methods.mexma import model as mm
+from modsent.methods.mexma.model import MEXMAModel, build_model
+from modsent.modular import sentence_adapter as sa
+from modsent.training import checkpoints, schedules
+from modsent.training.loop import TrainingLog, checkpoint_due, set_learning_rate
+from modsent.training.precision import autocast, grad_scaler
+from modsent.training.seeding import dropout_seed, step_generator
+
+log = logging.getLogger(__name__)
+
+ALIGNMENTS = ("mse", "contrastive")
+RUNTIME_FIELDS = ("log_every", "checkpoint_every")
+
+
+@dataclasses.dataclass(frozen=True)
+class MEXMAConfig:
+    model: str | None = None
+    revision: str | None = None
+    head_layers: int = 6
+    head_heads: int = 8
+    head_intermediate_size: int | None = None
+    mask_probability: float = 0.4
+    alignment: str = "mse"
+    temperature: float = 0.05
+    align_weight: float = 1.0
+    mlm_weight: float = 0.5
+    koleo_weight: float = 0.005
+    detach_tokens: bool = False
+    provided_translations: bool = False
+    max_pairs: int | None = None
+    eval_pairs: int = 200
+    learning_rate: float = 1e-4
+    batch_size: int = 1200
+    grad_accum: int = 2
+    epochs: int = 1
+    max_steps: int | None = None
+    warmup_ratio: float = 0.3
+    warmup_start_factor: float = 0.1
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.2
+    seq_len: int = 200
+    seed: int = 0
+    precision: str = "auto"
+    log_every: int = 10
+    checkpoint_every: int = 2000
+
+    @classmethod
+    def from_settings(cls, name: str, settings: Mapping) -> "MEXMAConfig":
+        """From ``methods.{name}``: missing keys take the defaults, unknown keys are an error."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise InputError(f"methods.{name}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+        cfg = cls(**dict(settings))
+        cfg.check(name)
+        return cfg
+
+    def check(self, name: str) -> None:
+        """The schema's rules, for direct library use (the workflow's config is already checked)."""
+        problems = {
+            "alignment": self.alignment not in ALIGNMENTS,
+            "mask_probability": not 0 < self.mask_probability < 1,
+            "batch_size": self.batch_size < 2,
+            "grad_accum": self.grad_accum < 1,
+            "temperature": not self.temperature > 0,
+            "warmup_ratio": not 0 <= self.warmup_ratio < 1,
+            "precision": self.precision not in ("auto", "fp16", "fp32"),
+        }
+        for key, bad in problems.items():
+            if bad:
+                raise InputError(f"methods.{name}.{key}: invalid value {getattr(self, key)!r}")
+        for key in ("align_weight", "mlm_weight", "koleo_weight"):
+            if getattr(self, key) < 0:
+                raise InputError(f"methods.{name}.{key}: must be at least 0, got {getattr(self, key)}")
+
+
+# ---- data ------------------------------------------------------------------------------------------
+
+
+def _read_bitext(path, lang: str, english: str, translation: str) -> pd.DataFrame:
+    frame = pd.read_parquet(path)
+    missing = {english, translation} - set(frame.columns)
+    if missing:
+        raise InputError(f"{path}: missing column(s) {sorted(missing)} (expected {english}, {translation})")
+    for column in (english, translation):
+        empty = frame[column].isna() | (frame[column].astype(str).str.strip() == "")
+        if empty.any():
+            row = int(np.flatnonzero(empty.to_numpy())[0])
+            raise InputError(f"{path}: row {row} has an empty {column!r}; every pair needs both sides")
+    return pd.DataFrame({"lang": lang, "english": frame[english].astype(str).str.strip(),
+                         "translation": frame[translation].astype(str).str.strip()})
+
+
+def read_bitext(translations: Mapping[str, str | Path], provided: Mapping[str, str | Path] | None = None
+                ) -> pd.DataFrame:
+    """``lang, english, translation`` of every non-English language, machine (or the demo's
+    provided) translations first, then the human translations; each distinct pair once."""
+    frames = [_read_bitext(path, lang, "text", "translation") for lang, path in sorted(translations.items())]
+    frames += [_read_bitext(path, lang, "english", "translation") for lang, path in sorted((provided or {}).items())]
+    if not frames:
+        raise InputError("MEXMA: no translation files (it trains on English and its translations)")
+    rows = pd.concat(frames, ignore_index=True)
+    return rows.drop_duplicates(["lang", "english", "translation"]).reset_index(drop=True)
+
+
+def split_heldout(rows: pd.DataFrame, count: int, seed: int) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
+    """(training rows, {lang: held-out rows}): ``count`` English sentences drawn (seeded) from
+    those translated into every language, held out everywhere; each held-out language keeps one
+    translation per English sentence."""
+    if count == 0:
+        return rows, {}
+    langs = sorted(rows["lang"].unique())
+    common = sorted(set.intersection(*(set(rows.loc[rows["lang"] == lang, "english"]) for lang in langs)))
+    chosen = set(np.random.default_rng([seed, 7]).permutation(np.array(common, dtype=object))[:count].tolist())
+    held = rows["english"].isin(chosen)
+    heldout = {lang: frame.drop_duplicates("english").sort_values("english").reset_index(drop=True)
+               for lang, frame in rows[held].groupby("lang")}
+    return rows[~held].reset_index(drop=True), heldout
+
+
+def epoch_batches(n: int, size: int, seed: int) -> Callable[[int], list[list[int]]]:
+    """The steps' rows of an epoch: a permutation of the ``n`` rows seeded by (seed, epoch), cut
+    into runs of ``size`` (batch_size x grad_accum); the rest (fewer than ``size``) is left out
+    of the epoch, so every micro-batch has ``batch_size`` pairs (KoLeo and InfoNCE compare
+    within it; the rest is drawn in other epochs)."""
+
+    def batches(epoch: int) -> list[list[int]]:
+        order = np.random.default_rng([seed, epoch]).permutation(n).tolist()
+        return [order[i:i + size] for i in range(0, n - size + 1, size)]
+
+    return batches
+
+
+# ---- the measures before and after -------------------------------------------------------------------
+
+
+def encoder_of(model: MEXMAModel, tokenizer, max_len: int) -> sa.SentenceEncoderModel:
+    """The trained system as a sentence encoder (body + CLS pooling), sharing the model's body."""
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    head = nn.Sequential(Pooling(model.body.config.hidden_size, "cls"))
+    head.requires_grad_(False)
+    return sa.SentenceEncoderModel(model.body, tokenizer, head, max_len)
+
+
+def evaluate(encoder: sa.SentenceEncoderModel, heldout: Mapping[str, pd.DataFrame], precision: str) -> dict:
+    """Per held-out language: en->X and X->en retrieval accuracy (nearest neighbour by cosine
+    among the held-out sentences), their mean's complement (the mining error), and over every
+    held-out vector of every language the mean cosine of distinct vectors (the spread KoLeo
+    widens) and of aligned pairs."""
+    if not heldout:
+        return {}
+    english = next(iter(heldout.values()))["english"].tolist()
+    en = encoder.encode(english, 64, precision=precision)
+    out: dict = {"retrieval_en_x": {}, "retrieval_x_en": {}, "related_cosine": {}}
+    vectors = [en]
+    for lang, frame in sorted(heldout.items()):
+        x = encoder.encode(frame["translation"].tolist(), 64, precision=precision)
+        vectors.append(x)
+        sims = en @ x.T
+        target = np.arange(len(en))
+        out["retrieval_en_x"][lang] = float((sims.argmax(1) == target).mean())
+        out["retrieval_x_en"][lang] = float((sims.argmax(0) == target).mean())
+        out["related_cosine"][lang] = float(np.trace(sims) / len(en))
+    both = [(out["retrieval_en_x"][lang] + out["retrieval_x_en"][lang]) / 2 for lang in sorted(heldout)]
+    out["mining_error"] = float(1 - np.mean(both))
+    allv = np.concatenate(vectors)
+    sims = allv @ allv.T
+    n = len(allv)
+    out["mean_pairwise_cosine"] = float((sims.sum() - np.trace(sims)) / (n * n - n))
+    return out
+
+
+# ---- one micro-batch -------------------------------------------------------------------------------
+
+
+def masked_batch(tokenizer, texts: list[str], max_len: int, probability: float, generator: torch.Generator):
+    """(input ids, masked ids, labels, attention mask) of ``texts`` (one micro-batch, padded)."""
+    from modsent.modular.language_adapter import mask_tokens
+
+    encoded = tokenizer(texts, padding=True, truncation=True, max_length=max_len, return_tensors="pt")
+    masked, labels = mask_tokens(encoded["input_ids"], tokenizer, probability, generator)
+    return encoded["input_ids"], masked, labels, encoded["attention_mask"]
+
+
+def _share(tensors, rows: slice, device):
+    """This process's rows of each tensor, trimmed to their longest real sequence."""
+    ids, masked, labels, mask = (t[rows] for t in tensors)
+    width = int(mask.sum(1).max()) if len(mask) else 1
+    return [t[:, :width].to(device) for t in (ids, masked, labels, mask)]
+
+
+@dataclasses.dataclass
+class Objective:
+    """The loss terms of :mod:`modsent.losses` with the settings' weights."""
+
+    cfg: MEXMAConfig
+
+    def __post_init__(self):
+        self.unmasking = CrossUnmaskingLoss(reduction="sum")
+        self.koleo = KoLeoLoss()
+        self.infonce = SymmetricInfoNCELoss(self.cfg.temperature)
+
+    def __call__(self, model: MEXMAModel, a, b, counts: tuple[int, int], rows: int, world: int):
+        """(what this process back-propagates, its shares of [total, mlm, align, koleo] whose sums
+        over the processes are the micro-batch's values). ``counts``: the micro-batch's masked
+        positions in A and B; ``rows``: its pairs."""
+        cfg = self.cfg
+        out = model(a[0], a[1], a[3], b[0], b[1], b[3])
+        zero = out["s_a"].new_zeros(()).float()
+        mlm = zero
+        if counts[0]:
+            mlm = mlm + self.unmasking(model.head.logits, out["head_a"], a[2]) / counts[0]
+        if counts[1]:
+            mlm = mlm + self.unmasking(model.head.logits, out["head_b"], b[2]) / counts[1]
+        s_a, s_b = out["s_a"].float(), out["s_b"].float()
+        koleo = zero
+        if cfg.koleo_weight and len(s_a) >= 2:  # within this process's share, as per GPU in the paper
+            koleo = self.koleo(s_a) + self.koleo(s_b)
+        if cfg.alignment == "mse":
+            align = ((s_a - s_b) ** 2).sum() / (rows * s_a.shape[1])  # the share of the mean
+            backward = cfg.align_weight * align + cfg.mlm_weight * mlm + cfg.koleo_weight * koleo / world
+            shares = [align, mlm, koleo / world]
+        else:  # every pair ranked against the whole micro-batch: the same value in every process
+            full = self.infonce(distributed.all_gather_rows(s_a), distributed.all_gather_rows(s_b))
+            backward = cfg.align_weight * full + cfg.mlm_weight * mlm + cfg.koleo_weight * koleo / world
+            shares = [full / world, mlm, koleo / world]
+        total = cfg.align_weight * shares[0] + cfg.mlm_weight * shares[1] + cfg.koleo_weight * shares[2]
+        return backward, torch.stack([total.detach(), *(s.detach() for s in (shares[1], shares[0], shares[2]))])
+
+
+# ---- training ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TrainingResult:
+    encoder: sa.SentenceEncoderModel
+    source: str
+    metrics: dict
+    history: list[list[float]]
+
+
+def training_fingerprint(name: str, cfg: MEXMAConfig, source: str, files: list) -> str:
+    settings = {"method": name, **{k: v for k, v in dataclasses.asdict(cfg).items() if k not in RUNTIME_FIELDS}}
+    return checkpoints.fingerprint(settings, source if Path(source).is_dir() else None, *files)
+
+
+def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | None = None, progress: bool = True,
+                 checkpoint_dir: str | Path | None = None,
+                 on_step: Callable[[int], None] | None = None) -> TrainingResult | None:
+    """Train method ``name`` on ``inputs`` (``base``; ``translations``: {lang: file};
+    ``provided``: {lang: file} with ``provided_translations``) and return the encoder, its
+    metrics and logged losses (the main process; the others None). Writes only checkpoints."""
+    key = f"methods.{name}"
+    source = tf.model_source(cfg.model, inputs.get("base"), key)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    rank, world = distributed.rank(), distributed.world_size()
+    main = rank == 0
+    if cfg.batch_size < (2 if cfg.koleo_weight else 1) * world:
+        raise InputError(f"{key}.batch_size: {cfg.batch_size} pairs over {world} processes leave a process "
+                         "no pair (or, with KoLeo, no nearest neighbour)")
+
+    provided = dict(inputs.get("provided") or {}) if cfg.provided_translations else {}
+    if cfg.provided_translations and not provided:
+        raise InputError(f"{key}.provided_translations: no provided translation files were given "
+                         "(the workflow's translation.provided)")
+    rows = read_bitext(dict(inputs.get("translations") or {}), provided)
+    train, heldout = split_heldout(rows, cfg.eval_pairs, cfg.seed)
+    if cfg.max_pairs is not None and len(train) > cfg.max_pairs:
+        keep = np.sort(np.random.default_rng([cfg.seed, 5]).permutation(len(train))[:cfg.max_pairs])
+        train = train.iloc[keep].reset_index(drop=True)
+    step_size = cfg.batch_size * cfg.grad_accum
+    if len(train) < step_size:
+        raise InputError(f"{key}: {len(train)} training pairs after holding out {cfg.eval_pairs} English "
+                         f"sentences, fewer than one step's batch_size x grad_accum = {step_size}")
+    data = bl.TrainingData(train, epoch_batches(len(train), step_size, cfg.seed))
+    steps_per_epoch = len(data.epoch_batches(0))
+    total_steps = cfg.max_steps or cfg.epochs * steps_per_epoch
+
+    model, tokenizer = build_model(source, revision=cfg.revision, head_layers=cfg.head_layers,
+                                   head_heads=cfg.head_heads, head_intermediate_size=cfg.head_intermediate_size,
+                                   detach_tokens=cfg.detach_tokens, seed=cfg.seed, key=key)
+    model.to(device)
+    _, source_limit = tf.sentence_head(source, model.body)
+    limit = tf.max_sequence_length(tokenizer, model.body, source_limit)
+    max_len = min(cfg.seq_len, limit or cfg.seq_len)
+    encoder = encoder_of(model, tokenizer, max_len)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    n_encoder = sum(p.numel() for p in model.body.parameters())
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    scaler = grad_scaler(device, cfg.precision)
+    objective = Objective(cfg)
+    log.info("%s: %d bitext pairs (%s), %d held-out English sentences; %d steps of %d x %d pairs (%d per epoch); "
+             "%s, every weight trained (%d) + a %d-layer unmasking head; alignment %s, weights %g/%g/%g%s",
+             name, len(train), ", ".join(f"{k} {v}" for k, v in train["lang"].value_counts().sort_index().items()),
+             len(next(iter(heldout.values()))) if heldout else 0, total_steps, cfg.grad_accum, cfg.batch_size,
+             steps_per_epoch, source, n_encoder, cfg.head_layers, cfg.alignment, cfg.align_weight, cfg.mlm_weight,
+             cfg.koleo_weight, ", head input detached (no-tok)" if cfg.detach_tokens else "")
+
+    files = [inputs["translations"][lang] for lang in sorted(inputs.get("translations") or {})]
+    files += [provided[lang] for lang in sorted(provided)]
+    fingerprint = training_fingerprint(name, cfg, source, files) if checkpoint_dir is not None else None
+    resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint) if checkpoint_dir else None
+    start = resumed["step"] if resumed else 0
+    before = resumed["before"] if resumed else (evaluate(encoder, heldout, cfg.precision) if main else None)
+    components = [list(r) for r in resumed["components"]] if resumed else []
+    if world > 1:
+        log.info("data-parallel over %d processes: each encodes its share of every micro-batch", world)
+    distributed.broadcast_from_main(trainable)
+
+    log_ = TrainingLog(total_steps, start, name, progress and main, cfg.log_every, resumed)
+    model.train()
+    for step, batch in enumerate(bl.iter_steps(data, total_steps, start), start=start):
+        lr = set_learning_rate(optimizer, schedules.warmup_cosine(
+            step, total_steps, schedules.warmup_steps_of(cfg.warmup_ratio, total_steps), cfg.learning_rate,
+            cfg.warmup_start_factor))
+        torch.manual_seed(dropout_seed(step, cfg.seed, rank))
+        generator = step_generator(step, cfg.seed)
+        micro_batches = [batch[i:i + cfg.batch_size] for i in range(0, len(batch), cfg.batch_size)]
+        values = torch.zeros(4, device=device)
+        for micro in micro_batches:
+            rows_ = train.iloc[micro]
+            a_all = masked_batch(tokenizer, rows_["english"].tolist(), max_len, cfg.mask_probability, generator)
+            b_all = masked_batch(tokenizer, rows_["translation"].tolist(), max_len, cfg.mask_probability, generator)
+            counts = (int((a_all[2] != -100).sum()), int((b_all[2] != -100).sum()))
+            share = distributed.local_slice(len(micro), rank, world)
+            a, b = _share(a_all, share, device), _share(b_all, share, device)
+            with autocast(device, cfg.precision):
+                backward, shares = objective(model, a, b, counts, len(micro), world)
+            scaler.scale(backward * world / len(micro_batches)).backward()
+            values += shares / len(micro_batches)
+        distributed.average_gradients(trainable)
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        total, mlm, align, koleo = (distributed.all_reduce_mean(values) * world).tolist()
+        log_.record(step, total, lr, len(batch))
+        if (step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == total_steps:
+            components.append([step + 1, align, mlm, koleo])
+            log.info("%s: step %d/%d, loss %.4f (align %.4f, unmasking %.4f, KoLeo %.4f), lr %.2e", name, step + 1,
+                     total_steps, total, align, mlm, koleo, lr)
+        if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
+            checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
+                                        log_.state(before=before, components=components))
+        if on_step is not None:
+            on_step(step + 1)
+    losses, history, pairs_seen, elapsed = log_.close()
+    if not main:
+        return None
+    model.eval()
+    after = evaluate(encoder, heldout, cfg.precision)
+    mm.restore_pooler(model)  # saved untrained, so that a plain load finds every weight
+
+    def get(result, key_):
+        return result.get(key_) if result else None
+
+    metrics = {
+        "method": name, "source_model": source, "languages": sorted(train["lang"].unique()),
+        "alignment": cfg.alignment, "weights": {"align": cfg.align_weight, "unmasking": cfg.mlm_weight,
+                                                "koleo": cfg.koleo_weight},
+        "detach_tokens": cfg.detach_tokens,
+        "loss_first": history[0][1] if history else None, "loss_last": history[-1][1] if history else None,
+        "loss_components": {"columns": ["step", "align", "unmasking", "koleo"], "rows": components},
+        "heldout_retrieval_en_x_before": get(before, "retrieval_en_x"),
+        "heldout_retrieval_en_x_after": get(after, "retrieval_en_x"),
+        "heldout_retrieval_x_en_before": get(before, "retrieval_x_en"),
+        "heldout_retrieval_x_en_after": get(after, "retrieval_x_en"),
+        "heldout_mining_error_before": get(before, "mining_error"),
+        "heldout_mining_error_after": get(after, "mining_error"),
+        "heldout_mean_pairwise_cosine_before": get(before, "mean_pairwise_cosine"),
+        "heldout_mean_pairwise_cosine_after": get(after, "mean_pairwise_cosine"),
+        "heldout_related_cosine_before": get(before, "related_cosine"),
+        "heldout_related_cosine_after": get(after, "related_cosine"),
+        "heldout_sentences": len(next(iter(heldout.values()))) if heldout else 0,
+        "train_pairs": len(train), "train_pairs_by_language": {k: int(v) for k, v in
+                                                                train["lang"].value_counts().sort_index().items()},
+        "steps": len(losses), "batches_per_epoch": steps_per_epoch, "resumed_from_step": start, "processes": world,
+        "pairs_per_second": pairs_seen / elapsed if elapsed > 0 and pairs_seen else None,
+        "encoder_parameters": n_encoder, "head_parameters": sum(p.numel() for p in model.head.parameters()),
+        "max_seq_length": max_len, "device": str(device), "config": dataclasses.asdict(cfg),
+    }
+    return TrainingResult(encoder, source, metrics, history)
+
+
+def write_output(result: TrainingResult, out_dir: str | Path) -> None:
+    """``out_dir`` (atomically): the sentence-transformers directory (encoder + CLS pooling),
+    ``metrics.json``, ``loss.tsv`` and ``loss.png``."""
+    encoder = result.encoder
+    with atomic_path(out_dir, directory=True) as tmp:
+        tf.save_sentence_transformer(encoder.encoder, encoder.tokenizer, encoder.head, encoder.max_seq_length, tmp,
+                                     source=result.source)
+        (tmp / "metrics.json").write_text(json.dumps(result.metrics, indent=2) + "\n", encoding="utf-8")
+        write_loss_curve(result.history, tmp, title=f"{result.metrics['method']} (all weights)",
+                         ylabel="align + unmasking + KoLeo (weighted)")
+
+
+def train_mexma(name: str, inputs: Mapping, out_dir: str | Path, settings: Mapping, *, device: str | None = None,
+                progress: bool = True, checkpoint_dir: str | Path | None = None,
+                on_step: Callable[[int], None] | None = None) -> dict | None:
+    """A MEXMA method's ``train``: :func:`run_training` with checkpoints in ``checkpoint_dir``
+    (default ``{out_dir}.checkpoint``), then :func:`write_output`; the checkpoint is removed once
+    the output is complete. Returns the metrics (None in processes other than the main)."""
+    cfg = MEXMAConfig.from_settings(name, settings)
+    out_dir = Path(out_dir)
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else checkpoints.checkpoint_path(out_dir)
+    result = run_training(name, inputs, cfg, device=device, progress=progress, checkpoint_dir=checkpoint_dir,
+                          on_step=on_step)
+    if result is None:
+        distributed.barrier()
+        return None
+    write_output(result, out_dir)
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    distributed.barrier()
+    m = result.metrics
+    log.info("%s: loss %.4f → %.4f; held-out mining error %s → %s; mean pairwise cosine %s → %s; %.1f pairs/s",
+             name, m["loss_first"] or 0, m["loss_last"] or 0, m["heldout_mining_error_before"],
+             m["heldout_mining_error_after"], m["heldout_mean_pairwise_cosine_before"],
+             m["heldout_mean_pairwise_cosine_after"], m["pairs_per_second"] or 0)
+    return m

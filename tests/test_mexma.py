@@ -1,0 +1,341 @@
+"""MEXMA: its losses against their formulas, the four passes and the cross-unmasking wiring,
+training, resumption, two processes, the saved encoder and the workflow's plan."""
+
+import json
+import os
+import subprocess
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from modsent import distributed, losses, methods
+from modsent.io import InputError
+from modsent.methods.mexma import model as mm
+from modsent.methods.mexma import training as mt
+from modsent.training import schedules
+from tiny_modules import tiny_base_and_data
+
+LANGS = ["de", "ky"]
+# a tiny head; the tiny random model moves only with a large learning rate
+SETTINGS = {"head_layers": 1, "head_heads": 2, "batch_size": 8, "grad_accum": 2, "max_steps": 3, "eval_pairs": 10,
+            "seq_len": 32, "learning_rate": 1e-3, "log_every": 1, "warmup_ratio": 0.3}
+TEXTS = ["Hallo Welt", "Guten Morgen, wie geht es dir?", "Салам дүйнө", "A short English sentence."]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A tiny random XLM-R (sentence-transformers directory), one without dropout, and the
+    built-in human translations of the paraphrase units into de and ky (unit_id, text, translation)."""
+    from modsent.data.paraphrase import align_provided
+    from modsent.sources.builtin import builtin_translations
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("mexma")
+    base, _, units = tiny_base_and_data(root)
+    quiet = root / "base-no-dropout"
+    subprocess.run(["cp", "-r", str(base), str(quiet)], check=True)
+    config = json.loads((quiet / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (quiet / "config.json").write_text(json.dumps(config))
+    translations = {}
+    for lang in LANGS:
+        translated, _ = align_provided(units, builtin_translations(lang), lang)
+        translations[lang] = root / f"translations-{lang}.parquet"
+        translated[["unit_id", "text", "translation"]].to_parquet(translations[lang], index=False)
+    return {"root": root, "base": base, "quiet": quiet, "translations": translations,
+            "inputs": {"base": base, "translations": translations}}
+
+
+# ---- the losses and the schedule -------------------------------------------------------------------
+
+
+def test_koleo_is_the_mean_negative_log_distance_to_the_nearest_neighbour_by_brute_force():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(7, 5))
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    nearest = [min(np.linalg.norm(unit[i] - unit[j]) for j in range(7) if j != i) for i in range(7)]
+    expected = -np.mean(np.log(np.array(nearest) + 1e-8))
+    assert losses.KoLeoLoss()(torch.tensor(x, dtype=torch.float64)).item() == pytest.approx(expected, rel=1e-6)
+    # the scale of a vector does not matter (the vectors are normalised first)
+    scaled = torch.tensor(x) * torch.arange(1, 8).unsqueeze(1)
+    assert losses.KoLeoLoss()(scaled).item() == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(ValueError):
+        losses.KoLeoLoss()(torch.zeros(1, 5))
+
+
+def test_descending_koleo_spreads_a_clustered_set():
+    """KoLeo's gradient lowers the mean pairwise cosine of vectors crowded in one direction."""
+    torch.manual_seed(0)
+    x = (torch.ones(16, 8) + 0.1 * torch.randn(16, 8)).requires_grad_(True)
+
+    def mean_cosine(v):
+        u = torch.nn.functional.normalize(v, dim=-1)
+        sims = u @ u.T
+        return ((sims.sum() - sims.trace()) / (16 * 15)).item()
+
+    before = mean_cosine(x.detach())
+    optimizer = torch.optim.SGD([x], lr=0.1)
+    for _ in range(50):
+        optimizer.zero_grad()
+        losses.KoLeoLoss()(x).backward()
+        optimizer.step()
+    assert mean_cosine(x.detach()) < before - 0.02
+
+
+def test_symmetric_infonce_is_mnrl_both_ways():
+    torch.manual_seed(1)
+    a, b = torch.randn(6, 4), torch.randn(6, 4)
+    mnrl = losses.MultipleNegativesRankingLoss(scale=1 / 0.05)
+    expected = (mnrl(a, b) + mnrl(b, a)) / 2
+    assert losses.SymmetricInfoNCELoss(0.05)(a, b).item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_cross_unmasking_is_the_cross_entropy_of_the_masked_positions():
+    torch.manual_seed(2)
+    states, weight = torch.randn(3, 5, 4), torch.randn(11, 4)
+    labels = torch.full((3, 5), -100)
+    labels[0, 1], labels[1, 3], labels[2, 2], labels[2, 4] = 3, 7, 0, 10
+    logits = torch.nn.Linear(4, 11)
+    full = torch.nn.functional.cross_entropy(logits(states).reshape(-1, 11), labels.reshape(-1), ignore_index=-100)
+    assert losses.CrossUnmaskingLoss()(logits, states, labels).item() == pytest.approx(full.item(), rel=1e-6)
+    summed = losses.CrossUnmaskingLoss("sum")(logits, states, labels)
+    assert summed.item() == pytest.approx(4 * full.item(), rel=1e-6)
+
+
+def test_warmup_cosine_is_torch_s_linear_then_cosine_schedule():
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=1e-4)
+    warmup, total = 30, 100
+    scheduler = torch.optim.lr_scheduler.SequentialLR(optimizer, [
+        torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=warmup),
+        torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total - warmup)], milestones=[warmup])
+    for step in range(total):
+        assert schedules.warmup_cosine(step, total, warmup, 1e-4, 0.1) == pytest.approx(
+            optimizer.param_groups[0]["lr"], rel=1e-6, abs=1e-12), step
+        optimizer.step()
+        scheduler.step()
+
+
+# ---- the model ---------------------------------------------------------------------------------------
+
+
+def _batch(tokenizer, texts, probability=0.4, seed=0):
+    return mt.masked_batch(tokenizer, texts, 32, probability, torch.Generator().manual_seed(seed))
+
+
+def test_four_passes_and_the_head_sees_the_other_side_s_clean_vector(data):
+    model, tokenizer = mm.build_model(str(data["quiet"]), revision=None, head_layers=1, head_heads=2,
+                                      head_intermediate_size=None, detach_tokens=False, seed=0, key="k")
+    model.eval()
+    assert model.body.pooler is None if hasattr(model.body, "pooler") else True
+    assert model.head.logits(torch.zeros(1, 32)).shape == (1, len(tokenizer))
+    assert model.head._embeddings[0].weight is model.body.get_input_embeddings().weight  # tied
+    a = _batch(tokenizer, ["Good morning", "The password was changed.", "Yes"], seed=1)
+    b = _batch(tokenizer, ["Guten Morgen", "Das Passwort wurde geändert.", "Ja"], seed=2)
+    seen = []
+    handle = model.head.encoder.register_forward_pre_hook(lambda module, args, kwargs: seen.append(args[0].clone()),
+                                                          with_kwargs=True)
+    with torch.no_grad():
+        out = model(a[0], a[1], a[3], b[0], b[1], b[3])
+        masked_a = model.body(input_ids=a[1], attention_mask=a[3]).last_hidden_state
+        masked_b = model.body(input_ids=b[1], attention_mask=b[3]).last_hidden_state
+    handle.remove()
+    hidden = model.body.config.hidden_size
+    assert out["s_a"].shape == (3, hidden) and out["s_b"].shape == (3, hidden)
+    assert out["head_a"].shape == (*a[0].shape, hidden) and out["head_b"].shape == (*b[0].shape, hidden)
+    # the clean vectors are the raw CLS states of the clean texts
+    torch.testing.assert_close(out["s_a"], model.sentence_vectors(a[0], a[3]))
+    torch.testing.assert_close(out["s_b"], model.sentence_vectors(b[0], b[3]))
+    head_in_a, head_in_b = seen
+    torch.testing.assert_close(head_in_a[:, 0], out["s_b"])  # A is restored from B's sentence vector
+    torch.testing.assert_close(head_in_b[:, 0], out["s_a"])
+    torch.testing.assert_close(head_in_a[:, 1:], masked_a[:, 1:])  # ... and A's own masked states
+    torch.testing.assert_close(head_in_b[:, 1:], masked_b[:, 1:])
+    assert not torch.allclose(head_in_a[:, 0], masked_a[:, 0])  # position 0 was replaced
+
+
+def test_no_tok_stops_the_token_gradient_at_the_head(data):
+    """With detach_tokens the unmasking loss reaches the encoder only through the other side's
+    sentence vector: a sentence whose vector conditions nothing gets no gradient from its tokens."""
+    grads = {}
+    for detach in (False, True):
+        model, tokenizer = mm.build_model(str(data["quiet"]), revision=None, head_layers=1, head_heads=2,
+                                          head_intermediate_size=None, detach_tokens=detach, seed=0, key="k")
+        a = _batch(tokenizer, ["Good morning", "The password was changed."], probability=0.5, seed=3)
+        b = _batch(tokenizer, ["Guten Morgen", "Das Passwort wurde geändert."], probability=0.5, seed=4)
+        out = model(a[0], a[1], a[3], b[0], b[1], b[3])
+        loss = losses.CrossUnmaskingLoss()(model.head.logits, out["head_a"], a[2])  # A's tokens, from S_B
+        loss.backward()
+        # the last layer's output dense sees position 0 (S_B's path) and, without detaching, A's masked tokens
+        grads[detach] = model.body.encoder.layer[-1].output.dense.weight.grad.norm().item()
+    assert grads[True] > 0 and grads[False] > grads[True]
+
+
+# ---- training --------------------------------------------------------------------------------------
+
+
+def test_a_tiny_encoder_trains_and_reloads_with_sentence_transformers(data, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    methods.load()
+    method = methods.get("MEXMA")
+    assert method.data_parallel and method.uses == ("base", "translations")
+    metrics = method.train(data["inputs"], tmp_path / "out", SETTINGS, device="cpu", progress=False)
+    assert metrics["steps"] == 3 and metrics["alignment"] == "mse"
+    assert metrics["weights"] == {"align": 1.0, "unmasking": 0.5, "koleo": 0.005}
+    assert metrics["languages"] == LANGS and metrics["heldout_sentences"] == 10
+    assert metrics["loss_components"]["columns"] == ["step", "align", "unmasking", "koleo"]
+    step, align, unmasking, koleo = metrics["loss_components"]["rows"][0]
+    assert metrics["loss_first"] == pytest.approx(align + 0.5 * unmasking + 0.005 * koleo, rel=1e-5)
+    assert unmasking > 0 and koleo != 0
+    for key in ("heldout_mining_error_before", "heldout_mining_error_after", "heldout_mean_pairwise_cosine_after"):
+        assert metrics[key] is not None
+    assert not (tmp_path / "out.checkpoint").exists()
+    reloaded = SentenceTransformer(str(tmp_path / "out"), device="cpu")
+    assert [type(m).__name__ for m in reloaded] == ["Transformer", "Pooling"]
+    pooling = json.loads(next((tmp_path / "out").glob("1_Pooling/config.json")).read_text())
+    assert pooling["pooling_mode"] == "cls"
+    # the saved encoder's vector is the raw last-layer CLS state of the trained body
+    from transformers import AutoModel, AutoTokenizer
+
+    body = AutoModel.from_pretrained(str(tmp_path / "out"), add_pooling_layer=False)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    with torch.no_grad():
+        cls = body(**tok(TEXTS, padding=True, return_tensors="pt")).last_hidden_state[:, 0].numpy()
+    assert np.allclose(reloaded.encode(TEXTS, prompt=""), cls, atol=1e-5)
+    changed = load_file(str(tmp_path / "out" / "model.safetensors"))
+    original = SentenceTransformer(str(data["base"]), device="cpu")[0].auto_model.state_dict()
+    trained = [k for k in changed if "pooler" not in k]
+    assert trained and sum(not torch.equal(changed[k], original[k]) for k in trained) > 0.9 * len(trained)
+    pooler = [k for k in changed if "pooler" in k]  # the untrained pooler, for a plain load
+    assert all(torch.equal(changed[k], original[k]) for k in pooler)
+
+
+def test_a_killed_run_resumes_to_the_weights_of_an_unbroken_one(data, tmp_path):
+    settings = {**SETTINGS, "max_steps": 5, "checkpoint_every": 2}
+    straight = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "straight", settings, device="cpu", progress=False)
+
+    class Killed(Exception):
+        pass
+
+    def kill(step):
+        if step == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        mt.train_mexma("MEXMA", data["inputs"], tmp_path / "resumed", settings, device="cpu", progress=False,
+                       on_step=kill)
+    assert (tmp_path / "resumed.checkpoint").is_dir() and not (tmp_path / "resumed").exists()
+    resumed = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "resumed", settings, device="cpu", progress=False)
+    assert resumed["resumed_from_step"] == 2 and straight["resumed_from_step"] == 0
+    a = load_file(str(tmp_path / "straight" / "model.safetensors"))
+    b = load_file(str(tmp_path / "resumed" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit for bit
+    for key in ("loss_first", "loss_last", "steps", "loss_components", "heldout_mining_error_after"):
+        assert resumed[key] == straight[key], key
+    assert (tmp_path / "resumed" / "loss.tsv").read_text() == (tmp_path / "straight" / "loss.tsv").read_text()
+
+
+@pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+                    reason="torch.distributed with gloo is not available")
+@pytest.mark.parametrize("name", ["MEXMA-no-koleo", "MEXMA-contrastive"])
+def test_two_processes_train_what_one_process_trains(data, tmp_path, name):
+    """Without dropout and KoLeo (which works within each process's share, as per GPU in the
+    paper): the MSE and unmasking shares, and InfoNCE over the gathered vectors, are the one
+    process's loss."""
+    from modsent.methods import launch
+
+    methods.load()
+    inputs = {"base": data["quiet"], "translations": data["translations"]}
+    settings = {**SETTINGS, "max_steps": 2, "batch_size": 7}
+    torch.set_num_threads(1)
+    launch.train(name, inputs, tmp_path / "one", settings, threads=1)
+    command = distributed.launch_command("modsent.methods.launch", launch.cli_arguments(
+        name, inputs, tmp_path / "two", {**settings, "gpus": 2}, log_path=tmp_path / "two.log", threads=1,
+        progress=False) + ["--device", "cpu"], 2)
+    result = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    x, y = load_file(str(tmp_path / "one" / "model.safetensors")), load_file(str(tmp_path / "two" / "model.safetensors"))
+    for key in x:  # Adam divides by the gradients' own size: rounding of near-zero gradients shows
+        torch.testing.assert_close(y[key], x[key], rtol=1e-4, atol=2e-5, msg=key)
+    one, two = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "two"))
+    assert (one["processes"], two["processes"]) == (1, 2)
+    for row_a, row_b in zip(one["loss_components"]["rows"], two["loss_components"]["rows"]):
+        assert row_b == pytest.approx(row_a, rel=1e-4)
+
+
+def test_bad_input_is_a_clear_error(data, tmp_path):
+    frame = pd.read_parquet(data["translations"]["de"])
+    frame.loc[3, "translation"] = " "
+    broken = tmp_path / "de.parquet"
+    frame.to_parquet(broken)
+    with pytest.raises(InputError, match=r"de\.parquet: row 3 has an empty 'translation'"):
+        mt.read_bitext({"de": broken})
+    frame.drop(columns=["translation"]).to_parquet(broken)
+    with pytest.raises(InputError, match="missing column"):
+        mt.read_bitext({"de": broken})
+    with pytest.raises(InputError, match="batch_size x grad_accum"):
+        mt.train_mexma("MEXMA", data["inputs"], tmp_path / "x", {**SETTINGS, "batch_size": 5000}, device="cpu",
+                       progress=False)
+    with pytest.raises(InputError, match="provided_translations"):
+        mt.train_mexma("MEXMA", data["inputs"], tmp_path / "x", {**SETTINGS, "provided_translations": True},
+                       device="cpu", progress=False)
+    with pytest.raises(InputError, match="unknown key"):
+        mt.MEXMAConfig.from_settings("MEXMA", {"lr": 1})
+    assert not (tmp_path / "x").exists()
+
+
+def test_held_out_sentences_are_held_out_in_every_language(data):
+    rows = mt.read_bitext(data["translations"])
+    train, heldout = mt.split_heldout(rows, 10, seed=0)
+    english = set(heldout["de"]["english"])
+    assert len(english) == 10 and english == set(heldout["ky"]["english"])
+    assert not english & set(train["english"])
+    assert len(train) + sum(len(f) for f in heldout.values()) <= len(rows)
+
+
+def test_the_workflow_trains_mexma_on_the_translations_and_provided_ones(tmp_path):
+    """A dry run of the tests' tiny config: MEXMA's job reads every translation file (and the
+    provided ones when asked), on gpus GPUs."""
+    import yaml
+
+    from conftest import REPO, snakemake_exe
+
+    config = yaml.safe_load((REPO / "configs" / "test.yaml").read_text())
+    tiny = {k: v for k, v in SETTINGS.items() if k != "log_every"}
+    config["methods"] = {"MEXMA": {**tiny, "provided_translations": True, "gpus": 2}, "MEXMA-no-tok": tiny}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.run([snakemake_exe(), "-n", "--configfile", str(path), "--directory", str(tmp_path / "run"),
+                           "--snakefile", str(REPO / "Snakefile")], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    jobs = {block.split("output: ")[1].split()[0]: block for block in proc.stdout.split("\nrule train_method:")[1:]}
+    mexma, no_tok = jobs["results/tiny/methods/MEXMA"], jobs["results/tiny/methods/MEXMA-no-tok"]
+
+    def inputs(block):
+        line = next(line for line in block.splitlines() if line.strip().startswith("input:"))
+        return sorted(x.rstrip(",") for x in line.split()[1:] if not x.startswith("resources/base_models"))
+
+    non_english = [lang for lang in config["languages"] if lang != "en"]
+    translations = [f"results/translation/{lang}.parquet" for lang in non_english]
+    assert inputs(no_tok) == sorted(translations)  # no paraphrase pairs
+    assert inputs(mexma) == sorted(translations + [f"resources/translations/{lang}.parquet" for lang in non_english])
+    assert "gpu=2," in mexma and "gpu=1," in no_tok
+
+
+def test_provided_translations_need_a_provided_source():
+    import yaml
+
+    from conftest import REPO
+    from modsent.config import ConfigError, check_config
+
+    methods.load()
+    config = yaml.safe_load((REPO / "configs" / "test.yaml").read_text())
+    config["methods"] = {"MEXMA": {"provided_translations": True}}
+    config["translation"]["provided"] = None
+    with pytest.raises(ConfigError, match="methods.MEXMA.provided_translations"):
+        check_config(config)
