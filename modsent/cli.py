@@ -145,17 +145,20 @@ def load_encoder(model: str, lang: str | None, base: str | None, variant: str):
     from modsent import methods
     from modsent.encoders import systems as variants
     from modsent.io import InputError
-    from modsent.encoders.modular import export_info
+    from modsent.encoders.modular import EXPORT_INFO, export_info
 
     methods.load()  # modsent's own training methods are systems too
 
     root = Path(model)
     if (root / "modules.json").is_file():
-        exported = export_info(root)["language"]
-        if lang is not None and lang != exported:
+        # an export holds one language's modules; a method's system (no export_info.json) every language's
+        exported = export_info(root)["language"] if (root / EXPORT_INFO).is_file() else None
+        if exported is not None and lang is not None and lang != exported:
             raise InputError(f"{root} is the export of {exported!r}: it does not encode {lang!r} "
                              f"(use --lang {exported}, or a results tree for other languages)")
         return variants.SentenceTransformerEncoder(root, language=exported)
+    if variants.variant(variant).kind == "full":  # a monolithic system (Full_*, a method's): any language
+        return variants.build_encoder(variant, root, root, [])
     base_dir = Path(base) if base else root.parent.parent / "resources" / "base_models" / root.name
     if not (base_dir / "config.json").is_file():
         raise InputError(f"{base_dir}: no base model there; give it with --base")
