@@ -55,7 +55,11 @@ class Method:
     A method with stages of its own before training (a cache, a teacher's outputs) writes them
     with rules in ``rules/methods/{module}.smk`` (the Snakefile includes every file there) and
     names them in ``extra_inputs(base, settings, languages) -> {key: path or [paths]}``: they
-    become inputs of its training job and reach ``train`` as ``inputs[key]``."""
+    become inputs of its training job and reach ``train`` as ``inputs[key]``.
+
+    ``requires``: other methods whose outputs it reads (named in ``extra_inputs`` through
+    :func:`modsent.layout.method_output`, so Snakemake trains them first); a config that
+    configures it without them is an error naming the missing ``methods.NAME`` keys."""
 
     name: str
     description: str
@@ -64,6 +68,7 @@ class Method:
     settings_schema: Mapping[str, dict] = dataclasses.field(default_factory=dict)
     english_only: bool = False
     extra_inputs: Callable[[str, Mapping, Sequence[str]], dict[str, str | list[str]]] | None = None
+    requires: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not NAME.fullmatch(self.name) or RESERVED.fullmatch(self.name):
