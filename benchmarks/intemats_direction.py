@@ -77,7 +77,8 @@ def main() -> None:
         fused = metrics["InteMATs"]
         table = fused["heldout_translation_retrieval_accuracy_by_system"]
         rows = {"backbone (frozen)": table["backbone"], "InteMATs-ST": table["InteMATs-ST"],
-                "InteMATs-DT": table["InteMATs-DT"], "InteMATs (fusion)": fused["heldout_translation_retrieval_accuracy_after"]}
+                "InteMATs-DT": table["InteMATs-DT"],
+                "InteMATs (fusion)": fused["heldout_translation_retrieval_accuracy_after"]}
         pairs = sorted(table["backbone"])
         print(f"held-out English->X translation retrieval accuracy, {fused['heldout_pairs']['en']} held-out pair ids "
               f"(fusion's held-out ids trained on by the adapters: {fused['heldout_ids_trained_on_by_adapters']})")

@@ -46,7 +46,8 @@ def check_pooling_layers(layers: Sequence[int], num_layers: int, key: str = "poo
     """``layers`` as hidden-state indices of a model of ``num_layers`` layers (0: the embeddings,
     i: after layer i, -1: the last), checked; an InputError naming ``key`` otherwise."""
     layers = tuple(layers)
-    bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not -(num_layers + 1) <= i <= num_layers]
+    bad = [i for i in layers
+           if isinstance(i, bool) or not isinstance(i, int) or not -(num_layers + 1) <= i <= num_layers]
     if not layers or bad or len({i % (num_layers + 1) for i in layers}) != len(layers):
         raise InputError(f"{key}: {list(layers)}: a non-empty list of distinct hidden-state indices of a "
                          f"{num_layers}-layer model (0 = the embeddings, i = after layer i, -1 = the last; "

@@ -398,8 +398,9 @@ def load_serial_adapters(model: nn.Module, directory: str | Path, *, names: Sequ
     identity = base_model_identity(model)
     mismatch = _identity_mismatch(record.get("base_model") or {}, identity, ("adapters", "model"))
     if mismatch:
-        raise InputError(f"{directory}: serial adapters trained on another base model "
-                         f"({(record.get('base_model') or {}).get('name_or_path') or 'unnamed'}): {'; '.join(mismatch)}")
+        trained_on = (record.get("base_model") or {}).get("name_or_path") or "unnamed"
+        raise InputError(f"{directory}: serial adapters trained on another base model ({trained_on}): "
+                         f"{'; '.join(mismatch)}")
     wanted = list(record["adapters"]) if names is None else list(names)
     missing = [name for name in wanted if name not in record["adapters"]]
     if missing:

@@ -38,11 +38,11 @@ from collections.abc import Mapping, Sequence
 
 from modsent import layout
 from modsent.methods import Method, register
+from modsent.methods.intemats.settings import DT, FUSED, FUSION_PAIRS, SITES, ST
 from modsent.schema import ROLE_KEY, RUNTIME
 
-ST, DT, FUSED = "InteMATs-ST", "InteMATs-DT", "InteMATs"
-SITES = ["attention", "ffn"]
-FUSION_PAIRS = ("crosslingual", "monolingual")
+__all__ = ["DT", "FUSED", "FUSION_PAIRS", "SITES", "ST", "adapter_schema", "fusion_schema"]
+
 
 _COUNT = {"type": "integer", "minimum": 1}
 _OPTIONAL_NAME = {"oneOf": [{"type": "null"}, {"type": "string", "minLength": 1}], "default": None}
@@ -151,7 +151,8 @@ def _fusion_inputs(base: str, settings: Mapping, languages: Sequence[str]) -> di
     return {"st": layout.method_output(base, ST), "dt": layout.method_output(base, DT)}
 
 
-_ST_SCHEMA, _DT_SCHEMA, _FUSION_SCHEMA = adapter_schema(documents=False), adapter_schema(documents=True), fusion_schema()
+_ST_SCHEMA, _DT_SCHEMA = adapter_schema(documents=False), adapter_schema(documents=True)
+_FUSION_SCHEMA = fusion_schema()
 register(Method(ST, "InteMATs MATs-ST: serial adapters on the frozen backbone, InfoNCE on English-X sentence pairs",
                 _trainer(ST, _ST_SCHEMA), ("base", "pairs"), _ST_SCHEMA))
 register(Method(DT, "InteMATs MATs-DT: serial adapters on the frozen backbone, InfoNCE on English-X "

@@ -69,7 +69,7 @@ from modsent.evaluation.plots import write_loss_curve
 from modsent.io import InputError, atomic_path
 from modsent.losses import InfoNCELoss, MultipleNegativesRankingLoss
 from modsent.methods import baselines as bl
-from modsent.methods.intemats import DT, FUSED, FUSION_PAIRS, SITES, ST
+from modsent.methods.intemats.settings import DT, FUSED, FUSION_PAIRS, SITES, ST
 from modsent.modular import sentence_adapter as sa
 from modsent.modular import serial_adapter as sad
 from modsent.training import checkpoints, schedules
@@ -125,7 +125,8 @@ class InteMATsConfig:
         allowed = set(methods.get(name).settings_schema)
         unknown = sorted(set(settings) - allowed)
         if unknown:
-            raise InputError(f"methods.{name}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+            raise InputError(f"methods.{name}: unknown key(s) {', '.join(unknown)}; "
+                             f"allowed: {', '.join(sorted(allowed))}")
         values = dict(settings)
         for key in ("sites", "adapter_layers", "pooling_layers", "datasets"):
             if values.get(key) is not None:
@@ -294,7 +295,8 @@ def build_adapter_model(name: str, source: str, cfg: InteMATsConfig, key: str) -
     return sa.SentenceEncoderModel(inner, tokenizer, _mean_head(body), min(cfg.max_length, limit or cfg.max_length))
 
 
-def build_fusion_model(st_dir: str | Path, dt_dir: str | Path, cfg: InteMATsConfig, key: str) -> sa.SentenceEncoderModel:
+def build_fusion_model(st_dir: str | Path, dt_dir: str | Path, cfg: InteMATsConfig,
+                       key: str) -> sa.SentenceEncoderModel:
     """The backbone of InteMATs-ST's directory with its adapters and InteMATs-DT's, frozen, and a
     fresh fusion (W_v = I; W_q, W_k drawn from ``cfg.seed``); only the fusion trains."""
     for label, directory in ((ST, st_dir), (DT, dt_dir)):
@@ -314,7 +316,8 @@ def build_fusion_model(st_dir: str | Path, dt_dir: str | Path, cfg: InteMATsConf
     fusion.requires_grad_(True)
     inner = ie.InteMATsBody(body, stack, ie.check_pooling_layers(cfg.pooling_layers, body.config.num_hidden_layers,
                                                                  f"{key}.pooling_layers"))
-    return sa.SentenceEncoderModel(inner, tokenizer, _mean_head(body), min(cfg.max_length, source_limit or cfg.max_length))
+    limit = min(cfg.max_length, source_limit or cfg.max_length)
+    return sa.SentenceEncoderModel(inner, tokenizer, _mean_head(body), limit)
 
 
 @contextlib.contextmanager
@@ -401,7 +404,8 @@ def fusion_weights(model: sa.SentenceEncoderModel, texts: Sequence[str], batch_s
         stack.record_weights = False
         stack.weights = {}
         model.train(was_training)
-    return {f"{layer}.{site}": {name: round(float(total[i] / max(tokens, 1.0)), 4) for i, name in enumerate(stack.names)}
+    return {f"{layer}.{site}": {name: round(float(total[i] / max(tokens, 1.0)), 4)
+                                for i, name in enumerate(stack.names)}
             for (layer, site), total in sorted(sums.items())}
 
 
@@ -600,7 +604,8 @@ def _fusion_metrics(model, heldout: Heldout, before: dict, inputs: Mapping) -> d
     for label in ("st", "dt"):
         metrics_path = Path(inputs[label]) / "metrics.json"
         if metrics_path.is_file():
-            adapters_heldout[label] = set(json.loads(metrics_path.read_text(encoding="utf-8")).get("heldout_pair_ids", []))
+            recorded = json.loads(metrics_path.read_text(encoding="utf-8"))
+            adapters_heldout[label] = set(recorded.get("heldout_pair_ids", []))
     ours = set(heldout.frames[heldout.pivot]["pair_id"].astype(str))
     return {
         "heldout_translation_retrieval_accuracy_by_system": {
