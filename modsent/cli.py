@@ -136,26 +136,30 @@ def _write_embeddings(args, sentences: list[str], vectors, langs: list[str | Non
 
 
 def load_encoder(model: str, lang: str | None, base: str | None, variant: str):
-    """An encoder for ``model``: an exported directory (one language's; another ``lang`` is an
-    InputError), or a results/{base} tree from which :func:`modsent.encoders.systems.build_encoder`
-    assembles system ``variant`` (default Mod_mc) for ``lang`` (or every language with a
-    sentence-encoding adapter)."""
+    """An encoder for ``model``: a sentence-transformers directory (an export, one language's:
+    another ``lang`` is an InputError; or a method's system, every language's), or a
+    results/{base} tree from which :func:`modsent.encoders.systems.build_encoder` assembles
+    system ``variant`` (default Mod_mc) for ``lang`` (or every language with a
+    sentence-encoding adapter); a monolithic system (Full_*, a method's) encodes any language."""
     from pathlib import Path
 
     from modsent import methods
     from modsent.encoders import systems as variants
     from modsent.io import InputError
-    from modsent.encoders.modular import export_info
+    from modsent.encoders.modular import EXPORT_INFO, export_info
 
     methods.load()  # modsent's own training methods are systems too
 
     root = Path(model)
     if (root / "modules.json").is_file():
-        exported = export_info(root)["language"]
-        if lang is not None and lang != exported:
+        # an export holds one language's modules; a method's system (no export_info.json) every language's
+        exported = export_info(root)["language"] if (root / EXPORT_INFO).is_file() else None
+        if exported is not None and lang is not None and lang != exported:
             raise InputError(f"{root} is the export of {exported!r}: it does not encode {lang!r} "
                              f"(use --lang {exported}, or a results tree for other languages)")
         return variants.SentenceTransformerEncoder(root, language=exported)
+    if variants.variant(variant).kind == "full":  # a monolithic system (Full_*, a method's): any language
+        return variants.build_encoder(variant, root, root, [])
     base_dir = Path(base) if base else root.parent.parent / "resources" / "base_models" / root.name
     if not (base_dir / "config.json").is_file():
         raise InputError(f"{base_dir}: no base model there; give it with --base")
@@ -250,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                    "language that has none (counted on stderr, recorded in jsonl/parquet output)")
     p.add_argument("--base", help="base model directory (default: resources/base_models/{base})")
     p.add_argument("--variant", default="Mod_mc", help="the system to assemble from a results tree: Mod_mc "
-                   "(merged alignment, weight 0.5), Mod_mc-0.7, Mod_mc-pp, Mod_mc-pl, Mod_m, Mod_en, base, Full_m, ...")
+                   "(merged alignment, weight 0.5), Mod_mc-0.7, Mod_mc-pp, Mod_mc-pl, Mod_m, Mod_en, base, Full_m, "
+                   "a method's system (InteMATs, mST5-xnli, ...)")
     p.add_argument("--input", help="input file (default: stdin)")
     p.add_argument("--input-format", choices=["txt", "jsonl", "parquet"], default="txt")
     p.add_argument("--output", help="output file (default: stdout)")

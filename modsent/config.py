@@ -279,6 +279,11 @@ def method_errors(config: dict) -> list[str]:
             problems.append(f"methods.{name}: unknown method; registered: {', '.join(sorted(registry)) or 'none'} "
                             "(a method outside modsent needs its module in method_modules)")
             continue
+        missing = [required for required in registry[name].requires if required not in configured]
+        if missing:  # it reads their outputs (Method.requires)
+            problems.append(f"methods.{name}: needs {' and '.join(f'methods.{m}' for m in missing)} in the config "
+                            f"(it reads {'their outputs' if len(missing) > 1 else 'its output'}; "
+                            f"{missing[0]}: {{}} trains with the defaults)")
         validator = jsonschema.Draft202012Validator(registry[name].schema())
         for error in sorted(validator.iter_errors(settings or {}), key=lambda e: list(map(str, e.absolute_path))):
             error.path.appendleft(name)

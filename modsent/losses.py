@@ -243,3 +243,30 @@ class DuEAMLoss(nn.Module):
         if self.objective == "LA":
             return anchor
         return anchor - self.lambda_ * self.cosine(sources, targets)
+
+
+class InfoNCELoss(nn.Module):
+    """InfoNCE with cosine similarity and a temperature (Oord et al. 2018; SimCSE; the InteMATs
+    paper's Eq. 2), over (anchor, positive) pairs with in-batch negatives:
+
+        l_i = -log e^{cos(a_i, p_i)/t} / sum_j e^{cos(a_i, p_j)/t}
+
+    Pulls each anchor (InteMATs: the English text) towards its own positive (its aligned text in
+    another language) and pushes it away from every other positive of the batch. One direction
+    only, as the paper writes it. It is :class:`MultipleNegativesRankingLoss` with ``scale = 1 /
+    t`` and no hard negatives (t = 0.1 is scale 10); a class of its own so that the temperature
+    is the setting and the formula is tested as the paper states it. Similarities in float32.
+    """
+
+    def __init__(self, temperature: float = 0.1):
+        super().__init__()
+        if not temperature > 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        self.temperature = temperature
+
+    def forward(self, anchors: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
+        if len(positives) != len(anchors):
+            raise ValueError(f"one positive per anchor: {len(anchors)} anchors, {len(positives)} positives")
+        scores = cos_sim(anchors.float(), positives.float()) / self.temperature
+        target = torch.arange(len(anchors), device=anchors.device)
+        return nn.functional.cross_entropy(scores, target)

@@ -271,11 +271,9 @@ class SentenceTransformerEncoder:
     No prompt is added (the baselines were trained without one, like every modular encoder)."""
 
     def __init__(self, model_dir: str | Path, device: str | None = None, language: str | None = None):
-        from sentence_transformers import SentenceTransformer
-
         self.model_dir = Path(model_dir)
         self.language = language
-        self.model = SentenceTransformer(str(self.model_dir), device=device or _default_device())
+        self.model = load_sentence_transformer(self.model_dir, device or _default_device())
 
     @property
     def embedding_dimension(self) -> int:
@@ -298,6 +296,38 @@ class SentenceTransformerEncoder:
         return np.asarray(vectors, dtype=np.float32)
 
     __call__ = encode
+
+
+# modsent's own sentence-transformers module classes (a saved system's modules.json may name them):
+# sentence-transformers >= 6 imports a class outside its namespace only with trust_remote_code
+MODSENT_MODULE_CLASSES = ("modsent.encoders.intemats.InteMATsTransformer",)
+
+
+def load_sentence_transformer(model_dir: str | Path, device: str | None = None):
+    """``SentenceTransformer(model_dir)``; a directory whose ``modules.json`` names one of
+    modsent's own module classes (:data:`MODSENT_MODULE_CLASSES`: the InteMATs systems) is built
+    module by module (each class's ``load``) without ``trust_remote_code``; any other class
+    outside sentence-transformers is an InputError."""
+    import json
+
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.util import import_from_string
+
+    model_dir = Path(model_dir)
+    modules_json = model_dir / "modules.json"
+    entries = json.loads(modules_json.read_text(encoding="utf-8")) if modules_json.is_file() else []
+    custom = [e["type"] for e in entries if not e["type"].startswith("sentence_transformers.")]
+    if not custom:
+        return SentenceTransformer(str(model_dir), device=device or _default_device())
+    unknown = sorted(set(custom) - set(MODSENT_MODULE_CLASSES))
+    if unknown:
+        raise InputError(f"{modules_json} names module classes {unknown} that are neither sentence-transformers' "
+                         f"nor modsent's ({', '.join(MODSENT_MODULE_CLASSES)})")
+    modules = []
+    for entry in sorted(entries, key=lambda e: int(e.get("idx", 0))):
+        module_class = import_from_string(entry["type"])
+        modules.append(module_class.load(str(model_dir), subfolder=entry.get("path", ""), local_files_only=True))
+    return SentenceTransformer(modules=modules, device=device or _default_device(), similarity_fn_name="cosine")
 
 
 def _default_device() -> str:

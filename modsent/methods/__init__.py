@@ -67,7 +67,11 @@ class Method:
     ``data_parallel``: ``train`` may run in every process of a torchrun group (one per GPU):
     each process takes its share of every batch, gradients are averaged, only the main process
     (rank 0) evaluates and writes ``out_dir``, and the others return None after it. The
-    settings then get the runtime key ``gpus`` (:data:`GPUS_SETTING`)."""
+    settings then get the runtime key ``gpus`` (:data:`GPUS_SETTING`).
+
+    ``requires``: other methods whose outputs it reads (named in ``extra_inputs`` through
+    :func:`modsent.layout.method_output`, so Snakemake trains them first); a config that
+    configures it without them is an error naming the missing ``methods.NAME`` keys."""
 
     name: str
     description: str
@@ -76,6 +80,7 @@ class Method:
     settings_schema: Mapping[str, dict] = dataclasses.field(default_factory=dict)
     english_only: bool = False
     extra_inputs: Callable[[str, Mapping, Sequence[str]], dict[str, str | list[str]]] | None = None
+    requires: tuple[str, ...] = ()
     data_parallel: bool = False
 
     def __post_init__(self):
