@@ -422,3 +422,22 @@ def test_the_workflow_plans_one_wmd_job_per_shard_and_distinct_pairs(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     jobs = {block.split("output: ")[1].split()[0]: block for block in proc.stdout.split("\nrule train_method:")[1:]}
     assert "gpu=2," in jobs["results/tiny/methods/DuEAM-unsup"] and "gpu=1," in jobs["results/tiny/methods/DuEAM-weak"]
+
+
+def test_a_wmd_job_s_config_takes_its_own_runtime_key_only():
+    """The workflow fills every default in, the training's runtime keys (gpus, log_every,
+    checkpoint_every) included: the WMD job builds its config from the WMD settings and
+    wmd_batch_size alone."""
+    import yaml
+
+    from conftest import REPO
+    from modsent.config import fill_method_settings
+
+    methods.load()
+    filled = yaml.safe_load((REPO / "configs" / "test.yaml").read_text())
+    filled["methods"] = {"DuEAM-weak": {"datasets": None, "wmd_batch_size": 7, "gpus": 2},
+                         "DuEAM-LA-only": {"datasets": None}}
+    fill_method_settings(filled)  # as the Snakefile does
+    assert filled["methods"]["DuEAM-LA-only"]["gpus"] == 1 and "log_every" in filled["methods"]["DuEAM-LA-only"]
+    names, cfg = dueam.wmd_config(filled["methods"], dueam.wmd_digest(filled["methods"]["DuEAM-weak"]))
+    assert names == ["DuEAM-weak", "DuEAM-LA-only"] and cfg.wmd_batch_size == 7 and cfg.datasets is None

@@ -1,22 +1,20 @@
 # rule dueam_wmd: one shard of the word mover's distances of the DuEAM methods whose WMD settings
 # have digest {wmd} (modsent.methods.dueam.wmd). Its runtime key (wmd_batch_size) is read from
-# the config, not the params.
+# the config, not the params (dueam.wmd_config).
 import logging
 
 import torch
 
 from modsent import methods
-from modsent.config import method_runtime_settings
 from modsent.languages import PIVOT_LANGUAGE
 from modsent.logs import setup_logging
 from modsent.methods import dueam
-from modsent.methods.dueam.settings import DuEAMConfig
 from modsent.methods.dueam.wmd import run_shard
 
 setup_logging(snakemake.log[0])
 torch.set_num_threads(snakemake.threads)
 methods.load(snakemake.config["method_modules"])
-names = dueam.wmd_settings_of(snakemake.config["methods"], snakemake.wildcards.wmd)["methods"]
+names, cfg = dueam.wmd_config(snakemake.config["methods"], snakemake.wildcards.wmd)
 logging.getLogger("modsent").info("WMD settings %s: the pairs of %s", snakemake.wildcards.wmd, ", ".join(names))
 
 
@@ -30,8 +28,6 @@ pairs = dict(zip(languages, paths("pairs"), strict=True))
 translations = paths("translations")
 if translations:  # every non-English language's, in the config's order
     translations = dict(zip([lang for lang in languages if lang != PIVOT_LANGUAGE], translations, strict=True))
-runtime = method_runtime_settings(snakemake.config, names[0])
-cfg = DuEAMConfig.from_settings(names[0], {**snakemake.params.settings, **runtime})
 run_shard(pairs, translations or None, cfg, snakemake.input.get("base") or None, int(snakemake.wildcards.shard),
           int(snakemake.wildcards.shards), snakemake.output[0], cache_dir=dueam.wmd_cache_dir(snakemake.wildcards.base),
           progress=False, key=f"methods.{names[0]}")

@@ -47,14 +47,14 @@ from modsent import layout
 from modsent.languages import PIVOT_LANGUAGE
 from modsent.methods import Method, register
 from modsent.methods.dueam.settings import (ANCHOR_KEYS, DATA, GROUND_COSTS, LAMBDA, OBJECTIVES, PAIR_KEYS,
-                                            SPECIAL_TOKENS, TOKEN_WEIGHTS, anchor_is_base, uses_translations,
-                                            wmd_job_settings)
+                                            SPECIAL_TOKENS, TOKEN_WEIGHTS, DuEAMConfig, anchor_is_base,
+                                            uses_translations, wmd_job_settings)
 from modsent.schema import ROLE_KEY, RUNTIME
 
 __all__ = ["ANCHOR_KEYS", "DATA", "GROUND_COSTS", "LAMBDA", "OBJECTIVES", "PAIR_KEYS", "SPECIAL_TOKENS",
            "TOKEN_WEIGHTS", "VARIANTS", "WMD_CACHE", "WMD_DIGEST", "WMD_SHARD", "anchor_is_base",
-           "settings_schema", "uses_translations", "wmd_cache_dir", "wmd_digest", "wmd_inputs", "wmd_job_settings",
-           "wmd_settings_of", "wmd_shard_paths"]
+           "settings_schema", "uses_translations", "wmd_cache_dir", "wmd_config", "wmd_digest", "wmd_inputs",
+           "wmd_job_settings", "wmd_settings_of", "wmd_shard_paths"]
 
 # where the WMD shards and the cache live: under a directory of the results tree named like no
 # configurable method (a name with a dot and "wmd"), one folder per distinct set of WMD settings
@@ -172,6 +172,16 @@ def wmd_settings_of(methods_config: Mapping[str, Mapping], digest: str) -> dict:
     if not names:
         raise ValueError(f"no configured DuEAM method has WMD settings of digest {digest}")
     return {"settings": wmd_job_settings(methods_config[names[0]]), "methods": names}
+
+
+def wmd_config(methods_config: Mapping[str, Mapping], digest: str) -> tuple[list[str], "DuEAMConfig"]:
+    """(the configured DuEAM methods whose WMD settings have ``digest``, the config a WMD job of
+    theirs runs with): the WMD settings and the WMD job's own runtime key (``wmd_batch_size``;
+    the training's ``gpus``, ``log_every`` and ``checkpoint_every`` are not its business)."""
+    found = wmd_settings_of(methods_config, digest)
+    name = found["methods"][0]
+    runtime = {key: value for key, value in methods_config[name].items() if key == "wmd_batch_size"}
+    return found["methods"], DuEAMConfig.from_settings(name, {**found["settings"], **runtime})
 
 
 def wmd_inputs(settings: Mapping, base: str, languages: Sequence[str]) -> dict[str, str | list[str]]:
