@@ -298,6 +298,29 @@ def test_held_out_sentences_are_held_out_in_every_language(data):
     assert len(train) + sum(len(f) for f in heldout.values()) <= len(rows)
 
 
+def test_a_step_never_holds_one_english_sentence_twice(data):
+    """Its translations into several languages would be each other's KoLeo neighbours (two
+    copies of one vector) and InfoNCE's false negatives."""
+    rows = mt.read_bitext(data["translations"])
+    assert rows["english"].duplicated().any()  # the same English sentence in de and ky
+    batches = mt.epoch_batches(rows, 16, seed=0)
+    for epoch in (0, 1):
+        steps = batches(epoch)
+        assert steps and all(len(step) == 16 for step in steps)
+        assert all(rows.iloc[step]["english"].is_unique for step in steps)
+        assert len({i for step in steps for i in step}) == sum(map(len, steps))  # each row at most once
+    assert batches(0) != batches(1) and batches(0) == batches(0)
+
+
+def test_attention_dropout_is_off_and_padding_on_the_right(data):
+    model, tokenizer = mm.build_model(str(data["base"]), revision=None, head_layers=1, head_heads=2,
+                                      head_intermediate_size=None, detach_tokens=False, seed=0, key="k")
+    attention = [m.dropout.p for n, m in model.body.named_modules() if n.endswith("attention.self")]
+    assert attention and all(p == 0.0 for p in attention)
+    assert model.body.config.hidden_dropout_prob > 0  # the rest of the encoder's dropout stays
+    assert tokenizer.padding_side == "right"
+
+
 def test_the_workflow_trains_mexma_on_the_translations_and_provided_ones(tmp_path):
     """A dry run of the tests' tiny config: MEXMA's job reads every translation file (and the
     provided ones when asked), on gpus GPUs."""

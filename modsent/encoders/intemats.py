@@ -109,6 +109,8 @@ class InteMATsTransformer(Transformer):
         directory = Path(model_name_or_path) / subfolder
         if not directory.is_dir():
             raise InputError(f"{model_name_or_path}: InteMATs models load from a local directory only")
+        if not list(directory.glob("*.safetensors")):
+            raise InputError(f"{directory}: no safetensors weights (modsent reads no pickled weights)")
         module = super().load(model_name_or_path, subfolder=subfolder, **kwargs)
         module.attach_adapters(directory)
         return module

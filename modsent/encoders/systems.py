@@ -325,6 +325,9 @@ def load_sentence_transformer(model_dir: str | Path, device: str | None = None):
                          f"nor modsent's ({', '.join(MODSENT_MODULE_CLASSES)})")
     modules = []
     for entry in sorted(entries, key=lambda e: int(e.get("idx", 0))):
+        sub = Path(entry.get("path", ""))
+        if sub.is_absolute() or ".." in sub.parts:
+            raise InputError(f"{modules_json}: module path {entry.get('path')!r} leaves the model directory")
         module_class = import_from_string(entry["type"])
         modules.append(module_class.load(str(model_dir), subfolder=entry.get("path", ""), local_files_only=True))
     return SentenceTransformer(modules=modules, device=device or _default_device(), similarity_fn_name="cosine")

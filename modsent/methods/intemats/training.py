@@ -440,6 +440,15 @@ def _prepare(name: str, inputs: Mapping, cfg: InteMATsConfig, key: str):
         st_dir, dt_dir = inputs.get("st"), inputs.get("dt")
         if st_dir is None or dt_dir is None:
             raise InputError(f"{key}: the fusion needs the InteMATs-ST and InteMATs-DT systems (inputs st, dt)")
+        ours = set(held[pivot]["pair_id"].astype(str)) if pivot in held else set()
+        for label, directory in (("InteMATs-ST", st_dir), ("InteMATs-DT", dt_dir)):
+            recorded = Path(directory) / "metrics.json"
+            if ours and recorded.is_file():
+                theirs = set(json.loads(recorded.read_text(encoding="utf-8")).get("heldout_pair_ids", []))
+                if ours - theirs:  # a warning: ids the adapter dropped from its held-out slice were not trained either
+                    log.warning("%s: %d of its held-out pair ids are not among %s's held-out ids and may have been its "
+                                "training data (metrics: heldout_ids_trained_on_by_adapters); use %s's datasets and "
+                                "at most its eval_pairs", key, len(ours - theirs), label, label)
         model = build_fusion_model(st_dir, dt_dir, cfg, key)
         source, fingerprint_inputs = str(st_dir), [st_dir, dt_dir]
         data = fusion_data(train, cfg)

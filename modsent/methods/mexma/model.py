@@ -11,7 +11,8 @@ only way for the head to see the sentence's content at masked positions is throu
 language's sentence vector. The head: ``head_layers`` transformer layers (XLM-R's layer,
 post-LayerNorm, GELU FFN; ``head_heads`` attention heads, attention dropout off as in the
 public code) and a vocabulary projection whose weight is the encoder's word embedding matrix
-(tied) with a bias of its own (zero at the start). ``detach_tokens`` (the paper's "no-tok"
+(tied) with a bias of its own (zero at the start). The encoder's attention dropout is switched
+off too (:func:`attention_dropout_off`), as in the public code. ``detach_tokens`` (the paper's "no-tok"
 ablation) stops the token-level gradient at the head's input: the masked passes then train
 nothing of the encoder, only the sentence vector does.
 
@@ -92,6 +93,18 @@ class MEXMAModel(nn.Module):
         return {"s_a": s_a, "s_b": s_b, "head_a": self.head(head_in_a, a_mask), "head_b": self.head(head_in_b, b_mask)}
 
 
+def attention_dropout_off(body: nn.Module) -> int:
+    """Switch the attention-probability dropout of every self-attention block off (as the public
+    code does in the encoder and the head; the hidden-state dropout stays); the count switched."""
+    count = 0
+    for name, module in body.named_modules():
+        dropout = getattr(module, "dropout", None)
+        if name.endswith("attention.self") and isinstance(dropout, nn.Dropout):
+            dropout.p = 0.0
+            count += 1
+    return count
+
+
 def build_model(source: str, *, revision: str | None, head_layers: int, head_heads: int,
                 head_intermediate_size: int | None, detach_tokens: bool, seed: int, key: str):
     """(MEXMAModel, tokenizer) from ``source`` (a Hub id or a local directory): the encoder's
@@ -104,6 +117,8 @@ def build_model(source: str, *, revision: str | None, head_layers: int, head_hea
         pooler = getattr(body, "pooler", None)
         if pooler is not None:
             body.pooler = None  # MEXMA's vector is the raw CLS state: the pooler is neither used nor trained
+        attention_dropout_off(body)
+        tokenizer.padding_side = "right"  # the trainer trims each share's padding on the right
         if tokenizer.mask_token_id is None or tokenizer.cls_token_id is None:
             raise InputError(f"{key}.model: {source} has no mask or CLS token; MEXMA needs an MLM "
                              "encoder with a CLS position (XLM-R, BERT)")

@@ -185,15 +185,21 @@ def split_heldout(rows: pd.DataFrame, count: int, seed: int) -> tuple[pd.DataFra
     return rows[~held].reset_index(drop=True), heldout
 
 
-def epoch_batches(n: int, size: int, seed: int) -> Callable[[int], list[list[int]]]:
-    """The steps' rows of an epoch: a permutation of the ``n`` rows seeded by (seed, epoch), cut
-    into runs of ``size`` (batch_size x grad_accum); the rest (fewer than ``size``) is left out
-    of the epoch, so every micro-batch has ``batch_size`` pairs (KoLeo and InfoNCE compare
-    within it; the rest is drawn in other epochs)."""
+def epoch_batches(rows: pd.DataFrame, size: int, seed: int) -> Callable[[int], list[list[int]]]:
+    """The steps' rows of an epoch: a seeded shuffle of (seed, epoch), each step taking the next
+    ``size`` rows (batch_size x grad_accum) none of which repeats a text or an English sentence
+    already in the step (:func:`modsent.training.pairs.no_duplicate_batches` grouped by the
+    English text): one sentence's translations into several languages would otherwise be each
+    other's nearest neighbours for KoLeo (two copies of one vector: -log of a near-zero
+    distance) and false negatives for InfoNCE. Steps with fewer rows are left out of the epoch,
+    so every micro-batch has ``batch_size`` pairs; those rows come in other epochs."""
+    from modsent.training.pairs import no_duplicate_batches
+
+    frame = pd.DataFrame({"anchor": rows["english"].to_numpy(), "positive": rows["translation"].to_numpy(),
+                          "negative": None, "english": rows["english"].to_numpy()})
 
     def batches(epoch: int) -> list[list[int]]:
-        order = np.random.default_rng([seed, epoch]).permutation(n).tolist()
-        return [order[i:i + size] for i in range(0, n - size + 1, size)]
+        return no_duplicate_batches(frame, size, seed, epoch, min_size=size, group_column="english")
 
     return batches
 
@@ -341,8 +347,11 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
     if len(train) < step_size:
         raise InputError(f"{key}: {len(train)} training pairs after holding out {cfg.eval_pairs} English "
                          f"sentences, fewer than one step's batch_size x grad_accum = {step_size}")
-    data = bl.TrainingData(train, epoch_batches(len(train), step_size, cfg.seed))
+    data = bl.TrainingData(train, epoch_batches(train, step_size, cfg.seed))
     steps_per_epoch = len(data.epoch_batches(0))
+    if steps_per_epoch == 0:
+        raise InputError(f"{key}: no step of batch_size x grad_accum = {step_size} pairs with distinct English "
+                         f"sentences can be formed from {train['english'].nunique()} English sentences")
     total_steps = cfg.max_steps or cfg.epochs * steps_per_epoch
 
     model, tokenizer = build_model(source, revision=cfg.revision, head_layers=cfg.head_layers,
@@ -370,6 +379,8 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
     fingerprint = training_fingerprint(name, cfg, source, files) if checkpoint_dir is not None else None
     resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint) if checkpoint_dir else None
     start = resumed["step"] if resumed else 0
+    if resumed and resumed.get("scaler"):
+        scaler.load_state_dict(resumed["scaler"])  # fp16: the loss scale the unbroken run had
     before = resumed["before"] if resumed else (evaluate(encoder, heldout, cfg.precision) if main else None)
     components = [list(r) for r in resumed["components"]] if resumed else []
     if world > 1:
@@ -411,7 +422,8 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
                      total_steps, total, align, mlm, koleo, lr)
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
-                                        log_.state(before=before, components=components))
+                                        log_.state(before=before, components=components,
+                                                   scaler=scaler.state_dict() if scaler.is_enabled() else None))
         if on_step is not None:
             on_step(step + 1)
     losses, history, pairs_seen, elapsed = log_.close()

@@ -1,0 +1,170 @@
+"""MEXMA training throughput (pairs/s, tokens/s, MFU, peak memory), measured side by side.
+
+    python benchmarks/mexma_throughput.py                                  # small random model, CPU
+    python benchmarks/mexma_throughput.py --size base --device cuda --seq-len 128 256
+
+Compares, in one run and on the same batches, a training step as modsent runs it
+(:class:`modsent.methods.mexma.model.MEXMAModel`: the four passes as two forward calls, clean and
+masked of one side stacked; the vocabulary projection on the masked positions only,
+``losses.CrossUnmaskingLoss``) with the plain way (four forward calls; the projection over every
+position, transformers' usual MLM loss), both with AdamW over every weight and the same loss
+weights, and prints their ratio. On a GPU it runs under bf16 autocast and prints MFU against the
+GPU's bf16 peak (--peak-tflops, default 989 for an H100 SXM), counting per pair 4 encoder passes
+and 2 head passes of 6N + 12·L·d·s FLOPs per token (N: the non-embedding parameters, L layers,
+width d, sequence s) plus the vocabulary projection (6·d·V per projected position), and the peak
+memory. Random weights of the MEXMA-base (XLM-R base: 12 x 768, 250,002 tokens) or MEXMA (XLM-R
+large: 24 x 1024) shape with a 6-layer, 8-head head; nothing is downloaded. Sentences are
+random ids of exactly ``seq_len`` tokens (no padding), 40% masked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+SIZES = {  # hidden, layers, heads, intermediate
+    "small": (256, 4, 4, 1024),
+    "base": (768, 12, 12, 3072),
+    "large": (1024, 24, 16, 4096),
+}
+VOCAB = 250_002
+
+
+def build(size: str, vocab: int, device: str):
+    import transformers
+
+    from modsent.methods.mexma.model import MEXMAModel, UnmaskingHead
+
+    hidden, layers, heads, intermediate = SIZES[size]
+    config = transformers.XLMRobertaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                                           num_attention_heads=heads, intermediate_size=intermediate,
+                                           max_position_embeddings=514)
+    config._attn_implementation = "sdpa"
+    body = transformers.XLMRobertaModel(config, add_pooling_layer=False)
+    head = UnmaskingHead(config, 6, 8, 3072 if size != "small" else intermediate, body.get_input_embeddings())
+    return MEXMAModel(body, head).to(device)
+
+
+def batch(pairs: int, seq_len: int, vocab: int, device: str, generator: torch.Generator):
+    ids = torch.randint(5, vocab, (pairs, seq_len), generator=generator)
+    ids[:, 0], ids[:, -1] = 0, 2
+    chosen = torch.rand(ids.shape, generator=generator) < 0.4
+    chosen[:, 0] = chosen[:, -1] = False
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+    masked = torch.where(chosen, torch.full_like(ids, 3), ids)
+    mask = torch.ones_like(ids)
+    return [t.to(device) for t in (ids, masked, labels, mask)]
+
+
+def modsent_loss(model, a, b):
+    from modsent.losses import CrossUnmaskingLoss, KoLeoLoss
+
+    out = model(a[0], a[1], a[3], b[0], b[1], b[3])
+    ce = CrossUnmaskingLoss()
+    mlm = ce(model.head.logits, out["head_a"], a[2]) + ce(model.head.logits, out["head_b"], b[2])
+    s_a, s_b = out["s_a"].float(), out["s_b"].float()
+    return torch.nn.functional.mse_loss(s_a, s_b) + 0.5 * mlm + 0.005 * (KoLeoLoss()(s_a) + KoLeoLoss()(s_b))
+
+
+def plain_loss(model, a, b):
+    from modsent.losses import KoLeoLoss
+
+    body = model.body
+    s_a = body(input_ids=a[0], attention_mask=a[3]).last_hidden_state[:, 0]
+    s_b = body(input_ids=b[0], attention_mask=b[3]).last_hidden_state[:, 0]
+    h_a = body(input_ids=a[1], attention_mask=a[3]).last_hidden_state
+    h_b = body(input_ids=b[1], attention_mask=b[3]).last_hidden_state
+    head_a = model.head(torch.cat([s_b.unsqueeze(1), h_a[:, 1:]], 1), a[3])
+    head_b = model.head(torch.cat([s_a.unsqueeze(1), h_b[:, 1:]], 1), b[3])
+    vocab = model.head.bias.shape[0]
+    mlm = sum(torch.nn.functional.cross_entropy(model.head.logits(h).float().reshape(-1, vocab), lab.reshape(-1))
+              for h, lab in ((head_a, a[2]), (head_b, b[2])))
+    s_a, s_b = s_a.float(), s_b.float()
+    return torch.nn.functional.mse_loss(s_a, s_b) + 0.5 * mlm + 0.005 * (KoLeoLoss()(s_a) + KoLeoLoss()(s_b))
+
+
+def flops_per_pair(model, seq_len: int, masked: float) -> float:
+    def non_embedding(module):
+        return sum(p.numel() for n, p in module.named_parameters() if "embeddings" not in n)
+
+    cfg = model.body.config
+    hidden, layers = cfg.hidden_size, cfg.num_hidden_layers
+    encoder = 4 * seq_len * (6 * non_embedding(model.body) + 12 * layers * hidden * seq_len)
+    head_layers = model.head.config.num_hidden_layers
+    head = 2 * seq_len * (6 * non_embedding(model.head.encoder) + 12 * head_layers * hidden * seq_len)
+    projection = 2 * masked * seq_len * 6 * hidden * model.head.bias.shape[0]
+    return encoder + head + projection
+
+
+def measure(model, loss_fn, batches, device: str, steps: int) -> tuple[float, float]:
+    """(median seconds per step, peak GiB) over ``steps`` steps after one warm-up step."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.startswith("cuda"))
+    times = []
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    for i in range(steps + 1):
+        a, b = batches[i % len(batches)]
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
+            loss = loss_fn(model, a, b)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.2)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
+    del optimizer
+    return statistics.median(times), peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=list(SIZES), default="small")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--seq-len", type=int, nargs="+", default=[32])
+    parser.add_argument("--pairs", type=int, default=None, help="pairs per step (default: 8 on the CPU, 64 on a GPU)")
+    parser.add_argument("--vocab", type=int, default=None, help="vocabulary (default: 250,002; 32,000 for small)")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--peak-tflops", type=float, default=989.0)
+    args = parser.parse_args()
+    device = args.device
+    pairs = args.pairs or (64 if device.startswith("cuda") else 8)
+    vocab = args.vocab or (32_000 if args.size == "small" else VOCAB)
+    torch.manual_seed(0)
+    model = build(args.size, vocab, device)
+    n = sum(p.numel() for p in model.parameters())
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else "CPU"
+    print(f"MEXMA step, random {args.size} encoder ({n / 1e6:.0f}M parameters with the head), {pairs} pairs, "
+          f"{device} ({name}), torch {torch.__version__}")
+    for seq_len in args.seq_len:
+        generator = torch.Generator().manual_seed(seq_len)
+        batches = [(batch(pairs, seq_len, vocab, device, generator), batch(pairs, seq_len, vocab, device, generator))
+                   for _ in range(3)]
+        results = {}
+        for label, loss_fn in (("modsent", modsent_loss), ("plain", plain_loss)):
+            try:
+                results[label] = measure(model, loss_fn, batches, device, args.steps)
+            except torch.OutOfMemoryError:
+                results[label] = (float("nan"), float("nan"))
+                torch.cuda.empty_cache()
+        flops = flops_per_pair(model, seq_len, 0.4 * (seq_len - 2) / seq_len) * pairs
+        for label, (seconds, peak) in results.items():
+            line = (f"seq {seq_len:4d} {label:8s} {seconds * 1000:9.1f} ms/step  {pairs / seconds:8.1f} pairs/s  "
+                    f"{4 * pairs * seq_len / seconds:10.0f} tokens/s")
+            if device.startswith("cuda"):
+                line += f"  MFU {100 * flops / seconds / (args.peak_tflops * 1e12):5.1f}%  peak {peak:5.1f} GiB"
+            print(line)
+        print(f"seq {seq_len:4d} speed-up of modsent's step over the plain one: "
+              f"{results['plain'][0] / results['modsent'][0]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
