@@ -1,6 +1,7 @@
 """The whole workflow on configs/test.yaml, run by Snakemake in a scratch directory."""
 
 import copy
+import json
 import os
 import re
 import subprocess
@@ -20,11 +21,28 @@ TESTS = Path(__file__).resolve().parent
 TOY_METHOD = {"method_modules": ["toy_method"],
               "methods": {"Toy-cos": {"batch_size": 8, "seq_len": 32, "learning_rate": 0.001, "max_steps": 2,
                                       "eval_pairs": 10, "log_every": 1}}}
+# and one system of each recipe, two steps each, so that every recipe's rules, scripts and
+# outputs run for real in the same DAG (the recipes' own tests call their training directly)
+_TINY = {"max_steps": 2, "eval_pairs": 10, "log_every": 1}
+RECIPES = {
+    "mST5-en": {**_TINY, "datasets": None, "batch_size": 8, "seq_len": 32},
+    "DuEAM-weak": {**_TINY, "datasets": None, "max_pairs": 60, "batch_size": 8, "seq_len": 32, "warmup_steps": 1,
+                   "gpus": 2},  # a runtime key: one process without CUDA
+    "MEXMA": {**_TINY, "provided_translations": True, "head_layers": 1, "head_heads": 2, "batch_size": 8,
+              "grad_accum": 1, "seq_len": 32},
+    "InteMATs-ST": {**_TINY, "batch_size": 8, "gradient_accumulation": 1, "max_length": 32, "warmup_steps": 1},
+    "InteMATs-DT": {**_TINY, "batch_size": 4, "gradient_accumulation": 1, "max_length": 64, "warmup_steps": 1,
+                    "document_sentences": 3},
+    "InteMATs": {**_TINY, "batch_size": 8, "gradient_accumulation": 1, "max_length": 32, "warmup_steps": 1},
+}
 
 
 def workflow_config() -> dict:
-    """configs/test.yaml with the toy method: the configuration of the whole-DAG run."""
-    return {**yaml.safe_load(CONFIG.read_text()), **copy.deepcopy(TOY_METHOD)}
+    """configs/test.yaml with the toy method and a tiny system of each recipe: the
+    configuration of the whole-DAG run."""
+    config = {**yaml.safe_load(CONFIG.read_text()), **copy.deepcopy(TOY_METHOD)}
+    config["methods"].update(copy.deepcopy(RECIPES))
+    return config
 
 
 def environment() -> dict:
@@ -366,7 +384,7 @@ def test_evaluation_summary_has_every_system_and_task(run):
     validate(config, str(REPO / "schemas/config.schema.yaml"))
     systems = variants.evaluated_variants(config)
     assert systems[0] == "base" and "Full_mc" in systems and "Mod_c" in systems and "Mod_mc-0.7" in systems
-    assert systems[-1] == "Toy-cos"  # the registered method, after the paper's systems
+    assert systems[-len(TOY_METHOD["methods"]) - len(RECIPES):] == ["Toy-cos", *RECIPES]  # after the paper's
     table = pd.read_csv(run / "results/tiny/summary.csv", index_col=0)
     assert list(table.index) == systems
     assert {"BM builtin_parallel xsim err ↓", "RSIM builtin_parallel", "TC builtin_topics mono",
@@ -417,3 +435,21 @@ def test_a_method_registered_once_trains_evaluates_and_is_a_summary_row(run):
                      ["scores"]["xsim"]["values"].values())), abs=1e-3)
     assert table.loc["Toy-cos"].notna().all()
     assert "Toy-cos" in (run / "results/tiny/summary.md").read_text()
+
+
+def test_every_recipe_trains_evaluates_and_is_a_summary_row(run):
+    """One tiny system of each recipe ran through its own rules (DuEAM's WMD job, InteMATs'
+    fusion after its ST and DT systems, MEXMA on the provided translations too), was scored by
+    the same suite and is a row of the same summary."""
+    from modsent.encoders.systems import load_sentence_transformer
+
+    table = pd.read_csv(run / "results/tiny/summary.csv", index_col=0)
+    for name in RECIPES:
+        out = run / f"results/tiny/methods/{name}"
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["steps"] == 2, name
+        assert table.loc[name].notna().all(), name
+        assert load_sentence_transformer(out, device="cpu").encode(["Hallo Welt"]).shape[0] == 1
+        assert (run / f"logs/tiny/methods/{name}.log").stat().st_size > 0
+    assert list((run / "results/tiny/methods/DuEAM.wmd").glob("*/0-of-1.parquet"))
+    assert json.loads((run / "results/tiny/methods/MEXMA/metrics.json").read_text())["config"]["provided_translations"]
