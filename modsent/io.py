@@ -92,3 +92,32 @@ def iter_utf8_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
             if number == 1 and text.startswith("\ufeff"):
                 text = text[1:]
             yield number, text.rstrip("\r\n")
+
+
+def read_json(path: str | os.PathLike, what: str):
+    """The JSON value in ``path``; an InputError naming the file when it is missing (``what``
+    says what was expected there) or is not valid UTF-8 JSON."""
+    import json
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path.parent}: not {what} (no {path.name})")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: not valid JSON: {err}") from None
+
+
+def read_safetensors(path: str | os.PathLike) -> dict:
+    """Every tensor of the safetensors file ``path`` (torch); an InputError naming the file
+    when it is missing, truncated or otherwise unreadable."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path.parent}: no {path.name}")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise InputError(f"{path}: unreadable safetensors file (truncated or damaged?): {err}") from None

@@ -95,7 +95,7 @@ def test_symmetric_infonce_is_mnrl_both_ways():
 
 def test_cross_unmasking_is_the_cross_entropy_of_the_masked_positions():
     torch.manual_seed(2)
-    states, weight = torch.randn(3, 5, 4), torch.randn(11, 4)
+    states = torch.randn(3, 5, 4)
     labels = torch.full((3, 5), -100)
     labels[0, 1], labels[1, 3], labels[2, 2], labels[2, 4] = 3, 7, 0, 10
     logits = torch.nn.Linear(4, 11)

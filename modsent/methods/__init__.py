@@ -157,6 +157,29 @@ def load(modules: Sequence[str] = ()) -> dict[str, Method]:
     return REGISTRY
 
 
+def settings_config(cls, name: str, settings: Mapping, *, allowed: Sequence[str] | None = None,
+                    renames: Mapping[str, str] | None = None, tuples: Sequence[str] = ()):
+    """A method's settings (``methods.{name}``, defaults filled in or not) as dataclass ``cls``:
+    each setting renamed to its field (``renames``: setting -> field, e.g. ``lambda`` ->
+    ``lambda_``), the lists of ``tuples`` as tuples (hashable, as the fields are), then
+    ``cfg.check(name)``. A key outside ``allowed`` (default: the fields' settings) is an
+    InputError naming it and the allowed keys. The recipes' configs are built this way."""
+    renames = dict(renames or {})
+    back = {field: key for key, field in renames.items()}
+    if allowed is None:
+        allowed = [back.get(f.name, f.name) for f in dataclasses.fields(cls)]
+    unknown = sorted(set(settings) - set(allowed))
+    if unknown:
+        raise InputError(f"methods.{name}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    values = {renames.get(key, key): value for key, value in dict(settings).items()}
+    for key in tuples:
+        if values.get(key) is not None:
+            values[key] = tuple(values[key])
+    cfg = cls(**values)
+    cfg.check(name)
+    return cfg
+
+
 def get(name: str) -> Method:
     if name not in REGISTRY:
         raise InputError(f"unknown method {name!r}; registered: {', '.join(sorted(REGISTRY)) or 'none'} "

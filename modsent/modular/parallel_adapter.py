@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from modsent.io import InputError, atomic_path
+from modsent.io import InputError, atomic_path, read_json, read_safetensors
 
 WEIGHTS_NAME = "parallel_adapter.safetensors"
 CONFIG_NAME = "parallel_adapter_config.json"
@@ -342,12 +342,7 @@ def save_parallel_adapters(model: nn.Module, out_dir: str | Path, metadata: dict
 def read_adapter_config(adapter_dir: str | Path) -> dict:
     """``parallel_adapter_config.json`` of ``adapter_dir``, with ``config`` as a ParallelAdapterConfig."""
     path = Path(adapter_dir) / CONFIG_NAME
-    if not path.is_file():
-        raise InputError(f"{adapter_dir}: not a parallel adapter directory (no {CONFIG_NAME})")
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InputError(f"{path}: not valid JSON: {err}") from None
+    record = read_json(path, "a parallel adapter directory")
     if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("base_model"), dict):
         raise InputError(f"{path}: not a parallel adapter config of format {FORMAT}")
     try:
@@ -358,16 +353,7 @@ def read_adapter_config(adapter_dir: str | Path) -> dict:
 
 
 def _read_weights(adapter_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    path = adapter_dir / WEIGHTS_NAME
-    if not path.is_file():
-        raise InputError(f"{adapter_dir}: no {WEIGHTS_NAME}")
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError) as err:
-        raise InputError(f"{path}: unreadable safetensors file: {err}") from None
+    return read_safetensors(adapter_dir / WEIGHTS_NAME)
 
 
 def load_parallel_adapters(model: nn.Module, adapter_dir: str | Path) -> nn.Module:

@@ -65,7 +65,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from modsent.io import InputError, atomic_path
+from modsent.io import InputError, atomic_path, read_json, read_safetensors
 from modsent.modular.parallel_adapter import _encoder, _identity_mismatch, base_model_identity
 
 WEIGHTS_NAME = "serial_adapters.safetensors"
@@ -369,12 +369,7 @@ def save_serial_adapters(stack: SerialAdapterStack, model: nn.Module, out_dir: s
 def read_config(directory: str | Path) -> dict:
     """``serial_adapters_config.json`` of ``directory``, each adapter config a SerialAdapterConfig."""
     path = Path(directory) / CONFIG_NAME
-    if not path.is_file():
-        raise InputError(f"{directory}: no serial adapters there (no {CONFIG_NAME})")
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InputError(f"{path}: not valid JSON: {err}") from None
+    record = read_json(path, "a serial adapter directory")
     if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("adapters"), dict):
         raise InputError(f"{path}: not a serial adapter config of format {FORMAT}")
     try:
@@ -390,9 +385,6 @@ def load_serial_adapters(model: nn.Module, directory: str | Path, *, names: Sequ
     saved in ``directory``, shaped for ``model`` and holding the saved weights (not attached).
     An adapter trained on another base model, or tensors that do not fit, is an InputError
     naming the directory."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     record = read_config(directory)
     identity = base_model_identity(model)
@@ -405,10 +397,7 @@ def load_serial_adapters(model: nn.Module, directory: str | Path, *, names: Sequ
     missing = [name for name in wanted if name not in record["adapters"]]
     if missing:
         raise InputError(f"{directory}: no adapter set {', '.join(missing)}; it has {', '.join(record['adapters'])}")
-    try:
-        tensors = load_file(str(directory / WEIGHTS_NAME))
-    except (SafetensorError, OSError) as err:
-        raise InputError(f"{directory / WEIGHTS_NAME}: unreadable safetensors file: {err}") from None
+    tensors = read_safetensors(directory / WEIGHTS_NAME)
     adapters = {name: new_adapter_set(model, record["adapters"][name]) for name in wanted}
     parts: dict[str, nn.Module] = dict(adapters)
     fused = None

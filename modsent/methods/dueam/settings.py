@@ -74,17 +74,9 @@ class DuEAMConfig:
     def from_settings(cls, name: str, settings: Mapping) -> "DuEAMConfig":
         """From ``methods.{name}`` (the setting ``lambda`` is the field ``lambda_``); missing
         keys take the defaults, unknown keys are an error."""
-        values = {("lambda_" if key == "lambda" else key): value for key, value in dict(settings).items()}
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            allowed = sorted("lambda" if k == "lambda_" else k for k in known)
-            raise InputError(f"methods.{name}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
-        if values.get("datasets") is not None:
-            values["datasets"] = tuple(values["datasets"])
-        cfg = cls(**values)
-        cfg.check(name)
-        return cfg
+        from modsent.methods import settings_config
+
+        return settings_config(cls, name, settings, renames={"lambda": "lambda_"}, tuples=("datasets",))
 
     def check(self, name: str) -> None:
         """The schema's rules, for direct library use (the workflow's config is already checked)."""

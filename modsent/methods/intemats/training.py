@@ -122,18 +122,8 @@ class InteMATsConfig:
         keys are an error naming them."""
         from modsent import methods
 
-        allowed = set(methods.get(name).settings_schema)
-        unknown = sorted(set(settings) - allowed)
-        if unknown:
-            raise InputError(f"methods.{name}: unknown key(s) {', '.join(unknown)}; "
-                             f"allowed: {', '.join(sorted(allowed))}")
-        values = dict(settings)
-        for key in ("sites", "adapter_layers", "pooling_layers", "datasets"):
-            if values.get(key) is not None:
-                values[key] = tuple(values[key])
-        cfg = cls(**values)
-        cfg.check(name)
-        return cfg
+        return methods.settings_config(cls, name, settings, allowed=list(methods.get(name).settings_schema),
+                                       tuples=("sites", "adapter_layers", "pooling_layers", "datasets"))
 
     def check(self, name: str) -> None:
         """The schema's rules, for direct library use (the workflow's config is checked already)."""

@@ -114,13 +114,9 @@ class MEXMAConfig:
     @classmethod
     def from_settings(cls, name: str, settings: Mapping) -> "MEXMAConfig":
         """From ``methods.{name}``: missing keys take the defaults, unknown keys are an error."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(settings) - known)
-        if unknown:
-            raise InputError(f"methods.{name}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
-        cfg = cls(**dict(settings))
-        cfg.check(name)
-        return cfg
+        from modsent.methods import settings_config
+
+        return settings_config(cls, name, settings)
 
     def check(self, name: str) -> None:
         """The schema's rules, for direct library use (the workflow's config is already checked)."""

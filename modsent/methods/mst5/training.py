@@ -109,16 +109,9 @@ class MST5Config:
     @classmethod
     def from_settings(cls, name: str, settings: Mapping) -> "MST5Config":
         """From ``methods.{name}`` (defaults filled in or not); unknown keys are an error."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(settings) - known)
-        if unknown:
-            raise InputError(f"methods.{name}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
-        values = dict(settings)
-        if values.get("datasets") is not None:
-            values["datasets"] = tuple(values["datasets"])
-        cfg = cls(**values)
-        cfg.check(name)
-        return cfg
+        from modsent.methods import settings_config
+
+        return settings_config(cls, name, settings, tuples=("datasets",))
 
     def check(self, name: str) -> None:
         """The schema's rules, for direct library use (the workflow's config is already checked)."""
