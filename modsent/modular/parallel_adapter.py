@@ -122,14 +122,23 @@ class ParallelAdapterConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "ParallelAdapterConfig":
         """The inverse of :meth:`to_dict`; unknown keys are an error, missing ones take defaults."""
-        if not isinstance(data, dict):
-            raise InputError(f"parallel adapter config: expected a mapping, got {type(data).__name__}")
-        known = [field.name for field in dataclasses.fields(cls)]
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise InputError(f"parallel adapter config: unknown key(s) {', '.join(unknown)}; "
-                             f"allowed: {', '.join(known)}")
-        return cls(**data)
+        return config_from_dict(cls, data, "parallel adapter config", mapping_type=dict)
+
+
+def config_from_dict(cls, data, what: str, *, mapping_type: type | None = None):
+    """Dataclass ``cls`` from ``data`` (an adapter config's ``to_dict``; an instance of
+    ``mapping_type``, default any Mapping): unknown keys are an InputError naming them and the
+    allowed ones (``what``: whose config), missing ones take the defaults. Shared by the parallel
+    and the serial adapters' configs."""
+    from collections.abc import Mapping
+
+    if not isinstance(data, mapping_type or Mapping):
+        raise InputError(f"{what}: expected a mapping, got {type(data).__name__}")
+    known = [field.name for field in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise InputError(f"{what}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(known)}")
+    return cls(**data)
 
 
 class ParallelAdapter(nn.Module):

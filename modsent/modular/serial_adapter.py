@@ -66,7 +66,7 @@ import torch
 from torch import nn
 
 from modsent.io import InputError, atomic_path, read_json, read_safetensors
-from modsent.modular.parallel_adapter import _encoder, _identity_mismatch, base_model_identity
+from modsent.modular.parallel_adapter import _encoder, _identity_mismatch, base_model_identity, config_from_dict
 
 WEIGHTS_NAME = "serial_adapters.safetensors"
 CONFIG_NAME = "serial_adapters_config.json"
@@ -145,13 +145,7 @@ class SerialAdapterConfig:
     @classmethod
     def from_dict(cls, data: Mapping) -> "SerialAdapterConfig":
         """The inverse of :meth:`to_dict`; unknown keys are an error, missing ones take defaults."""
-        if not isinstance(data, Mapping):
-            raise InputError(f"serial adapter config: expected a mapping, got {type(data).__name__}")
-        known = [field.name for field in dataclasses.fields(cls)]
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise InputError(f"serial adapter config: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(known)}")
-        return cls(**data)
+        return config_from_dict(cls, data, "serial adapter config")
 
 
 class SerialAdapter(nn.Module):
