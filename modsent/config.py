@@ -81,6 +81,10 @@ def semantic_errors(config: dict) -> list[str]:
                 and not (config.get("translation") or {}).get("provided"):
             problems.append(f"methods.{name}.provided_translations: true needs translation.provided (the "
                             "human translations to train on, e.g. builtin or local:...)")
+    if (config.get("alignment") or {}).get("provided_translations") \
+            and not (config.get("translation") or {}).get("provided"):
+        problems.append("alignment.provided_translations: true needs translation.provided (the human "
+                        "translations to train the pl adapters on, e.g. builtin or local:...)")
     problems += source_errors(config)
     return problems
 

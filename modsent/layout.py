@@ -71,6 +71,10 @@ SENTENCE_ADAPTER_SUMMARY = _tree(f"{SENTENCE_ADAPTERS}/summary.md")
 SENTENCE_ADAPTER_PLOT = _tree(f"{SENTENCE_ADAPTERS}/summary.png")
 ENGLISH_EMBEDDINGS = _tree(f"{ALIGNMENT}/english_embeddings.safetensors")
 ENGLISH_EMBEDDING_UNITS = _tree(f"{ALIGNMENT}/english_embeddings.units.parquet")
+# alignment.provided_translations: the provided translations' English sentences, a file of their
+# own so that switching the option reruns no pp adapter
+ENGLISH_EMBEDDINGS_PROVIDED = _tree(f"{ALIGNMENT}/english_embeddings.provided.safetensors")
+ENGLISH_EMBEDDING_UNITS_PROVIDED = _tree(f"{ALIGNMENT}/english_embeddings.provided.units.parquet")
 ALIGNMENT_ADAPTER = _tree(f"{ALIGNMENT}/{{kind}}/{{lang}}")
 MERGED_ALIGNMENT = _tree(f"{ALIGNMENT}/merged-{{weight}}/{{lang}}")
 ALIGNMENT_SUMMARY = _tree(f"{ALIGNMENT}/summary.md")

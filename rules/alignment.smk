@@ -21,6 +21,28 @@ rule english_embeddings:
         "../workflow_scripts/english_embeddings.py"
 
 
+rule english_embeddings_provided:
+    """alignment.provided_translations: the frozen English encoder embeds the provided human
+    translations' English sentences (pl trains on them too)."""
+    input:
+        unpack(english_encoder_inputs),
+        provided=expand(layout.PROVIDED_TRANSLATIONS, lang=non_english()),
+    output:
+        embeddings=layout.ENGLISH_EMBEDDINGS_PROVIDED,
+        units=layout.ENGLISH_EMBEDDING_UNITS_PROVIDED,
+    params:
+        max_provided=provided_alignment_limit,
+    threads: job_threads("gpu_encode")
+    resources:
+        **job_resources("gpu_encode"),
+    log:
+        "logs/{base}/alignment/english_embeddings_provided.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/english_embeddings.py"
+
+
 rule alignment_adapter:
     """pp: MNRL on (English sentence, its paraphrase in L); pl: cosine loss on (English
     sentence, its translation in L); a parallel adapter on L's frozen LA + SE.

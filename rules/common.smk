@@ -217,6 +217,12 @@ def _language_modules(base, lang):
     return inputs
 
 
+def provided_alignment_translations():
+    """alignment.provided_translations: pl also trains on the human translations of
+    translation.provided (their English sentences get embeddings too)."""
+    return bool(config["alignment"].get("provided_translations"))
+
+
 def english_encoder_inputs(wildcards):
     return _language_modules(wildcards.base, modsent_config.PIVOT_LANGUAGE)
 
@@ -228,13 +234,31 @@ def alignment_inputs(wildcards):
         inputs["pairs"] = layout.pairs(wildcards.lang)
     else:
         inputs["translations"] = layout.translations(wildcards.lang)
+        if provided_alignment_translations():
+            inputs["provided"] = layout.PROVIDED_TRANSLATIONS.format(lang=wildcards.lang)
+            inputs["english_provided"] = layout.ENGLISH_EMBEDDINGS_PROVIDED.format(base=wildcards.base)
     return inputs
+
+
+PROVIDED_ALIGNMENT_KEYS = ("provided_translations", "max_provided")
+
+
+def provided_alignment_limit(wildcards=None):
+    return config["alignment"].get("max_provided")
+
+
+def _alignment_kind_settings(settings, kind):
+    """provided_translations and max_provided concern pl's data only: a pp adapter's settings leave it out, so
+    switching it reruns no pp adapter."""
+    if kind == "pp":
+        settings = {key: value for key, value in settings.items() if key not in PROVIDED_ALIGNMENT_KEYS}
+    return canonical(settings)
 
 
 def alignment_settings(wildcards):
     """The CLA training settings: merge_weights (a selection, used by the merges only) and the
     runtime keys (read by the script from the config) are not among them."""
-    return job_settings("alignment")
+    return _alignment_kind_settings(job_settings("alignment"), wildcards.kind)
 
 
 def merge_weight_names():
@@ -297,7 +321,8 @@ def full_baseline_settings(wildcards):
 def ablation_alignment_settings(wildcards):
     """The alignment settings, trained at the SE adapter's sequence length (the modular CLA
     adapters read it from the SE adapter, which this ablation has not)."""
-    return canonical({**job_settings("alignment"), "seq_len": config["sentence_adapter"]["seq_len"]})
+    return _alignment_kind_settings({**job_settings("alignment"), "seq_len": config["sentence_adapter"]["seq_len"]},
+                                    wildcards.kind)
 
 
 def baseline_targets():

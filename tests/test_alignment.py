@@ -16,7 +16,7 @@ from modsent.modular import parallel_adapter as pa
 from modsent.modular import sentence_adapter as sa
 from modsent.io import InputError
 from modsent.data.paraphrase import (align_provided, crosslingual_paraphrase_pairs, parallel_pairs,
-                                     translate_pairs)
+                                     provided_sample, translate_pairs)
 from modsent.sources.builtin import builtin_translations
 from modsent.testing import make_tiny_xlmr, sample_texts
 from tiny_modules import assert_resumed_equals_straight, language_modules, tiny_base_and_data
@@ -216,6 +216,62 @@ def test_bad_inputs(inputs, tmp_path):
         al.alignment_pairs("pp", inputs["pl"])
     with pytest.raises(InputError, match="embed_english"):
         al.read_english_embeddings(tmp_path / "none.safetensors")
+
+
+def test_heldout_diagnostics_match_their_definitions(inputs, trained):
+    """The spread is the mean cosine over distinct pairs, the pair cosine each English vector
+    with its own translation, both from vectors computed here another way."""
+    directory, metrics = trained["pl"]
+    encoder = al.load_aligned_encoder(inputs["base"], None, inputs["de_se_nola"], directory, device="cpu",
+                                      max_seq_length=32)
+    _, heldout = al.split_pairs(al.alignment_pairs("pl", inputs["pl"]), CFG.eval_pairs)
+    english = al.read_english_embeddings(inputs["embeddings_nola"])
+    found = al.heldout_diagnostics(encoder.model, english, heldout["anchor"].tolist(), heldout["positive"].tolist())
+    vectors = encoder.encode(heldout["positive"].tolist())
+    anchors = english.lookup(heldout["anchor"].tolist()).numpy()
+    n = len(vectors)
+    cosines = [float(vectors[i] @ vectors[j]) for i in range(n) for j in range(n) if i != j]
+    assert found["l_spread"] == pytest.approx(np.mean(cosines), abs=1e-5)
+    own = [float(anchors[i] @ vectors[i] / np.linalg.norm(anchors[i])) for i in range(n)]
+    assert found["pair_cosine"] == pytest.approx(np.mean(own), abs=1e-5)
+    assert found["retrieval_accuracy"] == pytest.approx(metrics["heldout_retrieval_accuracy_after"])
+    assert metrics["heldout_l_spread_after"] == pytest.approx(found["l_spread"], abs=1e-5)
+    assert {"heldout_l_spread_before", "heldout_pair_cosine_before"} <= set(metrics)
+    assert al.mean_pairwise_cosine(np.ones((4, 3))) == pytest.approx(1.0)
+    assert al.mean_pairwise_cosine(np.eye(3)) == pytest.approx(0.0)
+    assert al.mean_pairwise_cosine(np.ones((1, 3))) is None
+    summary = inputs["root"] / "summary.md"
+    al.write_summary([trained["pp"][0], directory], summary)
+    rows = [line for line in summary.read_text().splitlines() if line.startswith("| de |")]
+    assert len(rows) == 2 and f"{metrics['heldout_l_spread_before']:.3f} → " in rows[1]
+
+
+def test_provided_sample_is_order_free_and_capped():
+    frame = pd.DataFrame({"english": [f"Sentence {i}" for i in range(30)] + ["Sentence 0", None, "x"],
+                          "translation": [f"Satz {i}" for i in range(30)] + ["Satz 0", "y", "  "]})
+    everything = provided_sample(frame, None)
+    assert len(everything) == 30  # the duplicate and the rows without both texts dropped
+    capped = provided_sample(frame, 10)
+    shuffled = provided_sample(frame.sample(frac=1, random_state=1), 10)
+    assert len(capped) == 10 and set(capped["english"]) == set(shuffled["english"])
+    assert set(capped["english"]) < set(everything["english"])
+    assert provided_sample(frame, 100).equals(everything)
+    with pytest.raises(InputError, match="corpus.parquet: missing"):
+        provided_sample(frame.rename(columns={"english": "en"}), None, source="corpus.parquet")
+
+
+def test_parallel_pairs_add_the_provided_translations_once(inputs):
+    units = inputs["units"].head(5)
+    translations = pd.DataFrame({"unit_id": units["unit_id"], "text": units["text"],
+                                 "translation": [f"t{i}" for i in range(5)]})
+    provided = pd.DataFrame({"english": [units["text"].iloc[0], "Another", "Blank", None],
+                             "translation": ["t0", "Noch", " ", "x"]})
+    pairs = parallel_pairs(translations, provided)
+    assert pairs["english"].tolist() == units["text"].tolist() + ["Another"]
+    assert pairs["unit_id"].iloc[-1] == al.make_units(["Another"])["unit_id"].iloc[0]
+    assert parallel_pairs(translations).equals(pairs.head(5))
+    with pytest.raises(InputError, match="english, translation"):
+        parallel_pairs(translations, provided.rename(columns={"english": "en"}))
 
 
 def test_config_from_a_config_section():

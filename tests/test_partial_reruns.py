@@ -165,3 +165,16 @@ def test_adding_a_merge_weight_trains_nothing(workdir):
     plan = planned_jobs(snakemake(workdir, path, "-n", *wanted))
     assert {(rule, w.get("weight")) for rule, w, _ in plan} == {("merge_alignment", "0.7")}
     assert {w["lang"] for _, w, _ in plan} == {"ky", "de"}
+
+
+def test_provided_translations_for_alignment_rerun_pl_not_pp(workdir):
+    """alignment.provided_translations changes pl's data (and the English sentences embedded),
+    not pp's: a dry run plans the English embeddings, the pl adapter, the merge and the summary."""
+    config = yaml.safe_load((workdir / "config-en-ky.yaml").read_text())
+    config["alignment"]["provided_translations"] = True
+    path = workdir / "config-provided.yaml"
+    path.write_text(yaml.safe_dump(config))
+    plan = planned_jobs(snakemake(workdir, path, "-n", *targets(["en", "ky"])))
+    planned = sorted({(rule, w.get("kind", "")) for rule, w, _ in plan})
+    assert planned == sorted({("english_embeddings_provided", ""), ("alignment_adapter", "pl"),
+                              ("merge_alignment", ""), ("alignment_summary", "")}), planned

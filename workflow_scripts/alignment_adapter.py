@@ -1,6 +1,7 @@
 # rules alignment_adapter and ablation_alignment_adapter: the pp or pl parallel adapter of one
 # language, on its LA + SE adapter (no SE input: Mod_c's adapter on the LA alone); resumes from
-# {output}.checkpoint. The runtime keys (checkpoint_every, log_every) are read from the config,
+# {output}.checkpoint. pl with alignment.provided_translations also trains on the human
+# translations (input `provided`). The runtime keys (checkpoint_every, log_every) are read from the config,
 # not the params: changing them reruns no finished job.
 import pandas as pd
 import torch
@@ -8,7 +9,7 @@ import torch
 from modsent.modular.alignment import AlignmentConfig, train_alignment_adapter
 from modsent.config import runtime_settings
 from modsent.logs import setup_logging
-from modsent.data.paraphrase import crosslingual_paraphrase_pairs, parallel_pairs
+from modsent.data.paraphrase import crosslingual_paraphrase_pairs, parallel_pairs, provided_sample
 
 setup_logging(snakemake.log[0])
 torch.set_num_threads(snakemake.threads)
@@ -17,15 +18,22 @@ if kind == "pp":
     pairs = crosslingual_paraphrase_pairs(pd.read_parquet(snakemake.input.english_pairs),
                                           pd.read_parquet(snakemake.input.pairs))
 else:
-    pairs = parallel_pairs(pd.read_parquet(snakemake.input.translations))
+    provided = None
+    if "provided" in snakemake.input.keys():
+        provided = provided_sample(pd.read_parquet(snakemake.input.provided),
+                                   snakemake.params.settings.get("max_provided"), source=str(snakemake.input.provided))
+    pairs = parallel_pairs(pd.read_parquet(snakemake.input.translations), provided)
 settings = {**snakemake.params.settings, **runtime_settings(snakemake.config, "alignment")}
+for key in ("provided_translations", "max_provided"):  # chose the inputs above
+    settings.pop(key, None)
 train_alignment_adapter(
     kind,
     snakemake.input.base,
     snakemake.input.get("language_adapter"),
     snakemake.input.get("sentence_adapter"),
     pairs,
-    snakemake.input.english,
+    [snakemake.input.english, snakemake.input.english_provided] if "english_provided" in snakemake.input.keys()
+    else snakemake.input.english,
     snakemake.output[0],
     AlignmentConfig.from_config(settings),
     language=snakemake.wildcards.lang,

@@ -267,6 +267,28 @@ def read_english_embeddings(path: str | Path) -> EnglishEmbeddings:
                              json.loads(metadata.get("base_model", "{}")))
 
 
+def read_english_embeddings_files(paths) -> EnglishEmbeddings:
+    """One path (:func:`read_english_embeddings`) or several files of the same base model and
+    dimension read as one (a sentence in two files: the first file's row)."""
+    if isinstance(paths, (str, Path)):
+        return read_english_embeddings(paths)
+    paths = list(paths)
+    if not paths:
+        raise InputError("no English embeddings file given")
+    parts = [read_english_embeddings(path) for path in paths]
+    first = parts[0]
+    vectors, index = [first.vectors], dict(first.index)
+    offset = len(first.vectors)
+    for path, part in zip(paths[1:], parts[1:]):
+        if part.base_model != first.base_model or part.vectors.shape[1] != first.vectors.shape[1]:
+            raise InputError(f"{path}: made on another base model or dimension than {paths[0]}")
+        for uid, row in part.index.items():
+            index.setdefault(uid, offset + row)
+        vectors.append(part.vectors)
+        offset += len(part.vectors)
+    return EnglishEmbeddings(torch.cat(vectors), index, first.base_model)
+
+
 # ---- data --------------------------------------------------------------------------------------
 
 
@@ -346,23 +368,47 @@ def retrieval_accuracy(model: sa.SentenceEncoderModel, english: EnglishEmbedding
                        targets: Sequence[str], *, batch_size: int = 64, precision: str = "auto") -> float | None:
     """English→L: share of English sentences (their stored embeddings) whose most similar L text
     among ``targets`` (encoded by ``model``) is their own."""
-    if len(anchors) < 2:
+    return heldout_diagnostics(model, english, anchors, targets, batch_size=batch_size,
+                               precision=precision)["retrieval_accuracy"]
+
+
+def mean_pairwise_cosine(vectors: np.ndarray) -> float | None:
+    """The mean cosine between distinct rows (1.0: every vector points the same way)."""
+    x = np.asarray(vectors, dtype=np.float64)
+    n = len(x)
+    if n < 2:
         return None
+    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    total = x.sum(axis=0)
+    return float((total @ total - n) / (n * (n - 1)))
+
+
+def heldout_diagnostics(model: sa.SentenceEncoderModel, english: EnglishEmbeddings, anchors: Sequence[str],
+                        targets: Sequence[str], *, batch_size: int = 64, precision: str = "auto") -> dict:
+    """On the held-out pairs: ``retrieval_accuracy`` (English→L, see :func:`retrieval_accuracy`),
+    ``pair_cosine`` (mean cosine of each English vector with its own L text) and ``l_spread``
+    (:func:`mean_pairwise_cosine` of the L vectors). A rising ``l_spread`` with a flat
+    ``pair_cosine`` shows every L vector drifting towards the same point (the English centroid)
+    instead of towards its own translation: what a few steps on a few hundred pairs do."""
+    if len(anchors) < 2:
+        return {"retrieval_accuracy": None, "pair_cosine": None, "l_spread": None}
     a = nn.functional.normalize(english.lookup(anchors), dim=-1).numpy()
     t = model.encode(targets, batch_size, precision=precision)
-    return float(((a @ t.T).argmax(axis=1) == np.arange(len(a))).mean())
+    return {"retrieval_accuracy": float(((a @ t.T).argmax(axis=1) == np.arange(len(a))).mean()),
+            "pair_cosine": float((a * t).sum(axis=1).mean()), "l_spread": mean_pairwise_cosine(t)}
 
 
 # ---- training ------------------------------------------------------------------------------------
 
 
 def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str | Path | None,
-                            se_dir: str | Path | None, pairs, english_embeddings_path: str | Path,
+                            se_dir: str | Path | None, pairs, english_embeddings_path,
                             out_dir: str | Path, cfg: AlignmentConfig = AlignmentConfig(), *,
                             language: str | None = None, checkpoint_dir: str | Path | None = None,
                             device: str | None = None, progress: bool = True, on_step=None) -> dict:
     """Train L's ``kind`` (pp or pl) CLA adapter on ``pairs`` (frame or parquet, see
-    :func:`alignment_pairs`) against the English embeddings; write ``out_dir`` atomically and
+    :func:`alignment_pairs`) against the English embeddings (a file of :func:`embed_english`, or
+    a list of them read as one); write ``out_dir`` atomically and
     return the metrics.
 
     Every ``cfg.checkpoint_every`` steps a checkpoint goes to ``checkpoint_dir`` (default
@@ -376,7 +422,9 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
     language = language or out_dir.name
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
 
-    english = read_english_embeddings(english_embeddings_path)
+    english = read_english_embeddings_files(english_embeddings_path)
+    if not isinstance(english_embeddings_path, (str, Path)):
+        english_embeddings_path = [str(path) for path in english_embeddings_path]
     data = alignment_pairs(kind, pairs)
     english.rows(data["anchor"].tolist())  # every English text must have a vector: fail early
     train, heldout = split_pairs(data, cfg.eval_pairs)
@@ -402,13 +450,14 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
     eval_batch = max(1, min(cfg.batch_size, 64))
 
     def evaluate():
-        return retrieval_accuracy(model, english, heldout["anchor"].tolist(), heldout["positive"].tolist(),
-                                  batch_size=eval_batch, precision=cfg.precision)
+        return heldout_diagnostics(model, english, heldout["anchor"].tolist(), heldout["positive"].tolist(),
+                                   batch_size=eval_batch, precision=cfg.precision)
 
-    fingerprint = cfg.fingerprint(kind, base_model_dir, la_dir, se_dir, data, english_embeddings_path)
+    english_files = english_embeddings_path if isinstance(english_embeddings_path, list) else [english_embeddings_path]
+    fingerprint = cfg.fingerprint(kind, base_model_dir, la_dir, se_dir, data, *english_files)
     resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint)
     start = resumed["step"] if resumed else 0
-    accuracy_before = resumed["accuracy_before"] if resumed else evaluate()
+    before = resumed["heldout_before"] if resumed and "heldout_before" in resumed else evaluate()
     log_ = TrainingLog(total_steps, start, f"CLA {kind} {language}", progress, cfg.log_every, resumed)
     model.train()
     batches = batches_of_steps(train, cfg.batch_size, cfg.seed, total_steps, start)
@@ -423,25 +472,29 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
         log_.record(step, loss.item(), lr, len(batch))
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
-                                        log_.state(accuracy_before=accuracy_before))
+                                        log_.state(heldout_before=before))
         if on_step is not None:
             on_step(step + 1)
     losses, history, pairs_seen, elapsed = log_.close()
     model.eval()
-    accuracy_after = evaluate()
+    after = evaluate()
+    accuracy_before, accuracy_after = before["retrieval_accuracy"], after["retrieval_accuracy"]
 
     metrics = {
         "kind": kind, "language": language, "loss": "MNRL" if kind == "pp" else "cosine MSE",
         "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
         "heldout_retrieval_accuracy_before": accuracy_before,
         "heldout_retrieval_accuracy_after": accuracy_after,
+        "heldout_pair_cosine_before": before["pair_cosine"], "heldout_pair_cosine_after": after["pair_cosine"],
+        "heldout_l_spread_before": before["l_spread"], "heldout_l_spread_after": after["l_spread"],
         "heldout_pairs": len(heldout), "train_pairs": len(train), "steps": len(losses),
         "resumed_from_step": start,
         "batches_per_epoch": epoch_batches, "pairs_per_second": pairs_seen / elapsed if elapsed > 0 else None,
         "trainable_parameters": n_trainable, "total_parameters": n_total,
         "language_adapter": None if la_dir is None else str(la_dir),
         "sentence_adapter": None if se_dir is None else str(se_dir),
-        "english_embeddings": str(english_embeddings_path),
+        "english_embeddings": english_embeddings_path if isinstance(english_embeddings_path, list)
+        else str(english_embeddings_path),
         "device": str(device), "config": cfg.to_dict(),
     }
     with atomic_path(out_dir, directory=True) as tmp:
@@ -510,14 +563,28 @@ def write_summary(cla_dirs: list[str], out_path: str | Path) -> None:
     from modsent.io import atomic_open
 
     lines = ["# Cross-lingual alignment: held-out English→L retrieval accuracy (%)", "",
-             "| language | kind | held-out pairs | before | after | steps | loss first → last |",
-             "|---|---|---:|---:|---:|---:|---|"]
+             "Spread: the mean cosine between the held-out L sentences' embeddings (1: all the same). "
+             "A spread that rises while the pair cosine (each English sentence with its own "
+             "translation) barely moves means L's embeddings drift together towards the English "
+             "centroid rather than towards their translations: too few steps or pairs "
+             "(docs/alignment-study.md).", "",
+             "| language | kind | training pairs | held-out pairs | before | after | pair cosine | spread "
+             "| steps | loss first → last |",
+             "|---|---|---:|---:|---:|---:|---|---|---:|---|"]
+
+    def pct(value):
+        return "n/a" if value is None else f"{100 * value:.1f}"
+
+    def change(m, key):
+        before, after = m.get(f"heldout_{key}_before"), m.get(f"heldout_{key}_after")
+        return "n/a" if before is None or after is None else f"{before:.3f} → {after:.3f}"
+
     for directory in cla_dirs:
         m = json.loads((Path(directory) / "metrics.json").read_text(encoding="utf-8"))
-        before, after = m["heldout_retrieval_accuracy_before"], m["heldout_retrieval_accuracy_after"]
-        lines.append(f"| {m['language']} | {m['kind']} | {m['heldout_pairs']} | "
-                     f"{'n/a' if before is None else f'{100 * before:.1f}'} | "
-                     f"{'n/a' if after is None else f'{100 * after:.1f}'} | {m['steps']} | "
+        lines.append(f"| {m['language']} | {m['kind']} | {m['train_pairs']} | {m['heldout_pairs']} | "
+                     f"{pct(m['heldout_retrieval_accuracy_before'])} | "
+                     f"{pct(m['heldout_retrieval_accuracy_after'])} | {change(m, 'pair_cosine')} | "
+                     f"{change(m, 'l_spread')} | {m['steps']} | "
                      f"{m['loss_first'] or 0:.3f} → {m['loss_last'] or 0:.3f} |")
     with atomic_open(out_path) as handle:
         handle.write("\n".join(lines) + "\n")
