@@ -168,10 +168,12 @@ def test_adding_a_merge_weight_trains_nothing(workdir):
 
 
 def test_provided_translations_for_alignment_rerun_pl_not_pp(workdir):
-    """alignment.provided_translations changes pl's data (and the English sentences embedded),
-    not pp's: a dry run plans the English embeddings, the pl adapter, the merge and the summary."""
+    """How many provided translations pl trains on (alignment.max_provided; test.yaml has
+    provided_translations on) changes pl's data and the English sentences embedded, not pp's: a
+    dry run plans the English embeddings, the pl adapter, the merge and the summary."""
     config = yaml.safe_load((workdir / "config-en-ky.yaml").read_text())
-    config["alignment"]["provided_translations"] = True
+    assert config["alignment"]["provided_translations"] is True
+    config["alignment"]["max_provided"] = 20
     path = workdir / "config-provided.yaml"
     path.write_text(yaml.safe_dump(config))
     plan = planned_jobs(snakemake(workdir, path, "-n", *targets(["en", "ky"])))
