@@ -240,18 +240,19 @@ def alignment_inputs(wildcards):
     return inputs
 
 
-PROVIDED_ALIGNMENT_KEYS = ("provided_translations", "max_provided")
-
-
 def provided_alignment_limit(wildcards=None):
     return config["alignment"].get("max_provided")
+
+
+# modsent.modular.alignment.DATA_KEYS (not imported here: it would import torch into every plan)
+ALIGNMENT_DATA_KEYS = ("provided_translations", "max_provided")
 
 
 def _alignment_kind_settings(settings, kind):
     """provided_translations and max_provided concern pl's data only: a pp adapter's settings leave it out, so
     switching it reruns no pp adapter."""
     if kind == "pp":
-        settings = {key: value for key, value in settings.items() if key not in PROVIDED_ALIGNMENT_KEYS}
+        settings = {key: value for key, value in settings.items() if key not in ALIGNMENT_DATA_KEYS}
     return canonical(settings)
 
 

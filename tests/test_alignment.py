@@ -345,3 +345,11 @@ def test_checkpoint_of_other_settings_or_inputs_is_not_resumed(inputs, tmp_path)
     assert RESUME_CFG.fingerprint("pl", *args[:4], inputs["embeddings_nola"]) != fingerprint
     assert RESUME_CFG.fingerprint("pl", *args[:2], inputs["de_se_nola"], *args[3:]) != fingerprint
     assert RESUME_CFG.fingerprint("pl", *args[:3], data.iloc[1:], args[4]) != fingerprint
+
+
+def test_the_workflow_leaves_the_same_data_keys_out_of_pp_params():
+    """rules/common.smk keeps its own copy of DATA_KEYS (importing torch into planning is slow)."""
+    from conftest import REPO
+
+    assert f"ALIGNMENT_DATA_KEYS = {al.DATA_KEYS!r}" in (REPO / "rules" / "common.smk").read_text()
+    assert al.AlignmentConfig.from_config({"provided_translations": True, "max_provided": 5}) == al.AlignmentConfig()

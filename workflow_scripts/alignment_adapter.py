@@ -24,8 +24,6 @@ else:
                                    snakemake.params.settings.get("max_provided"), source=str(snakemake.input.provided))
     pairs = parallel_pairs(pd.read_parquet(snakemake.input.translations), provided)
 settings = {**snakemake.params.settings, **runtime_settings(snakemake.config, "alignment")}
-for key in ("provided_translations", "max_provided"):  # chose the inputs above
-    settings.pop(key, None)
 train_alignment_adapter(
     kind,
     snakemake.input.base,

@@ -78,6 +78,9 @@ from modsent.training.seeding import dropout_seed
 log = logging.getLogger(__name__)
 
 KINDS = ("pp", "pl")
+#: Keys of the config's alignment section that choose pl's training data (the workflow reads
+#: the provided translations), not how the adapter trains
+DATA_KEYS = ("provided_translations", "max_provided")
 ADAPTER_DIR = "adapter"
 EMBEDDINGS_KEY = "embeddings"
 EMBEDDINGS_FORMAT = "modsent-english-embeddings/1"
@@ -111,10 +114,11 @@ class AlignmentConfig:
 
     @classmethod
     def from_config(cls, section: dict) -> "AlignmentConfig":
-        """From a config section: these field names (``lr`` is accepted for ``learning_rate``),
+        """From a config section: these field names (``lr`` is accepted for ``learning_rate``;
+        :data:`DATA_KEYS` choose pl's data, which the caller reads, and are passed over),
         the adapter's under ``adapter: {reduction_factor, bottleneck_size, scaling, dropout,
         layers}``; missing keys take the defaults, unknown keys are an error."""
-        section = dict(section or {})
+        section = {key: value for key, value in (section or {}).items() if key not in DATA_KEYS}
         if "lr" in section:
             if "learning_rate" in section:
                 raise InputError("alignment: give learning_rate or lr, not both")
