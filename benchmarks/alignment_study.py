@@ -144,6 +144,35 @@ VARIATIONS = [
 QUICK = ("pp demo", "pl demo", "pl +1500 human")
 
 
+def plot(report: dict, out_png: Path) -> None:
+    """Mining error and spread of every pl variation against its steps, one line per language
+    (the demo's variations at the left, more data and epochs to the right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for lang, base in report["baselines"].items():
+        runs = sorted((r for r in report["runs"] if r["lang"] == lang and r["variation"].startswith("pl")
+                       and "lr" not in r["variation"] and "scaling" not in r["variation"]),
+                      key=lambda r: r["steps"])
+        steps = [0] + [r["steps"] for r in runs]
+        line, = axes[0].plot(steps, [base["xsim"]] + [r["xsim"] for r in runs], marker="o", label=lang)
+        axes[1].plot(steps, [base["spread"]] + [r["spread"] for r in runs], marker="o", color=line.get_color(),
+                     label=lang)
+    axes[0].set(xscale="symlog", xlabel="pl steps (0: Mod_m)", ylabel="xsim error % (lower is better)",
+                title="Bitext mining vs. alignment steps")
+    axes[1].set(xscale="symlog", xlabel="pl steps (0: Mod_m)", ylabel="mean pairwise cosine of L",
+                title="Spread of L's embeddings (1 = collapsed)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, required=True, help="a directory where the demo finished")
@@ -154,7 +183,13 @@ def main(argv=None) -> int:
     parser.add_argument("--quick-languages", nargs="*", default=[],
                         help="languages (among --languages) that get the --quick variations only")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--plot", type=Path, default=None, help="a PNG of error and spread against pl steps")
+    parser.add_argument("--plot-from", type=Path, default=None,
+                        help="only draw --plot from a report this script wrote (its last line)")
     args = parser.parse_args(argv)
+    if args.plot_from:
+        plot(json.loads(args.plot_from.read_text().strip().splitlines()[-1]), args.plot or Path("alignment-study.png"))
+        return 0
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
     lines = [f"# CLA study on {args.run} ({args.base}), {torch.get_num_threads()} CPU threads", ""]
@@ -189,6 +224,8 @@ def main(argv=None) -> int:
                 print(line, flush=True)
     if args.out:
         args.out.write_text("\n".join(lines) + "\n" + json.dumps({"baselines": baselines, "runs": rows}) + "\n")
+    if args.plot:
+        plot({"baselines": baselines, "runs": rows}, args.plot)
     return 0
 
 
