@@ -71,10 +71,11 @@ SENTENCE_ADAPTER_SUMMARY = _tree(f"{SENTENCE_ADAPTERS}/summary.md")
 SENTENCE_ADAPTER_PLOT = _tree(f"{SENTENCE_ADAPTERS}/summary.png")
 ENGLISH_EMBEDDINGS = _tree(f"{ALIGNMENT}/english_embeddings.safetensors")
 ENGLISH_EMBEDDING_UNITS = _tree(f"{ALIGNMENT}/english_embeddings.units.parquet")
-# alignment.provided_translations: the provided translations' English sentences, a file of their
-# own so that switching the option reruns no pp adapter
-ENGLISH_EMBEDDINGS_PROVIDED = _tree(f"{ALIGNMENT}/english_embeddings.provided.safetensors")
-ENGLISH_EMBEDDING_UNITS_PROVIDED = _tree(f"{ALIGNMENT}/english_embeddings.provided.units.parquet")
+# alignment.provided_translations: the English sentences of one language's provided translations,
+# files of their own (per language, apart from the units') so that switching the option reruns no
+# pp adapter and adding a language reruns no other language's pl adapter
+ENGLISH_EMBEDDINGS_PROVIDED = _tree(f"{ALIGNMENT}/english_provided/{{lang}}.safetensors")
+ENGLISH_EMBEDDING_UNITS_PROVIDED = _tree(f"{ALIGNMENT}/english_provided/{{lang}}.units.parquet")
 ALIGNMENT_ADAPTER = _tree(f"{ALIGNMENT}/{{kind}}/{{lang}}")
 MERGED_ALIGNMENT = _tree(f"{ALIGNMENT}/merged-{{weight}}/{{lang}}")
 ALIGNMENT_SUMMARY = _tree(f"{ALIGNMENT}/summary.md")
@@ -100,7 +101,8 @@ LANGUAGE_OUTPUTS = (
     CORPUS, PROVIDED_TRANSLATIONS, EVALUATION_SUBSET.replace("{subset}", "{lang}"),
     TRANSLATION_SHARD, TRANSLATIONS, TRANSLATION_QUALITY, PAIRS,
     TOKENIZER, FASTTEXT, EMBEDDINGS, LANGUAGE_ADAPTER, SENTENCE_ADAPTER,
-    ALIGNMENT_ADAPTER.replace("{kind}", "*"), ABLATION_SENTENCE_ADAPTER,
+    ALIGNMENT_ADAPTER.replace("{kind}", "*"), ENGLISH_EMBEDDINGS_PROVIDED, ENGLISH_EMBEDDING_UNITS_PROVIDED,
+    ABLATION_SENTENCE_ADAPTER,
     ABLATION_ALIGNMENT_ADAPTER.replace("{kind}", "*"), EVALUATION_EMBEDDINGS,
 )
 

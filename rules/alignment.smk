@@ -22,11 +22,11 @@ rule english_embeddings:
 
 
 rule english_embeddings_provided:
-    """alignment.provided_translations: the frozen English encoder embeds the provided human
-    translations' English sentences (pl trains on them too)."""
+    """alignment.provided_translations: the frozen English encoder embeds the English sentences
+    of one language's provided human translations (its pl adapter trains on them too)."""
     input:
         unpack(english_encoder_inputs),
-        provided=expand(layout.PROVIDED_TRANSLATIONS, lang=non_english()),
+        provided=layout.PROVIDED_TRANSLATIONS,
     output:
         embeddings=layout.ENGLISH_EMBEDDINGS_PROVIDED,
         units=layout.ENGLISH_EMBEDDING_UNITS_PROVIDED,
@@ -36,7 +36,7 @@ rule english_embeddings_provided:
     resources:
         **job_resources("gpu_encode"),
     log:
-        "logs/{base}/alignment/english_embeddings_provided.log",
+        "logs/{base}/alignment/english_provided/{lang}.log",
     conda:
         ENV
     script:

@@ -236,7 +236,8 @@ def alignment_inputs(wildcards):
         inputs["translations"] = layout.translations(wildcards.lang)
         if provided_alignment_translations():
             inputs["provided"] = layout.PROVIDED_TRANSLATIONS.format(lang=wildcards.lang)
-            inputs["english_provided"] = layout.ENGLISH_EMBEDDINGS_PROVIDED.format(base=wildcards.base)
+            inputs["english_provided"] = layout.ENGLISH_EMBEDDINGS_PROVIDED.format(base=wildcards.base,
+                                                                                  lang=wildcards.lang)
     return inputs
 
 

@@ -1,6 +1,6 @@
 # rules english_embeddings and english_embeddings_provided: the frozen English encoder embeds
-# every English sentence once: the translation units, or the English of the provided translations
-# that alignment.provided_translations trains the pl adapters on (params.max_provided per language).
+# every English sentence once: the translation units, or the English of one language's provided
+# translations that alignment.provided_translations trains its pl adapter on (params.max_provided).
 import pandas as pd
 import torch
 
@@ -11,9 +11,8 @@ from modsent.logs import setup_logging
 setup_logging(snakemake.log[0])
 torch.set_num_threads(snakemake.threads)
 if "provided" in snakemake.input.keys():
-    sentences = [text for path in snakemake.input.provided
-                 for text in provided_sample(pd.read_parquet(path), snakemake.params.max_provided,
-                                             source=str(path))["english"]]
+    path = str(snakemake.input.provided)
+    sentences = provided_sample(pd.read_parquet(path), snakemake.params.max_provided, source=path)["english"].tolist()
 else:
     sentences = [str(snakemake.input.units)]
 embed_english(
