@@ -177,6 +177,8 @@ def test_provided_translations_for_alignment_rerun_pl_not_pp(workdir):
     path = workdir / "config-provided.yaml"
     path.write_text(yaml.safe_dump(config))
     plan = planned_jobs(snakemake(workdir, path, "-n", *targets(["en", "ky"])))
-    planned = sorted({(rule, w.get("kind", "")) for rule, w, _ in plan})
-    assert planned == sorted({("english_embeddings_provided", ""), ("alignment_adapter", "pl"),
-                              ("merge_alignment", ""), ("alignment_summary", "")}), planned
+    # (the summaries may also be planned: an earlier test of the module may have added German)
+    planned = sorted({(rule, w.get("kind", ""), w.get("lang", "")) for rule, w, _ in plan if rule not in SUMMARIES})
+    assert planned == [("alignment_adapter", "pl", "ky"), ("english_embeddings_provided", "", "ky"),
+                       ("merge_alignment", "", "ky")], planned
+    assert "alignment_summary" in {rule for rule, _, _ in plan}
