@@ -31,7 +31,8 @@ BINARIES = ["munged", "munge", "slurmctld", "slurmd", "sbatch", "squeue", "scont
 NOT_COPIED = {".git", ".venv", ".snakemake", ".pytest_cache", ".ruff_cache", "results",
               "resources", "logs", "benchmarks", "tests", "build", "__pycache__"}
 
-GPU_RULES = {"language_adapter", "sentence_adapter", "english_embeddings", "alignment_adapter"}
+GPU_RULES = {"language_adapter", "sentence_adapter", "english_embeddings", "english_embeddings_provided",
+             "alignment_adapter"}
 BASE = "tiny"
 TARGETS = [
     f"results/{BASE}/language_adapters/summary.md",

@@ -326,6 +326,7 @@ def test_machine_translation_path_scatters_and_gathers(tmp_path):
     config["languages"] = ["en", "ky"]
     config["translation"] = {"engine": "transformers", "model": f"local:{model}", "shards": 2,
                              "batch_size": 16, "beam_size": 1, "max_length": 8}
+    config["alignment"]["provided_translations"] = False  # no provided translations here
     path = tmp_path / "mt.yaml"
     path.write_text(yaml.safe_dump(config))
     workdir = tmp_path / "work"
