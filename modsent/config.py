@@ -76,15 +76,13 @@ def semantic_errors(config: dict) -> list[str]:
             if code not in langs:
                 problems.append(f"{section}.per_language.{code}: {code!r} is not in `languages` "
                                 f"({', '.join(langs)})")
-    for name, settings in (config.get("methods") or {}).items():
-        if isinstance(settings, dict) and settings.get("provided_translations") \
-                and not (config.get("translation") or {}).get("provided"):
-            problems.append(f"methods.{name}.provided_translations: true needs translation.provided (the "
-                            "human translations to train on, e.g. builtin or local:...)")
-    if (config.get("alignment") or {}).get("provided_translations") \
-            and not (config.get("translation") or {}).get("provided"):
-        problems.append("alignment.provided_translations: true needs translation.provided (the human "
-                        "translations to train the pl adapters on, e.g. builtin or local:...)")
+    sections = {f"methods.{name}": settings for name, settings in (config.get("methods") or {}).items()}
+    sections["alignment"] = config.get("alignment")
+    if not (config.get("translation") or {}).get("provided"):
+        for key, settings in sections.items():
+            if isinstance(settings, dict) and settings.get("provided_translations"):
+                problems.append(f"{key}.provided_translations: true needs translation.provided (the "
+                                "human translations to train on, e.g. builtin or local:...)")
     problems += source_errors(config)
     return problems
 

@@ -426,9 +426,10 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
     language = language or out_dir.name
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
 
-    english = read_english_embeddings_files(english_embeddings_path)
-    if not isinstance(english_embeddings_path, (str, Path)):
-        english_embeddings_path = [str(path) for path in english_embeddings_path]
+    english_files = [str(english_embeddings_path)] if isinstance(english_embeddings_path, (str, Path)) \
+        else [str(path) for path in english_embeddings_path]
+    english_embeddings_path = english_files[0] if len(english_files) == 1 else english_files  # as named
+    english = read_english_embeddings_files(english_files)
     data = alignment_pairs(kind, pairs)
     english.rows(data["anchor"].tolist())  # every English text must have a vector: fail early
     train, heldout = split_pairs(data, cfg.eval_pairs)
@@ -457,7 +458,6 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
         return heldout_diagnostics(model, english, heldout["anchor"].tolist(), heldout["positive"].tolist(),
                                    batch_size=eval_batch, precision=cfg.precision)
 
-    english_files = english_embeddings_path if isinstance(english_embeddings_path, list) else [english_embeddings_path]
     fingerprint = cfg.fingerprint(kind, base_model_dir, la_dir, se_dir, data, *english_files)
     resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint)
     start = resumed["step"] if resumed else 0
@@ -497,8 +497,7 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
         "trainable_parameters": n_trainable, "total_parameters": n_total,
         "language_adapter": None if la_dir is None else str(la_dir),
         "sentence_adapter": None if se_dir is None else str(se_dir),
-        "english_embeddings": english_embeddings_path if isinstance(english_embeddings_path, list)
-        else str(english_embeddings_path),
+        "english_embeddings": english_embeddings_path,
         "device": str(device), "config": cfg.to_dict(),
     }
     with atomic_path(out_dir, directory=True) as tmp:
