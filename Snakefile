@@ -60,6 +60,17 @@ for method_rules in sorted(Path(workflow.basedir, "rules", "methods").glob("*.sm
 include: "rules/evaluation.smk"
 
 
+onstart:
+    # Before any output is removed or any job submitted: refuse to start while a job of an
+    # earlier run (Snakemake killed, the session lost) still produces an output (modsent.leases)
+    from modsent import leases as modsent_leases
+
+    try:
+        modsent_leases.check_no_running_holders()
+    except modsent_leases.LeaseError as err:
+        raise WorkflowError(str(err)) from None
+
+
 rule all:
     input:
         all_targets(),

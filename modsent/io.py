@@ -24,6 +24,8 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False) -> Iterator
 
     With ``directory=True`` the temporary path is an empty directory. On an exception the
     temporary is removed and ``path`` is left untouched (an older complete version survives).
+    A finished older version is never deleted before the new one is complete: it is renamed
+    aside, the new one renamed into place, and only then is the old one removed.
     """
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -44,9 +46,7 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False) -> Iterator
             for item in tmp.rglob("*"):  # e.g. safetensors writes 0600 files
                 if item.is_file() and item.stat().st_mode & 0o777 == 0o600:
                     os.chmod(item, 0o666 & ~umask)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+            _replace_directory(tmp, final)
         else:
             os.replace(tmp, final)
     except BaseException:
@@ -55,6 +55,28 @@ def atomic_path(path: str | os.PathLike, *, directory: bool = False) -> Iterator
         else:
             tmp.unlink(missing_ok=True)
         raise
+
+
+def _replace_directory(new: Path, final: Path) -> None:
+    """Move the complete directory ``new`` to ``final``, replacing what is there.
+
+    ``os.replace`` cannot replace a non-empty directory, so an existing ``final`` is first
+    renamed to a hidden sibling (one rename: ``final`` holds the old version until that
+    instant), ``new`` renamed into place, and the old version removed last. If the second
+    rename fails, the old version is renamed back."""
+    if not final.exists() and not final.is_symlink():
+        os.replace(new, final)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+    aside = old / final.name
+    os.replace(final, aside)
+    try:
+        os.replace(new, final)
+    except BaseException:
+        os.replace(aside, final)
+        shutil.rmtree(old, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 @contextlib.contextmanager

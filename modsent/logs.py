@@ -12,22 +12,34 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ATTEMPT = "==== attempt"
 
 
+def attempts_log(log_path: str | Path) -> Path:
+    """The history of every attempt of the job whose log is ``log_path``: ``ky.log`` ->
+    ``ky.attempts.log``."""
+    path = Path(log_path)
+    return path.with_name(f"{path.stem}.attempts{path.suffix or '.log'}")
+
+
 def setup_logging(log_path: str | None = None, level: int = logging.INFO) -> logging.Logger:
     """Send modsent's and the libraries' log records to ``log_path`` and to stderr.
 
     The first record says where the job runs: host, SLURM job id and the GPUs it was given
     (CUDA_VISIBLE_DEVICES), so a log shows whether a cluster job got its GPU. Each attempt
-    appends to the log after a line naming it (a retried or resumed job keeps the earlier
+    starts with a line naming it, and is also appended to :func:`attempts_log` (Snakemake
+    removes the log itself before a retry or a resumed run: the history keeps the earlier
     attempts' records), and an exception that ends the script is written to the log with its
     traceback, not only to stderr."""
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_path:
         path = Path(log_path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        attempt = 1 + (path.read_text(encoding="utf-8", errors="replace").count(ATTEMPT) if path.is_file() else 0)
-        with open(path, "a", encoding="utf-8") as log:
-            log.write(f"{ATTEMPT} {attempt} ====\n")
-        handlers.append(logging.FileHandler(path, mode="a", encoding="utf-8"))
+        # Snakemake removes a job's log before each attempt: every attempt is also appended
+        # to a history next to it, which Snakemake does not know and so never removes
+        history = attempts_log(path)
+        attempt = 1 + (history.read_text(encoding="utf-8", errors="replace").count(ATTEMPT) if history.is_file() else 0)
+        for target in (path, history):
+            with open(target, "a", encoding="utf-8") as log:
+                log.write(f"{ATTEMPT} {attempt} ====\n")
+            handlers.append(logging.FileHandler(target, mode="a", encoding="utf-8"))
     logging.basicConfig(level=level, format=FORMAT, handlers=handlers, force=True)
     logging.captureWarnings(True)
     logger = logging.getLogger("modsent")
@@ -44,4 +56,16 @@ def setup_logging(log_path: str | None = None, level: int = logging.INFO) -> log
     sys.excepthook = log_uncaught
     logger.info("host %s, SLURM job %s, CUDA_VISIBLE_DEVICES=%s", socket.gethostname(),
                 os.environ.get("SLURM_JOB_ID", "none"), os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+    return logger
+
+
+def start_job(snakemake) -> logging.Logger:
+    """The start of every workflow script: logging to the rule's log (:func:`setup_logging`)
+    and a lease on each of the job's outputs (:mod:`modsent.leases`), so that a restart of the
+    workflow does not start this job a second time while it still runs. Raises
+    :class:`modsent.leases.LeaseError` when another job that still runs holds one of them."""
+    from modsent import leases
+
+    logger = setup_logging(snakemake.log[0] if snakemake.log else None)
+    leases.take([str(path) for path in snakemake.output], rule=snakemake.rule)
     return logger

@@ -8,10 +8,10 @@ import torch
 
 from modsent.modular.alignment import AlignmentConfig, train_alignment_adapter
 from modsent.config import runtime_settings
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 from modsent.data.paraphrase import crosslingual_paraphrase_pairs, parallel_pairs, provided_sample
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 torch.set_num_threads(snakemake.threads)
 kind = snakemake.wildcards.kind
 if kind == "pp":

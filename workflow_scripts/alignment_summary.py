@@ -1,6 +1,6 @@
 # rule alignment_summary: held-out English→L retrieval accuracy of pp and pl per language.
 from modsent.modular.alignment import write_summary
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 write_summary(list(snakemake.input), snakemake.output[0])

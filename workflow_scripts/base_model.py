@@ -1,8 +1,8 @@
 # rule base_model: the base model as a local sentence-transformers directory.
 from modsent.encoders.base_models import prepare_base_model
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 prepare_base_model(
     snakemake.params.source,
     snakemake.output[0],

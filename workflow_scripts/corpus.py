@@ -1,6 +1,6 @@
 # rule corpus: resources/corpora/{lang}.txt from the configured source.
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 from modsent.sources import prepare_corpus
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 prepare_corpus(snakemake.wildcards.lang, snakemake.params.settings, snakemake.output[0])

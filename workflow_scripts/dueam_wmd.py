@@ -7,11 +7,11 @@ import torch
 
 from modsent import methods
 from modsent.languages import PIVOT_LANGUAGE
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 from modsent.methods import dueam
 from modsent.methods.dueam.wmd import run_shard
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 torch.set_num_threads(snakemake.threads)
 methods.load(snakemake.config["method_modules"])
 names, cfg = dueam.wmd_config(snakemake.config["methods"], snakemake.wildcards.wmd)

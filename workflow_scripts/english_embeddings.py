@@ -6,9 +6,9 @@ import torch
 
 from modsent.data.paraphrase import provided_sample
 from modsent.modular.alignment import embed_english
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 torch.set_num_threads(snakemake.threads)
 if "provided" in snakemake.input.keys():
     path = str(snakemake.input.provided)

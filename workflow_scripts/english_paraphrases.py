@@ -1,11 +1,11 @@
 # rule english_paraphrases: the configured datasets merged into results/paraphrase/en.parquet.
 import logging
 
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 from modsent.io import write_parquet
 from modsent.data.paraphrase import merge_english
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 pairs = merge_english(list(snakemake.input))
 write_parquet(pairs, snakemake.output[0])
 logging.getLogger("modsent").info("English paraphrases: %d pairs; per dataset %s",

@@ -8,9 +8,9 @@ from modsent import methods
 from modsent.evaluation import suite as evaluation
 from modsent.encoders import systems as variants
 from modsent.config import runtime_settings
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 torch.set_num_threads(snakemake.threads)
 methods.load(snakemake.config["method_modules"])  # the training methods' systems
 lang = snakemake.wildcards.lang

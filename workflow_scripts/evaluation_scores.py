@@ -2,9 +2,9 @@
 from pathlib import Path
 
 from modsent.evaluation import suite as evaluation
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 settings = snakemake.params.settings
 dataset = snakemake.wildcards.dataset
 variant = snakemake.wildcards.variant

@@ -1,8 +1,8 @@
 # rule evaluation_summary: the summary table, per-language tables and plots.
 from modsent.evaluation import suite as evaluation
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 out = snakemake.output
 evaluation.aggregate(snakemake.input, snakemake.params.variants, csv_path=out.csv, md_path=out.md,
                      plot_path=out.plot, heatmap_path=out.heatmap, per_language_dir=out.per_language,

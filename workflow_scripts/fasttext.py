@@ -1,8 +1,8 @@
 # rule fasttext: token-level fastText vectors for FOCUS.
 from modsent.modular.fasttext_embeddings import train_token_fasttext
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 settings = snakemake.params.settings
 train_token_fasttext(
     snakemake.input.corpus,

@@ -1,8 +1,8 @@
 # rule focus_embeddings: FOCUS initialisation of the language's embedding matrix.
 from modsent.modular.focus import initialize_embeddings
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 initialize_embeddings(
     snakemake.input.base,
     snakemake.input.tokenizer,

@@ -9,9 +9,9 @@ import torch
 from modsent import distributed
 from modsent.config import runtime_settings
 from modsent.methods.baselines import FullTrainingConfig, cli_arguments, train_full_baseline
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 
-log = setup_logging(snakemake.log[0])
+log = start_job(snakemake)
 # The training settings are the rule's params; gpus, checkpoint_every and log_every say how the
 # job runs, not what it trains, and are read from the config so that changing them reruns no
 # finished job.

@@ -1,8 +1,8 @@
 # rule inputs_summary: one table of what every prepared input holds.
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 from modsent.sources import write_inputs_summary
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 write_inputs_summary(
     corpora=list(snakemake.input.corpora),
     paraphrases=list(snakemake.input.paraphrases),

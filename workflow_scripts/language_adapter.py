@@ -9,9 +9,9 @@ import torch
 from modsent import distributed
 from modsent.config import runtime_settings
 from modsent.modular.language_adapter import LanguageAdapterConfig, cli_arguments, train_language_adapter
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 
-log = setup_logging(snakemake.log[0])
+log = start_job(snakemake)
 # The training settings are the rule's params; how the job runs (gpus, checkpoint_every,
 # log_every, tracking) is read from the config, so that changing it reruns no finished job.
 settings = {**snakemake.params.settings,

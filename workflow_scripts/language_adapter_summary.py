@@ -1,6 +1,6 @@
 # rule language_adapter_summary: held-out MLM loss before/after LA, a table and a plot.
 from modsent.modular.language_adapter import write_summary
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 write_summary(list(snakemake.input), snakemake.output.table, snakemake.output.plot)

@@ -3,11 +3,11 @@ import logging
 
 import pandas as pd
 
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 from modsent.io import write_parquet
 from modsent.data.paraphrase import translate_pairs
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 english = pd.read_parquet(snakemake.input.english)
 pairs = translate_pairs(english, pd.read_parquet(snakemake.input.translations))
 write_parquet(pairs, snakemake.output[0])

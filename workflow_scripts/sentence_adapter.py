@@ -5,10 +5,10 @@
 import torch
 
 from modsent.config import runtime_settings
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 from modsent.modular.sentence_adapter import SentenceAdapterConfig, train_sentence_adapter
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 torch.set_num_threads(snakemake.threads)
 settings = {**snakemake.params.settings, **runtime_settings(snakemake.config, "sentence_adapter")}
 train_sentence_adapter(

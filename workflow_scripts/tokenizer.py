@@ -1,8 +1,8 @@
 # rule tokenizer: a tokenizer of the base model's kind trained on the language's corpus.
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 from modsent.modular.tokenizer_training import train_tokenizer
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 settings = snakemake.params.settings
 train_tokenizer(
     snakemake.input.corpus,

@@ -7,10 +7,10 @@ import sys
 from modsent import methods
 from modsent.config import method_runtime_settings
 from modsent.languages import PIVOT_LANGUAGE
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 from modsent.methods import launch
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 modules = snakemake.config["method_modules"]
 methods.load(modules)
 name = snakemake.wildcards.method

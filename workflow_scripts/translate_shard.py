@@ -2,10 +2,10 @@
 import torch
 
 from modsent.config import runtime_settings
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 from modsent.data.translation import translate_shard
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 torch.set_num_threads(snakemake.threads)
 # batch_size and checkpoint_every say how the job runs: read from the config, not the params
 settings = {**snakemake.params.settings, **runtime_settings(snakemake.config, "translation")}

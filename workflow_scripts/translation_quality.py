@@ -1,7 +1,7 @@
 # rule translation_quality: the quality report of one language's translations.
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 from modsent.data.translation_quality import write_quality_report
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 write_quality_report(snakemake.input.translations, snakemake.wildcards.lang, snakemake.output.report,
                      snakemake.output.plot, units_path=snakemake.input.units)

@@ -3,11 +3,11 @@ import logging
 
 import pandas as pd
 
-from modsent.logs import setup_logging
+from modsent.logs import start_job
 from modsent.io import write_parquet
 from modsent.data.paraphrase import translation_units
 
-setup_logging(snakemake.log[0])
+start_job(snakemake)
 pairs = pd.read_parquet(snakemake.input[0])
 units = translation_units(pairs)
 write_parquet(units, snakemake.output[0])

@@ -1,0 +1,206 @@
+"""Crash safety: outputs replaced without deleting the finished one first, leases that keep a
+restart from starting a job a second time, and resource requests that fit the cluster's nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from modsent import cluster, leases
+from modsent.io import atomic_path
+
+# ---------------------------------------------------------------------------------------------
+# outputs
+
+
+def _write_adapter(path: Path, text: str) -> None:
+    with atomic_path(path, directory=True) as tmp:
+        (tmp / "weights.txt").write_text(text)
+
+
+def test_a_finished_directory_is_replaced_whole_and_survives_a_failed_replacement(tmp_path, monkeypatch):
+    out = tmp_path / "adapters" / "ky"
+    _write_adapter(out, "first")
+    _write_adapter(out, "second")
+    assert (out / "weights.txt").read_text() == "second"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["ky"]  # nothing left aside
+    with pytest.raises(RuntimeError):
+        with atomic_path(out, directory=True) as tmp:
+            (tmp / "weights.txt").write_text("half")
+            raise RuntimeError("killed")
+    assert (out / "weights.txt").read_text() == "second"
+    # the final rename fails (e.g. a full quota): the finished version is put back
+    real_replace = os.replace
+    calls = []
+
+    def failing(src, dst):
+        calls.append((Path(src).name, Path(dst).name))
+        if len(calls) == 2:
+            raise OSError("rename failed")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing)
+    with pytest.raises(OSError, match="rename failed"):
+        _write_adapter(out, "third")
+    monkeypatch.undo()
+    assert calls[0][0] == "ky" and calls[1][1] == "ky"  # moved aside first, never deleted
+    assert (out / "weights.txt").read_text() == "second"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["ky"]
+
+
+# ---------------------------------------------------------------------------------------------
+# leases
+
+HOLDER = """
+import sys, time
+from modsent import leases
+leases.take(sys.argv[1:], rule="language_adapter")
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def _holder(cwd: Path, *outputs: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, *outputs], cwd=cwd, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_lease_held_by_a_running_job_stops_a_second_job_and_the_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    output = "results/tiny/language_adapters/ky"
+    proc = _holder(tmp_path, output)
+    try:
+        record = json.loads(leases.lease_path(output).read_text())
+        assert (record["output"], record["rule"], record["pid"]) == (output, "language_adapter", proc.pid)
+        with pytest.raises(leases.LeaseError, match=rf"{output} is still being produced by .*process {proc.pid}"):
+            leases.take([output])
+        with pytest.raises(leases.LeaseError, match=rf"(?s){output}.*kill {proc.pid}"):
+            leases.check_no_running_holders()
+    finally:
+        proc.kill()
+        proc.wait()
+    # killed outright: its lease stays, but its holder is gone, so the lease is stale
+    assert leases.lease_path(output).is_file()
+    assert leases.check_no_running_holders() == []
+    assert not leases.lease_path(output).exists()  # cleared
+    leases.take([output, "results/tiny/tokenizers/ky"])
+    assert leases.take([output])  # a process may take its own lease again
+
+
+def test_a_job_that_ends_releases_its_leases(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", "from modsent import leases; leases.take(['a/b', 'c'])"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert not list((tmp_path / leases.LEASE_DIR).glob("*.json"))
+
+
+def test_a_reused_process_id_is_not_a_running_holder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    record = {**leases.current_holder("corpus"), "output": "x"}
+    assert leases.holder_running(record) is True
+    assert leases.holder_running({**record, "pid_start": "1"}) is False
+    assert leases.holder_running({**record, "host": "another-node"}) is None  # cannot tell from here
+
+
+def _fake_squeue(folder: Path, job_states: dict[str, str]) -> None:
+    """An squeue that knows ``job_states`` and answers like Slurm's for any other job."""
+    script = folder / "squeue"
+    script.write_text("#!/bin/sh\ncase \"$3\" in\n"
+                      + "".join(f"  {job}) echo {state}; exit 0;;\n" for job, state in job_states.items())
+                      + "  *) echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1;;\nesac\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+
+
+def test_slurm_holders_are_checked_with_the_scheduler(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_squeue(bin_dir, {"101": "RUNNING", "102": "PENDING", "103": "COMPLETED"})
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    for job, output in (("101", "results/a"), ("102", "results/b"), ("103", "results/c"), ("104", "results/d")):
+        monkeypatch.setenv("SLURM_JOB_ID", job)
+        path = leases.lease_path(output)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**leases.current_holder("sentence_adapter"), "output": output}))
+    assert [leases.slurm_job_state(job) for job in ("101", "103", "104")] == ["RUNNING", "COMPLETED", ""]
+    monkeypatch.setenv("SLURM_JOB_ID", "200")
+    with pytest.raises(leases.LeaseError) as err:
+        leases.check_no_running_holders()
+    message = str(err.value)
+    assert "results/a (rule sentence_adapter: SLURM job 101" in message and "results/b" in message
+    assert "results/c" not in message and "results/d" not in message
+    assert "scancel 101 102" in message
+    remaining = {record["output"] for _, record in leases.read_leases()}
+    assert remaining == {"results/a", "results/b"}  # the ended jobs' leases are cleared
+    with pytest.raises(leases.LeaseError, match="scancel 101"):
+        leases.take(["results/a"])
+    leases.take(["results/c"])  # job 103 ended: its output may be redone
+    monkeypatch.setenv("SLURM_JOB_ID", "101")
+    leases.take(["results/a"])  # the same job (requeued) takes its own lease again
+
+
+def test_every_workflow_script_starts_with_a_lease_on_its_outputs():
+    scripts = sorted((REPO / "workflow_scripts").glob("*.py"))
+    assert len(scripts) > 20
+    for script in scripts:
+        text = script.read_text()
+        assert re.search(r"^(\w+ = )?start_job\(snakemake\)$", text, flags=re.M), (
+            f"{script.name}: call modsent.logs.start_job(snakemake) first (log and leases)")
+
+
+# ---------------------------------------------------------------------------------------------
+# resources that fit the cluster
+
+SINFO = """node1|192000|64|gpu:a100:4(S:0-1)
+node1|192000|64|gpu:a100:4(S:0-1)
+node2|20000|16|(null)
+node3|64000+|32|gpu:2,mps:100
+"""
+
+
+def test_sinfo_nodes_are_parsed():
+    nodes = cluster.parse_sinfo(SINFO)
+    assert [(n.name, n.mem_mb, n.cpus, n.gpus) for n in nodes] == [
+        ("node1", 192000, 64, 4), ("node2", 20000, 16, 0), ("node3", 64000, 32, 2)]
+    assert [cluster.gpu_count(g) for g in ("gpu:2", "gpu:a100:4(S:0-1)", "(null)", "mps:100", "gpu:t4:1,gpu:v100:2")] == [2, 4, 0, 0, 3]
+
+
+def test_memory_requests_fit_the_largest_node_and_impossible_requests_name_the_key():
+    nodes = cluster.parse_sinfo(SINFO)
+    fit = cluster.fit_memory
+    # a CPU job: retries grow, up to the largest node with its CPUs
+    assert [fit("cpu_heavy", nodes, mem_mb=16000, attempt=a, cpus=8, gpus=0) for a in (1, 2, 3, 20)] == [
+        16000, 32000, 48000, 192000]
+    # a 2-GPU job: memory per GPU, capped at the largest node with 2 GPUs and 16 CPUs
+    assert fit("gpu_train", nodes, mem_mb=32000, attempt=3, cpus=16, gpus=2) == 192000
+    with pytest.raises(cluster.ClusterFitError, match=r"ask for 250000 MB.*resources\.cpu_heavy\.mem_mb to at most 192000"):
+        fit("cpu_heavy", nodes, mem_mb=250000, attempt=1, cpus=8, gpus=0)
+    with pytest.raises(cluster.ClusterFitError, match=r"mem_mb \(per GPU\) to at most 96000"):
+        fit("gpu_train", nodes, mem_mb=100000, attempt=1, cpus=16, gpus=2)
+    with pytest.raises(cluster.ClusterFitError, match=r"8 GPUs on one node.*at most 4"):
+        fit("gpu_train", nodes, mem_mb=1000, attempt=1, cpus=64, gpus=8)
+    with pytest.raises(cluster.ClusterFitError, match=r"128 CPUs.*resources\.cpu_heavy\.cpus to at most 64"):
+        fit("cpu_heavy", nodes, mem_mb=1000, attempt=1, cpus=128, gpus=0)
+
+
+def test_the_resource_functions_ask_the_cluster_only_when_they_submit_to_slurm():
+    namespace = {"config": {"resources": {"cpu_heavy": {"mem_mb": 300000}}}, "WorkflowError": ValueError}
+    exec(compile((REPO / "rules" / "resources.smk").read_text(), "resources.smk", "exec"), namespace)
+    heavy = namespace["job_resources"]("cpu_heavy")
+    assert heavy["mem_mb"](None, 2) == 600000  # no cluster to ask: as configured
+    namespace["_CLUSTER_NODES"].append(cluster.parse_sinfo(SINFO))
+    with pytest.raises(ValueError, match=r"resources\.cpu_heavy\.mem_mb to at most 192000"):
+        heavy["mem_mb"](None, 1)
+    train = namespace["job_resources"]("gpu_train")
+    assert [train["mem_mb"](None, a) for a in (1, 2, 9)] == [32000, 64000, 192000]
