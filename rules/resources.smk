@@ -16,9 +16,12 @@
 # Without SLURM (`snakemake --cores N`) only threads matter, and `--resources gpu=1` keeps
 # GPU jobs from sharing a local GPU.
 
+from modsent import cluster as modsent_cluster
+
 # kind: GPUs, CPU cores (the threads of a rule that uses them), memory in MB and runtime in
 # minutes for the first attempt. Sized for the paper's runs (LaBSE / mE5-base, 200K LA steps,
-# NLLB-200 3.3B); the demo and the tests use a fraction of them.
+# NLLB-200 3.3B); the demo and the tests use a fraction of them. CPU jobs fit a modest node
+# (16 GB); a retry after an out-of-memory kill asks for more, up to the largest node.
 RESOURCE_CLASSES = {
     # LA (MLM), SE (MNRL) and CLA training: one GPU, data loading and tokenisation on CPUs
     "gpu_train": {"gpu": 1, "cpus": 8, "mem_mb": 32000, "runtime": 24 * 60},
@@ -29,15 +32,32 @@ RESOURCE_CLASSES = {
     # data preparation, merges, summaries, plots
     "cpu": {"gpu": 0, "cpus": 1, "mem_mb": 8000, "runtime": 2 * 60},
     # tokenizer training, fastText, FOCUS, model download and conversion: 10M-line corpora
-    "cpu_heavy": {"gpu": 0, "cpus": 8, "mem_mb": 32000, "runtime": 8 * 60},
+    "cpu_heavy": {"gpu": 0, "cpus": 8, "mem_mb": 16000, "runtime": 8 * 60},
 }
 
 # A retried job (profile: retries) asks for more than the attempt before: memory × attempt
-# (an out-of-memory kill is the usual reason), runtime × RUNTIME_GROWTH per attempt up to
+# (an out-of-memory kill is the usual reason), never more than the largest node that can run
+# the job offers (under SLURM, sinfo: modsent.cluster; a first attempt that no node can run
+# stops the run before anything is submitted, naming the key to change), runtime × RUNTIME_GROWTH per attempt up to
 # MAX_RUNTIME (most clusters cap a job at 2 days; training and translation resume from their
 # checkpoints, so a timed-out job continues where it stopped).
 RUNTIME_GROWTH = 1.5
 MAX_RUNTIME = 48 * 60
+
+
+# the SLURM cluster's nodes (sinfo), asked once per run; see cluster_nodes()
+_CLUSTER_NODES = []
+
+
+def cluster_nodes():
+    """The nodes of the SLURM cluster this run submits its jobs to (modsent.cluster), or None
+    when it does not submit with sbatch (`--cores`, or inside a job) or sinfo cannot be asked."""
+    if not _CLUSTER_NODES:
+        plugin = getattr(globals().get("workflow"), "executor_plugin", None)
+        if plugin is None:  # not executing (yet): planning, a dry run
+            return None
+        _CLUSTER_NODES.append(modsent_cluster.query_nodes() if plugin.name == "slurm" else None)
+    return _CLUSTER_NODES[0]
 
 
 def resource_class(kind):
@@ -82,7 +102,15 @@ def job_resources(kind, gpus=None):
 
     def mem_mb(wildcards, attempt):
         # an out-of-memory kill is the usual reason for a retry; each GPU process holds a copy
-        return int(base_mem * attempt * (_gpu_count(gpus, wildcards) if kind_gpus else 1))
+        count = _gpu_count(gpus, wildcards) if kind_gpus else 0
+        nodes = cluster_nodes()
+        if nodes is None:
+            return int(base_mem * attempt * max(count, 1))
+        try:  # never more than the largest node that can run the job has (sbatch would reject it)
+            return modsent_cluster.fit_memory(kind, nodes, mem_mb=int(base_mem), attempt=attempt,
+                                              cpus=cpus * max(count, 1), gpus=count)
+        except modsent_cluster.ClusterFitError as err:
+            raise WorkflowError(str(err)) from None
 
     def runtime(wildcards, attempt):
         return min(int(base_runtime * RUNTIME_GROWTH ** (attempt - 1)), cap)
