@@ -359,3 +359,68 @@ def test_outputs_complete_and_nothing_left_to_do(slurm_run):
     proc = subprocess.run([shutil.which("snakemake", path=env["PATH"]), "--configfile", "slurm-test.yaml",
                            "-n", *TARGETS], cwd=root, env=env, capture_output=True, text=True)
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
+def _snakemake_slurm(root: Path, env: dict, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([shutil.which("snakemake", path=env["PATH"]), "--profile", "slurm",
+                           "--slurm-init-seconds-before-status-checks", "2", *args],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+ORPHAN = """
+import sys, time
+from modsent import leases
+leases.take([sys.argv[1]], rule="merge_alignment")
+time.sleep(600)
+"""
+
+
+@pytest.mark.workflow
+def test_a_restart_does_not_submit_a_job_whose_earlier_job_still_runs(slurm_run):
+    """A job of an earlier run that Snakemake lost still runs on the cluster: the restart stops
+    before removing its output or submitting anything, names the job and how to cancel it, and
+    runs once the job is cancelled."""
+    root, _, _, env = slurm_run
+    merged = f"results/{BASE}/alignment/merged-0.5/ky"
+    before = sorted(p.name for p in (root / merged).iterdir())
+    job = subprocess.run(["sbatch", "--parsable", "-p", "cpu", "-o", str(root / "orphan.out"), "--wrap",
+                          f"cd {root} && {sys.executable} -c '{ORPHAN}' {merged}"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    try:
+        from modsent.leases import lease_path
+
+        _wait_for("the orphaned job's lease", lambda: (root / lease_path(merged)).is_file(), timeout=120)
+        proc = _snakemake_slurm(root, env, merged, "--configfile", "slurm-test.yaml", "--forcerun", "merge_alignment")
+        output = proc.stdout + proc.stderr
+        assert proc.returncode != 0, output[-3000:]
+        assert f"{merged} (rule merge_alignment: SLURM job {job}" in output and f"scancel {job}" in output
+        assert "submitted with SLURM jobid" not in output
+        assert sorted(p.name for p in (root / merged).iterdir()) == before  # not removed
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    _wait_for("the cancelled job to leave the queue",
+              lambda: subprocess.run(["squeue", "-h", "-j", job, "-t", "PENDING,RUNNING,COMPLETING"],
+                                     capture_output=True, text=True).stdout.strip() == "", timeout=120)
+    proc = _snakemake_slurm(root, env, merged, "--configfile", "slurm-test.yaml", "--forcerun", "merge_alignment")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert len(_submissions(proc.stdout + proc.stderr)) == 1
+    assert sorted(p.name for p in (root / merged).iterdir()) == before
+
+
+@pytest.mark.workflow
+def test_a_request_no_node_can_meet_stops_the_run_naming_the_key(slurm_run):
+    """More memory than any node has: an error naming the kind and the config key before
+    anything is submitted, not a rejected sbatch retried with even more memory."""
+    root, _, _, env = slurm_run
+    config = yaml.safe_load((root / "slurm-test.yaml").read_text())
+    config["resources"] = {"cpu_heavy": {"mem_mb": 300000}}  # the test node has 256000 MB
+    (root / "slurm-big.yaml").write_text(yaml.safe_dump(config))
+    tokenizer = f"results/{BASE}/tokenizers/ky"
+    proc = _snakemake_slurm(root, env, tokenizer, "--configfile", "slurm-big.yaml", "--forcerun", "tokenizer",
+                            timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]
+    assert "jobs of kind cpu_heavy ask for 300000 MB of memory" in output, output[-3000:]
+    assert "resources.cpu_heavy.mem_mb to at most 256000" in output
+    assert "submitted with SLURM jobid" not in output
+    assert (root / tokenizer).is_dir()
