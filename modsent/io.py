@@ -143,3 +143,20 @@ def read_safetensors(path: str | os.PathLike) -> dict:
         return load_file(str(path))
     except (SafetensorError, OSError) as err:
         raise InputError(f"{path}: unreadable safetensors file (truncated or damaged?): {err}") from None
+
+
+def check_model_files(folder: str | os.PathLike) -> None:
+    """Every JSON file under ``folder`` parses and every safetensors file's header matches its
+    size (a truncated copy fails here): an InputError naming the file, before transformers or
+    peft load the folder and report the damage without naming it, or name a temporary copy."""
+    from safetensors import SafetensorError, safe_open
+
+    folder = Path(folder)
+    for path in sorted(folder.rglob("*.json")):
+        read_json(path, "a JSON file")
+    for path in sorted(folder.rglob("*.safetensors")):
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            raise InputError(f"{path}: unreadable safetensors file (truncated or damaged?): {err}") from None

@@ -46,6 +46,23 @@ def test_local_model_without_safetensors_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_damaged_local_model_is_named_by_its_own_files(tmp_path):
+    """Truncated weights and a broken config.json: errors that name the user's file (not the
+    temporary copy), before anything is written."""
+    src = make_tiny_xlmr(tmp_path / "src", sample_texts(200))
+    weights = next(src.rglob("*.safetensors"))
+    good = weights.read_bytes()
+    weights.write_bytes(good[: len(good) // 2])
+    with pytest.raises(InputError, match=rf"{weights}: unreadable safetensors file \(truncated"):
+        prepare_base_model(f"local:{src}", tmp_path / "out")
+    weights.write_bytes(good)
+    config = src / "config.json"
+    config.write_text(config.read_text()[:-10])
+    with pytest.raises(InputError, match=rf"{config}: not valid JSON"):
+        prepare_base_model(f"local:{src}", tmp_path / "out")
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["src"]
+
+
 def test_e5_models_get_their_prompts_unless_declared():
     from modsent.encoders.base_models import needs_e5_prompts
 

@@ -230,6 +230,15 @@ def test_without_language_adapter(inputs, tmp_path):
 
     assert len(encoder.tokenizer) == len(AutoTokenizer.from_pretrained(str(inputs["base"])))
     assert encoder.encode(["Republik Namibia", "Namibia"]).shape == (2, 32)
+    # a damaged copy is named, with the file, before peft reads it
+    weights = out / sa.ADAPTER_DIR / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(InputError, match=rf"{weights}: unreadable safetensors file \(truncated"):
+        sa.load_sentence_encoder(inputs["base"], None, out, device="cpu")
+    config = out / sa.ADAPTER_DIR / "adapter_config.json"
+    config.write_text(config.read_text()[:-20])
+    with pytest.raises(InputError, match=rf"{config}: not valid JSON"):
+        sa.load_sentence_encoder(inputs["base"], None, out, device="cpu")
 
 
 def test_bad_pair_files(tmp_path):

@@ -48,7 +48,7 @@ from modsent.modular import alignment as al
 from modsent.modular import language_adapter as la
 from modsent.modular import parallel_adapter as pa
 from modsent.modular import sentence_adapter as sa
-from modsent.io import InputError, atomic_path
+from modsent.io import InputError, atomic_path, read_json, read_safetensors
 from modsent.losses import mlm_parts
 
 log = logging.getLogger(__name__)
@@ -209,21 +209,19 @@ def _check_recorded_base(adapter_dir: Path, config: dict, base_model_dir: Path, 
 def _read_lora(adapter_dir: Path, body: nn.Module, prefix: str, what: str,
                base_model_dir: Path | None = None) -> dict[str, list]:
     """{module name in the body: [(A, B, scaling)]} of the PEFT LoRA adapter in ``adapter_dir``."""
-    from safetensors.torch import load_file
-
     config_path = adapter_dir / "adapter_config.json"
     weights_path = adapter_dir / "adapter_model.safetensors"
     if not config_path.is_file() or not weights_path.is_file():
         raise InputError(f"{adapter_dir}: not a PEFT LoRA adapter directory ({what}: expected "
                          "adapter_config.json and adapter_model.safetensors)")
-    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config = read_json(config_path, f"a PEFT LoRA adapter directory ({what})")
     if config.get("peft_type", "LORA") != "LORA" or config.get("use_dora"):
         raise InputError(f"{adapter_dir}: only plain LoRA adapters are supported ({what})")
     if base_model_dir is not None:
         _check_recorded_base(adapter_dir, config, base_model_dir, what)
     r, alpha = int(config["r"]), float(config["lora_alpha"])
     rank_pattern, alpha_pattern = config.get("rank_pattern") or {}, config.get("alpha_pattern") or {}
-    tensors = load_file(str(weights_path))
+    tensors = read_safetensors(weights_path)
     modules = dict(body.named_modules())
     out: dict[str, list] = {}
     for key in sorted(k for k in tensors if k.endswith(".lora_A.weight")):
@@ -350,12 +348,10 @@ class ModularEncoder:
         if language_adapter is not None:
             la_dir = Path(language_adapter)
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(la_dir))
-            from safetensors.torch import load_file
-
             embeddings_path = la_dir / la.EMBEDDINGS_NAME
             if not embeddings_path.is_file():
                 raise InputError(f"{la_dir}: no {la.EMBEDDINGS_NAME}: not a language adapter directory")
-            weights = load_file(str(embeddings_path))["input_embeddings"]
+            weights = read_safetensors(embeddings_path)["input_embeddings"]
             if weights.shape[0] != len(tokenizer) or weights.shape[1] != self._embedding_dim:
                 raise InputError(f"{embeddings_path}: embeddings of shape {list(weights.shape)} do not fit "
                                  f"the tokenizer ({len(tokenizer)} tokens) and this base model "

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from modsent import distributed
-from modsent.io import InputError, atomic_path, iter_utf8_lines
+from modsent.io import InputError, atomic_path, check_model_files, iter_utf8_lines, read_safetensors
 from modsent.losses import MaskedLanguageModelingLoss, mlm_parts
 from modsent.training import schedules
 from modsent.training.checkpoints import load_checkpoint, save_checkpoint
@@ -191,9 +191,7 @@ def share_of_mlm_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, rank
 
 def load_focus_embeddings(model, embeddings_path: Path, vocab_size: int) -> None:
     """Resize ``model`` to the new vocabulary and load FOCUS (or trained) embeddings."""
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(embeddings_path))
+    tensors = read_safetensors(embeddings_path)
     weights = tensors["input_embeddings"]
     if weights.shape[0] != vocab_size:
         raise InputError(f"{embeddings_path}: {weights.shape[0]} embedding rows but the tokenizer "
@@ -265,6 +263,7 @@ def load_language_model(base_model_dir: str | Path, la_dir: str | Path, *, mlm: 
     transformers.logging.set_verbosity_warning()
     load_focus_embeddings(model, la_dir / EMBEDDINGS_NAME, len(tokenizer))
     model.config.pad_token_id = tokenizer.pad_token_id
+    check_model_files(la_dir / ADAPTER_DIR)  # a damaged file named, not peft's bare error
     model = PeftModel.from_pretrained(model, str(la_dir / ADAPTER_DIR), is_trainable=False)
     model.eval()
     if not mlm:

@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from modsent.modular import language_adapter as la
-from modsent.io import InputError, atomic_path
+from modsent.io import InputError, atomic_path, check_model_files
 from modsent.losses import MultipleNegativesRankingLoss, mlm_parts
 from modsent.training import checkpoints, schedules
 from modsent.training.pairs import batches_of_steps, no_duplicate_batches, read_pairs, split_heldout  # noqa: F401
@@ -303,6 +303,7 @@ def load_sentence_encoder(base_model_dir: str | Path, la_dir: str | Path | None,
     if se_dir is not None:
         se_dir = Path(se_dir)
         adapter = se_dir / ADAPTER_DIR if (se_dir / ADAPTER_DIR).is_dir() else se_dir
+        check_model_files(adapter)  # a damaged file named, not peft's bare error
         encoder = PeftModel.from_pretrained(encoder, str(adapter), is_trainable=False)
     if max_seq_length is None and se_dir is not None and (se_dir / "metrics.json").is_file():
         trained = json.loads((se_dir / "metrics.json").read_text(encoding="utf-8"))

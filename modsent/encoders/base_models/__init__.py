@@ -12,7 +12,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from modsent.io import InputError, atomic_path
+from modsent.io import InputError, atomic_path, check_model_files
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ def check_model_dir(path: Path) -> None:
         raise InputError(f"{path}: no safetensors weights{hint}")
     if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
         raise InputError(f"{path}: no tokenizer files")
+    check_model_files(path)  # truncated weights, broken JSON: named here, not in a copy
 
 
 E5_PROMPTS = {"query": "query: ", "passage": "passage: ", "document": "passage: "}
@@ -141,7 +142,11 @@ def prepare_base_model(source: str, out_dir: str | Path, *, revision: str | None
         # Loading it once proves the directory is complete before anything trusts it.
         from sentence_transformers import SentenceTransformer
 
-        model = SentenceTransformer(str(tmp), device="cpu", trust_remote_code=trust_remote_code)
+        try:
+            model = SentenceTransformer(str(tmp), device="cpu", trust_remote_code=trust_remote_code)
+        except Exception as err:  # name the source, not the temporary copy
+            raise InputError(f"{value if kind == 'local' else source}: sentence-transformers cannot load "
+                             f"this model: {str(err).replace(str(tmp), value if kind == 'local' else source)}") from err
         if prompts:
             set_prompts(tmp, prompts, default_prompt_name or next(iter(prompts)))
         elif kind == "hf" and needs_e5_prompts(value, model.prompts):
