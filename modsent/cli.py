@@ -135,7 +135,31 @@ def _write_embeddings(args, sentences: list[str], vectors, langs: list[str | Non
     pd.DataFrame({**columns, "embedding": list(vectors)}).to_parquet(args.output, index=False)
 
 
-def load_encoder(model: str, lang: str | None, base: str | None, variant: str):
+def check_device(device: str | None) -> str | None:
+    """``--device`` as torch understands it (cpu, cuda, cuda:1, mps), checked before any model
+    loads; None: the default (the first GPU when there is one, else the CPU)."""
+    if device is None:
+        return None
+    import torch
+
+    from modsent.io import InputError
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise InputError(f"--device {device!r}: not a device (cpu, cuda, cuda:N, mps)") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count()
+        if parsed.index is not None and parsed.index >= count or count == 0:
+            raise InputError(f"--device {device}: this machine has {count} CUDA device(s)")
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise InputError(f"--device {device}: MPS is not available on this machine")
+    elif parsed.type not in ("cpu", "cuda", "mps"):
+        raise InputError(f"--device {device}: only cpu, cuda[:N] and mps are supported")
+    return str(parsed)
+
+
+def load_encoder(model: str, lang: str | None, base: str | None, variant: str, device: str | None = None):
     """An encoder for ``model``: a sentence-transformers directory (an export, one language's:
     another ``lang`` is an InputError; or a method's system, every language's), or a
     results/{base} tree from which :func:`modsent.encoders.systems.build_encoder` assembles
@@ -157,16 +181,16 @@ def load_encoder(model: str, lang: str | None, base: str | None, variant: str):
         if exported is not None and lang is not None and lang != exported:
             raise InputError(f"{root} is the export of {exported!r}: it does not encode {lang!r} "
                              f"(use --lang {exported}, or a results tree for other languages)")
-        return variants.SentenceTransformerEncoder(root, language=exported)
+        return variants.SentenceTransformerEncoder(root, device, language=exported)
     if variants.variant(variant).kind == "full":  # a monolithic system (Full_*, a method's): any language
-        return variants.build_encoder(variant, root, root, [])
+        return variants.build_encoder(variant, root, root, [], device=device)
     base_dir = Path(base) if base else root.parent.parent / "resources" / "base_models" / root.name
     if not (base_dir / "config.json").is_file():
         raise InputError(f"{base_dir}: no base model there; give it with --base")
     available = sorted(p.name for p in (root / "sentence_adapters").glob("*") if p.is_dir() and "." not in p.name)
     if lang is not None and lang not in available:
         raise InputError(f"no modules for language {lang!r} under {root}; available: {', '.join(available) or 'none'}")
-    return variants.build_encoder(variant, root, base_dir, [lang] if lang else available)
+    return variants.build_encoder(variant, root, base_dir, [lang] if lang else available, device=device)
 
 
 def cmd_encode(args: argparse.Namespace) -> int:
@@ -175,8 +199,9 @@ def cmd_encode(args: argparse.Namespace) -> int:
 
     from modsent.encoders.modular import ModularEncoder
 
+    device = check_device(args.device)
     sentences = _read_sentences(args)
-    encoder = load_encoder(args.model, args.lang, args.base, args.variant)
+    encoder = load_encoder(args.model, args.lang, args.base, args.variant, device)
     detected = None
     if isinstance(encoder, ModularEncoder) and args.lang is None:
         langs, detected = encoder.route(sentences, args.fallback_lang) if sentences else ([], [])
@@ -262,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-format", choices=["npy", "jsonl", "parquet"], default="npy")
     p.add_argument("--column", default="text", help="text column of jsonl/parquet input and output")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the first GPU when there is one, "
+                   "else the CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_encode)
     p = sub.add_parser("outputs", help="a language's existing outputs (for snakemake --forcerun)")

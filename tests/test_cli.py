@@ -43,3 +43,14 @@ def test_jsonl_and_parquet_name_the_missing_column(monkeypatch, tmp_path):
     with pytest.raises(InputError, match=r"no column 'text' \(columns: sentence\)"):
         cli._read_sentences(args(input=str(parquet), input_format="parquet"))
     assert cli._read_sentences(args(input=str(parquet), input_format="parquet", column="sentence")) == ["x"]
+
+
+def test_device_names_are_checked():
+    assert cli.check_device(None) is None and cli.check_device("cpu") == "cpu"
+    with pytest.raises(InputError, match=r"--device 'gpu0': not a device"):
+        cli.check_device("gpu0")
+    import torch
+
+    if torch.cuda.device_count() < 8:
+        with pytest.raises(InputError, match=r"--device cuda:7: this machine has \d CUDA device"):
+            cli.check_device("cuda:7")

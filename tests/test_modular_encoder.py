@@ -300,6 +300,13 @@ def test_export_encodes_as_evaluated_when_the_base_has_a_default_prompt(inputs, 
     assert main(["encode", "--model", str(out), "--input", str(texts), "--output", str(tmp_path / "e.npy"),
                  "--quiet"]) == 0
     assert (cosine(mine, np.load(tmp_path / "e.npy")) >= 0.9999).all()
+    assert main(["encode", "--model", str(out), "--input", str(texts), "--output", str(tmp_path / "cpu.npy"),
+                 "--device", "cpu", "--quiet"]) == 0
+    assert np.array_equal(np.load(tmp_path / "cpu.npy"), np.load(tmp_path / "e.npy"))
+    for device in ("cuda:7", "tpu", "nonsense"):  # refused before anything loads
+        assert main(["encode", "--model", str(out), "--input", str(texts), "--output", str(tmp_path / "x.npy"),
+                     "--device", device, "--quiet"]) == 2
+    assert not (tmp_path / "x.npy").exists()
     assert main(["encode", "--model", str(out), "--lang", "de", "--input", str(texts), "--quiet",
                  "--output", str(tmp_path / "de.npy")]) == 2
     assert not (tmp_path / "de.npy").exists()

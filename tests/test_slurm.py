@@ -356,6 +356,8 @@ def test_outputs_complete_and_nothing_left_to_do(slurm_run):
         assert json.loads((root / f"results/{BASE}/sentence_adapters/{lang}/metrics.json").read_text())["steps"] == 4
     for kind in ["pp", "pl"]:
         assert (root / f"results/{BASE}/alignment/{kind}/ky/metrics.json").is_file()
+    leases = root / ".modsent" / "leases"
+    assert leases.is_dir() and not list(leases.glob("*.json"))  # the jobs took leases, and released them
     proc = subprocess.run([shutil.which("snakemake", path=env["PATH"]), "--configfile", "slurm-test.yaml",
                            "-n", *TARGETS], cwd=root, env=env, capture_output=True, text=True)
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
