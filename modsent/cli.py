@@ -5,6 +5,10 @@
     modsent encode --model DIR --lang de < sentences.txt > embeddings.npy
                                           sentence embeddings; DIR is an exported encoder
                                           (ModularEncoder.export) or a results/{base} tree
+    modsent export --model results/me5-small --lang ky --out ky-encoder
+                                          one language's encoder of a modular system as a
+                                          sentence-transformers directory with a model card
+    modsent push ky-encoder --repo-id ORG/NAME   that directory to the Hugging Face Hub
     modsent outputs --lang de             a language's existing outputs, to rerun it with
                                           snakemake --forcerun $(modsent outputs --lang de)
 """
@@ -230,6 +234,68 @@ def cmd_encode(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """One language's encoder of a modular system as a plain sentence-transformers directory
+    with a model card (modsent.cards)."""
+    from pathlib import Path
+
+    from modsent import cards
+    from modsent.encoders import systems as variants
+    from modsent.encoders.base_models import hub_id
+    from modsent.encoders.modular import ModularEncoder
+    from modsent.io import InputError
+
+    root = Path(args.model)
+    if (root / "modules.json").is_file():
+        raise InputError(f"{root} is a sentence-transformers directory already; export reads a results/{{base}} tree")
+    system = variants.variant(args.variant)
+    if system.kind not in ("modular", "base"):
+        raise InputError(f"--variant {args.variant}: a monolithic system is already a sentence-transformers "
+                         f"directory ({root / getattr(system, 'path', args.variant)}); export assembles modular ones")
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise InputError(f"{out} exists; remove it or give --force")
+    encoder = load_encoder(str(root), args.lang, args.base, args.variant, check_device(args.device))
+    assert isinstance(encoder, ModularEncoder)
+    modules = variants._modules(system, root, args.lang)
+    base_dir = encoder.base_model_dir
+    resources = root.parent.parent / "resources"
+    text = cards.export_card(language=args.lang, base_model=hub_id(base_dir), system=args.variant, modules=modules,
+                             results_dir=root, license=args.license,
+                             builtin_data=(resources / "paraphrases" / "builtin.parquet").is_file())
+    cards.check_card(text)
+    encoder.export(args.lang, out, card=text)
+    print(f"modsent export: {args.variant} for {args.lang} in {out} (model card: {out / cards.CARD})", file=sys.stderr)
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    """An export (or any sentence-transformers directory with a model card) to the Hub, with
+    huggingface_hub's own upload: the repository is created when missing."""
+    from pathlib import Path
+
+    from huggingface_hub import HfApi
+
+    from modsent.cards import CARD
+    from modsent.encoders.base_models import PICKLE_SUFFIXES
+    from modsent.io import InputError
+
+    folder = Path(args.folder)
+    if not (folder / "modules.json").is_file():
+        raise InputError(f"{folder}: not a sentence-transformers directory (no modules.json)")
+    if not (folder / CARD).is_file():
+        raise InputError(f"{folder}: no model card ({CARD}); make the directory with `modsent export`")
+    pickles = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.suffix in PICKLE_SUFFIXES]
+    if pickles:
+        raise InputError(f"{folder}: pickled files are not pushed: {', '.join(pickles)}")
+    api = HfApi(token=args.token)
+    url = api.create_repo(args.repo_id, private=args.private, exist_ok=True, repo_type="model")
+    api.upload_folder(repo_id=args.repo_id, folder_path=str(folder), repo_type="model",
+                      commit_message=args.message)
+    print(f"modsent push: {folder} -> {url}", file=sys.stderr)
+    return 0
+
+
 def language_outputs(langs: list[str], directory: str = ".", base: str | None = None) -> list[str]:
     """The existing outputs of ``langs`` under ``directory`` (all bases, or ``base``)."""
     from glob import escape, glob
@@ -291,6 +357,25 @@ def main(argv: list[str] | None = None) -> int:
                    "else the CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_encode)
+    p = sub.add_parser("export", help="one language's encoder of a modular system as a sentence-transformers "
+                       "directory with a model card")
+    p.add_argument("--model", required=True, help="results/{base}")
+    p.add_argument("--lang", required=True, help="language code")
+    p.add_argument("--variant", default="Mod_mc", help="the modular system (Mod_mc, Mod_mc-0.7, Mod_mc-pl, "
+                   "Mod_m, Mod_en, Mod_c, base, ...)")
+    p.add_argument("--base", help="base model directory (default: resources/base_models/{base})")
+    p.add_argument("--out", required=True, help="the directory to write")
+    p.add_argument("--license", help="the licence's Hub id for the card (e.g. apache-2.0); default: none set")
+    p.add_argument("--device", help="where to merge the modules (default: the first GPU, else the CPU)")
+    p.add_argument("--force", action="store_true", help="replace --out when it exists")
+    p.set_defaults(func=cmd_export)
+    p = sub.add_parser("push", help="an export to the Hugging Face Hub (huggingface_hub's upload_folder)")
+    p.add_argument("folder", help="the export directory")
+    p.add_argument("--repo-id", required=True, help="user/name or org/name on the Hub")
+    p.add_argument("--private", action="store_true", help="create the repository private")
+    p.add_argument("--token", help="a Hub token (default: huggingface-cli login's)")
+    p.add_argument("--message", default="Upload a modsent encoder", help="the commit message")
+    p.set_defaults(func=cmd_push)
     p = sub.add_parser("outputs", help="a language's existing outputs (for snakemake --forcerun)")
     p.add_argument("--lang", action="append", required=True, help="language code (repeatable)")
     p.add_argument("--base", help="only results/BASE (default: every base model's results)")

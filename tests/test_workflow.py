@@ -214,6 +214,51 @@ def test_encode_command_line(run, tmp_path):
     assert not np.allclose(np.load(tmp_path / "m.npy"), vectors, atol=1e-3)
 
 
+def test_export_writes_a_model_card_and_push_uses_the_hub_s_upload(run, tmp_path, monkeypatch):
+    import numpy as np
+    from huggingface_hub import HfApi, ModelCard
+    from sentence_transformers import SentenceTransformer
+
+    from modsent.cli import main
+    from modsent.encoders.modular import ModularEncoder
+
+    results = run / "results/tiny"
+    out = tmp_path / "ky-encoder"
+    assert main(["export", "--model", str(results), "--lang", "ky", "--out", str(out), "--license", "apache-2.0"]) == 0
+    card = ModelCard.load(out / "README.md")  # the Hub's own parser
+    data = card.data.to_dict()
+    assert data["language"] == ["ky"] and data["license"] == "apache-2.0"
+    assert (data["library_name"], data["pipeline_tag"]) == ("sentence-transformers", "sentence-similarity")
+    assert "modsent-Mod_mc" in data["tags"] and "base_model" not in data  # a random test model has no Hub id
+    text = card.text
+    for module in ["language_adapters/ky", "sentence_adapters/ky", "alignment/pp/ky", "alignment/pl/ky"]:
+        steps = json.loads((results / module / "metrics.json").read_text())["steps"]
+        assert f"`{module.rsplit('/', 2)[-2]}/ky`" in text and f"| steps | {steps} |" in text
+    summary = pd.read_csv(results / "summary.csv").set_index("variant").loc["Mod_mc-0.5"]
+    lines = text.splitlines()
+    row = lines[lines.index("| " + " | ".join(summary.index) + " |") + 2]
+    assert [float(v) for v in row.strip("| ").split(" | ")] == pytest.approx(summary.tolist(), rel=1e-3)
+    assert ("## Data notices" in text) == (run / "resources/paraphrases/builtin.parquet").is_file()
+    # the export is the system: plain sentence-transformers computes what modsent does
+    encoder = ModularEncoder(run / "resources/base_models/tiny")
+    encoder.add_language("ky", language_adapter=results / "language_adapters/ky",
+                         sentence_adapter=results / "sentence_adapters/ky", alignment=results / "alignment/merged-0.5/ky")
+    sentences = ["Салам дүйнө", "Кош келиңиз"]
+    exported = SentenceTransformer(str(out), device="cpu").encode(sentences)
+    assert np.allclose(exported, encoder.encode(sentences, lang="ky"), atol=1e-4)
+    assert main(["export", "--model", str(results), "--lang", "ky", "--out", str(out)]) == 2  # exists: --force
+    assert main(["export", "--model", str(results), "--lang", "ky", "--variant", "Full_m", "--out", str(tmp_path / "f")]) == 2
+    # push: huggingface_hub's create_repo + upload_folder, nothing else
+    calls = []
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: calls.append(("create", repo_id, kw)) or f"https://hub/{repo_id}")
+    monkeypatch.setattr(HfApi, "upload_folder", lambda self, **kw: calls.append(("upload", kw)))
+    assert main(["push", str(out), "--repo-id", "org/ky-encoder", "--private"]) == 0
+    assert calls[0] == ("create", "org/ky-encoder", {"private": True, "exist_ok": True, "repo_type": "model"})
+    assert calls[1][1]["folder_path"] == str(out) and calls[1][1]["repo_id"] == "org/ky-encoder"
+    (out / "README.md").unlink()
+    assert main(["push", str(out), "--repo-id", "org/ky-encoder"]) == 2 and len(calls) == 2  # no card, no upload
+
+
 def test_rerun_has_nothing_to_do(run):
     proc = snakemake(run, "-n")
     assert "Nothing to be done" in proc.stdout + proc.stderr

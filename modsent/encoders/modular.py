@@ -498,13 +498,14 @@ class ModularEncoder:
 
     # ---- export -------------------------------------------------------------------------------------
 
-    def export(self, lang: str, out_dir: str | Path) -> Path:
+    def export(self, lang: str, out_dir: str | Path, card: str | None = None) -> Path:
         """``lang``'s encoder as a standalone sentence-transformers directory (atomically).
 
         Plain ``SentenceTransformer(out_dir).encode(texts)`` computes what ``encode(texts,
         lang=lang)`` does: the export has no prompts (the modules were trained and are evaluated
         without one; a base's default prompt such as E5's "query: " would shift every vector).
-        ``export_info.json`` records the language and the base model's Hub id, where it has one."""
+        ``export_info.json`` records the language and the base model's Hub id, where it has one;
+        ``card`` (modsent.cards.export_card) is written as its README.md."""
         import copy
 
         from modsent.encoders.base_models import hub_id
@@ -558,6 +559,8 @@ class ModularEncoder:
             st_config["max_seq_length"] = entry.max_seq_length
             (target / "sentence_bert_config.json").write_text(json.dumps(st_config, indent=2) + "\n", encoding="utf-8")
             (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+            if card is not None:
+                (tmp / "README.md").write_text(card, encoding="utf-8")
         return out_dir
 
 

@@ -1,0 +1,149 @@
+"""Model cards: the ``README.md`` the Hugging Face Hub reads, for an exported encoder.
+
+The card has the metadata block the Hub indexes (language, base_model as a Hub id, library_name
+sentence-transformers, pipeline_tag sentence-similarity, tags, and the licence when it is
+given), written with huggingface_hub's own ``ModelCardData``; then how to load it, how each of
+its modules was trained (the settings and figures each training stage recorded in its
+``metrics.json``), the system's scores from the run's ``summary.csv`` and per-language tables,
+and the notices of the built-in data the run may have used.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from modsent.io import InputError
+
+CARD = "README.md"
+TAGS = ["sentence-transformers", "sentence-similarity", "feature-extraction", "modsent",
+        "modular-sentence-encoder"]
+# what each stage's metrics.json holds that a reader of the card wants (in this order)
+STAGE_FIGURES = {
+    "language adapter (MLM)": ["steps", "train_lines", "heldout_mlm_loss_before", "heldout_mlm_loss_after"],
+    "sentence-encoding adapter": ["steps", "train_pairs", "heldout_retrieval_accuracy_before",
+                                  "heldout_retrieval_accuracy_after"],
+    "cross-lingual alignment adapter": ["kind", "steps", "train_pairs", "heldout_retrieval_accuracy_before",
+                                        "heldout_retrieval_accuracy_after"],
+}
+
+
+def _value(value) -> str:
+    if isinstance(value, float):
+        return "–" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def _stage_rows(modules: dict[str, Path | None]) -> list[tuple[str, Path, dict]]:
+    """(stage, directory, metrics) of each module that recorded its training; a merged
+    alignment adapter lists the pp and pl adapters it averages."""
+    stages = {"language_adapter": "language adapter (MLM)", "sentence_adapter": "sentence-encoding adapter",
+              "alignment": "cross-lingual alignment adapter"}
+    rows = []
+    for key, path in modules.items():
+        if path is None:
+            continue
+        path = Path(path)
+        sources = [path]
+        if key == "alignment" and path.parent.name.startswith("merged-"):
+            sources = [path.parent.parent / kind / path.name for kind in ("pp", "pl")]
+        for source in sources:
+            metrics = source / "metrics.json"
+            if metrics.is_file():
+                rows.append((stages[key], source, json.loads(metrics.read_text(encoding="utf-8"))))
+    return rows
+
+
+def _score_tables(results_dir: Path, names: list[str], lang: str) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """This system's row of ``summary.csv`` ({column: value}) and, per evaluation table under
+    eval/per_language, its values in the columns that involve ``lang``."""
+    import pandas as pd
+
+    summary, per_language = {}, {}
+    path = results_dir / "summary.csv"
+    if path.is_file():
+        frame = pd.read_csv(path)
+        rows = frame[frame["variant"].isin(names)]
+        if len(rows):
+            summary = {column: _value(rows.iloc[0][column]) for column in frame.columns if column != "variant"}
+    for table in sorted((results_dir / "eval" / "per_language").glob("*.csv")):
+        frame = pd.read_csv(table)
+        rows = frame[frame["variant"].isin(names)]
+        columns = [c for c in frame.columns if c != "variant" and lang in c.replace("→", "-").split("-")]
+        if len(rows) and columns:
+            per_language[table.stem] = {c: _value(rows.iloc[0][c]) for c in columns}
+    return summary, per_language
+
+
+def _notices() -> list[str]:
+    from modsent.sources.builtin import PROVENANCE
+
+    return [f"{entry['source']} ({entry['package']} {entry['version']}): {entry['content']}; "
+            f"{entry['licence']}; {entry['copyright']}; {entry['url']}" for entry in PROVENANCE]
+
+
+def export_card(*, language: str, base_model: str | None, system: str, modules: dict[str, Path | None],
+                results_dir: Path | None = None, license: str | None = None,
+                builtin_data: bool = False) -> str:
+    """The card's text (metadata block and body) for ``language``'s export of ``system``."""
+    from huggingface_hub import ModelCardData
+
+    names = [system] + (["Mod_mc-0.5"] if system == "Mod_mc" else [])
+    data = ModelCardData(language=[language], license=license, library_name="sentence-transformers",
+                         pipeline_tag="sentence-similarity", base_model=base_model,
+                         tags=TAGS + [f"modsent-{system}"])
+    lines = ["---", data.to_yaml(), "---", "",
+             f"# {system} sentence encoder for `{language}` (modsent)", "",
+             f"The `{language}` encoder of the modular system **{system}**, trained with modsent on "
+             f"{'`' + base_model + '`' if base_model else 'a base model without a Hub id'}: its "
+             "language adapter, sentence-encoding adapter and cross-lingual alignment adapter, as "
+             "present, are merged into the weights, so it is a plain sentence-transformers model "
+             "with no custom code. It encodes without a prompt, as it was trained and evaluated.", "",
+             "## Usage", "", "```python", "from sentence_transformers import SentenceTransformer", "",
+             'model = SentenceTransformer("PATH_OR_HUB_ID")',
+             "embeddings = model.encode([...])  # L2-normalised when the base model normalises", "```", ""]
+    lines += ["## Training", ""]
+    stages = _stage_rows(modules)
+    if not stages:
+        lines += ["No module recorded its training (the base model's weights only).", ""]
+    for stage, path, metrics in stages:
+        lines += [f"### {stage}: `{path.parent.name}/{path.name}`", "", "| figure | value |", "|---|---|"]
+        lines += [f"| {key} | {_value(metrics[key])} |" for key in STAGE_FIGURES[stage] if key in metrics]
+        if metrics.get("config"):
+            lines += ["", "<details><summary>settings</summary>", "", "```json",
+                      json.dumps(metrics["config"], indent=2, sort_keys=True), "```", "", "</details>"]
+        lines.append("")
+    if results_dir is not None:
+        summary, per_language = _score_tables(Path(results_dir), names, language)
+        if summary or per_language:
+            lines += ["## Evaluation", "",
+                      f"Scores of {system} in the run that trained it (modsent's evaluation suite; "
+                      "↓ marks an error, lower is better):", ""]
+        if summary:
+            lines += ["| " + " | ".join(summary) + " |", "|" + "---|" * len(summary),
+                      "| " + " | ".join(summary.values()) + " |", ""]
+        for table, values in per_language.items():
+            lines += [f"`{table}`, the pairs or languages with `{language}`:", "",
+                      "| " + " | ".join(values) + " |", "|" + "---|" * len(values),
+                      "| " + " | ".join(values.values()) + " |", ""]
+    if builtin_data:
+        lines += ["## Data notices", "",
+                  "The run used modsent's built-in data, which comes from these packages:", ""]
+        lines += [f"- {notice}" for notice in _notices()] + [""]
+    lines += ["## Licence", "",
+              f"{'`' + license + '`' if license else 'Not set: the licence of the base model and of the training data apply'}"
+              f"{'' if not base_model else f' (base model: `{base_model}`)'}.", ""]
+    return "\n".join(lines)
+
+
+def check_card(text: str) -> dict:
+    """The metadata of card ``text`` as huggingface_hub's card parser reads it; an InputError
+    when it has none or lacks the fields the Hub indexes."""
+    from huggingface_hub import ModelCard
+
+    data = ModelCard(text).data.to_dict()
+    missing = [key for key in ("language", "library_name", "pipeline_tag", "tags") if not data.get(key)]
+    if missing:
+        raise InputError(f"the model card's metadata lacks {', '.join(missing)}")
+    return data

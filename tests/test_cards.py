@@ -1,0 +1,50 @@
+"""Model cards: the Hub's parser reads the metadata, and the body holds what the run recorded."""
+
+import json
+
+import pandas as pd
+import pytest
+from huggingface_hub import ModelCard
+
+from modsent import cards
+from modsent.io import InputError
+
+
+def _module(path, **metrics):
+    path.mkdir(parents=True)
+    (path / "metrics.json").write_text(json.dumps(metrics))
+    return path
+
+
+def test_card_metadata_training_and_scores(tmp_path):
+    results = tmp_path / "results" / "labse"
+    la = _module(results / "language_adapters" / "ky", steps=200, train_lines=5000, heldout_mlm_loss_before=7.5,
+                 heldout_mlm_loss_after=4.25, config={"learning_rate": 5e-4, "lora_r": 8})
+    se = _module(results / "sentence_adapters" / "ky", steps=100, train_pairs=3000, config={"batch_size": 128})
+    for kind, steps in (("pp", 40), ("pl", 60)):
+        _module(results / "alignment" / kind / "ky", kind=kind, steps=steps, train_pairs=900)
+    merged = results / "alignment" / "merged-0.5" / "ky"
+    merged.mkdir(parents=True)
+    pd.DataFrame({"variant": ["base", "Mod_mc-0.5"], "BM xsim err ↓": [22.18, 19.04], "RSIM": [0.6, 0.65]}).to_csv(
+        results / "summary.csv", index=False)
+    (results / "eval" / "per_language").mkdir(parents=True)
+    pd.DataFrame({"variant": ["Mod_mc-0.5"], "de-en": [0.7], "en-ky": [0.61], "ky-zh": [0.52]}).to_csv(
+        results / "eval" / "per_language" / "rsim.csv", index=False)
+    text = cards.export_card(language="ky", base_model="sentence-transformers/LaBSE", system="Mod_mc",
+                             modules={"language_adapter": la, "sentence_adapter": se, "alignment": merged},
+                             results_dir=results, license="apache-2.0", builtin_data=True)
+    data = cards.check_card(text)
+    assert data == ModelCard(text).data.to_dict()
+    assert (data["language"], data["base_model"], data["license"]) == (["ky"], "sentence-transformers/LaBSE", "apache-2.0")
+    assert data["library_name"] == "sentence-transformers" and data["pipeline_tag"] == "sentence-similarity"
+    body = ModelCard(text).text
+    assert "| steps | 200 |" in body and "| heldout_mlm_loss_after | 4.25 |" in body
+    assert '"lora_r": 8' in body and "| train_pairs | 3000 |" in body
+    assert "`pp/ky`" in body and "| steps | 40 |" in body and "`pl/ky`" in body and "| steps | 60 |" in body
+    assert "| BM xsim err ↓ | RSIM |\n|---|---|\n| 19.04 | 0.65 |" in body  # Mod_mc is the 0.5 merge's row
+    assert "| en-ky | ky-zh |\n|---|---|\n| 0.61 | 0.52 |" in body and "de-en" not in body
+    assert "## Data notices" in body and "django (Django" in body and "BSD-3-Clause" in body
+    bare = cards.export_card(language="ky", base_model=None, system="base", modules={"language_adapter": None})
+    assert "base_model" not in cards.check_card(bare) and "## Evaluation" not in bare and "Data notices" not in bare
+    with pytest.raises(InputError, match="lacks library_name, pipeline_tag"):
+        cards.check_card("---\nlanguage: [ky]\ntags: [x]\n---\ntext")
