@@ -94,13 +94,14 @@ def source_errors(config: dict) -> list[str]:
     from modsent.sources.hub import get_definition
 
     problems = []
-    tracking = (config.get("language_adapter") or {}).get("tracking", "none")
-    if tracking in ("tensorboard", "wandb"):
-        import importlib.util
+    for key, tracking in (("language_adapter.tracking", (config.get("language_adapter") or {}).get("tracking", "none")),
+                          ("tracking.report_to", (config.get("tracking") or {}).get("report_to", "none"))):
+        if tracking in ("tensorboard", "wandb"):
+            import importlib.util
 
-        if importlib.util.find_spec(tracking) is None:
-            problems.append(f"language_adapter.tracking: {tracking!r} needs the `{tracking}` package "
-                            "(pip install -e .[tracking])")
+            if importlib.util.find_spec(tracking) is None:
+                problems.append(f"{key}: {tracking!r} needs the `{tracking}` package "
+                                "(pip install -e .[tracking])")
     base_source = (config.get("base_model") or {}).get("source")
     if isinstance(base_source, str):
         from modsent.encoders.base_models import parse_source

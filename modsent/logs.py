@@ -60,12 +60,18 @@ def setup_logging(log_path: str | None = None, level: int = logging.INFO) -> log
 
 
 def start_job(snakemake) -> logging.Logger:
-    """The start of every workflow script: logging to the rule's log (:func:`setup_logging`)
-    and a lease on each of the job's outputs (:mod:`modsent.leases`), so that a restart of the
-    workflow does not start this job a second time while it still runs. Raises
+    """The start of every workflow script: logging to the rule's log (:func:`setup_logging`),
+    a lease on each of the job's outputs (:mod:`modsent.leases`), so that a restart of the
+    workflow does not start this job a second time while it still runs, and the config's
+    ``tracking`` for the job's training loops (:mod:`modsent.training.tracking`). Raises
     :class:`modsent.leases.LeaseError` when another job that still runs holds one of them."""
     from modsent import leases
 
+    from modsent.training import tracking
+
     logger = setup_logging(snakemake.log[0] if snakemake.log else None)
     leases.take([str(path) for path in snakemake.output], rule=snakemake.rule)
+    wildcards = ",".join(f"{key}={value}" for key, value in snakemake.wildcards.items())
+    tracking.configure_job(snakemake.config.get("tracking"), snakemake.log[0] if snakemake.log else None,
+                           f"{snakemake.rule}[{wildcards}]" if wildcards else snakemake.rule)
     return logger

@@ -1,5 +1,6 @@
 """A rule's log: every attempt kept, and the traceback of the exception that ended a job."""
 
+import os
 import subprocess
 import sys
 
@@ -59,3 +60,32 @@ def test_snakemake_retries_keep_every_attempt_s_log_and_release_their_leases(tmp
     for part in parts:
         assert "ValueError: out.txt: the job fails" in part and "Traceback" in part
     assert not list((tmp_path / LEASE_DIR).glob("*.json"))  # a failed job leaves no lease
+
+
+def test_every_training_loop_reports_to_the_log_and_the_configured_tracker(tmp_path, monkeypatch, caplog):
+    """tracking.report_to: tensorboard — a TrainingLog's logged steps are in the rule's log and
+    in TensorBoard event files beside it, with the values recorded."""
+    import logging
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from modsent.training import tracking
+    from modsent.training.loop import TrainingLog
+
+    monkeypatch.delenv(tracking.ENV, raising=False)
+    log_path = tmp_path / "logs" / "tiny" / "sentence_adapters" / "de.log"
+    tracking.configure_job({"report_to": "tensorboard"}, log_path, "sentence_adapter[lang=de]")
+    losses = [2.0, 1.5, 1.25, 1.0, 0.75]
+    with caplog.at_level(logging.INFO, logger="modsent.training.loop"):
+        training = TrainingLog(len(losses), 0, "SE de", progress=False, log_every=2)
+        for step, loss in enumerate(losses):
+            training.record(step, loss, 1e-3 * (step + 1), 4)
+        training.close()
+    logged = [r.getMessage() for r in caplog.records if r.name == "modsent.training.loop"]
+    assert logged == [f"SE de: step {s}/5, loss {losses[s - 1]:.4f}, lr {1e-3 * s:.3g}" for s in (1, 2, 4, 5)]
+    events = EventAccumulator(str(log_path.parent / "tensorboard" / "de" / "SE_de"))
+    events.Reload()
+    scalars = [(e.step, e.value) for e in events.Scalars("train/loss")]
+    assert scalars == [(s, losses[s - 1]) for s in (1, 2, 4, 5)]
+    tracking.configure_job({"report_to": "none"}, log_path, "x")
+    assert tracking.job_tracker("SE de") is None and tracking.ENV not in os.environ

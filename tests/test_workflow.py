@@ -323,7 +323,7 @@ RUNTIME_CHANGES = {
     "language_adapter.log_every": 3, "language_adapter.tracking": "tensorboard", "language_adapter.gpus": 2,
     "sentence_adapter.log_every": 3, "sentence_adapter.checkpoint_every": 5, "alignment.log_every": 3,
     "alignment.checkpoint_every": 5, "baselines.log_every": 3, "baselines.checkpoint_every": 5,
-    "baselines.gpus": 2,
+    "baselines.gpus": 2, "tracking": {"report_to": "tensorboard"},
 }
 
 

@@ -16,6 +16,8 @@ log = start_job(snakemake)
 # log_every, tracking) is read from the config, so that changing it reruns no finished job.
 settings = {**snakemake.params.settings,
             **runtime_settings(snakemake.config, "language_adapter", snakemake.wildcards.lang)}
+if settings.get("tracking", "none") == "none":  # tracking.report_to: every stage's
+    settings["tracking"] = (snakemake.config.get("tracking") or {}).get("report_to", "none")
 cfg = LanguageAdapterConfig.from_config(settings)
 # TensorBoard event files (tracking: tensorboard) beside the job's log
 tracking_dir = Path(snakemake.log[0]).parent / "tensorboard" / snakemake.wildcards.lang

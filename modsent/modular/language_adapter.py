@@ -41,11 +41,12 @@ import torch
 from modsent import distributed
 from modsent.io import InputError, atomic_path, check_model_files, iter_utf8_lines, read_safetensors
 from modsent.losses import MaskedLanguageModelingLoss, mlm_parts
-from modsent.training import schedules
+from modsent.training import schedules, tracking
 from modsent.training.checkpoints import load_checkpoint, save_checkpoint
 from modsent.training.optim import adamw
 from modsent.training.precision import autocast
 from modsent.training.seeding import dropout_seed, step_generator
+from modsent.training.tracking import Tracker
 from modsent.evaluation.plots import write_before_after_bars, write_loss_curve
 
 log = logging.getLogger(__name__)
@@ -314,37 +315,6 @@ def batch_indices(step: int, n_sequences: int, batch_size: int, seed: int) -> to
     return order[offset * batch_size:(offset + 1) * batch_size]
 
 
-class _Tracker:
-    """Optional TensorBoard / Weights & Biases logging of the training curve."""
-
-    def __init__(self, kind: str, out_dir: Path, run_name: str, config: dict):
-        self.kind, self.writer = kind, None
-        if kind == "tensorboard":
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as err:
-                raise InputError("language_adapter.tracking: tensorboard needs the `tensorboard` "
-                                 "package (pip install tensorboard)") from err
-            self.writer = SummaryWriter(log_dir=str(out_dir))
-        elif kind == "wandb":
-            try:
-                import wandb
-            except ImportError as err:
-                raise InputError("language_adapter.tracking: wandb needs the `wandb` package") from err
-            self.writer = wandb.init(project="modsent", name=run_name, config=config, reinit=True)
-
-    def log(self, step: int, values: dict) -> None:
-        if self.kind == "tensorboard":
-            for key, value in values.items():
-                self.writer.add_scalar(key, value, step)
-        elif self.kind == "wandb":
-            self.writer.log(values, step=step)
-
-    def close(self) -> None:
-        if self.writer is not None:
-            (self.writer.close if self.kind == "tensorboard" else self.writer.finish)()
-
-
 def warm_up_head(model, train: torch.Tensor, tokenizer, cfg: LanguageAdapterConfig, device) -> None:
     """``cfg.head_warmup_steps`` steps training the MLM head alone (its own optimizer), before
     the "before" loss is measured. Uses steps past the end of the LA's batch sequence."""
@@ -455,9 +425,10 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
     # every process starts from the main process's weights, as DistributedDataParallel does
     distributed.broadcast_from_main(trainable)
 
-    tracker = _Tracker(cfg.tracking if main else "none",
-                       Path(tracking_dir or out_dir.with_name(out_dir.name + ".tracking")),
-                       out_dir.name, dataclasses.asdict(cfg))
+    tracker = Tracker(cfg.tracking if main else "none",
+                      Path(tracking_dir or out_dir.with_name(out_dir.name + ".tracking")),
+                      f"LA {out_dir.name}", dataclasses.asdict(cfg),
+                      project=(tracking.job_settings() or {}).get("project", "modsent"))
     model.train()
     tokens_seen, start_time = 0, time.perf_counter()
     bar = tqdm(total=cfg.steps, initial=step, desc=f"LA {out_dir.name}",
@@ -488,6 +459,9 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
             history.append([step, value, optimizer.param_groups[0]["lr"]])
             tracker.log(step, {"train/loss": value, "train/lr": optimizer.param_groups[0]["lr"]})
             bar.set_postfix(loss=f"{value:.3f}")
+            if main:
+                log.info("LA %s: step %d/%d, loss %.4f, lr %.3g", out_dir.name, step, cfg.steps, value,
+                         optimizer.param_groups[0]["lr"])
         bar.update(1)
         if step % cfg.checkpoint_every == 0 and step < cfg.steps and main:
             save_checkpoint(checkpoint_dir, model, optimizer, step, fingerprint,

@@ -20,9 +20,12 @@ hands its step to a framework of callbacks.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> float:
@@ -52,12 +55,20 @@ def checkpoint_due(step: int, every: int, total_steps: int, checkpoint_dir) -> b
 class TrainingLog:
     """The losses of every step, the logged history (``[step, loss, lr]`` every ``log_every``
     steps, the first and the last), pairs seen and seconds of this run, and a progress bar.
-    ``resumed``: the checkpoint's extra state (its ``losses`` and ``history`` continue)."""
+    ``resumed``: the checkpoint's extra state (its ``losses`` and ``history`` continue). Each
+    logged step also goes to the log (the rule's log) and, in the main process, to the job's
+    tracker (config ``tracking.report_to``: modsent.training.tracking)."""
 
     def __init__(self, total_steps: int, start_step: int, desc: str, progress: bool, log_every: int,
                  resumed: dict | None = None):
         from tqdm.auto import tqdm
 
+        from modsent import distributed
+        from modsent.training import tracking
+
+        self.main = distributed.is_main()
+        self.tracker = tracking.job_tracker(desc) if self.main else None
+        self.desc = desc
         self.total_steps, self.log_every = total_steps, log_every
         self.losses: list[float] = list(resumed["losses"]) if resumed else []
         self.history: list[list[float]] = [list(row) for row in resumed["history"]] if resumed else []
@@ -71,6 +82,10 @@ class TrainingLog:
         if (step + 1) % self.log_every == 0 or step == 0 or step + 1 == self.total_steps:
             self.history.append([step + 1, loss, lr])
             self.bar.set_postfix(loss=f"{loss:.3f}")
+            if self.main:
+                log.info("%s: step %d/%d, loss %.4f, lr %.3g", self.desc, step + 1, self.total_steps, loss, lr)
+                if self.tracker is not None:
+                    self.tracker.log(step + 1, {"train/loss": loss, "train/lr": lr})
         self.bar.update(1)
 
     def state(self, **extra) -> dict:
@@ -80,4 +95,6 @@ class TrainingLog:
     def close(self) -> tuple[list[float], list[list[float]], int, float]:
         """(losses, history, pairs seen, seconds); the last two count this run's steps only."""
         self.bar.close()
+        if self.tracker is not None:
+            self.tracker.close()
         return self.losses, self.history, self.pairs_seen, time.perf_counter() - self.start_time
