@@ -65,10 +65,16 @@ onstart:
     # earlier run (Snakemake killed, the session lost) still produces an output (modsent.leases)
     from modsent import leases as modsent_leases
 
-    try:
-        modsent_leases.check_no_running_holders()
+    jobs = list(workflow.dag.needrun_jobs())
+    try:  # only this run's outputs: a concurrent --nolock run's jobs are not orphans
+        modsent_leases.check_no_running_holders(outputs=[str(f) for job in jobs for f in job.output])
     except modsent_leases.LeaseError as err:
         raise WorkflowError(str(err)) from None
+    # every job's resources now, under SLURM checked against the nodes (rules/resources.smk):
+    # a request no node can meet stops the run here, before any job is submitted, not when
+    # the scheduler reaches that job (it would cancel the jobs already running)
+    for job in jobs:
+        job.resources
 
 
 rule all:

@@ -55,6 +55,16 @@ def _stage_rows(modules: dict[str, Path | None]) -> list[tuple[str, Path, dict]]
     return rows
 
 
+def _column_languages(column: str) -> list[str]:
+    """The languages of a per-language table's column (``ky``, ``en-ky``, ``zh-Hant``), or none."""
+    from modsent.evaluation.suite import subset_languages
+
+    try:
+        return subset_languages(column.replace("→", "-"))
+    except InputError:
+        return []
+
+
 def _score_tables(results_dir: Path, names: list[str], lang: str) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
     """This system's row of ``summary.csv`` ({column: value}) and, per evaluation table under
     eval/per_language, its values in the columns that involve ``lang``."""
@@ -70,7 +80,7 @@ def _score_tables(results_dir: Path, names: list[str], lang: str) -> tuple[dict[
     for table in sorted((results_dir / "eval" / "per_language").glob("*.csv")):
         frame = pd.read_csv(table)
         rows = frame[frame["variant"].isin(names)]
-        columns = [c for c in frame.columns if c != "variant" and lang in c.replace("→", "-").split("-")]
+        columns = [c for c in frame.columns if c != "variant" and lang in _column_languages(c)]
         if len(rows) and columns:
             per_language[table.stem] = {c: _value(rows.iloc[0][c]) for c in columns}
     return summary, per_language

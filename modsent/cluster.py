@@ -36,9 +36,8 @@ class Node:
 def gpu_count(gres: str) -> int:
     """GPUs in a sinfo %G field: "gpu:2", "gpu:a100:4(S:0-1)", "gpu:a100:2,mps:100", "(null)"."""
     total = 0
-    for item in gres.split(","):
-        item = re.sub(r"\(.*?\)", "", item).strip()
-        parts = item.split(":")
+    for item in re.sub(r"\(.*?\)", "", gres).split(","):  # "(S:0,2)" holds commas too
+        parts = item.strip().split(":")
         if parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
             total += int(parts[-1])
     return total
@@ -82,6 +81,10 @@ def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus:
     per = max(gpus, 1)
     first, wanted = mem_mb * per, mem_mb * per * attempt
     key = f"your config's resources: {{{kind}: {{...}}}} (defaults in rules/resources.smk)"
+    if gpus and not any(node.gpus for node in nodes):
+        raise ClusterFitError(
+            f"jobs of kind {kind} need a GPU, but sinfo reports no node with gpu GRES on this "
+            "cluster (run Snakemake where sinfo sees the GPU partitions, or check gres.conf)")
     if gpus and not any(node.gpus >= gpus for node in nodes):
         most = max(node.gpus for node in nodes)
         raise ClusterFitError(

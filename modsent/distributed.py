@@ -227,11 +227,12 @@ def run_launched(command: Sequence[str], log_path: str | Path, threads: int) -> 
         handler.close()
     result = subprocess.run(list(command), env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     if result.returncode:
-        from modsent.logs import FORMAT
+        from modsent.logs import FORMAT, attempts_log
 
-        handler = logging.FileHandler(log_path, mode="a", encoding="utf-8")
-        handler.setFormatter(logging.Formatter(FORMAT))
-        root.addHandler(handler)
+        for path in (log_path, attempts_log(log_path)):
+            handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+            handler.setFormatter(logging.Formatter(FORMAT))
+            root.addHandler(handler)
         log.error("torchrun exited with status %d", result.returncode)
     return result.returncode
 
@@ -251,12 +252,13 @@ def add_process_arguments(parser: argparse.ArgumentParser) -> None:
 def process_logging(log_path: str | None, rank: int) -> None:
     """The main process logs to stderr and appends to ``log_path`` (the workflow script that
     started torchrun wrote the log's first lines); the others report warnings and errors only."""
-    from modsent.logs import FORMAT
+    from modsent.logs import FORMAT, attempts_log
 
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if rank == 0 and log_path:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(log_path, mode="a", encoding="utf-8"))
+        for path in (log_path, attempts_log(log_path)):  # the attempt's log and the history
+            handlers.append(logging.FileHandler(path, mode="a", encoding="utf-8"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=FORMAT if rank == 0 else f"[rank {rank}] {FORMAT}",
                         handlers=handlers, force=True)

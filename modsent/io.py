@@ -69,7 +69,11 @@ def _replace_directory(new: Path, final: Path) -> None:
         return
     old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
     aside = old / final.name
-    os.replace(final, aside)
+    try:
+        os.replace(final, aside)
+    except BaseException:
+        shutil.rmtree(old, ignore_errors=True)
+        raise
     try:
         os.replace(new, final)
     except BaseException:

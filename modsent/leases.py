@@ -18,8 +18,9 @@ Two checks read the leases:
   still leased by a running job fails at once instead of writing over it.
 
 A holder counts as running when the scheduler says so (``squeue -j ID``: pending, running,
-suspended, completing, ...), or, for a job run without SLURM, when its process still exists
-on this host with the recorded start time (so a reused process id does not count).
+suspended, completing, ...), or, for a job run without SLURM or inside the checker's own SLURM
+allocation, when its process still exists on this host with the recorded start time (so a
+reused process id does not count).
 """
 
 from __future__ import annotations
@@ -59,12 +60,20 @@ def lease_path(output: str | os.PathLike, root: str | os.PathLike = ".") -> Path
 
 def _process_start(pid: int) -> str | None:
     """The start time of process ``pid`` in clock ticks since boot (/proc/PID/stat field 22),
-    or None when there is no such process (or no /proc)."""
+    or None when there is no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _process_running(record: dict) -> bool | None:
+    """Whether the process of ``record`` still runs on this host (None: cannot tell here)."""
+    if record.get("host") != socket.gethostname() or not Path("/proc/self/stat").exists():
+        return None
+    pid = record.get("pid")
+    return isinstance(pid, int) and _process_start(pid) is not None and _process_start(pid) == record.get("pid_start")
 
 
 def current_holder(rule: str | None = None) -> dict:
@@ -75,8 +84,7 @@ def current_holder(rule: str | None = None) -> dict:
 
 
 def _same_holder(record: dict, holder: dict) -> bool:
-    if record.get("slurm_job") or holder.get("slurm_job"):
-        return record.get("slurm_job") == holder.get("slurm_job")  # the same job, e.g. requeued
+    """The same process (a requeued SLURM job is a new process: its old lease is stale)."""
     return (record.get("host"), record.get("pid"), record.get("pid_start")) == \
         (holder.get("host"), holder.get("pid"), holder.get("pid_start"))
 
@@ -88,7 +96,7 @@ def slurm_job_state(job_id: str) -> str | None:
     if squeue is None:
         return None
     try:
-        proc = subprocess.run([squeue, "-h", "-j", str(job_id), "-o", "%T"], capture_output=True,
+        proc = subprocess.run([squeue, "-h", "-j", str(job_id), "-o", "%A %T"], capture_output=True,
                               text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -96,21 +104,26 @@ def slurm_job_state(job_id: str) -> str | None:
         # "Invalid job id specified": the job left squeue's memory (MinJobAge); other errors
         # (slurmctld unreachable) mean we cannot tell
         return "" if "Invalid job id" in proc.stderr else None
-    return proc.stdout.split()[0] if proc.stdout.split() else ""
+    # an array's first task has the array's id, and `-j` lists every task: keep this one's line
+    for line in proc.stdout.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0] == str(job_id):
+            return fields[1]
+    return ""
 
 
 def holder_running(record: dict) -> bool | None:
     """Whether the holder of lease ``record`` still runs: True, False, or None when this
     machine cannot tell (no squeue for a SLURM holder; another host for a local one)."""
-    if record.get("slurm_job"):
+    own_allocation = record.get("slurm_job") and record.get("slurm_job") == os.environ.get("SLURM_JOB_ID")
+    if record.get("slurm_job") and not own_allocation:
         state = slurm_job_state(record["slurm_job"])
         if state is None:
             return None
         return state.split("+")[0] in LIVE_STATES
-    if record.get("host") != socket.gethostname():
-        return None
-    pid = record.get("pid")
-    return isinstance(pid, int) and _process_start(pid) is not None and _process_start(pid) == record.get("pid_start")
+    # a local job, or one run inside the checker's own allocation (`snakemake --cores` under
+    # salloc/sbatch: every job shares its id, which squeue reports as running): its process
+    return _process_running(record)
 
 
 def describe(record: dict) -> str:
@@ -150,7 +163,7 @@ def take(outputs, rule: str | None = None, root: str | os.PathLike = ".") -> lis
     them is leased by another job that still runs."""
     holder = current_holder(rule)
     paths = []
-    for output in outputs:
+    for output in outputs:  # every output checked before any lease is written
         path = lease_path(output, root)
         if path.is_file():
             try:
@@ -163,21 +176,27 @@ def take(outputs, rule: str | None = None, root: str | os.PathLike = ".") -> lis
                     "not to write over it. Wait for that job to end, or cancel it"
                     + (f" (scancel {record['slurm_job']})" if record.get("slurm_job") else "")
                     + ", then run the workflow again")
+        paths.append(path)
+    for output, path in zip(outputs, paths):
         with atomic_open(path) as handle:
             json.dump({"output": os.path.normpath(str(output)), **holder}, handle)
-        paths.append(path.resolve())  # released at exit, whatever the directory then
+    paths = [path.resolve() for path in paths]  # released at exit, whatever the directory then
     if not _held:
         atexit.register(_release)
     _held.extend(paths)
     return paths
 
 
-def check_no_running_holders(root: str | os.PathLike = ".") -> list[dict]:
-    """Before a run: raise :class:`LeaseError` naming every output whose lease holder still
-    runs (an earlier run's orphaned job); remove the stale leases. Returns the records whose
-    holder this machine cannot check (they are kept, and logged as a warning)."""
+def check_no_running_holders(root: str | os.PathLike = ".", outputs=None) -> list[dict]:
+    """Before a run: raise :class:`LeaseError` naming every output (of ``outputs``, the run's,
+    when given) whose lease holder still runs (an earlier run's orphaned job); remove the stale
+    leases. Returns the records whose holder this machine cannot check (they are kept, and
+    logged as a warning)."""
+    wanted = None if outputs is None else {os.path.normpath(str(output)) for output in outputs}
     running, unknown = [], []
     for path, record in read_leases(root):
+        if wanted is not None and record.get("output") not in wanted:
+            continue
         state = holder_running(record)
         if state:
             running.append(record)
@@ -193,8 +212,9 @@ def check_no_running_holders(root: str | os.PathLike = ".") -> list[dict]:
         raise LeaseError(
             "jobs of an earlier run of this workflow are still producing outputs:\n" + lines +
             "\nStarting now would remove those outputs and start the same jobs a second time. "
-            f"Wait for them to end (squeue --me), or cancel them ({'; '.join(cancel)}), then start "
-            "the run again.")
+            f"Wait for them to end{' (squeue --me)' if jobs else ''}, or cancel them "
+            f"({'; '.join(cancel)}), then start the run again; their outputs are redone either "
+            "way (the run that started them cannot record them as complete).")
     for record in unknown:
         log.warning("cannot tell from this machine whether %s still runs", describe(record))
     return unknown

@@ -44,6 +44,11 @@ def test_card_metadata_training_and_scores(tmp_path):
     assert "| BM xsim err ↓ | RSIM |\n|---|---|\n| 19.04 | 0.65 |" in body  # Mod_mc is the 0.5 merge's row
     assert "| en-ky | ky-zh |\n|---|---|\n| 0.61 | 0.52 |" in body and "de-en" not in body
     assert "## Data notices" in body and "django (Django" in body and "BSD-3-Clause" in body
+    # codes with a script: zh is not zh-Hant, and en-zh-Hant is a pair with zh-Hant
+    pd.DataFrame({"variant": ["Mod_mc"], "en-zh-Hant": [0.3], "zh-Hant": [0.4], "ky-zh": [0.5]}).to_csv(
+        results / "eval" / "per_language" / "rsim.csv", index=False)
+    assert cards._score_tables(results, ["Mod_mc"], "zh")[1] == {"rsim": {"ky-zh": "0.5"}}
+    assert cards._score_tables(results, ["Mod_mc"], "zh-Hant")[1] == {"rsim": {"en-zh-Hant": "0.3", "zh-Hant": "0.4"}}
     bare = cards.export_card(language="ky", base_model=None, system="base", modules={"language_adapter": None})
     assert "base_model" not in cards.check_card(bare) and "## Evaluation" not in bare and "Data notices" not in bare
     with pytest.raises(InputError, match="lacks library_name, pipeline_tag"):

@@ -117,7 +117,7 @@ def _fake_squeue(folder: Path, job_states: dict[str, str]) -> None:
     """An squeue that knows ``job_states`` and answers like Slurm's for any other job."""
     script = folder / "squeue"
     script.write_text("#!/bin/sh\ncase \"$3\" in\n"
-                      + "".join(f"  {job}) echo {state}; exit 0;;\n" for job, state in job_states.items())
+                      + "".join(f"  {job}) echo '{job} {state}'; exit 0;;\n" for job, state in job_states.items())
                       + "  *) echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1;;\nesac\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
 
@@ -132,7 +132,9 @@ def test_slurm_holders_are_checked_with_the_scheduler(tmp_path, monkeypatch):
         monkeypatch.setenv("SLURM_JOB_ID", job)
         path = leases.lease_path(output)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**leases.current_holder("sentence_adapter"), "output": output}))
+        # written by jobs on another node: squeue alone says whether they run
+        path.write_text(json.dumps({**leases.current_holder("sentence_adapter"), "output": output,
+                                    "host": "node7", "pid": 4242}))
     assert [leases.slurm_job_state(job) for job in ("101", "103", "104")] == ["RUNNING", "COMPLETED", ""]
     monkeypatch.setenv("SLURM_JOB_ID", "200")
     with pytest.raises(leases.LeaseError) as err:
@@ -146,8 +148,31 @@ def test_slurm_holders_are_checked_with_the_scheduler(tmp_path, monkeypatch):
     with pytest.raises(leases.LeaseError, match="scancel 101"):
         leases.take(["results/a"])
     leases.take(["results/c"])  # job 103 ended: its output may be redone
+    leases.take(["results/e"])
+    leases.take(["results/e"])  # a process may take its own lease again
     monkeypatch.setenv("SLURM_JOB_ID", "101")
-    leases.take(["results/a"])  # the same job (requeued) takes its own lease again
+    leases.take(["results/a"])  # job 101 requeued: a new process; the old lease is its own job's
+    # inside one allocation (snakemake --cores under salloc) every job has the allocation's id,
+    # which squeue reports running: a dead process's lease there is stale all the same
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    record = {**leases.current_holder("tokenizer"), "pid": int(dead.stdout), "output": "results/e"}
+    assert leases.holder_running(record) is False
+    monkeypatch.setenv("SLURM_JOB_ID", "300")
+    assert leases.holder_running(record) is True  # from outside the allocation: squeue decides
+    # a run checks only its own outputs: another run's running jobs are not orphans
+    assert leases.check_no_running_holders(outputs=["results/c", "results/z"]) == []
+    with pytest.raises(leases.LeaseError, match="results/b"):
+        leases.check_no_running_holders(outputs=["results/b"])
+
+
+def test_an_array_task_s_state_is_its_own(tmp_path, monkeypatch):
+    """squeue -j ARRAY_ID lists every task; only the line of the job itself counts."""
+    script = tmp_path / "squeue"
+    script.write_text("#!/bin/sh\necho '500 COMPLETED'\necho '501 RUNNING'\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert leases.slurm_job_state("500") == "COMPLETED"
+    assert leases.slurm_job_state("502") == ""
 
 
 def test_every_workflow_script_starts_with_a_lease_on_its_outputs():
@@ -173,7 +198,8 @@ def test_sinfo_nodes_are_parsed():
     nodes = cluster.parse_sinfo(SINFO)
     assert [(n.name, n.mem_mb, n.cpus, n.gpus) for n in nodes] == [
         ("node1", 192000, 64, 4), ("node2", 20000, 16, 0), ("node3", 64000, 32, 2)]
-    assert [cluster.gpu_count(g) for g in ("gpu:2", "gpu:a100:4(S:0-1)", "(null)", "mps:100", "gpu:t4:1,gpu:v100:2")] == [2, 4, 0, 0, 3]
+    assert [cluster.gpu_count(g) for g in ("gpu:2", "gpu:a100:4(S:0-1)", "(null)", "mps:100", "gpu:t4:1,gpu:v100:2",
+                                           "gpu:a100:4(S:0,2)", "gpu:4(IDX:0,2-3),mps:100")] == [2, 4, 0, 0, 3, 4, 4]
 
 
 def test_memory_requests_fit_the_largest_node_and_impossible_requests_name_the_key():
@@ -192,6 +218,8 @@ def test_memory_requests_fit_the_largest_node_and_impossible_requests_name_the_k
         fit("gpu_train", nodes, mem_mb=1000, attempt=1, cpus=64, gpus=8)
     with pytest.raises(cluster.ClusterFitError, match=r"128 CPUs.*resources\.cpu_heavy\.cpus to at most 64"):
         fit("cpu_heavy", nodes, mem_mb=1000, attempt=1, cpus=128, gpus=0)
+    with pytest.raises(cluster.ClusterFitError, match=r"need a GPU, but sinfo reports no node with gpu GRES"):
+        fit("gpu_train", cluster.parse_sinfo("node2|20000|16|(null)\n"), mem_mb=1000, attempt=1, cpus=8, gpus=1)
 
 
 def test_the_resource_functions_ask_the_cluster_only_when_they_submit_to_slurm():
