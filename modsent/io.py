@@ -146,7 +146,11 @@ def read_safetensors(path: str | os.PathLike) -> dict:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError) as err:
-        raise InputError(f"{path}: unreadable safetensors file (truncated or damaged?): {err}") from None
+        raise _unreadable_safetensors(path, err) from None
+
+
+def _unreadable_safetensors(path: Path, err: Exception) -> InputError:
+    return InputError(f"{path}: unreadable safetensors file (truncated or damaged?): {err}")
 
 
 def check_model_files(folder: str | os.PathLike) -> None:
@@ -163,4 +167,4 @@ def check_model_files(folder: str | os.PathLike) -> None:
             with safe_open(str(path), "pt"):
                 pass
         except (SafetensorError, OSError) as err:
-            raise InputError(f"{path}: unreadable safetensors file (truncated or damaged?): {err}") from None
+            raise _unreadable_safetensors(path, err) from None

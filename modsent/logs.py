@@ -66,12 +66,12 @@ def start_job(snakemake) -> logging.Logger:
     ``tracking`` for the job's training loops (:mod:`modsent.training.tracking`). Raises
     :class:`modsent.leases.LeaseError` when another job that still runs holds one of them."""
     from modsent import leases
-
     from modsent.training import tracking
 
-    logger = setup_logging(snakemake.log[0] if snakemake.log else None)
+    log_path = snakemake.log[0] if snakemake.log else None
+    logger = setup_logging(log_path)
     leases.take([str(path) for path in snakemake.output], rule=snakemake.rule)
     wildcards = ",".join(f"{key}={value}" for key, value in snakemake.wildcards.items())
-    tracking.configure_job(snakemake.config.get("tracking"), snakemake.log[0] if snakemake.log else None,
+    tracking.configure_job(snakemake.config.get("tracking"), log_path,
                            f"{snakemake.rule}[{wildcards}]" if wildcards else snakemake.rule)
     return logger
