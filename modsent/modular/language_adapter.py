@@ -43,6 +43,7 @@ from modsent.io import InputError, atomic_path, check_model_files, iter_utf8_lin
 from modsent.losses import MaskedLanguageModelingLoss, mlm_parts
 from modsent.training import schedules, tracking
 from modsent.training.checkpoints import load_checkpoint, save_checkpoint
+from modsent.training.loop import report_step
 from modsent.training.optim import adamw
 from modsent.training.precision import autocast
 from modsent.training.seeding import dropout_seed, step_generator
@@ -457,11 +458,9 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
         if step % cfg.log_every == 0 or step == cfg.steps:
             value = distributed.all_reduce_mean(loss.detach().clone()).item()  # the whole batch's
             history.append([step, value, optimizer.param_groups[0]["lr"]])
-            tracker.log(step, {"train/loss": value, "train/lr": optimizer.param_groups[0]["lr"]})
             bar.set_postfix(loss=f"{value:.3f}")
             if main:
-                log.info("LA %s: step %d/%d, loss %.4f, lr %.3g", out_dir.name, step, cfg.steps, value,
-                         optimizer.param_groups[0]["lr"])
+                report_step(f"LA {out_dir.name}", step, cfg.steps, value, optimizer.param_groups[0]["lr"], tracker)
         bar.update(1)
         if step % cfg.checkpoint_every == 0 and step < cfg.steps and main:
             save_checkpoint(checkpoint_dir, model, optimizer, step, fingerprint,

@@ -52,6 +52,14 @@ def checkpoint_due(step: int, every: int, total_steps: int, checkpoint_dir) -> b
             and step % every == 0 and step < total_steps)
 
 
+def report_step(desc: str, step: int, total_steps: int, loss: float, lr: float, tracker=None) -> None:
+    """A logged step, in the main process: a line of the log (the rule's log) and, when the
+    job reports somewhere (modsent.training.tracking), the tracker's loss and rate."""
+    log.info("%s: step %d/%d, loss %.4f, lr %.3g", desc, step, total_steps, loss, lr)
+    if tracker is not None:
+        tracker.log(step, {"train/loss": loss, "train/lr": lr})
+
+
 class TrainingLog:
     """The losses of every step, the logged history (``[step, loss, lr]`` every ``log_every``
     steps, the first and the last), pairs seen and seconds of this run, and a progress bar.
@@ -83,9 +91,7 @@ class TrainingLog:
             self.history.append([step + 1, loss, lr])
             self.bar.set_postfix(loss=f"{loss:.3f}")
             if self.main:
-                log.info("%s: step %d/%d, loss %.4f, lr %.3g", self.desc, step + 1, self.total_steps, loss, lr)
-                if self.tracker is not None:
-                    self.tracker.log(step + 1, {"train/loss": loss, "train/lr": lr})
+                report_step(self.desc, step + 1, self.total_steps, loss, lr, self.tracker)
         self.bar.update(1)
 
     def state(self, **extra) -> dict:
