@@ -73,7 +73,10 @@ def _process_running(record: dict) -> bool | None:
     if record.get("host") != socket.gethostname() or not Path("/proc/self/stat").exists():
         return None
     pid = record.get("pid")
-    return isinstance(pid, int) and _process_start(pid) is not None and _process_start(pid) == record.get("pid_start")
+    if not isinstance(pid, int):
+        return False
+    started = _process_start(pid)
+    return started is not None and started == record.get("pid_start")
 
 
 def current_holder(rule: str | None = None) -> dict:
@@ -132,15 +135,24 @@ def describe(record: dict) -> str:
     return f"{record.get('output')} (rule {record.get('rule')}: {where}, started {record.get('started')})"
 
 
+def _read_record(path: Path) -> dict | None:
+    """The lease in ``path``, or None when it is gone or unreadable."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def read_leases(root: str | os.PathLike = ".") -> list[tuple[Path, dict]]:
     """Every lease under ``root`` as (file, record); unreadable files are skipped."""
     folder = Path(root) / LEASE_DIR
     found = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        try:
-            found.append((path, json.loads(path.read_text(encoding="utf-8"))))
-        except (OSError, ValueError):
+        record = _read_record(path)
+        if record is None:
             log.warning("unreadable lease %s: ignored", path)
+        else:
+            found.append((path, record))
     return found
 
 
@@ -149,11 +161,8 @@ _held: list[Path] = []
 
 def _release() -> None:
     for path in _held:
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if _same_holder(record, current_holder()):
+        record = _read_record(path)
+        if record is not None and _same_holder(record, current_holder()):
             path.unlink(missing_ok=True)
     _held.clear()
 
@@ -162,14 +171,11 @@ def take(outputs, rule: str | None = None, root: str | os.PathLike = ".") -> lis
     """Lease ``outputs`` to this process until it exits. Raises :class:`LeaseError` when one of
     them is leased by another job that still runs."""
     holder = current_holder(rule)
-    paths = []
+    outputs, paths = list(outputs), []
     for output in outputs:  # every output checked before any lease is written
         path = lease_path(output, root)
         if path.is_file():
-            try:
-                record = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                record = None
+            record = _read_record(path)
             if record and not _same_holder(record, holder) and holder_running(record):
                 raise LeaseError(
                     f"{output} is still being produced by {describe(record)}; this job stops so as "
