@@ -44,7 +44,7 @@ from modsent.losses import MaskedLanguageModelingLoss, mlm_parts
 from modsent.training import schedules, tracking
 from modsent.training.checkpoints import load_checkpoint, save_checkpoint
 from modsent.training.loop import report_step
-from modsent.training.optim import adamw
+from modsent.training.optim import adamw, fused_options
 from modsent.training.precision import autocast
 from modsent.training.seeding import dropout_seed, step_generator
 from modsent.training.tracking import Tracker
@@ -327,7 +327,7 @@ def warm_up_head(model, train: torch.Tensor, tokenizer, cfg: LanguageAdapterConf
     frozen = [p for p in model.parameters() if p.requires_grad and all(p is not q for q in params)]
     for p in frozen:
         p.requires_grad_(False)
-    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate)
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, **fused_options(params))
     model.train()
     for i in range(cfg.head_warmup_steps):
         step = cfg.steps + i  # batches the LA's own steps do not use in the same epoch order

@@ -69,6 +69,7 @@ from modsent.methods.mexma import model as mm
 from modsent.methods.mexma.model import MEXMAModel, build_model
 from modsent.modular import sentence_adapter as sa
 from modsent.training import checkpoints, schedules
+from modsent.training.optim import fused_options
 from modsent.training.loop import TrainingLog, checkpoint_due, set_learning_rate
 from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed, step_generator
@@ -360,7 +361,8 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
     encoder = encoder_of(model, tokenizer, max_len)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_encoder = sum(p.numel() for p in model.body.parameters())
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                                  **fused_options(trainable))
     scaler = grad_scaler(device, cfg.precision)
     objective = Objective(cfg)
     log.info("%s: %d bitext pairs (%s), %d held-out English sentences; %d steps of %d x %d pairs (%d per epoch); "
