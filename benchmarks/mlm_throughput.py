@@ -1,7 +1,7 @@
 """MLM training throughput of the language-adapter step (tokens/s), measured side by side.
 
     python benchmarks/mlm_throughput.py                       # the demo base model on the CPU
-    python benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256
+    python benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 --batch-size 64 --compile
 
 Compares, in one run and on the same batches, the LA step as modsent runs it (MLM head on the
 masked positions only) with the usual full-sequence head (transformers' own MLM loss), and prints
@@ -52,8 +52,19 @@ def build(args):
     return model.to(args.device), vocab
 
 
+VARIANTS = {  # name: (MLM head on the masked positions only, bf16 autocast, fused AdamW)
+    "masked, bf16, fused": (True, True, True),
+    "masked, bf16": (True, True, False),
+    "full head, bf16": (False, True, False),
+    "masked, fp32": (True, False, False),
+    "full head, fp32": (False, False, False),
+}
+
+
 def main() -> None:
+    from modsent.losses import mlm_parts
     from modsent.modular.language_adapter import mlm_loss
+    from modsent.training.optim import fused_options
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default=str(REPO / "resources/base_models/me5-small"),
@@ -65,18 +76,26 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, nargs="+", default=[64])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--compile", action="store_true",
+                        help="also time modsent's step with the encoder under torch.compile (GPU)")
     args = parser.parse_args()
+    if args.compile and len(args.seq_len) > 1:
+        parser.error("--compile compiles the encoder in place: give one --seq-len")
 
     model, vocab = build(args)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-4)
     encoder_params = sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n)
     cuda = args.device.startswith("cuda")
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
+    variants = dict(VARIANTS) if cuda else {"masked, fp32": VARIANTS["masked, fp32"],
+                                            "full head, fp32": VARIANTS["full head, fp32"]}
+    if args.compile and cuda:  # last: it compiles the encoder in place
+        variants["masked, bf16, fused, compiled"] = (True, True, True)
+    name_gpu = torch.cuda.get_device_name() if cuda else "CPU"
     print(f"model: {'LaBSE-sized random BERT' if args.labse_random else args.base}; "
-          f"{encoder_params / 1e6:.1f}M non-embedding parameters; device {args.device}; "
-          f"torch threads {torch.get_num_threads()}")
-    print("seq_len  variant               tokens/s   ratio" + ("   MFU" if cuda else ""))
+          f"{encoder_params / 1e6:.1f}M non-embedding parameters; vocabulary {vocab}; device {args.device} "
+          f"({name_gpu}); torch {torch.__version__}; threads {torch.get_num_threads()}; batch {args.batch_size}")
+    print("ratio: against the unoptimised step (full-sequence head, fp32, foreach AdamW) in the same run")
+    print("seq_len  variant                          tokens/s   ratio" + ("    MFU  peak GiB" if cuda else ""))
     for seq_len in args.seq_len:
         generator = torch.Generator().manual_seed(0)
         ids = torch.randint(5, vocab, (args.batch_size, seq_len), generator=generator)
@@ -84,40 +103,47 @@ def main() -> None:
         labels = torch.where(chosen, ids, torch.full_like(ids, -100)).to(args.device)
         inputs = torch.where(chosen, torch.full_like(ids, 4), ids).to(args.device)
 
-        def step_masked():
-            with autocast:
-                loss = mlm_loss(model, inputs, labels)
-            loss.backward()
-
-        def step_full():
-            with autocast:
-                loss = model(input_ids=inputs, labels=labels).loss
-            loss.backward()
-
         results = {}
-        for name, step in (("masked positions only", step_masked), ("full-sequence head", step_full)):
-            step()  # warm-up
-            optimizer.zero_grad(set_to_none=True)
-            times = []
-            for _ in range(args.steps):
-                if cuda:
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                step()
+        for name, (masked, bf16, fused) in variants.items():
+            if name.endswith("compiled"):
+                # the encoder itself (mlm_loss calls it directly, then the head on the masked
+                # positions); a torch.compile wrapper around the whole model would be bypassed
+                mlm_parts(model)[0].compile(dynamic=False)
+            net = model
+            optimizer = torch.optim.AdamW(params, lr=1e-4, **(fused_options(params) if fused else {}))
+            autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and cuda
+                        else torch.autocast(args.device.split(":")[0], enabled=False))
+
+            def step():
+                with autocast:
+                    loss = (mlm_loss(net, inputs, labels) if masked
+                            else net(input_ids=inputs, labels=labels).loss)
+                loss.backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+
+            for _ in range(2 if not name.endswith("compiled") else 3):  # warm-up (and compilation)
+                step()
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            times = []
+            for _ in range(args.steps):
+                start = time.perf_counter()
+                step()
                 if cuda:
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - start)
-            results[name] = args.batch_size * seq_len / statistics.median(times)
-        base = results["full-sequence head"]
-        for name, tps in results.items():
-            line = f"{seq_len:7d}  {name:21s} {tps:9.0f}  {tps / base:6.2f}"
+            peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+            results[name] = (args.batch_size * seq_len / statistics.median(times), peak)
+        base = results["full head, fp32"][0]
+        for name, (tps, peak) in results.items():
+            line = f"{seq_len:7d}  {name:31s} {tps:9.0f}  {tps / base:6.2f}"
             if cuda:
                 cfg = model.get_base_model().config
                 flops = 6 * encoder_params + 12 * cfg.num_hidden_layers * cfg.hidden_size * seq_len
-                line += f"  {flops * tps / (args.peak_tflops * 1e12):5.1%}"
-            print(line)
+                line += f"  {flops * tps / (args.peak_tflops * 1e12):5.1%}  {peak:8.1f}"
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -92,7 +92,8 @@ def main() -> None:
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     dtype = "bfloat16" if args.device.startswith("cuda") and args.size != "small" else "float32"
-    texts = sample_texts(1200)[-args.units:]
+    pool = sample_texts(1000)  # real sentences; more units repeat them
+    texts = [pool[-1 - i % len(pool)] for i in range(args.units)][::-1]
     with tempfile.TemporaryDirectory() as scratch:
         work = args.work_dir or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)

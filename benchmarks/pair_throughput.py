@@ -1,0 +1,193 @@
+"""SE and CLA training throughput (pairs/s, MFU, peak memory, padding), measured side by side.
+
+    python benchmarks/pair_throughput.py                                   # small random BERT, CPU
+    python benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 256 --batch-size 128
+
+The step as the SE stage runs it (modsent.modular.sentence_adapter): a BERT encoder, frozen, with
+LoRA (r 8) on every linear layer, mean pooling, MNRL (scale 20) over a batch of pairs with both
+sides encoded in one forward pass; the CLA's pp step (modsent.modular.alignment) encodes only
+L's side and scores it against English vectors computed once. Random weights of a LaBSE-sized
+BERT (12 x 768; a 50,000-piece per-language vocabulary) with --labse-random; nothing is
+downloaded.
+
+Sentence lengths are real: the word counts of modsent.testing.sample_texts (English prose of
+5-40 words) times 1.3 pieces per word, plus [CLS] and [SEP], capped at --seq-len. Batches are
+padded to their longest sentence rounded up to --pad-multiple, as the tokenizer pads them in
+training. Variants:
+
+- ``fp32, random``: the step without mixed precision or fused AdamW (the unoptimised path);
+- ``bf16, random``: bf16 autocast and fused AdamW, batches drawn at random (modsent's default);
+- ``bf16, grouped``: the same with length-grouped batches (``--group`` batches' worth of pairs
+  drawn at random, sorted by length, cut into batches, the batches shuffled): less padding,
+  at the price of in-batch negatives of similar length.
+
+Each prints pairs/s (timed steps over their total time, after --warmup untimed ones), the share
+of padding, the ratio against ``fp32, random`` and, on a GPU, the
+model FLOPs utilisation against --peak-tflops (bf16 dense peak, default 989 for an H100/H200
+SXM; 6N + 12·L·d·s FLOPs per real token, s its sentence's length) and the peak memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+SIZES = {"small": (256, 4, 4, 1024, 8000), "labse": (768, 12, 12, 3072, 50_000)}
+
+
+def build(size: str, device: str):
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    hidden, layers, heads, intermediate, vocab = SIZES[size]
+    config = transformers.BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                                     num_attention_heads=heads, intermediate_size=intermediate,
+                                     max_position_embeddings=512)
+    config._attn_implementation = "sdpa"
+    encoder = transformers.BertModel(config, add_pooling_layer=False)
+    encoder.requires_grad_(False)
+    encoder = get_peft_model(encoder, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules="all-linear"))
+    for name, param in encoder.named_parameters():
+        param.requires_grad_("lora_" in name)
+    return encoder.to(device), config
+
+
+def sentence_lengths(seq_len: int) -> list[int]:
+    from modsent.testing import sample_texts
+
+    return [min(seq_len, round(1.3 * len(text.split())) + 2) for text in sample_texts(800)]
+
+
+def make_batches(lengths: list[int], pairs: int, batch_size: int, group: int, seed: int) -> list[list[tuple[int, int]]]:
+    """``pairs`` random (anchor, positive) length pairs, cut into batches at random or grouped by length."""
+    generator = torch.Generator().manual_seed(seed)
+    pick = torch.randint(len(lengths), (pairs, 2), generator=generator).tolist()
+    rows = [(lengths[a], lengths[b]) for a, b in pick]
+    if group <= 1:
+        return [rows[k:k + batch_size] for k in range(0, len(rows) - batch_size + 1, batch_size)]
+    batches = []
+    pool = group * batch_size
+    for k in range(0, len(rows) - pool + 1, pool):
+        chunk = sorted(rows[k:k + pool], key=max)
+        batches += [chunk[i:i + batch_size] for i in range(0, pool, batch_size)]
+    order = torch.randperm(len(batches), generator=generator).tolist()
+    return [batches[i] for i in order]
+
+
+def padded(lengths: list[int], vocab: int, device: str, generator: torch.Generator, multiple: int):
+    """Random ids for sentences of these lengths, padded to the longest rounded up to ``multiple``
+    (the tokenizer's ``pad_to_multiple_of``: fewer distinct shapes, tensor-core-friendly widths);
+    (ids, mask)."""
+    width = -(-max(lengths) // multiple) * multiple
+    ids = torch.randint(5, vocab, (len(lengths), width), generator=generator)
+    mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
+    ids = ids * mask
+    return ids.to(device), mask.to(device)
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mask = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
+def main() -> None:
+    from modsent.losses import MultipleNegativesRankingLoss
+    from modsent.training.optim import fused_options
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--labse-random", action="store_true", help="a LaBSE-sized BERT (default: a small one)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch-size", type=int, default=16, help="pairs per batch (the paper: 128)")
+    parser.add_argument("--seq-len", type=int, nargs="+", default=[128], help="the longest a sentence may be")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps (after --warmup steps)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (each new shape is slow once)")
+    parser.add_argument("--pad-multiple", type=int, default=8, help="pad each batch to a multiple of this")
+    parser.add_argument("--group", type=int, default=8, help="batches per length-sorted pool")
+    parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--compile", action="store_true",
+                        help="also time 'bf16, random' with the encoder under torch.compile")
+    args = parser.parse_args()
+
+    cuda = args.device.startswith("cuda")
+    model, config = build("labse" if args.labse_random else "small", args.device)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    n_body = sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n)
+    loss_fn = MultipleNegativesRankingLoss(20.0)
+    print(f"{'LaBSE-sized' if args.labse_random else 'small'} random BERT + LoRA r8 on every linear layer; "
+          f"{n_body / 1e6:.1f}M non-embedding parameters; {args.device} "
+          f"({torch.cuda.get_device_name() if cuda else 'CPU'}); torch {torch.__version__}; "
+          f"{args.batch_size} pairs per batch")
+    print("ratio: against 'fp32, random' of the same stage in the same run")
+    print(f"{'stage':5} {'seq':>4} {'variant':15} {'pairs/s':>9} {'padding':>8} {'ratio':>6}"
+          + (f" {'MFU':>6} {'peak GiB':>9}" if cuda else ""))
+    variants = {"fp32, random": (False, 1), "bf16, random": (True, 1), "bf16, grouped": (True, args.group)}
+    if not cuda:
+        variants = {"fp32, random": (False, 1), "fp32, grouped": (False, args.group)}
+    compiled = None
+    if args.compile:
+        variants["bf16, compiled"] = (cuda, 1)
+        compiled = torch.compile(model, dynamic=True)  # a wrapper: `model` itself stays eager
+    for seq_len in args.seq_len:
+        lengths = sentence_lengths(seq_len)
+        for stage in ("SE", "CLA"):
+            results = {}
+            for name, (bf16, group) in variants.items():
+                net = compiled if name.endswith("compiled") else model
+                optimizer = torch.optim.AdamW(trainable, lr=2e-5, **(fused_options(trainable) if bf16 else {}))
+                autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and cuda
+                            else torch.autocast(args.device.split(":")[0], enabled=False))
+                pool = max(group, 1) * args.batch_size
+                n_pairs = ((args.steps + args.warmup) * args.batch_size + pool - 1) // pool * pool
+                batches = make_batches(lengths, n_pairs, args.batch_size, group, seed=1)[:args.steps + args.warmup]
+                generator = torch.Generator().manual_seed(2)
+                english = nn.functional.normalize(torch.randn(args.batch_size, config.hidden_size,
+                                                              generator=generator), dim=-1).to(args.device)
+                times, real, total, flops = [], 0, 0, 0.0
+                for i, batch in enumerate(batches):
+                    if stage == "SE":
+                        sent = [a for a, _ in batch] + [b for _, b in batch]
+                    else:
+                        sent = [b for _, b in batch]
+                    ids, mask = padded(sent, config.vocab_size, args.device, generator, args.pad_multiple)
+                    if cuda:
+                        torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    with autocast:
+                        emb = mean_pool(net(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
+                        n = len(batch)
+                        loss = (loss_fn(emb[:n], emb[n:]) if stage == "SE" else loss_fn(english, emb))
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    if cuda:
+                        torch.cuda.synchronize()
+                    if i == args.warmup - 1 and cuda:
+                        torch.cuda.reset_peak_memory_stats()
+                    if i >= args.warmup:
+                        times.append(time.perf_counter() - start)
+                        real += sum(sent)
+                        total += ids.numel()
+                        flops += sum(6 * n_body * s + 12 * config.num_hidden_layers * config.hidden_size * s * s
+                                     for s in sent)
+                seconds = sum(times)
+                peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+                results[name] = (args.batch_size * len(times) / seconds, 1 - real / total, flops / seconds, peak)
+            base = results["fp32, random"][0]
+            for name, (pps, pad, fps, peak) in results.items():
+                line = f"{stage:5} {seq_len:4d} {name:15} {pps:9.1f} {pad:8.1%} {pps / base:6.2f}"
+                if cuda:
+                    line += f" {fps / (args.peak_tflops * 1e12):6.1%} {peak:9.1f}"
+                print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

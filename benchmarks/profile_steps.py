@@ -1,0 +1,128 @@
+"""Where a GPU step's time goes: torch.profiler over the LA (MLM) and SE (MNRL) steps of a
+LaBSE-sized random model, bf16 autocast and fused AdamW, as mlm_throughput.py and
+pair_throughput.py run them.
+
+    python -m benchmarks.profile_steps --device cuda
+
+Prints, per stage, the wall time per step, the GPU's busy time per step (the sum of its kernels'
+times: their share of the wall time says whether the step is bound by the GPU or by the Python
+and launch overhead that feeds it), the number of kernel launches per step, and the kernels that
+take the most GPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def profile(name: str, step, steps: int, cuda: bool, top: int) -> None:
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    for _ in range(3):
+        step(0)
+    if cuda:
+        torch.cuda.synchronize()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for i in range(steps):
+            step(i + 1)
+        if cuda:
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) / steps
+    events = prof.key_averages()
+    device_attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+    kernels = [e for e in events if getattr(e, device_attr, 0) > 0 and (not cuda or e.device_type.name == "CUDA")]
+    busy = sum(getattr(e, device_attr) for e in kernels) / 1e6 / steps if cuda else None
+    launches = sum(e.count for e in kernels) / steps if cuda else None
+    print(f"\n== {name}: {wall * 1e3:.1f} ms per step (wall, under the profiler)", end="")
+    if cuda:
+        print(f"; GPU busy {busy * 1e3:.1f} ms ({busy / wall:.0%} of the wall time); "
+              f"{launches:.0f} kernels per step")
+    else:
+        print()
+    for sort in (["self_device_time_total", "self_cuda_time_total"] if cuda else ["self_cpu_time_total"]):
+        try:
+            print(events.table(sort_by=sort, row_limit=top, max_name_column_width=60))
+            break
+        except (KeyError, AttributeError):
+            continue
+
+
+def main() -> None:
+    from benchmarks import mlm_throughput, pair_throughput
+    from modsent.losses import MultipleNegativesRankingLoss
+    from modsent.modular.language_adapter import mlm_loss
+    from modsent.training.optim import fused_options
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--la-batch", type=int, default=128)
+    parser.add_argument("--la-seq-len", type=int, default=256)
+    parser.add_argument("--se-batch", type=int, default=128)
+    args = parser.parse_args()
+    cuda = args.device.startswith("cuda")
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else (
+        lambda: torch.autocast("cpu", enabled=False))
+
+    # LA: packed sequences of exactly seq_len, 15% masked, LoRA on q/k/v + trainable embeddings
+    la_args = argparse.Namespace(labse_random=True, device=args.device)
+    model, vocab = mlm_throughput.build(la_args)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-4, **fused_options(params))
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab, (args.la_batch, args.la_seq_len), generator=generator)
+    chosen = torch.rand(ids.shape, generator=generator) < 0.15
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100)).to(args.device)
+    inputs = torch.where(chosen, torch.full_like(ids, 4), ids).to(args.device)
+
+    def la_step(_):
+        with autocast():
+            loss = mlm_loss(model, inputs, labels)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    profile(f"LA step, {args.la_batch} x {args.la_seq_len} tokens", la_step, args.steps, cuda, args.top)
+    model = optimizer = None  # free the LA's memory before the SE model
+
+    # SE: 2 x batch sentences of real lengths, padded to a multiple of 8, MNRL
+    encoder, config = pair_throughput.build("labse", args.device)
+    trainable = [p for p in encoder.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=2e-5, **fused_options(trainable))
+    lengths = pair_throughput.sentence_lengths(128)
+    batches = pair_throughput.make_batches(lengths, (args.steps + 4) * args.se_batch, args.se_batch, 1, seed=1)
+    prepared = []
+    for batch in batches:
+        sent = [a for a, _ in batch] + [b for _, b in batch]
+        prepared.append(pair_throughput.padded(sent, config.vocab_size, args.device, generator, 8))
+    loss_fn = MultipleNegativesRankingLoss(20.0)
+
+    def se_step(i):
+        ids, mask = prepared[i]
+        with autocast():
+            hidden = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+            emb = pair_throughput.mean_pool(hidden, mask)
+            n = len(ids) // 2
+            loss = loss_fn(emb[:n], emb[n:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    profile(f"SE step, {args.se_batch} pairs", se_step, args.steps, cuda, args.top)
+
+
+if __name__ == "__main__":
+    main()
