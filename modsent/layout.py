@@ -32,6 +32,7 @@ PARAPHRASE_SOURCE = "resources/paraphrases/{dataset}.parquet"
 PROVIDED_TRANSLATIONS = "resources/translations/{lang}.parquet"
 EVALUATION_SUBSET = "resources/eval/{dataset}/{subset}.parquet"
 INPUTS_SUMMARY = "resources/inputs_summary.md"
+INPUTS_SUMMARY_HTML = "resources/inputs_summary.html"  # each summary's HTML twin: modsent.reporting
 MT_MODEL = "resources/mt_models/ct2"
 ENGLISH_PAIRS = "results/paraphrase/en.parquet"
 PAIRS = "results/paraphrase/{lang}.parquet"
@@ -41,6 +42,7 @@ TRANSLATION_SHARD = "results/translation/{lang}/shards/{scatteritem}.parquet"
 TRANSLATION_QUALITY = "results/translation/quality/{lang}.json"
 TRANSLATION_QUALITY_PLOT = "results/translation/quality/{lang}.png"
 TRANSLATION_QUALITY_SUMMARY = "results/translation/quality.md"
+TRANSLATION_QUALITY_SUMMARY_HTML = "results/translation/quality.html"
 
 # ---- one base model's modules, relative to its results tree (the systems' module paths) --------
 TOKENIZER_DIR = "tokenizers/{lang}"
@@ -65,9 +67,11 @@ FASTTEXT = _tree(FASTTEXT_DIR)
 EMBEDDINGS = _tree(EMBEDDINGS_DIR)
 LANGUAGE_ADAPTER = _tree(f"{LANGUAGE_ADAPTERS}/{{lang}}")
 LANGUAGE_ADAPTER_SUMMARY = _tree(f"{LANGUAGE_ADAPTERS}/summary.md")
+LANGUAGE_ADAPTER_SUMMARY_HTML = _tree(f"{LANGUAGE_ADAPTERS}/summary.html")
 LANGUAGE_ADAPTER_PLOT = _tree(f"{LANGUAGE_ADAPTERS}/summary.png")
 SENTENCE_ADAPTER = _tree(f"{SENTENCE_ADAPTERS}/{{lang}}")
 SENTENCE_ADAPTER_SUMMARY = _tree(f"{SENTENCE_ADAPTERS}/summary.md")
+SENTENCE_ADAPTER_SUMMARY_HTML = _tree(f"{SENTENCE_ADAPTERS}/summary.html")
 SENTENCE_ADAPTER_PLOT = _tree(f"{SENTENCE_ADAPTERS}/summary.png")
 ENGLISH_EMBEDDINGS = _tree(f"{ALIGNMENT}/english_embeddings.safetensors")
 ENGLISH_EMBEDDING_UNITS = _tree(f"{ALIGNMENT}/english_embeddings.units.parquet")
@@ -79,20 +83,23 @@ ENGLISH_EMBEDDING_UNITS_PROVIDED = _tree(f"{ALIGNMENT}/english_provided/{{lang}}
 ALIGNMENT_ADAPTER = _tree(f"{ALIGNMENT}/{{kind}}/{{lang}}")
 MERGED_ALIGNMENT = _tree(f"{ALIGNMENT}/merged-{{weight}}/{{lang}}")
 ALIGNMENT_SUMMARY = _tree(f"{ALIGNMENT}/summary.md")
+ALIGNMENT_SUMMARY_HTML = _tree(f"{ALIGNMENT}/summary.html")
 ABLATION_SENTENCE_ADAPTER = _tree(f"{ABLATION_SENTENCE_ADAPTERS}/{{lang}}")
 ABLATION_ALIGNMENT_ADAPTER = _tree(f"{ABLATION_ALIGNMENT}/{{kind}}/{{lang}}")
 ABLATION_MERGED_ALIGNMENT = _tree(f"{ABLATION_ALIGNMENT}/merged-{{weight}}/{{lang}}")
 BASELINE = _tree(f"{BASELINES}/{{name}}")
 BASELINE_SUMMARY = _tree(f"{BASELINES}/summary.md")
+BASELINE_SUMMARY_HTML = _tree(f"{BASELINES}/summary.html")
 METHOD = _tree(f"{METHODS}/{{method}}")
 EVALUATION_GROUP = _tree("eval/embeddings/{group}")  # one directory per language
 EVALUATION_EMBEDDINGS = f"{EVALUATION_GROUP}/{{lang}}"
 EVALUATION_SCORES = _tree("eval/scores/{variant}/{dataset}.json")
 SUMMARY_CSV = _tree("summary.csv")
 SUMMARY = _tree("summary.md")
+SUMMARY_HTML = _tree("summary.html")
 SUMMARY_PLOT = _tree("eval/summary.png")
 XSIM_HEATMAPS = _tree("eval/xsim_heatmaps.png")
-PER_LANGUAGE = _tree("eval/per_language")  # {name}.md per dataset
+PER_LANGUAGE = _tree("eval/per_language")  # {name}.csv, .md and .html per dataset
 
 # Everything one language owns: what ``modsent clean --lang`` removes and ``modsent outputs``
 # lists. Downstream outputs shared by every language (summaries, evaluation scores) are not

@@ -89,7 +89,9 @@ rule alignment_summary:
     input:
         alignment_dirs,
     output:
-        layout.ALIGNMENT_SUMMARY,
+        table=layout.ALIGNMENT_SUMMARY,
+        html=report(layout.ALIGNMENT_SUMMARY_HTML, category="2. Training", subcategory="Alignment adapters",
+                    caption="../report/alignment.rst"),
     resources:
         **job_resources("cpu"),
     log:

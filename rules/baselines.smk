@@ -39,7 +39,9 @@ rule full_baseline_summary:
     input:
         full_baseline_dirs,
     output:
-        layout.BASELINE_SUMMARY,
+        table=layout.BASELINE_SUMMARY,
+        html=report(layout.BASELINE_SUMMARY_HTML, category="2. Training", subcategory="Full baselines",
+                    caption="../report/baselines.rst"),
     resources:
         **job_resources("cpu"),
     log:

@@ -62,7 +62,9 @@ rule inputs_summary:
         paraphrases=paraphrase_source_paths(),
         translations=translation_targets(),
     output:
-        layout.INPUTS_SUMMARY,
+        table=layout.INPUTS_SUMMARY,
+        html=report(layout.INPUTS_SUMMARY_HTML, category="3. Data", subcategory="Inputs",
+                    caption="../report/inputs.rst"),
     resources:
         **job_resources("cpu"),
     log:

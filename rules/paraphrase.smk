@@ -139,7 +139,8 @@ rule translation_quality:
         units=layout.TRANSLATION_UNITS,
     output:
         report=layout.TRANSLATION_QUALITY,
-        plot=layout.TRANSLATION_QUALITY_PLOT,
+        plot=report(layout.TRANSLATION_QUALITY_PLOT, category="3. Data", subcategory="Translation quality",
+                    caption="../report/translation_quality.rst", labels={"language": "{lang}"}),
     resources:
         **job_resources("cpu"),
     log:
@@ -155,7 +156,9 @@ rule translation_quality_summary:
     input:
         expand(layout.TRANSLATION_QUALITY, lang=non_english()),
     output:
-        layout.TRANSLATION_QUALITY_SUMMARY,
+        table=layout.TRANSLATION_QUALITY_SUMMARY,
+        html=report(layout.TRANSLATION_QUALITY_SUMMARY_HTML, category="3. Data", subcategory="Translation quality",
+                    caption="../report/translation_quality.rst", labels={"language": "all"}),
     resources:
         **job_resources("cpu"),
     log:

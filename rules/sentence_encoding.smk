@@ -29,7 +29,10 @@ rule sentence_adapter_summary:
         sentence_adapter_dirs,
     output:
         table=layout.SENTENCE_ADAPTER_SUMMARY,
-        plot=layout.SENTENCE_ADAPTER_PLOT,
+        html=report(layout.SENTENCE_ADAPTER_SUMMARY_HTML, category="2. Training", subcategory="Sentence adapters",
+                    caption="../report/sentence_adapters.rst"),
+        plot=report(layout.SENTENCE_ADAPTER_PLOT, category="2. Training", subcategory="Sentence adapters",
+                    caption="../report/sentence_adapters.rst"),
     resources:
         **job_resources("cpu"),
     log:

@@ -100,7 +100,10 @@ rule language_adapter_summary:
         language_adapter_dirs,
     output:
         table=layout.LANGUAGE_ADAPTER_SUMMARY,
-        plot=layout.LANGUAGE_ADAPTER_PLOT,
+        html=report(layout.LANGUAGE_ADAPTER_SUMMARY_HTML, category="2. Training", subcategory="Language adapters",
+                    caption="../report/language_adapters.rst"),
+        plot=report(layout.LANGUAGE_ADAPTER_PLOT, category="2. Training", subcategory="Language adapters",
+                    caption="../report/language_adapters.rst"),
     resources:
         **job_resources("cpu"),
     log:

@@ -151,7 +151,7 @@ def test_summary_tables_and_plots(subsets, tmp_path):
     out = tmp_path / "out"
     frame = ev.aggregate(scores, ["base", "Mod_m"], csv_path=out / "summary.csv", md_path=out / "summary.md",
                          plot_path=out / "summary.png", heatmap_path=out / "xsim.png",
-                         per_language_dir=out / "per_language", base="tiny")
+                         per_language_dir=out / "per_language", base="tiny", html_path=out / "summary.html")
     table = pd.read_csv(out / "summary.csv", index_col=0)
     assert list(table.index) == ["base", "Mod_m"]
     assert table.loc["Mod_m", "BM flores xsim err ↓"] == 0.0
@@ -161,6 +161,13 @@ def test_summary_tables_and_plots(subsets, tmp_path):
     assert "| Mod_m |" in md and "sib200: xx" in md
     per_language = pd.read_csv(out / "per_language" / "flores_xsim.csv", index_col=0)
     assert per_language.shape == (2, 6)
+    # the report's pages: the same tables as HTML, each saying its unit and which way is better
+    page = (out / "summary.html").read_text()
+    assert "<table>" in page and "<td>Mod_m</td>" in page and page.count("<tr>") == len(table) + 1
+    per_language_page = (out / "per_language" / "flores_xsim.html").read_text()
+    assert per_language_page.count("<tr>") == 3 and "lower is better" in per_language_page
+    assert "lower is better" in (out / "per_language" / "flores_xsim.md").read_text()
+    assert "higher is better" in (out / "per_language" / "sib200_mono.md").read_text()
     for png in ("summary.png", "xsim.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 

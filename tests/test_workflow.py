@@ -451,15 +451,30 @@ def test_evaluation_summary_has_every_system_and_task(run):
     en = run / "results/tiny/eval/embeddings/modular/en"
     assert (en / "Mod_m" / "builtin_parallel.parquet").read_bytes() == (en / "Mod_mc-0.5" / "builtin_parallel.parquet").read_bytes()
     assert (run / "results/tiny/eval/per_language/builtin_parallel_xsim.md").is_file()
+    assert "<table>" in (run / "results/tiny/eval/per_language/builtin_parallel_xsim.html").read_text()
     for png in ("summary.png", "xsim_heatmaps.png"):
         assert (run / "results/tiny/eval" / png).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_report_has_the_summary(run, tmp_path):
+    """The report holds Table 1 and the training diagnostics as HTML pages (each beside its
+    Markdown in the results, with the same rows), the plots, grouped by category."""
     report = tmp_path / "report.html"
     snakemake(run, "--report", str(report))
     html = report.read_text(encoding="utf-8", errors="replace")
-    assert report.stat().st_size > 10_000 and "summary.md" in html and "xsim_heatmaps.png" in html
+    assert report.stat().st_size > 10_000
+    for name in ("summary.html", "xsim_heatmaps.png", "summary.png", "builtin_parallel_xsim.html", "quality.html",
+                 "inputs_summary.html"):
+        assert name in html, name
+    for category in ("1. Evaluation", "2. Training", "3. Data", "Language adapters", "Sentence adapters",
+                     "Alignment adapters", "Full baselines", "Translation quality"):
+        assert category in html, category
+    for md in ("summary.md", "language_adapters/summary.md", "sentence_adapters/summary.md",
+               "alignment/summary.md", "baselines/summary.md"):
+        text = (run / "results/tiny" / md).read_text(encoding="utf-8")
+        page = (run / "results/tiny" / md).with_suffix(".html").read_text(encoding="utf-8")
+        table_rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("|---")]
+        assert page.count("<tr>") == len(table_rows) > 1, md
 
 
 def test_a_method_registered_once_trains_evaluates_and_is_a_summary_row(run):

@@ -35,8 +35,10 @@ def write_loss_curve(history: list, out_dir: Path, *, title: str, ylabel: str = 
 
 
 def write_before_after_bars(labels: list[str], before: list, after: list, path: str | Path, *,
-                            stage: str, ylabel: str, ylim: tuple[float, float] | None = None) -> None:
-    """A bar pair per label (before and after ``stage``), written to ``path`` atomically."""
+                            stage: str, ylabel: str, ylim: tuple[float, float] | None = None,
+                            better: str = "higher", digits: int = 1) -> None:
+    """A bar pair per label (before and after ``stage``), each bar labelled with its value
+    (``digits`` decimals), the axis saying which way is better; written to ``path`` atomically."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,10 +48,11 @@ def write_before_after_bars(labels: list[str], before: list, after: list, path: 
 
     fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(labels)), 3.5), dpi=100)
     xs = range(len(labels))
-    ax.bar([x - 0.2 for x in xs], [v or 0 for v in before], 0.4, label=f"before {stage}")
-    ax.bar([x + 0.2 for x in xs], [v or 0 for v in after], 0.4, label=f"after {stage}")
+    for offset, values, label in ((-0.2, before, f"before {stage}"), (0.2, after, f"after {stage}")):
+        bars = ax.bar([x + offset for x in xs], [v or 0 for v in values], 0.4, label=label)
+        ax.bar_label(bars, labels=["n/a" if v is None else f"{v:.{digits}f}" for v in values], fontsize=7, padding=1)
     ax.set_xticks(list(xs), labels)
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel(f"{ylabel} ({better} is better)")
     if ylim is not None:
         ax.set_ylim(*ylim)
     ax.legend()

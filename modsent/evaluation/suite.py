@@ -205,20 +205,40 @@ def summary_frame(results: Sequence[dict], variants: Sequence[str]) -> pd.DataFr
 def per_language_frames(results: Sequence[dict], variants: Sequence[str]) -> dict[str, pd.DataFrame]:
     """One table per (dataset, metric): rows variants, columns languages or language pairs."""
     tables: dict[str, dict[str, dict]] = {}
+    metrics: dict[str, str] = {}
     for result in results:
         for metric, entry in result["scores"].items():
             if isinstance(entry.get("values"), dict):
                 key = f"{result['dataset']}_{metric}"
                 tables.setdefault(key, {})[result["variant"]] = entry["values"]
+                metrics[key] = metric
     out = {}
     for key, rows in tables.items():
         frame = pd.DataFrame.from_dict(rows, orient="index")
+        frame.attrs["metric"] = metrics[key]
         if key.endswith("_rsim"):
             frame.attrs["unit"] = "pearson"
         frame = frame.reindex([v for v in variants if v in frame.index])
         frame.index.name = "variant"
         out[key] = frame
     return out
+
+
+METRIC_NOTES = {
+    "xsim": "xsim error rate in % per source-target pair (ratio margin, k = 4); lower is better.",
+    "language_bias": "bilingual minus pooled multilingual Spearman ×100 per language pair; lower is better.",
+    "rsim": "Pearson correlation of within-language similarity sets per language pair; higher is better.",
+    "mono": "Spearman ×100 (STS/STR) or accuracy ×100 (TC) per language; higher is better.",
+    "cross": "Spearman ×100 per language pair; higher is better.",
+    "zero_shot": "accuracy ×100, trained on English, per language; higher is better.",
+}
+
+
+def _per_language_note(frame: pd.DataFrame) -> str:
+    """What a per-language table's cells are and which way is better."""
+    metric = frame.attrs.get("metric", "")
+    return "Rows: variants; columns: languages or language pairs. " + METRIC_NOTES.get(
+        metric, f"{metric}; see the summary's legend.")
 
 
 def _markdown(frame: pd.DataFrame, digits: int = 1) -> str:
@@ -231,26 +251,54 @@ def _markdown(frame: pd.DataFrame, digits: int = 1) -> str:
     return "\n".join(lines) + "\n"
 
 
+FAMILY_COLOURS = {"base model": "#7f7f7f", "full baselines": "#ff7f0e", "modular (ours)": "#1f77b4",
+                  "recipes": "#2ca02c"}
+
+
+def variant_family(name: str) -> str:
+    """The summary plot's group of a variant: the base model, the monolithic full baselines,
+    modsent's modular variants and ablations, or another method's recipe."""
+    if name == "base":
+        return "base model"
+    if name.startswith("Full_"):
+        return "full baselines"
+    if name.startswith("Mod_"):
+        return "modular (ours)"
+    return "recipes"
+
+
 def _plot_summary(frame: pd.DataFrame, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from matplotlib.patches import Patch
+
     columns = list(frame.columns)
     n = max(1, len(columns))
     cols = min(3, n)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 0.35 * len(frame) + 3 * rows), dpi=100,
-                             squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.8 * cols, 0.32 * len(frame) * rows + 1.2 * rows + 0.6),
+                             dpi=100, squeeze=False)
+    names = list(frame.index)[::-1]
+    colours = [FAMILY_COLOURS[variant_family(name)] for name in names]
     for ax, column in zip(axes.flat, columns):
-        values = frame[column]
-        ax.barh(list(frame.index)[::-1], list(values.fillna(0))[::-1], color="tab:blue")
-        ax.set_title(column, fontsize=9)
+        values = list(frame[column])[::-1]
+        bars = ax.barh(names, [0 if pd.isna(v) else v for v in values], color=colours)
+        digits = 3 if str(column).startswith("RSIM") else 1
+        ax.bar_label(bars, labels=["n/a" if pd.isna(v) else f"{v:.{digits}f}" for v in values],
+                     fontsize=7, padding=2)
+        lower = "↓" in str(column)
+        ax.set_title(f"{str(column).replace(' ↓', '')}\n({'lower' if lower else 'higher'} is better)", fontsize=9)
+        ax.margins(x=0.18)
         ax.tick_params(labelsize=8)
     for ax in list(axes.flat)[len(columns):]:
         ax.axis("off")
-    fig.tight_layout()
+    present = [f for f in FAMILY_COLOURS if any(variant_family(name) == f for name in names)]
+    fig.legend(handles=[Patch(color=FAMILY_COLOURS[f], label=f) for f in present], loc="upper center",
+               ncol=len(present), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")
     plt.close(fig)
@@ -296,9 +344,12 @@ def _plot_xsim_heatmaps(results: Sequence[dict], variants: Sequence[str], path: 
 
 def aggregate(score_paths: Sequence[str | Path], variants: Sequence[str], *, csv_path, md_path, plot_path,
               heatmap_path, per_language_dir, missing: dict[str, Sequence[str]] | None = None,
-              base: str = "") -> pd.DataFrame:
-    """Write the summary table (CSV, Markdown), per-language tables and the plots. ``missing``:
-    dataset → the configured languages it lacks, listed under the table."""
+              base: str = "", html_path=None) -> pd.DataFrame:
+    """Write the summary table (CSV, Markdown and, with ``html_path``, its HTML page for the
+    report), per-language tables (CSV, Markdown, HTML) and the plots. ``missing``: dataset → the
+    configured languages it lacks, listed under the table."""
+    from modsent.reporting import markdown_to_html, write_html
+
     results = [json.loads(Path(p).read_text(encoding="utf-8")) for p in score_paths]
     frame = summary_frame(results, variants)
     with atomic_path(csv_path) as tmp:
@@ -321,10 +372,14 @@ def aggregate(score_paths: Sequence[str | Path], variants: Sequence[str], *, csv
     with atomic_path(per_language_dir, directory=True) as tmp:
         for key, table in sorted(tables.items()):
             table.to_csv(tmp / f"{key}.csv", float_format="%.4f")
-            (tmp / f"{key}.md").write_text(f"# {key}\n\n" + _markdown(table), encoding="utf-8")
+            text = f"# {key}\n\n{_per_language_note(table)}\n\n" + _markdown(table)
+            (tmp / f"{key}.md").write_text(text, encoding="utf-8")
+            (tmp / f"{key}.html").write_text(markdown_to_html(text), encoding="utf-8")
     lines += ["", "Per-language tables: " + ", ".join(f"`{per_language_dir.name}/{k}.md`" for k in sorted(tables)), ""]
     with atomic_path(md_path) as tmp:
         Path(tmp).write_text("\n".join(lines), encoding="utf-8")
+    if html_path is not None:
+        write_html(md_path, html_path)
     _plot_summary(frame, Path(plot_path))
     _plot_xsim_heatmaps(results, variants, Path(heatmap_path))
     return frame

@@ -526,7 +526,7 @@ def write_summary(la_dirs: list[str], table_path: str | Path, plot_path: str | P
         handle.write("\n".join(lines) + "\n")
     write_before_after_bars([lang for lang, _ in rows], [m["heldout_mlm_loss_before"] for _, m in rows],
                             [m["heldout_mlm_loss_after"] for _, m in rows], plot_path, stage="LA",
-                            ylabel="held-out MLM loss")
+                            ylabel="held-out MLM loss", better="lower", digits=2)
 
 
 # ---- command line: one LA per process group (the workflow's form for several GPUs) -----------

@@ -449,6 +449,10 @@ def write_summary(se_dirs: list[str], table_path: str | Path, plot_path: str | P
             f"{m['steps']} | {m['loss_first'] or 0:.3f} → {m['loss_last'] or 0:.3f} | {m['pairs_per_second'] or 0:.1f} |")
     with atomic_open(table_path) as handle:
         handle.write("\n".join(lines) + "\n")
-    write_before_after_bars([lang for lang, _ in rows], [m["heldout_retrieval_accuracy_before"] for _, m in rows],
-                            [m["heldout_retrieval_accuracy_after"] for _, m in rows], plot_path, stage="SE",
-                            ylabel="held-out retrieval accuracy", ylim=(0, 1))
+    def percent(value):
+        return None if value is None else 100 * value
+
+    write_before_after_bars([lang for lang, _ in rows],
+                            [percent(m["heldout_retrieval_accuracy_before"]) for _, m in rows],
+                            [percent(m["heldout_retrieval_accuracy_after"]) for _, m in rows], plot_path, stage="SE",
+                            ylabel="held-out retrieval accuracy (%)", ylim=(0, 105))  # the table's unit
