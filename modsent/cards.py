@@ -1,4 +1,6 @@
-"""Model cards: the ``README.md`` the Hugging Face Hub reads, for an exported encoder.
+"""Model cards: the ``README.md`` the Hugging Face Hub reads, for an exported encoder: one
+language's modular system (:func:`export_card`) or a monolithic system — a full baseline or a
+recipe's model — for all its languages (:func:`system_card`).
 
 The card has the metadata block the Hub indexes (language, base_model as a Hub id, library_name
 sentence-transformers, pipeline_tag sentence-similarity, tags, and the licence when it is
@@ -65,9 +67,9 @@ def _column_languages(column: str) -> list[str]:
         return []
 
 
-def _score_tables(results_dir: Path, names: list[str], lang: str) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+def _score_tables(results_dir: Path, names: list[str], lang: str | None) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
     """This system's row of ``summary.csv`` ({column: value}) and, per evaluation table under
-    eval/per_language, its values in the columns that involve ``lang``."""
+    eval/per_language, its values in the columns that involve ``lang`` (every column when None)."""
     import pandas as pd
 
     summary, per_language = {}, {}
@@ -80,7 +82,7 @@ def _score_tables(results_dir: Path, names: list[str], lang: str) -> tuple[dict[
     for table in sorted((results_dir / "eval" / "per_language").glob("*.csv")):
         frame = pd.read_csv(table)
         rows = frame[frame["variant"].isin(names)]
-        columns = [c for c in frame.columns if c != "variant" and lang in _column_languages(c)]
+        columns = [c for c in frame.columns if c != "variant" and (lang is None or lang in _column_languages(c))]
         if len(rows) and columns:
             per_language[table.stem] = {c: _value(rows.iloc[0][c]) for c in columns}
     return summary, per_language
@@ -124,6 +126,15 @@ def export_card(*, language: str, base_model: str | None, system: str, modules: 
             lines += ["", "<details><summary>settings</summary>", "", "```json",
                       json.dumps(metrics["config"], indent=2, sort_keys=True), "```", "", "</details>"]
         lines.append("")
+    lines += _closing_sections(system, names, language, results_dir, base_model, license, builtin_data)
+    return "\n".join(lines)
+
+
+def _closing_sections(system: str, names: list[str], language: str | None, results_dir: Path | None,
+                      base_model: str | None, license: str | None, builtin_data: bool) -> list[str]:
+    """The card's evaluation (the system's summary row and per-language values: those involving
+    ``language``, or all when None), data notices and licence sections."""
+    lines = []
     if results_dir is not None:
         summary, per_language = _score_tables(Path(results_dir), names, language)
         if summary or per_language:
@@ -134,7 +145,7 @@ def export_card(*, language: str, base_model: str | None, system: str, modules: 
             lines += ["| " + " | ".join(summary) + " |", "|" + "---|" * len(summary),
                       "| " + " | ".join(summary.values()) + " |", ""]
         for table, values in per_language.items():
-            lines += [f"`{table}`, the pairs or languages with `{language}`:", "",
+            lines += [f"`{table}`" + (f", the pairs or languages with `{language}`:" if language else ":"), "",
                       "| " + " | ".join(values) + " |", "|" + "---|" * len(values),
                       "| " + " | ".join(values.values()) + " |", ""]
     if builtin_data:
@@ -144,6 +155,52 @@ def export_card(*, language: str, base_model: str | None, system: str, modules: 
     lines += ["## Licence", "",
               f"{'`' + license + '`' if license else 'Not set: the licence of the base model and of the training data apply'}"
               f"{'' if not base_model else f' (base model: `{base_model}`)'}.", ""]
+    return lines
+
+
+# what a monolithic system's metrics.json holds that a reader of the card wants (in this order)
+SYSTEM_FIGURES = ["objective", "languages", "steps", "train_rows", "batches_per_epoch", "loss_first", "loss_last",
+                  "heldout_retrieval_accuracy_mean_before", "heldout_retrieval_accuracy_mean_after",
+                  "trainable_parameters", "total_parameters"]
+
+
+def system_card(*, system: str, system_dir: Path, base_model: str | None, results_dir: Path | None = None,
+                license: str | None = None, builtin_data: bool = False) -> str:
+    """The card's text for a monolithic system (a full baseline or a recipe's model): one
+    sentence-transformers model for every language it was trained on (its ``metrics.json``'s
+    ``languages``), with its training figures and settings and all its scores."""
+    from huggingface_hub import ModelCardData
+
+    path = Path(system_dir) / "metrics.json"
+    metrics = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    languages = list(metrics.get("languages") or [])
+    if languages and "en" not in languages:  # the pivot: every system trains on English pairs or targets
+        languages = ["en"] + languages
+    data = ModelCardData(language=languages or None, license=license, library_name="sentence-transformers",
+                         pipeline_tag="sentence-similarity", base_model=base_model,
+                         tags=TAGS[:-1] + ["monolithic-sentence-encoder", f"modsent-{system}"])
+    what = metrics.get("description") or f"trained by the {system} recipe"
+    lines = ["---", data.to_yaml(), "---", "",
+             f"# {system} multilingual sentence encoder (modsent)", "",
+             f"The system **{system}** of a modsent run ({what}), trained on "
+             f"{'`' + base_model + '`' if base_model else 'a base model without a Hub id'}"
+             f"{' for ' + ', '.join(f'`{code}`' for code in languages) if languages else ''}. One model encodes "
+             "every language; it is a plain sentence-transformers model and encodes without a prompt, as it "
+             "was trained and evaluated.", "",
+             "## Usage", "", "```python", "from sentence_transformers import SentenceTransformer", "",
+             'model = SentenceTransformer("PATH_OR_HUB_ID")', "embeddings = model.encode([...])", "```", "",
+             "## Training", ""]
+    if metrics:
+        lines += ["| figure | value |", "|---|---|"]
+        lines += [f"| {key} | {', '.join(metrics[key]) if isinstance(metrics[key], list) else _value(metrics[key])} |"
+                  for key in SYSTEM_FIGURES if key in metrics]
+        if metrics.get("config"):
+            lines += ["", "<details><summary>settings</summary>", "", "```json",
+                      json.dumps(metrics["config"], indent=2, sort_keys=True), "```", "", "</details>"]
+        lines.append("")
+    else:
+        lines += [f"{path} is missing: the training figures are unknown.", ""]
+    lines += _closing_sections(system, [system], None, results_dir, base_model, license, builtin_data)
     return "\n".join(lines)
 
 

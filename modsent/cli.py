@@ -235,8 +235,8 @@ def cmd_encode(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """One language's encoder of a modular system as a plain sentence-transformers directory
-    with a model card (modsent.cards)."""
+    """One language's encoder of a modular system, or a monolithic system (a full baseline or a
+    recipe's model), as a plain sentence-transformers directory with a model card (modsent.cards)."""
     from pathlib import Path
 
     from modsent import cards
@@ -249,23 +249,51 @@ def cmd_export(args: argparse.Namespace) -> int:
     if (root / "modules.json").is_file():
         raise InputError(f"{root} is a sentence-transformers directory already; export reads a results/{{base}} tree")
     system = variants.variant(args.variant)
-    if system.kind not in ("modular", "base"):
-        raise InputError(f"--variant {args.variant}: a monolithic system is already a sentence-transformers "
-                         f"directory ({root / getattr(system, 'path', args.variant)}); export assembles modular ones")
     out = Path(args.out)
     if out.exists() and not args.force:
         raise InputError(f"{out} exists; remove it or give --force")
+    builtin_data = (root.parent.parent / "resources" / "paraphrases" / "builtin.parquet").is_file()
+    if system.kind not in ("modular", "base"):
+        return _export_monolithic(args, root, system, out, builtin_data)
+    if not args.lang:
+        raise InputError(f"--variant {args.variant}: a modular system is exported one language at a time: give --lang")
     encoder = load_encoder(str(root), args.lang, args.base, args.variant, check_device(args.device))
     assert isinstance(encoder, ModularEncoder)
     modules = variants._modules(system, root, args.lang)
     base_dir = encoder.base_model_dir
-    resources = root.parent.parent / "resources"
     text = cards.export_card(language=args.lang, base_model=hub_id(base_dir), system=args.variant, modules=modules,
-                             results_dir=root, license=args.license,
-                             builtin_data=(resources / "paraphrases" / "builtin.parquet").is_file())
+                             results_dir=root, license=args.license, builtin_data=builtin_data)
     cards.check_card(text)
     encoder.export(args.lang, out, card=text)
     print(f"modsent export: {args.variant} for {args.lang} in {out} (model card: {out / cards.CARD})", file=sys.stderr)
+    return 0
+
+
+def _export_monolithic(args: argparse.Namespace, root, system, out, builtin_data: bool) -> int:
+    """A trained monolithic system's directory, copied with a model card written into it."""
+    import shutil
+    from pathlib import Path
+
+    from modsent import cards
+    from modsent.encoders.base_models import hub_id
+    from modsent.io import InputError, atomic_path, check_model_files
+
+    source = Path(root) / system.path
+    if not (source / "modules.json").is_file():
+        raise InputError(f"--variant {args.variant}: {source} is not a trained sentence-transformers directory "
+                         "(has the workflow trained it? snakemake plans it when it is configured)")
+    if args.lang:
+        print(f"modsent export: {args.variant} is one model for every language; --lang {args.lang} is ignored",
+              file=sys.stderr)
+    check_model_files(source)
+    base_dir = Path(args.base) if args.base else Path(root).parent.parent / "resources" / "base_models" / Path(root).name
+    text = cards.system_card(system=args.variant, system_dir=source, base_model=hub_id(base_dir) if base_dir.is_dir() else None,
+                             results_dir=Path(root), license=args.license, builtin_data=builtin_data)
+    cards.check_card(text)
+    with atomic_path(out, directory=True) as tmp:
+        shutil.copytree(source, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.checkpoint", "loss.tsv"))
+        (Path(tmp) / cards.CARD).write_text(text, encoding="utf-8")
+    print(f"modsent export: {args.variant} in {out} (model card: {out / cards.CARD})", file=sys.stderr)
     return 0
 
 
@@ -357,12 +385,12 @@ def main(argv: list[str] | None = None) -> int:
                    "else the CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_encode)
-    p = sub.add_parser("export", help="one language's encoder of a modular system as a sentence-transformers "
-                       "directory with a model card")
+    p = sub.add_parser("export", help="one language's encoder of a modular system, or a monolithic system (full "
+                       "baseline, recipe), as a sentence-transformers directory with a model card")
     p.add_argument("--model", required=True, help="results/{base}")
-    p.add_argument("--lang", required=True, help="language code")
-    p.add_argument("--variant", default="Mod_mc", help="the modular system (Mod_mc, Mod_mc-0.7, Mod_mc-pl, "
-                   "Mod_m, Mod_en, Mod_c, base, ...)")
+    p.add_argument("--lang", help="language code (modular systems: required)")
+    p.add_argument("--variant", default="Mod_mc", help="the system: modular (Mod_mc, Mod_mc-0.7, Mod_mc-pl, "
+                   "Mod_m, Mod_en, Mod_c, base, ...) or monolithic (Full_m, Full_mc, a configured recipe's name)")
     p.add_argument("--base", help="base model directory (default: resources/base_models/{base})")
     p.add_argument("--out", required=True, help="the directory to write")
     p.add_argument("--license", help="the licence's Hub id for the card (e.g. apache-2.0); default: none set")

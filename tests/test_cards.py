@@ -53,3 +53,28 @@ def test_card_metadata_training_and_scores(tmp_path):
     assert "base_model" not in cards.check_card(bare) and "## Evaluation" not in bare and "Data notices" not in bare
     with pytest.raises(InputError, match="lacks library_name, pipeline_tag"):
         cards.check_card("---\nlanguage: [ky]\ntags: [x]\n---\ntext")
+
+
+def test_a_monolithic_system_card_lists_its_languages_figures_and_every_score(tmp_path):
+    results = tmp_path / "results" / "labse"
+    system = _module(results / "baselines" / "Full_m", baseline="Full_m", description="all weights, monolingual batches",
+                     objective="monolingual", languages=["en", "de", "ky"], steps=400, loss_first=1.9, loss_last=0.75,
+                     trainable_parameters=117505920, config={"learning_rate": 2e-5})
+    pd.DataFrame({"variant": ["Full_m", "Mod_m"], "BM xsim err ↓": [30.5, 20.25]}).to_csv(results / "summary.csv", index=False)
+    (results / "eval" / "per_language").mkdir(parents=True)
+    pd.DataFrame({"variant": ["Full_m"], "de-en": [0.7], "en-ky": [0.61]}).to_csv(
+        results / "eval" / "per_language" / "rsim.csv", index=False)
+    text = cards.system_card(system="Full_m", system_dir=system, base_model="sentence-transformers/LaBSE",
+                             results_dir=results, license="apache-2.0")
+    data = cards.check_card(text)
+    assert data["language"] == ["en", "de", "ky"] and data["base_model"] == "sentence-transformers/LaBSE"
+    assert "modsent-Full_m" in data["tags"] and "monolithic-sentence-encoder" in data["tags"]
+    body = ModelCard(text).text
+    assert "| languages | en, de, ky |" in body and "| steps | 400 |" in body and "| loss_last | 0.75 |" in body
+    assert '"learning_rate": 2e-05' in body
+    assert "| BM xsim err ↓ |\n|---|\n| 30.5 |" in body  # its own row, not Mod_m's
+    assert "| de-en | en-ky |\n|---|---|\n| 0.7 | 0.61 |" in body  # every column: one model for all languages
+    # a recipe that trained on the other languages' pairs with English lists English too
+    mexma = _module(results / "methods" / "MEXMA", method="MEXMA", languages=["de", "ky"], steps=8)
+    assert cards.check_card(cards.system_card(system="MEXMA", system_dir=mexma, base_model=None))["language"] == [
+        "en", "de", "ky"]

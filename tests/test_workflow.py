@@ -247,7 +247,19 @@ def test_export_writes_a_model_card_and_push_uses_the_hub_s_upload(run, tmp_path
     exported = SentenceTransformer(str(out), device="cpu").encode(sentences)
     assert np.allclose(exported, encoder.encode(sentences, lang="ky"), atol=1e-4)
     assert main(["export", "--model", str(results), "--lang", "ky", "--out", str(out)]) == 2  # exists: --force
-    assert main(["export", "--model", str(results), "--lang", "ky", "--variant", "Full_m", "--out", str(tmp_path / "f")]) == 2
+    assert main(["export", "--model", str(results), "--variant", "Mod_m", "--out", str(tmp_path / "m")]) == 2  # --lang
+    # a monolithic system: its directory with a card, for every language it was trained on
+    full = tmp_path / "full-m"
+    assert main(["export", "--model", str(results), "--variant", "Full_m", "--out", str(full)]) == 0
+    full_card = ModelCard.load(full / "README.md")
+    trained = json.loads((results / "baselines/Full_m/metrics.json").read_text())
+    assert full_card.data.to_dict()["language"] == trained["languages"] and "modsent-Full_m" in full_card.data.tags
+    summary_full = pd.read_csv(results / "summary.csv").set_index("variant").loc["Full_m"]
+    lines = full_card.text.splitlines()
+    row = lines[lines.index("| " + " | ".join(summary_full.index) + " |") + 2]
+    assert [float(v) for v in row.strip("| ").split(" | ")] == pytest.approx(summary_full.tolist(), rel=1e-3)
+    assert np.allclose(SentenceTransformer(str(full), device="cpu").encode(sentences),
+                       SentenceTransformer(str(results / "baselines/Full_m"), device="cpu").encode(sentences))
     # push: huggingface_hub's create_repo + upload_folder, nothing else
     calls = []
     monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: calls.append(("create", repo_id, kw)) or f"https://hub/{repo_id}")
