@@ -297,6 +297,29 @@ def _export_monolithic(args: argparse.Namespace, root, system, out, builtin_data
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Jobs per rule of a config, and GPU-hours and disk of its training stages (modsent.planning)."""
+    import tempfile
+
+    from modsent import planning
+
+    config = planning.load_filled_config(args.configfile)
+    rates = planning.RATES[args.rates]
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = args.directory or scratch
+        jobs = planning.planned_jobs(args.configfile, directory)
+        estimates = planning.estimate(config, jobs, directory, rates, args.scale)
+        print(planning.format_plan(estimates, rates, args.configfile,
+                                   args.directory or "a new directory (everything)", args.scale))
+    return 0
+
+
+def planning_rates() -> list[str]:
+    from modsent.planning import RATES
+
+    return list(RATES)
+
+
 def cmd_push(args: argparse.Namespace) -> int:
     """An export (or any sentence-transformers directory with a model card) to the Hub, with
     huggingface_hub's own upload: the repository is created when missing."""
@@ -404,6 +427,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token", help="a Hub token (default: huggingface-cli login's)")
     p.add_argument("--message", default="Upload a modsent encoder", help="the commit message")
     p.set_defaults(func=cmd_push)
+    p = sub.add_parser("plan", help="jobs per rule of a config, and GPU-hours and disk of its training stages")
+    p.add_argument("--configfile", default="config.yaml", help="the config (default: the demo's config.yaml)")
+    p.add_argument("--directory", help="the working directory whose remaining work to plan (default: a new one)")
+    p.add_argument("--rates", choices=sorted(planning_rates()), default="h200",
+                   help="per-stage GPU rates: h200 (measured by modsent's benchmarks) or a100-paper (Table 5)")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="multiply every time (a body larger than LaBSE's 12 x 768, a slower GPU)")
+    p.set_defaults(func=cmd_plan)
     p = sub.add_parser("outputs", help="a language's existing outputs (for snakemake --forcerun)")
     p.add_argument("--lang", action="append", required=True, help="language code (repeatable)")
     p.add_argument("--base", help="only results/BASE (default: every base model's results)")

@@ -1,0 +1,169 @@
+"""Cost before commitment: the jobs of a config per stage, and the GPU-hours and disk of its
+training stages, estimated before anything runs (``modsent plan``).
+
+The jobs are Snakemake's own plan (a dry run in the given directory: a fresh one plans
+everything, a working directory what is left). GPU-hours come from per-stage rates measured on
+one GPU for a LaBSE-sized body (12 x 768): the paper's Table 5 on an A100 40G (20 h per language
+adapter of 200K x 128 x 256 tokens, 20 min per 600K pairs of SE or CLA training), or modsent's
+own benchmarks on an H200 (``benchmarks/results/*_h200.txt``). A larger body costs
+proportionally more; ``--scale`` multiplies every time. The work of a job is what its config
+settings say it is: steps x batch x sequence length for a language adapter; epochs x pairs for
+SE and CLA (the language's paraphrase pairs when the directory already holds them, otherwise the
+paper's 600K, said so). Stages without a measured rate are listed with their jobs only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from modsent.io import InputError
+
+REPO = Path(__file__).resolve().parent.parent
+PAPER_PAIRS = 600_000  # the paper's paraphrase pairs per language (and bilingual pairs for CLA)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rates:
+    """Throughput of one GPU for a LaBSE-sized body."""
+
+    name: str
+    source: str
+    la_tokens_per_s: float
+    se_pairs_per_s: float
+    cla_pairs_per_s: float
+
+
+RATES = {
+    "a100-paper": Rates("a100-paper", "the paper's Table 5 (A100 40G)", 200_000 * 128 * 256 / (20 * 3600),
+                        PAPER_PAIRS / (20 * 60), PAPER_PAIRS / (20 * 60)),
+    "h200": Rates("h200", "benchmarks/results/*_h200.txt (H200, bf16, fused AdamW)", 444_600, 2_673, 2_741),
+}
+
+
+# the rules that train on pairs, and the config section of their settings
+PAIR_STAGES = {"sentence_adapter": "sentence_adapter", "ablation_sentence_adapter": "sentence_adapter",
+               "alignment_adapter": "alignment", "ablation_alignment_adapter": "alignment"}
+
+
+@dataclasses.dataclass
+class Estimate:
+    rule: str
+    jobs: int
+    gpu_hours: float | None = None
+    disk_gb: float | None = None
+    note: str = ""
+
+
+def planned_jobs(configfile: str | Path, directory: str | Path, snakefile: Path = REPO / "Snakefile") -> list[tuple[str, dict]]:
+    """(rule, wildcards) of every job Snakemake would run in ``directory`` for ``configfile``."""
+    exe = Path(sys.executable).parent / "snakemake"
+    cmd = [str(exe) if exe.exists() else "snakemake", "--snakefile", str(snakefile), "--configfile",
+           str(Path(configfile).resolve()), "--directory", str(directory), "--dry-run"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise InputError(f"snakemake --dry-run of {configfile} failed:\n{(proc.stderr or proc.stdout)[-3000:]}")
+    jobs, rule = [], None
+    for line in proc.stdout.splitlines():
+        match = re.match(r"^(?:local)?rule (\w+):$", line.strip())
+        if match:
+            rule = match.group(1)
+            jobs.append((rule, {}))
+            continue
+        match = re.match(r"^\s*wildcards: (.*)$", line)
+        if match and jobs:
+            jobs[-1][1].update(dict(part.split("=", 1) for part in match.group(1).split(", ") if "=" in part))
+    return jobs
+
+
+def _pairs(directory: Path, lang: str) -> tuple[int, bool]:
+    """The language's paraphrase pairs in ``directory`` (counted), else the paper's (assumed)."""
+    path = directory / "results" / "paraphrase" / f"{lang}.parquet"
+    if path.is_file():
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows, True
+    return PAPER_PAIRS, False
+
+
+def _hidden_size(directory: Path, config: dict) -> int:
+    """The base model's width, from its prepared directory when present; LaBSE's 768 otherwise."""
+    import json
+
+    path = directory / "resources" / "base_models" / config["base_model"]["name"] / "config.json"
+    if path.is_file():
+        return int(json.loads(path.read_text(encoding="utf-8")).get("hidden_size", 768))
+    return 768
+
+
+def estimate(config: dict, jobs: list[tuple[str, dict]], directory: str | Path, rates: Rates,
+             scale: float = 1.0) -> list[Estimate]:
+    """Per rule: its jobs and, for the training stages with a rate, GPU-hours and output disk."""
+    from modsent import config as modsent_config
+
+    directory = Path(directory)
+    counts = Counter(rule for rule, _ in jobs)
+    out = {rule: Estimate(rule, count) for rule, count in sorted(counts.items())}
+    hidden = _hidden_size(directory, config)
+    assumed = set()
+    for rule, wildcards in jobs:
+        lang = wildcards.get("lang")
+        item = out[rule]
+        if rule == "language_adapter" and lang:
+            la = modsent_config.language_adapter_settings(config, lang)
+            tokens = la["steps"] * la["batch_size"] * la["seq_len"]
+            vocab = modsent_config.tokenizer_settings(config, lang).get("vocab_size", 50_000)
+            item.gpu_hours = (item.gpu_hours or 0) + scale * tokens / rates.la_tokens_per_s / 3600
+            item.disk_gb = (item.disk_gb or 0) + vocab * hidden * 4 / 1e9  # the trained fp32 embeddings
+            item.note = "steps x batch x seq_len tokens"
+        elif rule in PAIR_STAGES and lang:
+            section = PAIR_STAGES[rule]
+            settings = modsent_config.job_settings(config, section)
+            if settings.get("max_steps"):
+                pairs = settings["max_steps"] * settings["batch_size"]
+            else:
+                n, counted = _pairs(directory, lang)
+                if not counted:
+                    assumed.add(rule)
+                pairs = settings.get("epochs", 1) * n
+            rate = rates.se_pairs_per_s if section == "sentence_adapter" else rates.cla_pairs_per_s
+            item.gpu_hours = (item.gpu_hours or 0) + scale * pairs / rate / 3600
+            item.note = "epochs x pairs" + (f" ({PAPER_PAIRS:,} pairs per language assumed: not prepared yet)"
+                                            if rule in assumed else "")
+    return list(out.values())
+
+
+def format_plan(estimates: list[Estimate], rates: Rates, configfile: str, directory: str, scale: float) -> str:
+    lines = [f"modsent plan: {configfile} in {directory}",
+             f"rates: {rates.name} — {rates.source}; a LaBSE-sized body" + (f", times x{scale:g}" if scale != 1 else ""),
+             "", f"{'rule':32} {'jobs':>5} {'GPU-hours':>10} {'disk GB':>8}  how"]
+    for item in estimates:
+        hours = "" if item.gpu_hours is None else f"{item.gpu_hours:10.2f}"
+        disk = "" if item.disk_gb is None else f"{item.disk_gb:8.2f}"
+        lines.append(f"{item.rule:32} {item.jobs:5d} {hours:>10} {disk:>8}  {item.note}")
+    total_jobs = sum(item.jobs for item in estimates)
+    total_hours = sum(item.gpu_hours or 0 for item in estimates)
+    lines += ["", f"{'total':32} {total_jobs:5d} {total_hours:10.2f}",
+              "GPU-hours cover the language, sentence-encoding and alignment adapters; translation, full "
+              "baselines, recipes and evaluation have no measured rate yet (their jobs are listed)."]
+    return "\n".join(lines)
+
+
+def load_filled_config(configfile: str | Path) -> dict:
+    """The config as the workflow runs it: checked (a ConfigError names every problem) and with
+    the schema's defaults filled in."""
+    import yaml
+
+    from modsent import config as modsent_config
+
+    path = Path(configfile)
+    if not path.is_file():
+        raise InputError(f"{path}: no such config file")
+    config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    modsent_config.check_config(config)
+    schema = modsent_config.load_schema()
+    return modsent_config.fill_defaults(config, modsent_config.inline_refs(schema, schema))
