@@ -23,8 +23,9 @@ body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin:
 h1 { font-size: 1.35em; margin: 0 0 .6em; } h2 { font-size: 1.1em; margin: 1.2em 0 .4em; }
 p { max-width: 60em; }
 table { border-collapse: collapse; margin: .6em 0 1.2em; font-variant-numeric: tabular-nums; }
-th, td { border: 1px solid #d0d4da; padding: .25em .6em; white-space: nowrap; }
-th { background: #eef1f5; position: sticky; top: 0; }
+th, td { border: 1px solid #d0d4da; padding: .25em .6em; }
+td { max-width: 16em; }  /* long text wraps; the tables stay within a screen */
+th { background: #eef1f5; position: sticky; top: 0; max-width: 11em; vertical-align: bottom; }
 tbody tr:nth-child(even) { background: #f7f8fa; }
 tbody td:first-child { font-weight: 600; }
 code { background: #f1f3f5; padding: 0 .25em; border-radius: 3px; }

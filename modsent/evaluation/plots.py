@@ -46,16 +46,16 @@ def write_before_after_bars(labels: list[str], before: list, after: list, path: 
 
     from modsent.io import atomic_path
 
-    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(labels)), 3.5), dpi=100)
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(labels)), 4.2), dpi=100)
     xs = range(len(labels))
     for offset, values, label in ((-0.2, before, f"before {stage}"), (0.2, after, f"after {stage}")):
         bars = ax.bar([x + offset for x in xs], [v or 0 for v in values], 0.4, label=label)
         ax.bar_label(bars, labels=["n/a" if v is None else f"{v:.{digits}f}" for v in values], fontsize=7, padding=1)
     ax.set_xticks(list(xs), labels)
-    ax.set_ylabel(f"{ylabel} ({better} is better)")
+    ax.set_ylabel(f"{ylabel}\n({better} is better)")
     if ylim is not None:
         ax.set_ylim(*ylim)
-    ax.legend()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)  # below: no bar hidden
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")
