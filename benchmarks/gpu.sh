@@ -32,10 +32,13 @@ bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever
         | tee "$OUT_DIR/${name}_$GPU.txt"
 }
 
-bench mlm_throughput 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
-    --batch-size 64 --steps 10 --compile
-bench pair_throughput 90 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
-    --batch-size 128 --steps 10
+bench mlm_throughput 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 \
+    --batch-size 128 --steps 10 --compile
+bench mlm_throughput_b64 90 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
+    --batch-size 64 --steps 10
+bench pair_throughput 120 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
+    --batch-size 128 --steps 40 --warmup 10
+bench profile_steps 120 -m benchmarks.profile_steps --device cuda --steps 5 --top 12
 bench mexma_throughput 90 benchmarks/mexma_throughput.py --size base --device cuda --seq-len 128 256 --steps 10
 # CTranslate2's wheels are built for CUDA 12; where only CUDA 13's cuBLAS is present the script
 # points CTranslate2 at it (same C API for what it calls), and says so in the output.

@@ -24,7 +24,8 @@ training. Variants:
 Each prints pairs/s (timed steps over their total time, after --warmup untimed ones), the share
 of padding, the ratio against ``fp32, random`` and, on a GPU, the
 model FLOPs utilisation against --peak-tflops (bf16 dense peak, default 989 for an H100/H200
-SXM; 6N + 12·L·d·s FLOPs per real token, s its sentence's length) and the peak memory.
+SXM; "6N": 6N + 12·L·d·s FLOPs per real token, s its sentence's length; "4N": 4N + 12·L·d·s, the
+work of a frozen body with LoRA, as in mlm_throughput.py) and the peak memory.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def main() -> None:
           f"{args.batch_size} pairs per batch")
     print("ratio: against 'fp32, random' of the same stage in the same run")
     print(f"{'stage':5} {'seq':>4} {'variant':15} {'pairs/s':>9} {'padding':>8} {'ratio':>6}"
-          + (f" {'MFU':>6} {'peak GiB':>9}" if cuda else ""))
+          + (f" {'MFU 6N':>6} {'MFU 4N':>6} {'peak GiB':>9}" if cuda else ""))
     variants = {"fp32, random": (False, 1), "bf16, random": (True, 1), "bf16, grouped": (True, args.group)}
     if not cuda:
         variants = {"fp32, random": (False, 1), "fp32, grouped": (False, args.group)}
@@ -150,7 +151,7 @@ def main() -> None:
                 generator = torch.Generator().manual_seed(2)
                 english = nn.functional.normalize(torch.randn(args.batch_size, config.hidden_size,
                                                               generator=generator), dim=-1).to(args.device)
-                times, real, total, flops = [], 0, 0, 0.0
+                times, real, total, flops, flops_frozen = [], 0, 0, 0.0, 0.0
                 for i, batch in enumerate(batches):
                     if stage == "SE":
                         sent = [a for a, _ in batch] + [b for _, b in batch]
@@ -176,16 +177,18 @@ def main() -> None:
                         times.append(time.perf_counter() - start)
                         real += sum(sent)
                         total += ids.numel()
-                        flops += sum(6 * n_body * s + 12 * config.num_hidden_layers * config.hidden_size * s * s
-                                     for s in sent)
+                        attention = sum(12 * config.num_hidden_layers * config.hidden_size * s * s for s in sent)
+                        flops += 6 * n_body * sum(sent) + attention
+                        flops_frozen += 4 * n_body * sum(sent) + attention
                 seconds = sum(times)
                 peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
-                results[name] = (args.batch_size * len(times) / seconds, 1 - real / total, flops / seconds, peak)
+                results[name] = (args.batch_size * len(times) / seconds, 1 - real / total, flops / seconds,
+                                 flops_frozen / seconds, peak)
             base = results["fp32, random"][0]
-            for name, (pps, pad, fps, peak) in results.items():
+            for name, (pps, pad, fps, fps_frozen, peak) in results.items():
                 line = f"{stage:5} {seq_len:4d} {name:15} {pps:9.1f} {pad:8.1%} {pps / base:6.2f}"
                 if cuda:
-                    line += f" {fps / (args.peak_tflops * 1e12):6.1%} {peak:9.1f}"
+                    line += f" {fps / (args.peak_tflops * 1e12):6.1%} {fps_frozen / (args.peak_tflops * 1e12):6.1%} {peak:9.1f}"
                 print(line, flush=True)
 
 

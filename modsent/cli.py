@@ -429,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_push)
     p = sub.add_parser("plan", help="jobs per rule of a config, and GPU-hours and disk of its training stages")
     p.add_argument("--configfile", default="config.yaml", help="the config (default: the demo's config.yaml)")
-    p.add_argument("--directory", help="the working directory whose remaining work to plan (default: a new one)")
+    p.add_argument("--directory", help="the working directory whose remaining work to plan (default: a new, empty "
+                   "one: everything; relative local: paths in the config need the run's own directory)")
     p.add_argument("--rates", choices=sorted(planning_rates()), default="h200",
                    help="per-stage GPU rates: h200 (measured by modsent's benchmarks) or a100-paper (Table 5)")
     p.add_argument("--scale", type=float, default=1.0,

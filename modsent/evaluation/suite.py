@@ -296,8 +296,9 @@ def _plot_summary(frame: pd.DataFrame, path: Path) -> None:
     for ax in list(axes.flat)[len(columns):]:
         ax.axis("off")
     present = [f for f in FAMILY_COLOURS if any(variant_family(name) == f for name in names)]
-    fig.legend(handles=[Patch(color=FAMILY_COLOURS[f], label=f) for f in present], loc="upper center",
-               ncol=len(present), fontsize=8, frameon=False)
+    if present:  # no rows, no legend
+        fig.legend(handles=[Patch(color=FAMILY_COLOURS[f], label=f) for f in present], loc="upper center",
+                   ncol=len(present), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")
