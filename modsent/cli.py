@@ -287,7 +287,7 @@ def _export_monolithic(args: argparse.Namespace, root, system, out, builtin_data
               file=sys.stderr)
     check_model_files(source)
     base_dir = Path(args.base) if args.base else Path(root).parent.parent / "resources" / "base_models" / Path(root).name
-    text = cards.system_card(system=args.variant, system_dir=source, base_model=hub_id(base_dir) if base_dir.is_dir() else None,
+    text = cards.system_card(system=args.variant, system_dir=source, base_model=hub_id(base_dir),
                              results_dir=Path(root), license=args.license, builtin_data=builtin_data)
     cards.check_card(text)
     with atomic_path(out, directory=True) as tmp:

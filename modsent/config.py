@@ -89,31 +89,37 @@ def semantic_errors(config: dict) -> list[str]:
 
 
 def builtin_source_keys(config: dict) -> list[str]:
-    """The config keys whose source is the built-in demo data (not the built-in base model)."""
-    def builtin(spec) -> bool:  # 'builtin' or 'builtin:NAME'
-        return isinstance(spec, str) and (spec == "builtin" or spec.startswith("builtin:"))
+    """The config keys whose source is the built-in demo data (not the built-in base model), as
+    the sources' own parsers read them (``builtin``, ``builtin:NAME``, a built-in evaluation
+    dataset without a source). A malformed source counts as none: source_errors names it."""
+    from modsent.io import InputError
+    from modsent.sources import evaluation as evaluation_data
+    from modsent.sources.prepare import parse_source
+
+    def builtin(spec) -> bool:
+        try:
+            return parse_source(spec).kind == "builtin"
+        except InputError:
+            return False
 
     keys = []
     corpora = config.get("corpora") or {}
     if builtin(corpora.get("source", "builtin")):
         keys.append("corpora.source")
     keys += [f"corpora.per_language.{lang}.source" for lang, override in (corpora.get("per_language") or {}).items()
-             if isinstance(override, dict) and builtin(override.get("source"))]
+             if isinstance(override, dict) and "source" in override and builtin(override["source"])]
     keys += [f"paraphrases.{name}.source" for name, dataset in (config.get("paraphrases") or {}).items()
              if isinstance(dataset, dict) and builtin(dataset.get("source"))]
     if builtin((config.get("translation") or {}).get("provided")):
         keys.append("translation.provided")
     datasets = (config.get("evaluation") or {}).get("datasets") or {}
-    if isinstance(datasets, dict):
-        from modsent.sources import evaluation as evaluation_data
-
-        for name, settings in datasets.items():
+    for name, settings in (datasets.items() if isinstance(datasets, dict) else []):
+        try:
             source = settings.get("source") if isinstance(settings, dict) else None
-            # a built-in dataset without a source (or with "hf", its default) is the built-in data too
-            default_builtin = (source in (None, "hf") and name in evaluation_data.DATASETS
-                               and evaluation_data.DATASETS[name].source == "builtin")
-            if builtin(source) or default_builtin:
+            if evaluation_data.check_source(name, source).kind == "builtin":
                 keys.append(f"evaluation.datasets.{name}")
+        except InputError:
+            continue
     return keys
 
 
