@@ -333,6 +333,30 @@ def test_the_schema_names_the_systems_of_the_registry():
     assert all(re.fullmatch(variants.group_pattern(), group) for group in groups)
 
 
+def test_a_recipe_and_its_ablations_encode_in_one_group():
+    """Evaluation embeddings: one group (one job per language) per method family, so a recipe's
+    systems share the job's start-up, and adding a method re-encodes only its own family."""
+    import re
+
+    from modsent import methods
+    from modsent.encoders import systems as variants
+
+    methods.load([])
+    expected = {"InteMATs": ["InteMATs-ST", "InteMATs-DT", "InteMATs"], "mST5": ["mST5-en", "mST5-xnli"],
+                "DuEAM": ["DuEAM-weak", "DuEAM-unsup"], "MEXMA": ["MEXMA", "MEXMA-base", "MEXMA-no-koleo"]}
+    for family, names in expected.items():
+        assert {variants.group_of(name) for name in names} == {family}
+        pattern = variants.group_pattern(names)
+        assert re.fullmatch(pattern, family) and not any(re.fullmatch(pattern, name) for name in names
+                                                          if name != family)
+    # a method without a family is its own group, and a family must be a valid, unreserved name
+    assert variants.group_of("Full_m") == "full" and variants.group_of("Mod_mc-pl") == "modular"
+    toy = methods.Method("Toy-x", "toy", lambda *a, **k: {})
+    assert toy.group == "Toy-x"
+    with pytest.raises(ValueError, match="method family 'modular'"):
+        methods.Method("Toy-y", "toy", lambda *a, **k: {}, family="modular")
+
+
 def test_methods_are_checked_against_their_own_schema():
     """A configured method must be registered (method_modules) and its settings must fit its
     schema; errors name the key. A registered method's system may be chosen for evaluation."""

@@ -139,6 +139,7 @@ class MethodSystem:
 
     name: str
     description: str
+    group: str = ""
     kind = "full"
 
     @property
@@ -203,7 +204,7 @@ def variant(name: str, merge_weights: Sequence[float] | None = None):
     if name in FULL_BASELINES:
         return FULL_BASELINES[name]
     if name in methods.REGISTRY:
-        return MethodSystem(name, methods.REGISTRY[name].description)
+        return MethodSystem(name, methods.REGISTRY[name].description, methods.REGISTRY[name].group)
     if name in FIXED:
         return FIXED[name]
     if name in ABLATIONS:
@@ -226,8 +227,11 @@ def name_pattern(method_names: Sequence[str] = ()) -> str:
 
 
 def group_pattern(method_names: Sequence[str] = ()) -> str:
-    """The regular expression of every evaluation-embeddings group (:func:`group_of`)."""
-    return "|".join(["modular", "full", *(re.escape(name) for name in method_names)])
+    """The regular expression of every evaluation-embeddings group (:func:`group_of`) of the
+    paper's systems and the methods ``method_names``."""
+    groups = dict.fromkeys(methods.REGISTRY[name].group if name in methods.REGISTRY else name
+                           for name in method_names)
+    return "|".join(["modular", "full", *(re.escape(group) for group in groups)])
 
 
 def variant_names(merge_weights: Sequence[float]) -> list[str]:
@@ -380,11 +384,12 @@ def _modules(system, results_dir: Path, lang: str) -> dict[str, Path | None]:
 def group_of(name: str) -> str:
     """The evaluation embeddings' group of a system: ``modular`` for the base model and every
     variant that runs on the shared base body (modular variants and ablations), ``full`` for
-    the monolithic baselines, and the method's own name for a training method's system (so
-    that adding a method encodes nothing again)."""
+    the monolithic baselines, and a training method's family (:attr:`modsent.methods.Method.family`)
+    for its systems: one job per language encodes a recipe and its ablations, and adding a
+    method re-encodes only its own family."""
     system = variant(name)
     if isinstance(system, MethodSystem):
-        return system.name
+        return system.group or system.name
     return "full" if system.kind == "full" else "modular"
 
 

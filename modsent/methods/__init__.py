@@ -71,7 +71,12 @@ class Method:
 
     ``requires``: other methods whose outputs it reads (named in ``extra_inputs`` through
     :func:`modsent.layout.method_output`, so Snakemake trains them first); a config that
-    configures it without them is an error naming the missing ``methods.NAME`` keys."""
+    configures it without them is an error naming the missing ``methods.NAME`` keys.
+
+    ``family``: the evaluation-embeddings group of the system (default: its own name). The
+    systems of one family (a recipe and its ablations) encode each language's evaluation
+    sentences in one job, which loads the libraries and the data once; adding a system
+    re-encodes only its own family."""
 
     name: str
     description: str
@@ -82,11 +87,13 @@ class Method:
     extra_inputs: Callable[[str, Mapping, Sequence[str]], dict[str, str | list[str]]] | None = None
     requires: tuple[str, ...] = ()
     data_parallel: bool = False
+    family: str = ""
 
     def __post_init__(self):
-        if not NAME.fullmatch(self.name) or RESERVED.fullmatch(self.name):
-            raise ValueError(f"method name {self.name!r}: letters and digits, words joined by - _ or ., "
-                             "not base, modular, full, Full_* or Mod_* (the paper's systems and groups)")
+        for what, value in (("name", self.name), ("family", self.group)):
+            if not NAME.fullmatch(value) or RESERVED.fullmatch(value):
+                raise ValueError(f"method {what} {value!r}: letters and digits, words joined by - _ or ., "
+                                 "not base, modular, full, Full_* or Mod_* (the paper's systems and groups)")
         unknown = sorted(set(self.uses) - set(INPUT_KINDS))
         if unknown:
             raise ValueError(f"method {self.name}: unknown input kind(s) {unknown}; kinds: {', '.join(INPUT_KINDS)}")
@@ -94,6 +101,11 @@ class Method:
     def training_languages(self, languages: Sequence[str]) -> list[str]:
         """The languages whose pairs it trains on."""
         return [PIVOT_LANGUAGE] if self.english_only else list(languages)
+
+    @property
+    def group(self) -> str:
+        """The evaluation-embeddings group (``family``, or the name when it has none)."""
+        return self.family or self.name
 
     def schema(self) -> dict:
         """The JSON schema of the method's settings (``methods.{name}``); a data-parallel

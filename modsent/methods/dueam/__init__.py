@@ -224,4 +224,4 @@ VARIANTS = {  # name: (description, data, objective)
 for _name, (_description, _data, _objective) in VARIANTS.items():
     _schema = settings_schema(data=_data, objective=_objective)
     register(Method(_name, _description, _trainer(_name, _schema), ("base", "pairs", "translations"), _schema,
-                    extra_inputs=_extra_inputs, data_parallel=True))
+                    extra_inputs=_extra_inputs, data_parallel=True, family="DuEAM"))

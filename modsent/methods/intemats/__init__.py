@@ -154,9 +154,9 @@ def _fusion_inputs(base: str, settings: Mapping, languages: Sequence[str]) -> di
 _ST_SCHEMA, _DT_SCHEMA = adapter_schema(documents=False), adapter_schema(documents=True)
 _FUSION_SCHEMA = fusion_schema()
 register(Method(ST, "InteMATs MATs-ST: serial adapters on the frozen backbone, InfoNCE on English-X sentence pairs",
-                _trainer(ST, _ST_SCHEMA), ("base", "pairs"), _ST_SCHEMA))
+                _trainer(ST, _ST_SCHEMA), ("base", "pairs"), _ST_SCHEMA, family=FUSED))
 register(Method(DT, "InteMATs MATs-DT: serial adapters on the frozen backbone, InfoNCE on English-X "
-                    "pseudo-documents", _trainer(DT, _DT_SCHEMA), ("base", "pairs"), _DT_SCHEMA))
+                    "pseudo-documents", _trainer(DT, _DT_SCHEMA), ("base", "pairs"), _DT_SCHEMA, family=FUSED))
 register(Method(FUSED, "InteMATs: MATs-ST and MATs-DT frozen, AdapterFusion trained with MNRL on paraphrase pairs",
                 _trainer(FUSED, _FUSION_SCHEMA), ("base", "pairs"), _FUSION_SCHEMA,
-                extra_inputs=_fusion_inputs, requires=(ST, DT)))
+                extra_inputs=_fusion_inputs, requires=(ST, DT), family=FUSED))

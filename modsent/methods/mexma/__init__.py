@@ -141,4 +141,4 @@ VARIANTS = {  # name: (description, alignment, align weight, KoLeo weight, detac
 for _name, (_description, _alignment, _align, _koleo, _detach) in VARIANTS.items():
     _schema = settings_schema(alignment=_alignment, align_weight=_align, koleo_weight=_koleo, detach_tokens=_detach)
     register(Method(_name, _description, _trainer(_name, _schema), ("base", "translations"), _schema,
-                    extra_inputs=_provided_inputs, data_parallel=True))
+                    extra_inputs=_provided_inputs, data_parallel=True, family="MEXMA"))

@@ -127,4 +127,4 @@ VARIANTS = {  # name: (description, english_only, targets, learning rate)
 for _name, (_description, _english_only, _targets, _lr) in VARIANTS.items():
     _schema = settings_schema(learning_rate=_lr, targets=_targets)
     register(Method(_name, _description, _trainer(_name, _english_only, _schema), ("base", "pairs"), _schema,
-                    _english_only))
+                    _english_only, family="mST5"))
