@@ -13,6 +13,7 @@ rule english_embeddings:
     threads: job_threads("gpu_encode")
     resources:
         **job_resources("gpu_encode"),
+    priority: 3
     log:
         "logs/{base}/alignment/english_embeddings.log",
     conda:
@@ -35,6 +36,7 @@ rule english_embeddings_provided:
     threads: job_threads("gpu_encode")
     resources:
         **job_resources("gpu_encode"),
+    priority: 3
     log:
         "logs/{base}/alignment/english_provided/{lang}.log",
     conda:
@@ -57,6 +59,7 @@ rule alignment_adapter:
     threads: job_threads("gpu_train")
     resources:
         **job_resources("gpu_train"),
+    priority: 2
     log:
         "logs/{base}/alignment/{kind}/{lang}.log",
     benchmark:
@@ -76,6 +79,7 @@ rule merge_alignment:
         directory(layout.MERGED_ALIGNMENT),
     resources:
         **job_resources("cpu"),
+    priority: 2
     log:
         "logs/{base}/alignment/merged-{weight}/{lang}.log",
     conda:

@@ -66,6 +66,7 @@ rule ablation_sentence_adapter:
     threads: job_threads("gpu_train")
     resources:
         **job_resources("gpu_train"),
+    priority: 1
     log:
         "logs/{base}/ablations/sentence_adapters_base/{lang}.log",
     benchmark:
@@ -90,6 +91,7 @@ rule ablation_alignment_adapter:
     threads: job_threads("gpu_train")
     resources:
         **job_resources("gpu_train"),
+    priority: 1
     log:
         "logs/{base}/ablations/alignment_la/{kind}/{lang}.log",
     benchmark:
@@ -109,6 +111,7 @@ rule ablation_merge_alignment:
         directory(layout.ABLATION_MERGED_ALIGNMENT),
     resources:
         **job_resources("cpu"),
+    priority: 1
     log:
         "logs/{base}/ablations/alignment_la/merged-{weight}/{lang}.log",
     conda:

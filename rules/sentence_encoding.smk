@@ -13,6 +13,7 @@ rule sentence_adapter:
     threads: job_threads("gpu_train")
     resources:
         **job_resources("gpu_train"),
+    priority: 3
     log:
         "logs/{base}/sentence_adapters/{lang}.log",
     benchmark:

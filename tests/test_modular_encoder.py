@@ -314,3 +314,36 @@ def test_export_encodes_as_evaluated_when_the_base_has_a_default_prompt(inputs, 
     assert main(["encode", "--model", str(out), "--input", str(texts), "--output", str(tmp_path / "none.npy"),
                  "--quiet"]) == 0
     assert np.load(tmp_path / "none.npy").shape == (0, mine.shape[1])
+
+
+def test_merged_lora_encodes_as_unmerged_and_as_the_export(inputs, modular, tmp_path):
+    """``merge_lora`` (the evaluation's mode): each layer's active LoRA terms are merged into its
+    weight once per activation, so the forward pass is the export's; the vectors equal the
+    unmerged encoder's to float rounding and the export's more closely, and switching
+    languages re-merges (no language's weights leak into another's)."""
+    from sentence_transformers import SentenceTransformer
+
+    merged = ModularEncoder(inputs["base"], device="cpu", merge_lora=True)
+    merged.add_language("ky", language_adapter=inputs["ky"][0], sentence_adapter=inputs["ky"][1])
+    merged.add_language("zh", sentence_adapter=inputs["zh"][1])
+    for lang in ("ky", "zh", "ky"):
+        mine = merged.encode(TEXTS[lang], lang=lang, normalize=False)
+        plain = modular.encode(TEXTS[lang], lang=lang, normalize=False)
+        assert np.abs(mine - plain).max() < 1e-4 and np.abs(mine - plain).max() > 0, lang
+    query = merged.body.encoder.layer[0].attention.self.query
+    assert query.merge and query._merged is not None  # the active language's merged weight is held
+    expected = query.base.weight + sum((b @ a) * s for a, b, s in query.active)
+    assert torch.allclose(query._merged, expected, atol=1e-6)
+    exported = SentenceTransformer(str(modular.export("ky", tmp_path / "ky")), device="cpu")
+    theirs = exported.encode(KYRGYZ, normalize_embeddings=True)
+    from_merged = merged.encode(KYRGYZ, lang="ky")
+    from_unmerged = modular.encode(KYRGYZ, lang="ky")
+    assert np.abs(from_merged - theirs).max() <= np.abs(from_unmerged - theirs).max()
+
+
+def test_the_evaluation_batch_size_follows_the_device():
+    from modsent.evaluation.suite import encoding_batch_size
+
+    assert encoding_batch_size(None, "cpu") == 64 and encoding_batch_size(None, "cuda:0") == 512
+    assert encoding_batch_size(16, "cuda") == 16
+    assert encoding_batch_size(None) == (512 if torch.cuda.is_available() else 64)

@@ -18,4 +18,5 @@ encoders = variants.build_language_encoders(
     snakemake.params.variants, Path("results") / snakemake.wildcards.base, snakemake.input.base, lang,
     merge_weights=snakemake.params.merge_weights)
 evaluation.embed_language(encoders, lang, snakemake.params.datasets, snakemake.output[0],
-                          batch_size=runtime_settings(snakemake.config, "evaluation")["batch_size"])
+                          batch_size=evaluation.encoding_batch_size(
+                              runtime_settings(snakemake.config, "evaluation")["batch_size"]))

@@ -60,12 +60,27 @@ GELU_ACTIVATIONS = {"gelu", "gelu_new", "gelu_python", "gelu_pytorch_tanh", "gel
 
 
 class RoutedLoRALinear(nn.Module):
-    """A frozen ``nn.Linear`` plus the LoRA terms of the active language: ``[(A, B, scaling)]``."""
+    """A frozen ``nn.Linear`` plus the LoRA terms of the active language: ``[(A, B, scaling)]``.
 
-    def __init__(self, base: nn.Linear):
+    With ``merge=True`` the forward pass uses ``W + Σ s·B A``, computed once per activation (by
+    the formula :meth:`merged` writes into an export), instead of adding each term to the output:
+    one matrix product per layer instead of three per term, at the cost of a merged copy of the
+    weight while a language is active."""
+
+    def __init__(self, base: nn.Linear, merge: bool = False):
         super().__init__()
         self.base = base
-        self.active: list[tuple[torch.Tensor, torch.Tensor, float]] = []
+        self.merge = merge
+        self._active: list[tuple[torch.Tensor, torch.Tensor, float]] = []
+        self._merged: torch.Tensor | None = None
+
+    @property
+    def active(self) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+        return self._active
+
+    @active.setter
+    def active(self, terms: list[tuple[torch.Tensor, torch.Tensor, float]]) -> None:
+        self._active, self._merged = terms, None
 
     @property
     def weight(self) -> torch.Tensor:
@@ -76,19 +91,28 @@ class RoutedLoRALinear(nn.Module):
         return self.base.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.merge and self._active:
+            if self._merged is None:
+                self._merged = self.merged_weight()
+            return nn.functional.linear(x, self._merged, self.base.bias)
         out = self.base(x)
-        for a, b, scaling in self.active:
+        for a, b, scaling in self._active:
             out = out + (x.to(a.dtype) @ a.T @ b.T).to(out.dtype) * scaling
         return out
+
+    def merged_weight(self) -> torch.Tensor:
+        """``W + Σ s·B A`` over the active terms (a new tensor)."""
+        with torch.no_grad():
+            weight = self.base.weight.detach().clone()
+            for a, b, scaling in self._active:
+                weight += (b @ a).to(weight.dtype) * scaling
+        return weight
 
     def merged(self) -> nn.Linear:
         """A plain ``nn.Linear`` with the active LoRA terms added to its weight (a new module)."""
         linear = nn.Linear(self.base.in_features, self.base.out_features, bias=self.base.bias is not None)
         with torch.no_grad():
-            weight = self.base.weight.detach().clone()
-            for a, b, scaling in self.active:
-                weight += (b @ a).to(weight.dtype) * scaling
-            linear.weight.copy_(weight)
+            linear.weight.copy_(self.merged_weight())
             if self.base.bias is not None:
                 linear.bias.copy_(self.base.bias)
         return linear.to(self.base.weight.device)
@@ -249,9 +273,14 @@ def _read_lora(adapter_dir: Path, body: nn.Module, prefix: str, what: str,
 
 
 class ModularEncoder:
-    """One base body, many languages: ``add_language(...)`` then ``encode(sentences, lang=...)``."""
+    """One base body, many languages: ``add_language(...)`` then ``encode(sentences, lang=...)``.
 
-    def __init__(self, base_model_dir: str | Path, device: str | None = None):
+    ``merge_lora``: encode with each layer's LoRA terms merged into its weight while a language
+    is active (:class:`RoutedLoRALinear`), as the export computes it: faster (the evaluation's
+    choice, about 1.5x on the CPU for an SE + LA language), but it holds a merged copy of the
+    body's linear weights, so the default keeps only the small per-language parts."""
+
+    def __init__(self, base_model_dir: str | Path, device: str | None = None, *, merge_lora: bool = False):
         import transformers
 
         self.base_model_dir = Path(base_model_dir)
@@ -272,7 +301,7 @@ class ModularEncoder:
         for name, module in list(self.body.named_modules()):
             for child_name, child in list(module.named_children()):
                 if isinstance(child, nn.Linear) and ".layer." in f"{name}.{child_name}":
-                    setattr(module, child_name, RoutedLoRALinear(child))
+                    setattr(module, child_name, RoutedLoRALinear(child, merge=merge_lora))
         self._routed = {n: m for n, m in self.body.named_modules() if isinstance(m, RoutedLoRALinear)}
         words = self.body.embeddings.word_embeddings
         self._embedding_dim, self._padding_idx = words.embedding_dim, words.padding_idx

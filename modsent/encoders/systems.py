@@ -406,11 +406,13 @@ class KeyedEncoder:
 
 def build_language_encoders(names: Sequence[str], results_dir: str | Path, base_model_dir: str | Path,
                             lang: str, *, merge_weights: Sequence[float] | None = None,
-                            device: str | None = None) -> dict[str, KeyedEncoder]:
+                            device: str | None = None, merge_lora: bool = True) -> dict[str, KeyedEncoder]:
     """An encoder of ``lang`` for each system in ``names``. The base model and the modular
     systems share one ModularEncoder (one body, each system's modules registered under a key);
     systems whose modules for ``lang`` are the same (English in Mod_m, Mod_mc-*, Mod_en, Mod_c)
-    share a key, so a caller can encode once for all of them."""
+    share a key, so a caller can encode once for all of them. ``merge_lora``: the active
+    system's LoRA terms merged into the weights, as its export computes them (faster; one
+    language at a time, so the merged copy is one body's linear weights)."""
     from modsent.encoders.modular import ModularEncoder
 
     results_dir = Path(results_dir)
@@ -427,7 +429,7 @@ def build_language_encoders(names: Sequence[str], results_dir: str | Path, base_
         signature = tuple(sorted((k, str(v)) for k, v in modules.items()))
         if signature not in keys:
             if modular is None:
-                modular = ModularEncoder(base_model_dir, device=device)
+                modular = ModularEncoder(base_model_dir, device=device, merge_lora=merge_lora)
             keys[signature] = name
             modular.add_language(name, **modules)
         out[name] = KeyedEncoder(modular, keys[signature], lang)

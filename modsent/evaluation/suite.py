@@ -114,6 +114,22 @@ def read_embeddings(path: str | Path) -> EmbeddingTable:
     return EmbeddingTable(table.column("text").to_pylist(), values.reshape(len(table), dim), str(path))
 
 
+def encoding_batch_size(setting: int | None, device: str | None = None) -> int:
+    """``evaluation.batch_size``, or with ``None`` the device's: 512 sentences on a GPU, where
+    smaller batches leave it waiting for the CPU to launch kernels (an H100 encodes 6.2x the
+    sentences/s at 512 than at 64, benchmarks/results/encode_throughput*_h100.txt), 64 on the
+    CPU, where the longer padding of a large batch costs more than it saves (3x slower at 512)."""
+    if setting is not None:
+        return int(setting)
+    import torch
+
+    on_gpu = str(device).startswith("cuda") if device is not None else torch.cuda.is_available()
+    return GPU_ENCODING_BATCH if on_gpu else CPU_ENCODING_BATCH
+
+
+GPU_ENCODING_BATCH, CPU_ENCODING_BATCH = 512, 64
+
+
 def embed_language(encoders: dict, lang: str, datasets: dict[str, list[str | Path]], out_dir: str | Path, *,
                    batch_size: int = 64) -> dict[str, dict[str, int]]:
     """Encode ``lang``'s sentences of each dataset (``{name: [subset parquet paths]}``) with each
