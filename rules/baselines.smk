@@ -24,6 +24,7 @@ rule full_baseline:
     threads: job_threads("gpu_train", gpus=full_baseline_gpus)
     resources:
         **job_resources("gpu_train", gpus=full_baseline_gpus),
+    priority: 1
     log:
         "logs/{base}/baselines/{name}.log",
     benchmark:

@@ -16,6 +16,7 @@ rule train_method:
     threads: job_threads("gpu_train", gpus=method_gpus)
     resources:
         **job_resources("gpu_train", gpus=method_gpus),
+    priority: 1
     log:
         "logs/{base}/methods/{method}.log",
     benchmark:

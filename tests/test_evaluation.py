@@ -195,6 +195,20 @@ def test_systems_with_equal_modules_encode_once(subsets, tmp_path):
     assert np.array_equal(one.embeddings, two.embeddings) and not np.allclose(one.embeddings, other.embeddings)
 
 
+def test_a_sentence_shared_by_datasets_is_encoded_once(subsets, tmp_path):
+    """FLORES and Tatoeba share the English sentences here (as SIB-200 is built on FLORES'): one
+    encode call per system over the distinct sentences, and each dataset's file holds its own
+    sentences' vectors."""
+    table = TableEncoder(_parallel_vectors())
+    datasets = {"flores": [subsets["flores"]["en"]], "tatoeba": list(subsets["tatoeba"].values())}
+    ev.embed_language({"V": table}, "en", datasets, tmp_path / "en")
+    flores, tatoeba = (ev.read_embeddings(tmp_path / "en" / "V" / f"{name}.parquet") for name in ("flores", "tatoeba"))
+    assert set(flores.texts) & set(tatoeba.texts)  # the datasets overlap
+    assert table.calls == [("en", len(set(flores.texts) | set(tatoeba.texts)))]
+    for got in (flores, tatoeba):
+        assert np.allclose(got.embeddings, table.encode(got.texts, lang="en"))
+
+
 def test_every_dataset_kind_has_one_task_kind():
     """The task registry is the one place of a kind's columns, sentences and scorer: every
     catalogue dataset's kind is registered, the loaders' schemas are the registry's, and a

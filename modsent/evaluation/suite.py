@@ -135,14 +135,19 @@ def embed_language(encoders: dict, lang: str, datasets: dict[str, list[str | Pat
     """Encode ``lang``'s sentences of each dataset (``{name: [subset parquet paths]}``) with each
     system's encoder (``{system: encoder}``, anything with ``encode(sentences, lang=,
     batch_size=)``) into ``out_dir/{system}/{name}.parquet``; the directory is written
-    atomically. Encoders that compute the same function (equal ``encoder`` and ``key``
-    attributes, see :func:`modsent.encoders.systems.build_language_encoders`) encode once.
-    Returns sentence counts per system and dataset."""
+    atomically. A sentence in several datasets is encoded once per system (SIB-200 is built on
+    FLORES' sentences; the built-in topics on the built-in parallel set's). Encoders that compute
+    the same function (equal ``encoder`` and ``key`` attributes, see
+    :func:`modsent.encoders.systems.build_language_encoders`) encode once. Returns sentence
+    counts per system and dataset."""
     texts = {}
     for name, paths in datasets.items():
         kind = tasks.get(ed.DATASETS[name].kind)
         texts[name] = kind.sentences([ed.read_subset(path) for path in paths], lang)
         log.info("%s %s: %d sentences", name, lang, len(texts[name]))
+    unique = list(dict.fromkeys(text for sentences in texts.values() for text in sentences))
+    row = {text: i for i, text in enumerate(unique)}
+    log.info("%s: %d distinct sentences in %d datasets", lang, len(unique), len(texts))
     done: dict[tuple, Path] = {}
     counts = {}
     with atomic_path(out_dir, directory=True) as tmp:
@@ -150,21 +155,24 @@ def embed_language(encoders: dict, lang: str, datasets: dict[str, list[str | Pat
             identity = (id(getattr(encoder, "encoder", encoder)), getattr(encoder, "key", system))
             (tmp / system).mkdir()
             counts[system] = {}
+            if identity in done:  # the same modules as another system: same vectors
+                for name, sentences in texts.items():
+                    shutil.copyfile(done[identity] / f"{name}.parquet", tmp / system / f"{name}.parquet")
+                    counts[system][name] = len(sentences)
+                log.info("%s %s: the vectors of %s", system, lang, done[identity].name)
+                continue
+            vectors = (encoder.encode(unique, lang=lang, batch_size=batch_size) if unique
+                       else np.zeros((0, 0)))
             for name, sentences in texts.items():
-                target = tmp / system / f"{name}.parquet"
-                if (identity, name) in done:  # the same modules as another system: same vectors
-                    shutil.copyfile(done[identity, name], target)
-                else:
-                    vectors = (encoder.encode(sentences, lang=lang, batch_size=batch_size) if sentences
-                               else np.zeros((0, 0)))
-                    bad = int((~np.isfinite(vectors)).any(axis=-1).sum()) if vectors.size else 0
-                    if bad:
-                        raise InputError(f"{system} {lang} ({name}): {bad} of {len(sentences)} embeddings are not "
-                                         "finite (NaN or inf): a module of this system holds non-finite weights; "
-                                         "retrain it (its directory is listed by `modsent outputs`)")
-                    write_embeddings(target, sentences, vectors)
-                    done[identity, name] = target
+                rows = vectors[[row[text] for text in sentences]] if sentences else np.zeros((0, 0))
+                bad = int((~np.isfinite(rows)).any(axis=-1).sum()) if rows.size else 0
+                if bad:
+                    raise InputError(f"{system} {lang} ({name}): {bad} of {len(sentences)} embeddings are not "
+                                     "finite (NaN or inf): a module of this system holds non-finite weights; "
+                                     "retrain it (its directory is listed by `modsent outputs`)")
+                write_embeddings(tmp / system / f"{name}.parquet", sentences, rows)
                 counts[system][name] = len(sentences)
+            done[identity] = tmp / system
             log.info("%s %s: encoded", system, lang)
         (tmp / "counts.json").write_text(json.dumps(counts, indent=2) + "\n", encoding="utf-8")
     return counts

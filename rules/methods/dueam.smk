@@ -31,6 +31,7 @@ rule dueam_wmd:
     threads: job_threads("gpu_encode")
     resources:
         **job_resources("gpu_encode"),
+    priority: 1
     log:
         "logs/{base}/methods/DuEAM.wmd/{wmd}/{shard}-of-{shards}.log",
     benchmark:
