@@ -411,10 +411,6 @@ def group_variants(group):
     return [name for name in evaluated_variants() if variants.group_of(name) == group]
 
 
-def embedding_groups():
-    return [group for group in ("modular", "full", *configured_methods()) if group_variants(group)]
-
-
 def embedding_inputs(wildcards):
     from modsent.encoders import systems as variants
 

@@ -347,3 +347,40 @@ def test_the_evaluation_batch_size_follows_the_device():
     assert encoding_batch_size(None, "cpu") == 64 and encoding_batch_size(None, "cuda:0") == 512
     assert encoding_batch_size(16, "cuda") == 16
     assert encoding_batch_size(None) == (512 if torch.cuda.is_available() else 64)
+
+
+def test_the_merged_weight_is_fp32_under_autocast_and_frees_with_the_language(inputs):
+    """The merge runs outside autocast (as the export's): under bf16 autocast the cached weight is
+    the fp32 sum; with gradients enabled the terms are added unmerged (no cache)."""
+    merged = ModularEncoder(inputs["base"], device="cpu", merge_lora=True)
+    merged.add_language("ky", language_adapter=inputs["ky"][0], sentence_adapter=inputs["ky"][1])
+    merged._activate("ky")
+    query = merged.body.encoder.layer[0].attention.self.query
+    x = torch.randn(2, 3, query.base.in_features)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        query(x)
+    assert query._merged.dtype == torch.float32
+    assert torch.equal(query._merged, query.merged_weight())
+    merged._deactivate()
+    assert query._merged is None and query.active == []
+    merged._activate("ky")
+    with torch.enable_grad():
+        y = query(x)
+    assert query._merged is None and torch.allclose(y, torch.nn.functional.linear(x, query.merged_weight(), query.bias),
+                                                    atol=1e-5)
+
+
+def test_monolithic_systems_of_a_group_are_loaded_one_at_a_time():
+    from modsent.encoders.systems import KeyedEncoder, LazyEncoder
+
+    built = []
+
+    class Model:
+        def encode(self, sentences, lang=None, batch_size=32):
+            return np.ones((len(sentences), 2), dtype=np.float32)
+
+    lazy = KeyedEncoder(LazyEncoder(lambda: built.append(1) or Model()), "de", "de")
+    assert built == []  # nothing loaded before encoding reaches it
+    assert lazy.encode(["a", "b"]).shape == (2, 2) and lazy.encode(["c"]).shape == (1, 2) and built == [1]
+    lazy.close()
+    assert lazy.encoder._encoder is None

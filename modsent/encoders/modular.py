@@ -65,7 +65,7 @@ class RoutedLoRALinear(nn.Module):
     With ``merge=True`` the forward pass uses ``W + Σ s·B A``, computed once per activation (by
     the formula :meth:`merged` writes into an export), instead of adding each term to the output:
     one matrix product per layer instead of three per term, at the cost of a merged copy of the
-    weight while a language is active."""
+    weight while a language is active. With gradients enabled the terms are added as usual."""
 
     def __init__(self, base: nn.Linear, merge: bool = False):
         super().__init__()
@@ -91,7 +91,7 @@ class RoutedLoRALinear(nn.Module):
         return self.base.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.merge and self._active:
+        if self.merge and self._active and not torch.is_grad_enabled():  # inference only
             if self._merged is None:
                 self._merged = self.merged_weight()
             return nn.functional.linear(x, self._merged, self.base.bias)
@@ -101,8 +101,9 @@ class RoutedLoRALinear(nn.Module):
         return out
 
     def merged_weight(self) -> torch.Tensor:
-        """``W + Σ s·B A`` over the active terms (a new tensor)."""
-        with torch.no_grad():
+        """``W + Σ s·B A`` over the active terms (a new tensor), in the weight's dtype whatever
+        autocast is active around the first forward pass (the export's merge runs without one)."""
+        with torch.no_grad(), torch.autocast(self.base.weight.device.type, enabled=False):
             weight = self.base.weight.detach().clone()
             for a, b, scaling in self._active:
                 weight += (b @ a).to(weight.dtype) * scaling

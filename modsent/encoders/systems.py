@@ -44,6 +44,7 @@ the workflow's rule files import it while planning.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -393,6 +394,26 @@ def group_of(name: str) -> str:
     return "full" if system.kind == "full" else "modular"
 
 
+class LazyEncoder:
+    """An encoder built on its first ``encode`` call and dropped by ``close()``: the systems of
+    one evaluation group are loaded one at a time, not all at once (a family of large models
+    would otherwise hold every one of them in memory)."""
+
+    def __init__(self, build):
+        self._build, self._encoder = build, None
+
+    def encode(self, sentences: Sequence[str], lang: str | None = None, batch_size: int = 32):
+        if self._encoder is None:
+            self._encoder = self._build()
+        return self._encoder.encode(sentences, lang=lang, batch_size=batch_size)
+
+    def close(self) -> None:
+        self._encoder = None
+        import gc
+
+        gc.collect()
+
+
 class KeyedEncoder:
     """One system's encoder for one language: a key of a shared ModularEncoder, or a
     monolithic model. ``key`` identifies what it computes (systems with equal modules share it)."""
@@ -402,6 +423,11 @@ class KeyedEncoder:
 
     def encode(self, sentences: Sequence[str], lang: str | None = None, batch_size: int = 32):
         return self.encoder.encode(sentences, lang=self.key, batch_size=batch_size)
+
+    def close(self) -> None:
+        """Free a monolithic model loaded on demand (a shared ModularEncoder stays)."""
+        if isinstance(self.encoder, LazyEncoder):
+            self.encoder.close()
 
 
 def build_language_encoders(names: Sequence[str], results_dir: str | Path, base_model_dir: str | Path,
@@ -421,9 +447,12 @@ def build_language_encoders(names: Sequence[str], results_dir: str | Path, base_
     keys: dict[tuple, str] = {}
     for name in names:
         system = variant(name, merge_weights)
-        if system.kind == "full":
-            out[name] = KeyedEncoder(build_encoder(name, results_dir, base_model_dir, [lang], device=device),
-                                     lang, lang)  # a monolithic model: the language selects nothing
+        if system.kind == "full":  # a monolithic model, loaded when encoding reaches it; lang selects nothing
+            if not (results_dir / system.path / "modules.json").is_file():
+                raise InputError(f"variant {name}: {results_dir / system.path} is not a sentence-transformers "
+                                 "directory (train the baseline first)")
+            build = functools.partial(build_encoder, name, results_dir, base_model_dir, [lang], device=device)
+            out[name] = KeyedEncoder(LazyEncoder(build), lang, lang)
             continue
         modules = _modules(system, results_dir, lang)
         signature = tuple(sorted((k, str(v)) for k, v in modules.items()))

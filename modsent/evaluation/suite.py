@@ -173,6 +173,7 @@ def embed_language(encoders: dict, lang: str, datasets: dict[str, list[str | Pat
                 write_embeddings(tmp / system / f"{name}.parquet", sentences, rows)
                 counts[system][name] = len(sentences)
             done[identity] = tmp / system
+            getattr(encoder, "close", lambda: None)()  # a monolithic model loaded for this system
             log.info("%s %s: encoded", system, lang)
         (tmp / "counts.json").write_text(json.dumps(counts, indent=2) + "\n", encoding="utf-8")
     return counts
