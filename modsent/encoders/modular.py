@@ -278,7 +278,7 @@ class ModularEncoder:
 
     ``merge_lora``: encode with each layer's LoRA terms merged into its weight while a language
     is active (:class:`RoutedLoRALinear`), as the export computes it: faster (the evaluation's
-    choice, about 1.5x on the CPU for an SE + LA language), but it holds a merged copy of the
+    choice: 1.2x per modular system on the CPU, 2.0x on an H100), but it holds a merged copy of the
     body's linear weights, so the default keeps only the small per-language parts."""
 
     def __init__(self, base_model_dir: str | Path, device: str | None = None, *, merge_lora: bool = False):

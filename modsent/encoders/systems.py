@@ -355,10 +355,7 @@ def build_encoder(name: str, results_dir: str | Path, base_model_dir: str | Path
     results_dir = Path(results_dir)
     system = variant(name, merge_weights)
     if system.kind == "full":
-        path = results_dir / system.path
-        if not (path / "modules.json").is_file():
-            raise InputError(f"variant {name}: {path} is not a sentence-transformers directory "
-                             "(train the baseline first)")
+        path = _trained_directory(name, results_dir, system)
         return SentenceTransformerEncoder(path, device)
     encoder = ModularEncoder(base_model_dir, device=device)
     for lang in languages:
@@ -392,6 +389,15 @@ def group_of(name: str) -> str:
     if isinstance(system, MethodSystem):
         return system.group or system.name
     return "full" if system.kind == "full" else "modular"
+
+
+def _trained_directory(name: str, results_dir: Path, system) -> Path:
+    """A monolithic system's sentence-transformers directory; an InputError if not trained yet."""
+    path = results_dir / system.path
+    if not (path / "modules.json").is_file():
+        raise InputError(f"variant {name}: {path} is not a sentence-transformers directory "
+                         "(train the baseline first)")
+    return path
 
 
 class LazyEncoder:
@@ -448,9 +454,7 @@ def build_language_encoders(names: Sequence[str], results_dir: str | Path, base_
     for name in names:
         system = variant(name, merge_weights)
         if system.kind == "full":  # a monolithic model, loaded when encoding reaches it; lang selects nothing
-            if not (results_dir / system.path / "modules.json").is_file():
-                raise InputError(f"variant {name}: {results_dir / system.path} is not a sentence-transformers "
-                                 "directory (train the baseline first)")
+            _trained_directory(name, results_dir, system)  # checked now, before any encoding
             build = functools.partial(build_encoder, name, results_dir, base_model_dir, [lang], device=device)
             out[name] = KeyedEncoder(LazyEncoder(build), lang, lang)
             continue
