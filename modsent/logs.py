@@ -63,14 +63,18 @@ def start_job(snakemake) -> logging.Logger:
     """The start of every workflow script: logging to the rule's log (:func:`setup_logging`),
     a lease on each of the job's outputs (:mod:`modsent.leases`), so that a restart of the
     workflow does not start this job a second time while it still runs, and the config's
-    ``tracking`` for the job's training loops (:mod:`modsent.training.tracking`). Raises
-    :class:`modsent.leases.LeaseError` when another job that still runs holds one of them."""
-    from modsent import leases
+    ``tracking`` for the job's training loops (:mod:`modsent.training.tracking`), and, for a
+    GPU job run without SLURM on a host with more GPUs than it asks for, GPUs of its own
+    (:mod:`modsent.devices`). Raises :class:`modsent.leases.LeaseError` when another job that
+    still runs holds one of its outputs."""
+    from modsent import devices, leases
     from modsent.training import tracking
 
     log_path = snakemake.log[0] if snakemake.log else None
     logger = setup_logging(log_path)
     leases.take([str(path) for path in snakemake.output], rule=snakemake.rule)
+    resources = getattr(snakemake, "resources", None)
+    devices.claim(int((resources.get("gpu", 0) if resources is not None else 0) or 0))
     wildcards = ",".join(f"{key}={value}" for key, value in snakemake.wildcards.items())
     tracking.configure_job(snakemake.config.get("tracking"), log_path,
                            f"{snakemake.rule}[{wildcards}]" if wildcards else snakemake.rule)

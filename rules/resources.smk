@@ -13,8 +13,9 @@
 # A job that can use several GPUs of a node passes their number, e.g. the language adapter's
 # `job_resources("gpu_train", gpus=language_adapter_gpus)` (language_adapter.gpus, torchrun;
 # the full baselines' baselines.gpus likewise).
-# Without SLURM (`snakemake --cores N`) only threads matter, and `--resources gpu=1` keeps
-# GPU jobs from sharing a local GPU.
+# Without SLURM (`snakemake --cores N`) only threads matter, `--resources gpu=1` keeps GPU jobs
+# from sharing a local GPU, and `--resources gpu=K` on a K-GPU machine runs K one-GPU jobs at once,
+# each on its own GPU (modsent.devices, claimed when the job's script starts).
 
 from modsent import cluster as modsent_cluster
 
