@@ -176,6 +176,9 @@ def test_subset_names():
     assert ev.subset_languages("de") == ["de"]
     assert ev.subset_languages("en-de") == ["en", "de"]
     assert ev.subset_languages("en-zh-Hant") == ["en", "zh-Hant"]
+    # a subset whose name is one language but whose pairs are two: Tatoeba's de is German-English
+    assert ev.subset_languages("de", "tatoeba") == ["de", "en"]
+    assert ev.subset_languages("en-de", "sts17") == ["en", "de"]
     with pytest.raises(InputError):
         ev.subset_languages("xx-yy")
 

@@ -61,11 +61,14 @@ LOWER_IS_BETTER = {"xsim"}
 # ---- which sentences a language needs ----------------------------------------------------------
 
 
-def subset_languages(subset: str) -> list[str]:
+def subset_languages(subset: str, dataset: str | None = None) -> list[str]:
     """The languages of a subset name: ``de`` → [de]; ``en-de`` → [en, de]; codes with a script
-    (``zh-Hant``) are recognised by the registry."""
+    (``zh-Hant``) are recognised by the registry. With ``dataset``, the languages its subset
+    holds, which the name may not say: Tatoeba's ``de`` is German–English pairs → [de, en]."""
     from modsent import languages as registry
 
+    if dataset is not None and subset in ed._table(ed.get(dataset)):
+        return list(ed._subset(ed.get(dataset), subset).languages)
     if registry.is_registered(subset):
         return [subset]
     for i, char in enumerate(subset):
