@@ -94,6 +94,8 @@ METHOD = _tree(f"{METHODS}/{{method}}")
 EVALUATION_GROUP = _tree("eval/embeddings/{group}")  # one directory per language
 EVALUATION_EMBEDDINGS = f"{EVALUATION_GROUP}/{{lang}}"
 EVALUATION_SCORES = _tree("eval/scores/{variant}/{dataset}.json")
+# mteb's result layout: ResultCache("results/{base}/mteb") reads it (modsent.evaluation.mteb_results)
+MTEB_RESULTS = _tree("mteb/results/modsent-{base}__{variant}/no_revision_available")
 SUMMARY_CSV = _tree("summary.csv")
 SUMMARY = _tree("summary.md")
 SUMMARY_HTML = _tree("summary.html")

@@ -371,7 +371,7 @@ def dataset_missing(name):
 def dataset_languages(name):
     from modsent.evaluation.suite import subset_languages
 
-    found = {lang for subset in dataset_subsets(name) for lang in subset_languages(subset)}
+    found = {lang for subset in dataset_subsets(name) for lang in subset_languages(subset, name)}
     return [lang for lang in languages() if lang in found]
 
 
@@ -398,7 +398,7 @@ def _language_datasets(lang):
     out = {}
     for name in evaluation_datasets():
         paths = [subset_path(name, subset) for subset in dataset_subsets(name)
-                 if lang in subset_languages(subset)]
+                 if lang in subset_languages(subset, name)]
         if paths:
             out[name] = paths
     return out
@@ -520,7 +520,49 @@ def method_targets():
 def evaluation_targets():
     if not evaluation_datasets():
         return []
-    return [layout.SUMMARY_CSV.format(base=base_name()), layout.SUMMARY.format(base=base_name())]
+    return [layout.SUMMARY_CSV.format(base=base_name()), layout.SUMMARY.format(base=base_name())] + mteb_targets()
+
+
+def mteb_datasets():
+    """The configured evaluation datasets that are mteb tasks (none when evaluation.mteb_results
+    is off)."""
+    from modsent.evaluation import mteb_results
+
+    if not config["evaluation"]["mteb_results"]:
+        return []
+    return mteb_results.mapped_datasets(list(evaluation_datasets()))
+
+
+def mteb_targets():
+    if not mteb_datasets():
+        return []
+    return expand(layout.MTEB_RESULTS, base=base_name(), variant=evaluated_variants())
+
+
+def _for_dataset(wildcards, name):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(base=wildcards.base, variant=wildcards.variant, dataset=name)
+
+
+def mteb_inputs(wildcards):
+    inputs = {}
+    for name in mteb_datasets():
+        for key, paths in score_inputs(_for_dataset(wildcards, name)).items():
+            inputs[f"{name}_{key}"] = paths
+    return inputs
+
+
+def mteb_settings(wildcards):
+    """Per mteb dataset: its subsets, languages, the system's embeddings and the configured source."""
+    settings = {}
+    for name in mteb_datasets():
+        scoring = score_settings(_for_dataset(wildcards, name))
+        source = evaluation_datasets()[name] or {}
+        settings[name] = {"subsets": scoring["subsets"], "languages": scoring["languages"],
+                          "embeddings": scoring["embeddings"],
+                          "source": {"source": source.get("source"), "revision": source.get("revision")}}
+    return canonical({"datasets": settings, "languages": languages()})
 
 
 def module_targets():

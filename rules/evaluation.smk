@@ -90,3 +90,22 @@ rule evaluation_summary:
         ENV
     script:
         "../workflow_scripts/evaluation_summary.py"
+
+
+rule mteb_results:
+    """One system's scores on the datasets that are mteb tasks, as mteb result files (mteb's
+    metric definitions on the same embeddings; modsent.evaluation.mteb_results)."""
+    input:
+        unpack(mteb_inputs),
+    output:
+        directory(layout.MTEB_RESULTS),
+    params:
+        settings=mteb_settings,
+    resources:
+        **job_resources("cpu"),
+    log:
+        "logs/{base}/eval/mteb/{variant}.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/mteb_results.py"

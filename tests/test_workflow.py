@@ -16,6 +16,7 @@ from conftest import REPO, reversed_keys, snakemake_exe
 pytestmark = pytest.mark.workflow
 CONFIG = REPO / "configs" / "test.yaml"
 TESTS = Path(__file__).resolve().parent
+TATOEBA_FILES = TESTS / "fixtures" / "eval" / "mteb-tatoeba-bitext-mining"
 # The whole-DAG run also trains a method registered by a test module (tests/toy_method.py): a
 # new method is one module and two config keys, and it lands in the same evaluation and summary.
 TOY_METHOD = {"method_modules": ["toy_method"],
@@ -42,6 +43,9 @@ def workflow_config() -> dict:
     configuration of the whole-DAG run."""
     config = {**yaml.safe_load(CONFIG.read_text()), **copy.deepcopy(TOY_METHOD)}
     config["methods"].update(copy.deepcopy(RECIPES))
+    # an evaluation set that is also an mteb task (local files of its Hub layout, German only):
+    # the paper's xsim and the mteb result files of every system
+    config["evaluation"]["datasets"]["tatoeba"] = {"source": f"local:{TATOEBA_FILES}"}
     return config
 
 
@@ -530,3 +534,33 @@ def test_every_recipe_trains_evaluates_and_is_a_summary_row(run):
         assert (run / f"logs/tiny/methods/{name}.log").stat().st_size > 0
     assert list((run / "results/tiny/methods/DuEAM.wmd").glob("*/0-of-1.parquet"))
     assert json.loads((run / "results/tiny/methods/MEXMA/metrics.json").read_text())["config"]["provided_translations"]
+
+
+def test_every_system_has_mteb_result_files_that_mteb_reads(run):
+    """Every system's Tatoeba scores as mteb result files, read by mteb's own ResultCache; the
+    accuracy is that of cosine nearest neighbours German -> English computed here from the
+    system's embedding files."""
+    import numpy as np
+
+    mteb = pytest.importorskip("mteb")
+    from modsent.config import normalize_config
+    from modsent.encoders import systems as variants
+    from modsent.evaluation.suite import read_embeddings
+
+    systems = variants.evaluated_variants(normalize_config(workflow_config()))
+    results = mteb.ResultCache(run / "results/tiny/mteb").load_results(include_remote=False)
+    loaded = {model.model_name: model for model in results.model_results}
+    assert set(loaded) == {f"modsent-tiny/{system}" for system in systems}
+    rows = pd.read_json(TATOEBA_FILES / "test" / "deu-eng.jsonl.gz", lines=True)
+    for system in systems:
+        [task] = loaded[f"modsent-tiny/{system}"].task_results
+        assert task.task_name == "Tatoeba" and task.dataset_revision == f"local:{TATOEBA_FILES}"
+        [entry] = task.scores["test"]
+        assert entry["hf_subset"] == "deu-eng" and entry["languages"] == ["deu-Latn", "eng-Latn"]
+        group = run / "results/tiny/eval/embeddings" / variants.group_of(system)
+        german = read_embeddings(group / "de" / system / "tatoeba.parquet")(rows["sentence1"].tolist())
+        english = read_embeddings(group / "en" / system / "tatoeba.parquet")(rows["sentence2"].tolist())
+        german /= np.linalg.norm(german, axis=1, keepdims=True)
+        english /= np.linalg.norm(english, axis=1, keepdims=True)
+        found = np.argmax(german @ english.T, axis=1) == np.arange(len(rows))
+        assert entry["accuracy"] == pytest.approx(found.mean()), system
