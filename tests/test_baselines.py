@@ -196,6 +196,39 @@ def test_saved_directory_reloads_with_sentence_transformers_and_encodes_the_same
     assert st_config["default_prompt_name"] is None  # trained without prompts
 
 
+def test_half_precision_storage_halves_the_file_and_evaluates_in_float32(data, tmp_path):
+    """baselines.storage_dtype: float16 — the weights file holds the trained weights rounded to
+    float16 (half the bytes); modsent's loader computes in float32 from them, and the vectors
+    stay those of the float32 model up to that rounding."""
+    from safetensors import safe_open
+
+    from modsent.encoders.systems import load_sentence_transformer
+
+    result = bl.run_full_training("Full_m", data["base"], data["paths"], CFG, device="cpu", progress=False)
+    outs = {}
+    for dtype in ("float32", "float16"):
+        outs[dtype] = tmp_path / dtype
+        outs[dtype].mkdir()
+        bl.save_sentence_transformer(result.model, data["base"], outs[dtype], dtype=dtype)
+    files = {dtype: out / "model.safetensors" for dtype, out in outs.items()}
+    assert files["float16"].stat().st_size < 0.55 * files["float32"].stat().st_size
+    trained = {k: v.detach() for k, v in result.model.encoder.state_dict().items()}
+    with safe_open(str(files["float16"]), "pt") as half:
+        names = [name for name in half.keys() if name.removeprefix("model.") in trained or name in trained]
+        assert names
+        for name in names:
+            stored = half.get_tensor(name)
+            assert stored.dtype == torch.float16
+            assert torch.equal(stored, trained.get(name, trained.get(name.removeprefix("model."))).half())
+    texts = ["Hallo Welt", "Guten Morgen, wie geht es dir?", "Салам дүйнө", "A short English sentence."]
+    full, half_model = (load_sentence_transformer(outs[dtype], device="cpu") for dtype in ("float32", "float16"))
+    assert all(p.dtype == torch.float32 for p in half_model.parameters())
+    a, b = (m.encode(texts, normalize_embeddings=True) for m in (full, half_model))
+    assert np.min(np.sum(a * b, axis=1)) > 0.999 and not np.array_equal(a, b)
+    with pytest.raises(InputError, match="storage_dtype must be one of float32, float16, bfloat16"):
+        bl.FullTrainingConfig(storage_dtype="int8")
+
+
 def test_outputs_are_standard_directories_and_full_mc_starts_from_full_m(data, trained):
     from sentence_transformers import SentenceTransformer
 

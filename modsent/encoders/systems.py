@@ -315,6 +315,7 @@ def load_sentence_transformer(model_dir: str | Path, device: str | None = None):
     outside sentence-transformers is an InputError."""
     import json
 
+    import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import import_from_string
 
@@ -322,8 +323,9 @@ def load_sentence_transformer(model_dir: str | Path, device: str | None = None):
     modules_json = model_dir / "modules.json"
     entries = json.loads(modules_json.read_text(encoding="utf-8")) if modules_json.is_file() else []
     custom = [e["type"] for e in entries if not e["type"].startswith("sentence_transformers.")]
-    if not custom:
-        return SentenceTransformer(str(model_dir), device=device or _default_device())
+    if not custom:  # weights stored in half precision (baselines.storage_dtype) compute in float32
+        return SentenceTransformer(str(model_dir), device=device or _default_device(),
+                                   model_kwargs={"dtype": torch.float32})
     unknown = sorted(set(custom) - set(MODSENT_MODULE_CLASSES))
     if unknown:
         raise InputError(f"{modules_json} names module classes {unknown} that are neither sentence-transformers' "

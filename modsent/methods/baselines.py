@@ -83,6 +83,7 @@ from modsent.training.seeding import dropout_seed
 
 log = logging.getLogger(__name__)
 
+STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 SELECTION_KEYS = ("full", "ablations")  # the config section's choice of systems, not hyperparameters
 # where and how a job runs, not what it trains: not FullTrainingConfig fields, not rule params
 EXECUTION_KEYS = ("gpus",)
@@ -107,6 +108,7 @@ class FullTrainingConfig:
     log_every: int = 10
     checkpoint_every: int = 2000
     precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on the CPU; fp32: never
+    storage_dtype: str = "float32"  # the saved weights: float32, or float16/bfloat16 (half the disk)
 
     @classmethod
     def from_config(cls, section: dict) -> "FullTrainingConfig":
@@ -129,6 +131,8 @@ class FullTrainingConfig:
             raise InputError(f"baselines.seed must be at least 0, got {self.seed}")
         if self.checkpoint_every < 1:
             raise InputError(f"baselines.checkpoint_every must be at least 1, got {self.checkpoint_every}")
+        if self.storage_dtype not in STORAGE_DTYPES:
+            raise InputError(f"baselines.storage_dtype must be one of {', '.join(STORAGE_DTYPES)}, got {self.storage_dtype!r}")
 
 
 # ---- data --------------------------------------------------------------------------------------
@@ -250,16 +254,18 @@ def build_full_model(model_dir: str | Path, cfg: FullTrainingConfig) -> sa.Sente
 
 
 def save_sentence_transformer(model: sa.SentenceEncoderModel, source_dir: str | Path,
-                              out_dir: str | Path) -> None:
+                              out_dir: str | Path, dtype: str = "float32") -> None:
     """Write ``model`` into ``out_dir`` as a sentence-transformers directory: ``source_dir`` (the
     directory the model was built from) loaded by sentence-transformers, the trained weights put
-    into its modules, saved. Its default prompt name is cleared (trained without prompts)."""
+    into its modules, saved in ``dtype`` (``float16``/``bfloat16``: half the disk; modsent's
+    loader computes in float32 from them). Its default prompt name is cleared (trained without
+    prompts)."""
     import transformers
     from sentence_transformers import SentenceTransformer
 
     transformers.logging.set_verbosity_error()
-    try:
-        st = SentenceTransformer(str(source_dir), device="cpu")
+    try:  # float32 whatever the source was stored in: the trained weights are not rounded twice
+        st = SentenceTransformer(str(source_dir), device="cpu", model_kwargs={"dtype": torch.float32})
     finally:
         transformers.logging.set_verbosity_warning()
     state = {k: v.detach().to("cpu") for k, v in model.encoder.state_dict().items()}
@@ -274,6 +280,7 @@ def save_sentence_transformer(model: sa.SentenceEncoderModel, source_dir: str | 
         st[i].load_state_dict({k: v.detach().to("cpu") for k, v in module.state_dict().items()})
     st.max_seq_length = model.max_seq_length
     st.default_prompt_name = None
+    st.to(getattr(torch, dtype))
     st.save(str(out_dir), create_model_card=False)
 
 
@@ -503,7 +510,7 @@ def train_full_baseline(name: str, start_dir: str | Path, pairs_paths: Mapping[s
         return None
     metrics = result.metrics
     with atomic_path(out_dir, directory=True) as tmp:
-        save_sentence_transformer(result.model, start_dir, tmp)
+        save_sentence_transformer(result.model, start_dir, tmp, dtype=cfg.storage_dtype)
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
         write_loss_curve(result.history, tmp, title=f"{name} (all weights)",
                          ylabel=f"{type(objective).__name__ if objective is not None else 'MNRL'} loss")
