@@ -36,7 +36,7 @@ scattergather:
 
 wildcard_constraints:
     lang=LANGUAGE_REGEX,
-    base=SLUG_REGEX,
+    base=BASE_REGEX,
     dataset=SLUG_REGEX,
     kind="pp|pl",
     weight=r"0(\.[0-9]+)?|1",

@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 
 from modsent import languages as registry
-from modsent.schema import ROLE_KEY, RUNTIME, SELECTION, inline_refs, load_schema, resolve
+from modsent.schema import OMIT_DEFAULT_KEY, ROLE_KEY, RUNTIME, SELECTION, inline_refs, load_schema, resolve
 from modsent.languages import PIVOT_LANGUAGE  # noqa: F401  (re-exported for the rules)
 
 
@@ -383,7 +383,13 @@ def method_job_settings(config: dict, name: str) -> dict:
 
     properties = methods.get(name).schema()["properties"]
     return canonical({key: value for key, value in config["methods"][name].items()
-                      if properties.get(key, {}).get(ROLE_KEY) not in (RUNTIME, SELECTION)})
+                      if properties.get(key, {}).get(ROLE_KEY) not in (RUNTIME, SELECTION)
+                      and not _omitted_default(properties.get(key, {}), value)})
+
+
+def _omitted_default(node: dict, value) -> bool:
+    """A key marked ``x-omit-default`` at its default: not part of a job's params."""
+    return bool(node.get(OMIT_DEFAULT_KEY)) and "default" in node and value == node["default"]
 
 
 def method_runtime_settings(config: dict, name: str) -> dict:
@@ -507,7 +513,14 @@ def job_settings(config: dict, section: str, lang: str | None = None) -> dict:
     per-language overrides, without its runtime and selection keys, in canonical form."""
     values = _merged(config, section, lang)
     dropped = _section_keys(section, RUNTIME) | _section_keys(section, SELECTION)
-    return canonical({key: value for key, value in values.items() if key not in dropped})
+    properties = _section_properties(section)
+    return canonical({key: value for key, value in values.items()
+                      if key not in dropped and not _omitted_default(properties.get(key, {}), value)})
+
+
+@functools.cache
+def _section_properties(section: str) -> dict:
+    return dict((load_schema()["properties"].get(section) or {}).get("properties") or {})
 
 
 def runtime_settings(config: dict, section: str, lang: str | None = None) -> dict:

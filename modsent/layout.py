@@ -125,9 +125,29 @@ def language_outputs(lang: str, base: str = "*") -> list[str]:
             for pattern in LANGUAGE_OUTPUTS]
 
 
+# ---- seed replicates (config `seeds: N`) -------------------------------------------------------
+# Replicate r > 0 of a config is the same results tree under ``results/{base}@seed{r}``: every
+# stage retrained with each seed of the config plus r. Replicate 0 is ``results/{base}`` itself.
+SEED_SEPARATOR = "@seed"
+SEEDS_SUMMARY_CSV = _tree("summary_seeds.csv")
+SEEDS_SUMMARY = _tree("summary_seeds.md")
+SEEDS_SUMMARY_HTML = _tree("summary_seeds.html")
+
+
+def replicate_base(base: str, replicate: int) -> str:
+    """The ``base`` wildcard of seed replicate ``replicate`` (0: ``base`` itself)."""
+    return base if replicate == 0 else f"{base}{SEED_SEPARATOR}{replicate}"
+
+
+def split_replicate(base: str) -> tuple[str, int]:
+    """(the config's base name, the replicate) of a ``base`` wildcard: ``me5@seed2`` → (me5, 2)."""
+    name, separator, replicate = base.partition(SEED_SEPARATOR)
+    return (name, int(replicate)) if separator else (base, 0)
+
+
 def base_model(base: str) -> str:
-    """The base model as a sentence-transformers directory."""
-    return BASE_MODEL.format(base=base)
+    """The base model as a sentence-transformers directory (one for every seed replicate)."""
+    return BASE_MODEL.format(base=split_replicate(base)[0])
 
 
 def pairs(lang: str) -> str:

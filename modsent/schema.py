@@ -15,6 +15,10 @@ import yaml
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
 # `x-role: runtime`: how a job runs; `x-role: selection`: which outputs exist (modsent.config)
 ROLE_KEY = "x-role"
+# A training key added after outputs existed whose default keeps the old meaning: the default is
+# left out of the job's params (modsent.config.job_settings), so upgrading retrains nothing, and any
+# other value is part of them.
+OMIT_DEFAULT_KEY = "x-omit-default"
 RUNTIME, SELECTION = "runtime", "selection"
 
 

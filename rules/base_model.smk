@@ -7,6 +7,8 @@ rule base_model:
         local=base_model_local_files,
     output:
         directory(layout.BASE_MODEL),
+    wildcard_constraints:
+        base=SLUG_REGEX,  # one base model for every seed replicate (base@seed{r})
     params:
         source=config["base_model"]["source"],
         revision=config["base_model"].get("revision"),

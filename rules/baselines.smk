@@ -58,7 +58,7 @@ rule ablation_sentence_adapter:
     Resumes from results/{base}/ablations/sentence_adapters_base/{lang}.checkpoint when rerun
     after a kill."""
     input:
-        base=layout.BASE_MODEL,
+        base=base_model_input,
         pairs=layout.PAIRS,
     output:
         directory(layout.ABLATION_SENTENCE_ADAPTER),

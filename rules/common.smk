@@ -16,6 +16,7 @@ from modsent.encoders import systems as modsent_variants
 
 LANGUAGE_REGEX = registry.wildcard_regex()
 SLUG_REGEX = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+BASE_REGEX = rf"{SLUG_REGEX}(?:{re.escape(layout.SEED_SEPARATOR)}[1-9][0-9]*)?"  # base, or base@seed{r}
 SUBSET_REGEX = f"(?:{LANGUAGE_REGEX})(?:-(?:{LANGUAGE_REGEX}))?"  # a language or a pair
 ENV = "../envs/modsent.yaml"
 
@@ -57,6 +58,30 @@ def job_settings(section, lang=None):
 
 def base_name():
     return config["base_model"]["name"]
+
+
+def seed_replicates():
+    """The ``base`` wildcards of the config's seed replicates (config ``seeds``; layout.replicate_base):
+    ``[base]`` with one seed."""
+    return [layout.replicate_base(base_name(), r) for r in range(config["seeds"])]
+
+
+def seeded(settings, wildcards):
+    """A training job's settings in its seed replicate: seed + r in replicate r (the ``base``
+    wildcard ``{name}@seed{r}``), unchanged in replicate 0."""
+    replicate = layout.split_replicate(wildcards.base)[1]
+    if replicate and "seed" in settings:
+        settings = canonical({**settings, "seed": settings["seed"] + replicate})
+    return settings
+
+
+def focus_seed(wildcards):
+    return config["focus"]["seed"] + layout.split_replicate(wildcards.base)[1]
+
+
+def base_model_input(wildcards):
+    """The base model of a job of any seed replicate (there is one)."""
+    return layout.base_model(wildcards.base)
 
 
 def languages():
@@ -159,7 +184,7 @@ def tokenizer_settings(wildcards):
 
 
 def language_adapter_settings(wildcards):
-    return job_settings("language_adapter", wildcards.lang)
+    return seeded(job_settings("language_adapter", wildcards.lang), wildcards)
 
 
 def language_adapter_dirs(wildcards):
@@ -181,7 +206,7 @@ def specialization_targets():
 
 def sentence_adapter_settings(wildcards):
     """The SE training settings (the script reads the runtime keys from the config)."""
-    return job_settings("sentence_adapter")
+    return seeded(job_settings("sentence_adapter"), wildcards)
 
 
 def sentence_adapter_inputs(wildcards):
@@ -260,7 +285,7 @@ def _alignment_kind_settings(settings, kind):
 def alignment_settings(wildcards):
     """The CLA training settings: merge_weights (a selection, used by the merges only) and the
     runtime keys (read by the script from the config) are not among them."""
-    return _alignment_kind_settings(job_settings("alignment"), wildcards.kind)
+    return _alignment_kind_settings(seeded(job_settings("alignment"), wildcards), wildcards.kind)
 
 
 def merge_weight_names():
@@ -317,14 +342,14 @@ def full_baseline_settings(wildcards):
     """The training settings without the choice of systems (selection keys) or how the job
     runs (runtime keys: gpus, checkpoint_every, log_every; the script reads them from the
     config)."""
-    return job_settings("baselines")
+    return seeded(job_settings("baselines"), wildcards)
 
 
 def ablation_alignment_settings(wildcards):
     """The alignment settings, trained at the SE adapter's sequence length (the modular CLA
     adapters read it from the SE adapter, which this ablation has not)."""
-    return _alignment_kind_settings({**job_settings("alignment"), "seq_len": config["sentence_adapter"]["seq_len"]},
-                                    wildcards.kind)
+    return _alignment_kind_settings(seeded({**job_settings("alignment"), "seq_len": config["sentence_adapter"]["seq_len"]},
+                                           wildcards), wildcards.kind)
 
 
 def baseline_targets():
@@ -510,7 +535,7 @@ def method_languages(wildcards):
 
 def method_settings(wildcards):
     """The method's settings without its runtime keys (the script reads them from the config)."""
-    return modsent_config.method_job_settings(config, wildcards.method)
+    return seeded(modsent_config.method_job_settings(config, wildcards.method), wildcards)
 
 
 def method_targets():
@@ -590,9 +615,19 @@ def module_targets():
     return list(dict.fromkeys(targets))
 
 
+def seed_targets():
+    """With ``seeds: N`` > 1: each further replicate's summary (which pulls in its whole tree)
+    and the mean ± std table over the replicates."""
+    if config["seeds"] < 2 or not evaluation_datasets():
+        return []
+    return ([layout.SUMMARY_CSV.format(base=base) for base in seed_replicates()[1:]]
+            + [pattern.format(base=base_name()) for pattern in (layout.SEEDS_SUMMARY_CSV, layout.SEEDS_SUMMARY)])
+
+
 def all_targets():
     """Everything the configured run produces: the target list of the default target."""
     return (
+        seed_targets() +
         module_targets()
         + input_targets()
         + paraphrase_targets()

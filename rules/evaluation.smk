@@ -109,3 +109,25 @@ rule mteb_results:
         ENV
     script:
         "../workflow_scripts/mteb_results.py"
+
+
+rule seeds_summary:
+    """Each score's mean ± sample std over the config's seed replicates (config `seeds`)."""
+    input:
+        lambda wildcards: [layout.SUMMARY_CSV.format(base=layout.replicate_base(wildcards.base, r))
+                           for r in range(config["seeds"])],
+    output:
+        csv=layout.SEEDS_SUMMARY_CSV,
+        md=layout.SEEDS_SUMMARY,
+        html=report(layout.SEEDS_SUMMARY_HTML, category="1. Evaluation", subcategory="Summary",
+                    caption="../report/summary_seeds.rst"),
+    wildcard_constraints:
+        base=SLUG_REGEX,  # over the replicates of one config: results/{base} and results/{base}@seed{r}
+    resources:
+        **job_resources("cpu"),
+    log:
+        "logs/{base}/eval/summary_seeds.log",
+    conda:
+        ENV
+    script:
+        "../workflow_scripts/seeds_summary.py"

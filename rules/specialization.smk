@@ -13,7 +13,7 @@ rule tokenizer:
     """A new tokenizer of the base model's kind, trained on the language's corpus."""
     input:
         corpus=layout.CORPUS,
-        base=layout.BASE_MODEL,
+        base=base_model_input,
     output:
         directory(layout.TOKENIZER),
     params:
@@ -58,13 +58,13 @@ rule fasttext:
 rule focus_embeddings:
     """FOCUS initialisation of the language's embedding matrix."""
     input:
-        base=layout.BASE_MODEL,
+        base=base_model_input,
         tokenizer=layout.TOKENIZER,
         fasttext=layout.FASTTEXT,
     output:
         directory(layout.EMBEDDINGS),
     params:
-        seed=config["focus"]["seed"],
+        seed=focus_seed,
     threads: job_threads("cpu_heavy")
     resources:
         **job_resources("cpu_heavy"),
@@ -83,7 +83,7 @@ rule language_adapter:
     """Continued MLM: the new embeddings and a LoRA adapter on attention q/k/v.
     Resumes from results/{base}/language_adapters/{lang}.checkpoint when rerun after a kill."""
     input:
-        base=layout.BASE_MODEL,
+        base=base_model_input,
         tokenizer=layout.TOKENIZER,
         embeddings=layout.EMBEDDINGS,
         corpus=layout.CORPUS,

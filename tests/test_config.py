@@ -257,6 +257,33 @@ def test_runtime_and_selection_keys_never_reach_the_params():
     assert job_settings(config, "language_adapter", "de")["steps"] == 30  # ky's override is not de's
 
 
+def test_a_key_added_later_at_its_default_is_not_in_the_params():
+    """baselines.storage_dtype (x-omit-default): float32 is how every baseline was saved before
+    the key existed, so at that default it is not part of the baselines' or the full-parameter
+    methods' params (upgrading retrains nothing); any other value is."""
+    from modsent.config import job_settings, method_job_settings, normalize_config
+
+    config = normalize_config(filled(load("config.yaml")))
+    config["baselines"]["storage_dtype"] = "float32"
+    assert "storage_dtype" not in job_settings(config, "baselines")
+    config["baselines"]["storage_dtype"] = "float16"
+    assert job_settings(config, "baselines")["storage_dtype"] == "float16"
+    from modsent import methods as registry
+    from modsent.methods import baselines
+
+    method = baselines.full_parameter_method("Omit-test", "a full-parameter method of this test",
+                                             objective=lambda settings: None)
+    assert method.schema()["properties"]["storage_dtype"]["x-omit-default"] is True
+    registry.REGISTRY[method.name] = method
+    try:
+        config["methods"] = {"Omit-test": {**job_settings(config, "baselines"), "storage_dtype": "float32"}}
+        assert "storage_dtype" not in method_job_settings(config, "Omit-test")
+        config["methods"]["Omit-test"]["storage_dtype"] = "bfloat16"
+        assert method_job_settings(config, "Omit-test")["storage_dtype"] == "bfloat16"
+    finally:
+        del registry.REGISTRY[method.name]
+
+
 def test_local_inputs_that_do_not_exist_are_errors_naming_the_key(tmp_path):
     config = load("config.yaml")
     (tmp_path / "de.txt").write_text("Hallo Welt\n", encoding="utf-8")

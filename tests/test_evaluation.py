@@ -4,6 +4,7 @@ Encoders here are lookup tables built so that the answer is known by constructio
 functions themselves are tested against independent computations in test_metrics.py."""
 
 import json
+import statistics
 
 import numpy as np
 import pandas as pd
@@ -246,3 +247,35 @@ def test_non_finite_embeddings_are_an_error_naming_the_system(subsets, tmp_path)
     with pytest.raises(InputError, match=r"Mod_x de \(.*\): 1 of \d+ embeddings are not finite"):
         ev.embed_language({"Mod_x": NaNEncoder()}, "de", datasets, tmp_path / "emb")
     assert not (tmp_path / "emb").exists()
+
+
+def test_seeds_summary_is_the_mean_and_sample_std_of_the_replicates(tmp_path):
+    """config seeds: N — each cell of the seeds table is the mean ± sample std (ddof 1) of that
+    cell over the replicates' summaries, a score one replicate lacks counts the others only."""
+    rng = np.random.default_rng(3)
+    columns = ["BM builtin_parallel xsim err ↓", "RSIM builtin_parallel"]
+    paths, values = [], []
+    for r in range(3):
+        table = pd.DataFrame(rng.uniform(0, 100, (2, 2)), index=pd.Index(["base", "Mod_m"], name="variant"),
+                             columns=columns)
+        if r == 2:
+            table.loc["Mod_m", columns[1]] = np.nan  # e.g. a score a replicate could not compute
+        values.append(table)
+        paths.append(tmp_path / f"summary{r}.csv")
+        table.to_csv(paths[-1])
+    mean, std = ev.seeds_summary(paths, csv_path=tmp_path / "seeds.csv", md_path=tmp_path / "seeds.md",
+                                 html_path=tmp_path / "seeds.html", base="tiny")
+    cell = [v.loc["base", columns[0]] for v in values]
+    assert mean.loc["base", columns[0]] == pytest.approx(sum(cell) / 3)
+    assert std.loc["base", columns[0]] == pytest.approx(statistics.stdev(cell))
+    two = [v.loc["Mod_m", columns[1]] for v in values[:2]]
+    assert mean.loc["Mod_m", columns[1]] == pytest.approx(sum(two) / 2)
+    assert std.loc["Mod_m", columns[1]] == pytest.approx(statistics.stdev(two))
+    saved = pd.read_csv(tmp_path / "seeds.csv", index_col=0)
+    assert list(saved.columns) == [f"{c} {s}" for c in columns for s in ("mean", "std")] + ["replicates"]
+    assert saved.loc["base", "replicates"] == 3 and saved.loc["Mod_m", "replicates"] == 2
+    text = (tmp_path / "seeds.md").read_text()
+    assert f"| base | {mean.loc['base', columns[0]]:.1f} ± {std.loc['base', columns[0]]:.1f} |" in text
+    assert "<table>" in (tmp_path / "seeds.html").read_text()
+    with pytest.raises(InputError, match="at least two replicates"):
+        ev.seeds_summary(paths[:1], csv_path=tmp_path / "x.csv", md_path=tmp_path / "x.md")

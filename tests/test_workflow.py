@@ -564,3 +564,25 @@ def test_every_system_has_mteb_result_files_that_mteb_reads(run):
         english /= np.linalg.norm(english, axis=1, keepdims=True)
         found = np.argmax(german @ english.T, axis=1) == np.arange(len(rows))
         assert entry["accuracy"] == pytest.approx(found.mean()), system
+
+
+def test_a_seed_replicate_retrains_with_each_seed_plus_r_on_the_same_base_model(run):
+    """seeds: N — replicate r is the same tree under results/tiny@seed{r} trained with every seed
+    plus r, from the one base model; the plan ends in the mean ± std summary over the replicates."""
+    import torch
+    from safetensors.torch import load_file
+
+    planned = _planned(snakemake(run, "-n", "--config", "seeds=3").stdout)
+    assert planned["seeds_summary"] == 1 and "base_model" not in planned
+    assert planned["language_adapter"] == 2 * len(workflow_config()["languages"])  # two more replicates
+    target = "results/tiny@seed1/ablations/sentence_adapters_base/en"
+    snakemake(run, target, "--config", "seeds=2")
+    replicate, first = run / target, run / "results/tiny/ablations/sentence_adapters_base/en"
+    seeds = [json.loads((d / "metrics.json").read_text())["config"]["seed"] for d in (first, replicate)]
+    assert seeds == [0, 1]
+    a, b = (load_file(str(d / "adapter" / "adapter_model.safetensors")) for d in (first, replicate))
+    assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
+    assert sorted(p.name for p in (run / "resources/base_models").iterdir()) == ["tiny"]
+    proc = snakemake(run, "-n")  # the one-seed config: replicate 0 untouched by the replicate's jobs
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+

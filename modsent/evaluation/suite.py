@@ -40,6 +40,7 @@ import json
 import logging
 import math
 import shutil
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -412,6 +413,55 @@ def aggregate(score_paths: Sequence[str | Path], variants: Sequence[str], *, csv
     _plot_summary(frame, Path(plot_path))
     _plot_xsim_heatmaps(results, variants, Path(heatmap_path))
     return frame
+
+
+def seeds_summary(csv_paths: Sequence[str | Path], *, csv_path, md_path, html_path=None,
+                  base: str = "") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Each score's mean and sample standard deviation (ddof 1) over seed replicates: one
+    summary CSV per replicate (rows: systems, columns: scores, as :func:`aggregate` writes
+    them) → ``csv_path`` (a ``<score> mean`` and a ``<score> std`` column per score, and
+    ``replicates``: the runs with a value) and ``md_path`` (``mean ± std`` cells). Returns
+    (mean, std)."""
+    from modsent.reporting import write_html
+
+    frames = [pd.read_csv(path, index_col=0) for path in csv_paths]
+    if len(frames) < 2:
+        raise InputError(f"a seeds summary needs at least two replicates' summaries, got {len(frames)}")
+    rows = list(dict.fromkeys(name for frame in frames for name in frame.index))
+    columns = list(dict.fromkeys(column for frame in frames for column in frame.columns))
+    stacked = np.stack([frame.reindex(index=rows, columns=columns).to_numpy(dtype=float) for frame in frames])
+    count = np.sum(~np.isnan(stacked), axis=0)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a cell no replicate has: NaN, shown empty
+        mean = np.nanmean(stacked, axis=0)
+        std = np.where(count >= 2, np.nanstd(stacked, axis=0, ddof=1), np.nan)
+    mean = pd.DataFrame(mean, index=rows, columns=columns)
+    std = pd.DataFrame(std, index=rows, columns=columns)
+    table = pd.concat({"mean": mean, "std": std}, axis=1).swaplevel(axis=1)
+    table = table[[(column, stat) for column in columns for stat in ("mean", "std")]]
+    table.columns = [f"{column} {stat}" for column, stat in table.columns]
+    table["replicates"] = count.min(axis=1)
+    table.index.name = frames[0].index.name
+    with atomic_path(csv_path) as tmp:
+        table.to_csv(tmp, float_format="%.4f")
+    header = "| system | " + " | ".join(columns) + " |"
+    lines = [f"# Evaluation summary over {len(frames)} seeds{f' · {base}' if base else ''}", "",
+             f"Each cell: the mean ± sample standard deviation of the score over {len(frames)} runs of "
+             "the whole pipeline, each with every stage's seed plus r (replicate r; r = 0 is the main "
+             "summary). Scores and units as in `summary.md` (BM: xsim error, lower is better).", "",
+             header, "|" + "|".join(["---"] + ["---:"] * len(columns)) + "|"]
+    for name in rows:
+        cells = []
+        for column in columns:
+            m, d = mean.loc[name, column], std.loc[name, column]
+            digits = 3 if column.startswith("RSIM") else 1
+            cells.append("" if pd.isna(m) else f"{m:.{digits}f}" + ("" if pd.isna(d) else f" ± {d:.{digits}f}"))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    with atomic_path(md_path) as tmp:
+        Path(tmp).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    if html_path is not None:
+        write_html(md_path, html_path)
+    return mean, std
 
 
 def write_scores(path: str | Path, result: dict) -> None:
