@@ -356,8 +356,9 @@ def language_outputs(langs: list[str], directory: str = ".", base: str | None = 
 
     root = Path(directory)
     found: list[str] = []
+    bases = [escape(base), escape(base) + layout.SEED_SEPARATOR + "*"] if base else ["*"]  # and its seed replicates
     for lang in langs:
-        for pattern in layout.language_outputs(escape(lang), escape(base) if base else "*"):
+        for pattern in (p for b in bases for p in layout.language_outputs(escape(lang), b)):
             found += sorted(str(Path(path).relative_to(root)) for path in glob(str(root / pattern))
                             if not Path(path).name.startswith("."))
     return list(dict.fromkeys(found))

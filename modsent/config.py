@@ -387,6 +387,15 @@ def method_job_settings(config: dict, name: str) -> dict:
                       and not _omitted_default(properties.get(key, {}), value)})
 
 
+def replicate_methods(methods: dict, replicate: int) -> dict:
+    """The ``methods`` config section as seed replicate ``replicate`` trains it: each method's
+    ``seed`` plus ``replicate`` (config ``seeds``; replicate 0: unchanged)."""
+    if not replicate:
+        return methods
+    return {name: ({**settings, "seed": settings["seed"] + replicate} if "seed" in (settings or {}) else settings)
+            for name, settings in methods.items()}
+
+
 def _omitted_default(node: dict, value) -> bool:
     """A key marked ``x-omit-default`` at its default: not part of a job's params."""
     return bool(node.get(OMIT_DEFAULT_KEY)) and "default" in node and value == node["default"]

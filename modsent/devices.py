@@ -8,10 +8,11 @@ to them before anything initialises CUDA. A torchrun job (``language_adapter.gpu
 and its workers inherit them.
 
 A claim is an exclusive ``flock`` on one file per GPU in a host-local directory
-(``$MODSENT_GPU_LOCKS``, else ``<tmp>/modsent-gpus-<uid>``), held by the job's process until it
-exits: the kernel releases it when the process ends however it ends (a crash, ``kill -9``), so
-no claim outlives its job, and runs started from different working directories on one host
-share the same claims.
+(``$MODSENT_GPU_LOCKS``, else ``<tmp>/modsent-gpus-<uid>``: one user's runs; set the variable to
+a shared directory for several users), held by the job's process until it exits: the kernel
+releases it when the last process holding the file ends, however it ends (a crash, ``kill -9``;
+a forked data-loader worker holds it until it ends too), so no claim outlives its job's
+processes, and runs started from different working directories share the same claims.
 
 Nothing is claimed when the job sees no more GPUs than it asks for: a SLURM job (its
 ``CUDA_VISIBLE_DEVICES`` holds exactly the GPUs it was given), a one-GPU workstation, or a

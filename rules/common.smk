@@ -75,6 +75,11 @@ def seeded(settings, wildcards):
     return settings
 
 
+def replicate_methods(wildcards):
+    """config["methods"] with each method's seed plus the replicate (modsent.config.replicate_methods)."""
+    return modsent_config.replicate_methods(config["methods"], layout.split_replicate(wildcards.base)[1])
+
+
 def focus_seed(wildcards):
     return config["focus"]["seed"] + layout.split_replicate(wildcards.base)[1]
 
@@ -524,7 +529,7 @@ def method_inputs(wildcards):
     if "translations" in method.uses:
         inputs["translations"] = [layout.translations(lang) for lang in non_english()]
     if method.extra_inputs is not None:  # made by the method's own rules (rules/methods/)
-        inputs.update(method.extra_inputs(wildcards.base, config["methods"][wildcards.method], languages()))
+        inputs.update(method.extra_inputs(wildcards.base, replicate_methods(wildcards)[wildcards.method], languages()))
     return inputs
 
 
@@ -598,20 +603,21 @@ def module_targets():
     never be rebuilt."""
     from modsent.encoders import systems as variants
 
-    results = layout.results(base_name())
     merge_weights = config["alignment"]["merge_weights"]
     specialized = modsent_config.specialized_languages(config)
     targets = []
-    for name in variants.evaluated_variants(config):
-        for lang in languages():
-            for path in variants.module_paths(name, lang, merge_weights, specialized):
-                targets.append(f"{results}/{path}")
-                module_dir = Path(path)
-                if module_dir.parent.name.startswith("merged-"):  # {root}/merged-{w}/{lang}: its pp and pl
-                    targets += [f"{results}/{module_dir.parent.parent}/{kind}/{lang}" for kind in ("pp", "pl")]
-    for lang in specialized:
-        targets += [pattern.format(base=base_name(), lang=lang)
-                    for pattern in (layout.TOKENIZER, layout.FASTTEXT, layout.EMBEDDINGS)]
+    for base in seed_replicates():  # every seed replicate's tree (config seeds)
+        results = layout.results(base)
+        for name in variants.evaluated_variants(config):
+            for lang in languages():
+                for path in variants.module_paths(name, lang, merge_weights, specialized):
+                    targets.append(f"{results}/{path}")
+                    module_dir = Path(path)
+                    if module_dir.parent.name.startswith("merged-"):  # {root}/merged-{w}/{lang}: its pp and pl
+                        targets += [f"{results}/{module_dir.parent.parent}/{kind}/{lang}" for kind in ("pp", "pl")]
+        for lang in specialized:
+            targets += [pattern.format(base=base, lang=lang)
+                        for pattern in (layout.TOKENIZER, layout.FASTTEXT, layout.EMBEDDINGS)]
     return list(dict.fromkeys(targets))
 
 

@@ -227,6 +227,12 @@ def test_half_precision_storage_halves_the_file_and_evaluates_in_float32(data, t
     assert np.min(np.sum(a * b, axis=1)) > 0.999 and not np.array_equal(a, b)
     with pytest.raises(InputError, match="storage_dtype must be one of float32, float16, bfloat16"):
         bl.FullTrainingConfig(storage_dtype="int8")
+    # how the result is saved is not how it trains: a checkpoint of either resumes the other
+    fingerprints = {bl.training_fingerprint("Full_m", dataclasses.replace(CFG, storage_dtype=dtype), data["base"],
+                                            data["paths"]) for dtype in ("float32", "float16")}
+    assert len(fingerprints) == 1
+    assert bl.training_fingerprint("Full_m", dataclasses.replace(CFG, seed=CFG.seed + 1), data["base"],
+                                   data["paths"]) not in fingerprints
 
 
 def test_outputs_are_standard_directories_and_full_mc_starts_from_full_m(data, trained):

@@ -54,3 +54,14 @@ def test_device_names_are_checked():
     if torch.cuda.device_count() < 8:
         with pytest.raises(InputError, match=r"--device cuda:7: this machine has \d CUDA device"):
             cli.check_device("cuda:7")
+
+
+def test_outputs_of_a_base_include_its_seed_replicates(tmp_path):
+    """`modsent outputs --lang ky --base tiny` lists results/tiny@seed{r} too (config seeds), and
+    no other base whose name merely starts the same."""
+    from modsent.cli import language_outputs
+
+    for base in ("tiny", "tiny@seed1", "tiny2"):
+        (tmp_path / "results" / base / "tokenizers" / "ky").mkdir(parents=True)
+    found = language_outputs(["ky"], str(tmp_path), base="tiny")
+    assert found == ["results/tiny/tokenizers/ky", "results/tiny@seed1/tokenizers/ky"]

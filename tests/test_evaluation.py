@@ -253,11 +253,12 @@ def test_seeds_summary_is_the_mean_and_sample_std_of_the_replicates(tmp_path):
     """config seeds: N — each cell of the seeds table is the mean ± sample std (ddof 1) of that
     cell over the replicates' summaries, a score one replicate lacks counts the others only."""
     rng = np.random.default_rng(3)
-    columns = ["BM builtin_parallel xsim err ↓", "RSIM builtin_parallel"]
+    columns = ["BM builtin_parallel xsim err ↓", "RSIM builtin_parallel", "TC builtin_topics mono"]
     paths, values = [], []
     for r in range(3):
-        table = pd.DataFrame(rng.uniform(0, 100, (2, 2)), index=pd.Index(["base", "Mod_m"], name="variant"),
+        table = pd.DataFrame(rng.uniform(0, 100, (2, 3)), index=pd.Index(["base", "Mod_m"], name="variant"),
                              columns=columns)
+        table.loc["Mod_m", columns[2]] = np.nan  # a score this system has in no replicate
         if r == 2:
             table.loc["Mod_m", columns[1]] = np.nan  # e.g. a score a replicate could not compute
         values.append(table)
@@ -273,7 +274,9 @@ def test_seeds_summary_is_the_mean_and_sample_std_of_the_replicates(tmp_path):
     assert std.loc["Mod_m", columns[1]] == pytest.approx(statistics.stdev(two))
     saved = pd.read_csv(tmp_path / "seeds.csv", index_col=0)
     assert list(saved.columns) == [f"{c} {s}" for c in columns for s in ("mean", "std")] + ["replicates"]
+    # the fewest replicates behind a measured score (not 0 for the score Mod_m never has)
     assert saved.loc["base", "replicates"] == 3 and saved.loc["Mod_m", "replicates"] == 2
+    assert np.isnan(saved.loc["Mod_m", f"{columns[2]} mean"])
     text = (tmp_path / "seeds.md").read_text()
     assert f"| base | {mean.loc['base', columns[0]]:.1f} ± {std.loc['base', columns[0]]:.1f} |" in text
     assert "<table>" in (tmp_path / "seeds.html").read_text()

@@ -135,3 +135,17 @@ def test_every_mapped_subset_is_a_subset_of_the_mteb_task_with_its_languages():
                     (dataset, subset.name)
                 checked += 1
     assert checked > 100  # STS17's 11, Tatoeba's, SemRel's, STSB's ...
+
+
+def test_dataset_revision_names_the_repository_each_subset_was_read_from():
+    """SICK keeps one repository per language (nl: maximedb/sick_nl): the file names it, not
+    'unknown'; `source: hf` is the dataset's default repository."""
+    tables = {"nl": EmbeddingTable(SENTENCES["de"], VECTORS["de"])}
+    frame = sts_frame("de", "de").assign(lang1="nl", lang2="nl")
+    for source in (None, {"source": "hf"}):
+        result = mteb_results.task_results("sick", {"nl": frame}, tables, source)
+        assert set(result) == {"SICK-NL-STS"}  # pl's task only with pl rows
+        assert result["SICK-NL-STS"]["dataset_revision"] == "maximedb/sick_nl@main"
+    pinned = mteb_results.task_results("sts17", {"en-de": sts_frame("en", "de")}, TABLES, {
+        "source": "hf", "revision": "faeb762787bd10488a50c8b5be4a3b82e411949c"})
+    assert pinned["STS17"]["dataset_revision"] == "faeb762787bd10488a50c8b5be4a3b82e411949c"

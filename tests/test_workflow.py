@@ -572,8 +572,13 @@ def test_a_seed_replicate_retrains_with_each_seed_plus_r_on_the_same_base_model(
     import torch
     from safetensors.torch import load_file
 
-    planned = _planned(snakemake(run, "-n", "--config", "seeds=3").stdout)
+    plan = snakemake(run, "-n", "--config", "seeds=3").stdout
+    planned = _planned(plan)
     assert planned["seeds_summary"] == 1 and "base_model" not in planned
+    # DuEAM's pairs depend on its seed: a replicate's WMD jobs are those of its own pairs
+    first = {path.name for path in (run / "results/tiny/methods/DuEAM.wmd").iterdir() if path.name != "cache"}
+    replicate_wmd = set(re.findall(r"results/tiny@seed1/methods/DuEAM\.wmd/([0-9a-f]+)/", plan))
+    assert first and replicate_wmd and not first & replicate_wmd
     assert planned["language_adapter"] == 2 * len(workflow_config()["languages"])  # two more replicates
     target = "results/tiny@seed1/ablations/sentence_adapters_base/en"
     snakemake(run, target, "--config", "seeds=2")

@@ -227,17 +227,21 @@ def task_results(dataset: str, frames: Mapping[str, pd.DataFrame], embeddings: M
     from modsent.sources import evaluation as ed
 
     definition = ed.get(dataset)
-    location = (source or {}).get("source") or (f"hf:{definition.hub_id}" if definition.hub_id else None)
+    configured = (source or {}).get("source")
+    configured = None if configured in (None, "hf") else configured
     revision = (source or {}).get("revision") or definition.revision
     out = {}
     for task in TASKS.get(dataset, ()):
         start = time.perf_counter()
-        entries = []
+        entries, locations = [], set()
         for subset, frame in frames.items():
-            hf_subset = task.hf_subset(ed._subset(definition, subset))
+            sub = ed._subset(definition, subset)
+            hf_subset = task.hf_subset(sub)
             if hf_subset is None or not len(frame) or not all(
                     lang in embeddings for lang in set(frame.get("lang1", [])) | set(frame.get("lang2", []))):
                 continue
+            repo = sub.hub_id or definition.hub_id  # SICK: one repository per language
+            locations.add(configured or (f"hf:{repo}" if repo else None))
             scores, languages = _subset_scores(task, frame, embeddings)
             if any(isinstance(v, float) and math.isnan(v) for v in scores.values()):
                 scores = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in scores.items()}
@@ -245,7 +249,7 @@ def task_results(dataset: str, frames: Mapping[str, pd.DataFrame], embeddings: M
         if not entries:
             continue
         out[task.name] = {
-            "dataset_revision": _describe(task, location, revision),
+            "dataset_revision": "; ".join(sorted(_describe(task, location, revision) for location in locations)),
             "task_name": task.name,
             "mteb_version": MTEB_VERSION,
             "scores": {task.split: sorted(entries, key=lambda entry: entry["hf_subset"])},

@@ -440,7 +440,8 @@ def seeds_summary(csv_paths: Sequence[str | Path], *, csv_path, md_path, html_pa
     table = pd.concat({"mean": mean, "std": std}, axis=1).swaplevel(axis=1)
     table = table[[(column, stat) for column in columns for stat in ("mean", "std")]]
     table.columns = [f"{column} {stat}" for column, stat in table.columns]
-    table["replicates"] = count.min(axis=1)
+    table["replicates"] = np.where(count > 0, count, np.iinfo(np.int64).max).min(axis=1)  # over measured cells
+    table.loc[(count == 0).all(axis=1), "replicates"] = 0
     table.index.name = frames[0].index.name
     with atomic_path(csv_path) as tmp:
         table.to_csv(tmp, float_format="%.4f")

@@ -334,6 +334,7 @@ def training_fingerprint(name: str, cfg: FullTrainingConfig, start_dir: str | Pa
     change) and the content of the inputs: every file of the starting directory (a retrained
     Full_m must not resume a stale Full_mc) and each language's pair file."""
     settings = {"baseline": name, "languages": sorted(pairs_paths), **dataclasses.asdict(cfg)}
+    del settings["storage_dtype"]  # how the result is saved, not how it trains: a checkpoint stays valid
     return checkpoints.fingerprint(settings, start_dir, *(pairs_paths[lang] for lang in sorted(pairs_paths)))
 
 

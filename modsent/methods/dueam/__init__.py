@@ -166,12 +166,21 @@ def wmd_cache_dir(base: str) -> str:
 
 def wmd_settings_of(methods_config: Mapping[str, Mapping], digest: str) -> dict:
     """The WMD settings (:func:`wmd_job_settings`) of the configured DuEAM methods whose
-    digest is ``digest``, and their names (``methods_config``: the config's ``methods``)."""
-    names = [name for name, settings in methods_config.items()
-             if name in VARIANTS and wmd_digest(settings) == digest]
-    if not names:
-        raise ValueError(f"no configured DuEAM method has WMD settings of digest {digest}")
-    return {"settings": wmd_job_settings(methods_config[names[0]]), "methods": names}
+    digest is ``digest``, and their names (``methods_config``: the config's ``methods``). A seed
+    replicate's WMD jobs (config ``seeds``: every seed plus r, which decides the pairs) are found
+    too: the digest names the settings of one replicate."""
+    from modsent.config import replicate_methods
+
+    for replicate in range(MAX_SEED_REPLICATES):
+        methods = replicate_methods(dict(methods_config), replicate)
+        names = [name for name, settings in methods.items()
+                 if name in VARIANTS and wmd_digest(settings) == digest]
+        if names:
+            return {"settings": wmd_job_settings(methods[names[0]]), "methods": names}
+    raise ValueError(f"no configured DuEAM method has WMD settings of digest {digest}")
+
+
+MAX_SEED_REPLICATES = 100  # the schema's maximum of seeds
 
 
 def wmd_config(methods_config: Mapping[str, Mapping], digest: str) -> tuple[list[str], "DuEAMConfig"]:
