@@ -387,13 +387,17 @@ def method_job_settings(config: dict, name: str) -> dict:
                       and not _omitted_default(properties.get(key, {}), value)})
 
 
+def seeded_settings(settings: dict, replicate: int) -> dict:
+    """A training section's settings in seed replicate ``replicate`` (config ``seeds``): its
+    ``seed`` plus ``replicate``; replicate 0, or settings without a seed: unchanged."""
+    if replicate and "seed" in (settings or {}):
+        return {**settings, "seed": settings["seed"] + replicate}
+    return settings
+
+
 def replicate_methods(methods: dict, replicate: int) -> dict:
-    """The ``methods`` config section as seed replicate ``replicate`` trains it: each method's
-    ``seed`` plus ``replicate`` (config ``seeds``; replicate 0: unchanged)."""
-    if not replicate:
-        return methods
-    return {name: ({**settings, "seed": settings["seed"] + replicate} if "seed" in (settings or {}) else settings)
-            for name, settings in methods.items()}
+    """The ``methods`` config section as seed replicate ``replicate`` trains it (:func:`seeded_settings`)."""
+    return {name: seeded_settings(settings, replicate) for name, settings in methods.items()}
 
 
 def _omitted_default(node: dict, value) -> bool:

@@ -69,10 +69,7 @@ def seed_replicates():
 def seeded(settings, wildcards):
     """A training job's settings in its seed replicate: seed + r in replicate r (the ``base``
     wildcard ``{name}@seed{r}``), unchanged in replicate 0."""
-    replicate = layout.split_replicate(wildcards.base)[1]
-    if replicate and "seed" in settings:
-        settings = canonical({**settings, "seed": settings["seed"] + replicate})
-    return settings
+    return canonical(modsent_config.seeded_settings(settings, layout.split_replicate(wildcards.base)[1]))
 
 
 def replicate_methods(wildcards):
@@ -588,10 +585,9 @@ def mteb_settings(wildcards):
     settings = {}
     for name in mteb_datasets():
         scoring = score_settings(_for_dataset(wildcards, name))
-        source = evaluation_datasets()[name] or {}
         settings[name] = {"subsets": scoring["subsets"], "languages": scoring["languages"],
                           "embeddings": scoring["embeddings"],
-                          "source": {"source": source.get("source"), "revision": source.get("revision")}}
+                          "source": evaluation_subset_settings(_for_dataset(wildcards, name))}
     return canonical({"datasets": settings, "languages": languages()})
 
 

@@ -2,9 +2,8 @@
 from pathlib import Path
 
 from modsent.evaluation import mteb_results
-from modsent.evaluation.suite import read_embeddings
+from modsent.evaluation.suite import read_dataset
 from modsent.logs import start_job
-from modsent.sources import evaluation as ed
 
 log = start_job(snakemake)
 settings = snakemake.params.settings
@@ -12,12 +11,9 @@ variant = snakemake.wildcards.variant
 datasets = {}
 for name, spec in settings["datasets"].items():
     root = Path(spec["embeddings"])
-    frames = {subset: ed.read_subset(path) for subset, path in spec["subsets"].items()}
-    datasets[name] = {
-        "frames": {subset: frame for subset, frame in frames.items() if len(frame)},
-        "embeddings": {lang: read_embeddings(root / lang / variant / f"{name}.parquet") for lang in spec["languages"]},
-        "source": spec["source"],
-    }
+    frames, embeddings = read_dataset(spec["subsets"], {lang: root / lang / variant / f"{name}.parquet"
+                                                        for lang in spec["languages"]})
+    datasets[name] = {"frames": frames, "embeddings": embeddings, "source": spec["source"]}
 written = mteb_results.write_results(snakemake.output[0], snakemake.wildcards.base, variant, datasets,
                                      settings["languages"])
 log.info("%s: %d mteb result file(s): %s", variant, len(written), ", ".join(path.name for path in written) or "none")

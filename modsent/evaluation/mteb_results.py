@@ -147,10 +147,11 @@ def _correlations(gold: np.ndarray, predicted: np.ndarray) -> tuple[float, float
 
 def sts_scores(first: np.ndarray, second: np.ndarray, gold: Sequence[float]) -> dict[str, float]:
     """mteb's STS metrics of the pairs (``first[i]``, ``second[i]``) with gold scores ``gold``."""
+    from modsent.evaluation import metrics
+
     first, second = np.asarray(first, dtype=np.float64), np.asarray(second, dtype=np.float64)
     gold = np.asarray(gold, dtype=np.float64)
-    norms = np.linalg.norm(first, axis=1) * np.linalg.norm(second, axis=1)
-    cosine = np.sum(first * second, axis=1) / np.where(norms > 0, norms, 1.0)
+    cosine = metrics.cosine_rows(first, second)
     manhattan = -np.abs(first - second).sum(axis=1)
     euclidean = -np.sqrt(((first - second) ** 2).sum(axis=1))
     out = {}
@@ -166,12 +167,10 @@ def bitext_scores(queries: np.ndarray, corpus: np.ndarray) -> dict[str, float]:
     corpus row of highest cosine similarity."""
     from sklearn.metrics import accuracy_score, f1_score, precision_score, recall_score
 
-    def unit(x):
-        x = np.asarray(x, dtype=np.float64)
-        norms = np.linalg.norm(x, axis=1, keepdims=True)
-        return x / np.where(norms > 0, norms, 1.0)
+    from modsent.evaluation.metrics import _normalise
 
-    predictions = np.argmax(unit(queries) @ unit(corpus).T, axis=1).tolist()
+    similarity = _normalise(np.asarray(queries), np.float64) @ _normalise(np.asarray(corpus), np.float64).T
+    predictions = np.argmax(similarity, axis=1).tolist()
     labels = list(range(len(predictions)))
     out = {
         "precision": float(precision_score(labels, predictions, zero_division=0, average="weighted")),
@@ -243,8 +242,7 @@ def task_results(dataset: str, frames: Mapping[str, pd.DataFrame], embeddings: M
             repo = sub.hub_id or definition.hub_id  # SICK: one repository per language
             locations.add(configured or (f"hf:{repo}" if repo else None))
             scores, languages = _subset_scores(task, frame, embeddings)
-            if any(isinstance(v, float) and math.isnan(v) for v in scores.values()):
-                scores = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in scores.items()}
+            scores = {k: None if math.isnan(v) else v for k, v in scores.items()}  # JSON has no NaN
             entries.append({**scores, "hf_subset": hf_subset, "languages": languages})
         if not entries:
             continue

@@ -68,8 +68,9 @@ def subset_languages(subset: str, dataset: str | None = None) -> list[str]:
     holds, which the name may not say: Tatoeba's ``de`` is German–English pairs → [de, en]."""
     from modsent import languages as registry
 
-    if dataset is not None and subset in ed._table(ed.get(dataset)):
-        return list(ed._subset(ed.get(dataset), subset).languages)
+    table = ed._table(ed.get(dataset)) if dataset is not None else {}
+    if subset in table:
+        return list(table[subset].languages)
     if registry.is_registered(subset):
         return [subset]
     for i, char in enumerate(subset):
@@ -186,6 +187,14 @@ def embed_language(encoders: dict, lang: str, datasets: dict[str, list[str | Pat
 # ---- step 2: scores ----------------------------------------------------------------------------
 
 
+def read_dataset(subset_paths: dict[str, str | Path], embedding_paths: dict[str, str | Path]) -> tuple[dict, dict]:
+    """(subset → its non-empty normalised rows, language → its embedding lookup): what scoring
+    one system on one dataset reads (the paper's scores and the mteb result files)."""
+    frames = {subset: ed.read_subset(path) for subset, path in subset_paths.items()}
+    frames = {subset: frame for subset, frame in frames.items() if len(frame)}
+    return frames, {lang: read_embeddings(path) for lang, path in embedding_paths.items()}
+
+
 def score_dataset(name: str, subset_paths: dict[str, str | Path], embedding_paths: dict[str, str | Path],
                   languages: list[str], *, variant: str = "", missing: Sequence[str] = (), k: int = 4,
                   margin: str = "ratio", seed: int = 0) -> dict:
@@ -194,9 +203,7 @@ def score_dataset(name: str, subset_paths: dict[str, str | Path], embedding_path
     ``subset_paths``: subset name → normalised parquet; ``embedding_paths``: language → that
     language's embeddings of this dataset; ``languages``: the configured languages, in order."""
     dataset = ed.DATASETS[name]
-    frames = {subset: ed.read_subset(path) for subset, path in subset_paths.items()}
-    frames = {subset: frame for subset, frame in frames.items() if len(frame)}
-    emb = {lang: read_embeddings(path) for lang, path in embedding_paths.items()}
+    frames, emb = read_dataset(subset_paths, embedding_paths)
     scores = tasks.get(dataset.kind).score(Scoring(dataset, frames, emb, languages, k, margin, seed))
     return {"variant": variant, "dataset": name, "task": dataset.task, "kind": dataset.kind,
             "languages": [lang for lang in languages if lang in emb], "missing_languages": list(missing),
@@ -440,8 +447,7 @@ def seeds_summary(csv_paths: Sequence[str | Path], *, csv_path, md_path, html_pa
     table = pd.concat({"mean": mean, "std": std}, axis=1).swaplevel(axis=1)
     table = table[[(column, stat) for column in columns for stat in ("mean", "std")]]
     table.columns = [f"{column} {stat}" for column, stat in table.columns]
-    table["replicates"] = np.where(count > 0, count, np.iinfo(np.int64).max).min(axis=1)  # over measured cells
-    table.loc[(count == 0).all(axis=1), "replicates"] = 0
+    table["replicates"] = [min((n for n in row if n), default=0) for row in count]  # over measured cells
     table.index.name = frames[0].index.name
     with atomic_path(csv_path) as tmp:
         table.to_csv(tmp, float_format="%.4f")
@@ -470,5 +476,5 @@ def write_scores(path: str | Path, result: dict) -> None:
         Path(tmp).write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-__all__ = ["aggregate", "embed_language", "read_embeddings", "score_dataset", "subset_languages",
+__all__ = ["aggregate", "embed_language", "read_dataset", "read_embeddings", "score_dataset", "subset_languages",
            "summary_frame", "write_embeddings", "write_parquet", "write_scores"]
