@@ -88,11 +88,29 @@ def _score_tables(results_dir: Path, names: list[str], lang: str | None) -> tupl
     return summary, per_language
 
 
-def _notices() -> list[str]:
+def _notices(results_dir: Path | None = None) -> list[str]:
+    """The built-in data's notices, and those the run's provided translations recorded (the
+    Debian packages of ``translation.provided: builtin:debian``)."""
     from modsent.sources.builtin import PROVENANCE
 
-    return [f"{entry['source']} ({entry['package']} {entry['version']}): {entry['content']}; "
-            f"{entry['licence']}; {entry['copyright']}; {entry['url']}" for entry in PROVENANCE]
+    notices = [f"{entry['source']} ({entry['package']} {entry['version']}): {entry['content']}; "
+               f"{entry['licence']}; {entry['copyright']}; {entry['url']}" for entry in PROVENANCE]
+    return notices + [n for n in data_notices(results_dir) if n not in notices]
+
+
+def data_notices(results_dir: Path | None) -> list[str]:
+    """Notices stored in the metadata of ``resources/translations/*.parquet`` of the run that
+    ``results_dir`` (``results/{base}``) belongs to, in file order, each once."""
+    if results_dir is None:
+        return []
+    import pyarrow.parquet as pq
+
+    found: dict[str, None] = {}
+    for path in sorted((Path(results_dir).parent.parent / "resources" / "translations").glob("*.parquet")):
+        metadata = pq.read_schema(path).metadata or {}
+        attrs = json.loads(metadata.get(b"PANDAS_ATTRS", b"{}"))
+        found.update(dict.fromkeys(attrs.get("modsent_notices", [])))
+    return list(found)
 
 
 def export_card(*, language: str, base_model: str | None, system: str, modules: dict[str, Path | None],
@@ -151,7 +169,7 @@ def _closing_sections(system: str, names: list[str], language: str | None, resul
     if builtin_data:
         lines += ["## Data notices", "",
                   "The run used modsent's built-in data, which comes from these packages:", ""]
-        lines += [f"- {notice}" for notice in _notices()] + [""]
+        lines += [f"- {notice}" for notice in _notices(results_dir)] + [""]
     lines += ["## Licence", "",
               f"{'`' + license + '`' if license else 'Not set: the licence of the base model and of the training data apply'}"
               f"{'' if not base_model else f' (base model: `{base_model}`)'}.", ""]

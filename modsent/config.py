@@ -226,11 +226,24 @@ def source_errors(config: dict) -> list[str]:
                                 f"languages: {', '.join(XNLI_LANGUAGES)})")
     if translation.get("engine") == "provided" and translation.get("provided") is None:
         problems.append("translation.provided: engine 'provided' needs a source of human translations")
-    if translation.get("engine") == "provided" and translation.get("provided") == "builtin":
+    if translation.get("engine") == "provided" and translation.get("provided") in ("builtin", "builtin:debian"):
         for lang in langs:
             if lang not in SUPPORTED_LANGUAGES:
                 problems.append(f"translation.provided: the built-in data has no translations into "
                                 f"{lang!r}; built-in languages: {', '.join(SUPPORTED_LANGUAGES)}")
+    provided = translation.get("provided")
+    if isinstance(provided, str) and provided.startswith("builtin:") and provided != "builtin:debian":
+        problems.append(f"translation.provided: unknown built-in translations {provided!r}; use 'builtin' "
+                        "or 'builtin:debian'")
+    if provided == "builtin:debian":
+        from modsent.sources import builtin_catalogs
+
+        DEBIAN_CATALOGS, DEBIAN_LOCALE_ROOT = builtin_catalogs.DEBIAN_CATALOGS, builtin_catalogs.DEBIAN_LOCALE_ROOT
+        if not builtin_catalogs.debian_catalog_files([lang for lang in langs if lang != PIVOT_LANGUAGE]):
+            packages = " ".join(entry["package"] for entry in DEBIAN_CATALOGS)
+            problems.append(f"translation.provided: 'builtin:debian' found no gettext catalog of the "
+                            f"configured languages under {DEBIAN_LOCALE_ROOT}; install the packages "
+                            f"(apt-get install {packages}) on a system that keeps their translations")
     return problems
 
 

@@ -19,6 +19,7 @@ from modsent.sources.builtin import (
     builtin_classification,
     builtin_corpus,
     builtin_parallel_eval,
+    builtin_paraphrase_eval,
     builtin_paraphrases,
     builtin_translations,
     clean_text,
@@ -139,6 +140,8 @@ def _evaluation_texts() -> set[str]:
         if lang != "en":
             texts += builtin_parallel_eval(["en", lang])[lang].tolist()
         texts += builtin_classification(lang)["text"].tolist()
+        pairs = builtin_paraphrase_eval(lang)
+        texts += pairs["anchor"].tolist() + pairs["positive"].tolist()
     return set(texts)
 
 
@@ -160,6 +163,36 @@ def test_split_is_made_before_the_products():
     assert all(len(p) == 1 for p in pools.values())
     shares = pd.Series([next(iter(p)) for p in pools.values()]).value_counts(normalize=True)
     assert 0.1 < shares["eval"] < 0.4
+
+
+@pytest.mark.parametrize("lang", DEMO_LANGUAGES)
+def test_paraphrase_eval_is_monolingual_and_one_partner_each(lang):
+    pairs = builtin_paraphrase_eval(lang)
+    assert list(pairs.columns) == ["id", "anchor", "positive"]
+    assert len(pairs) >= (400 if lang in ("en", "de") else 40)
+    assert pairs["id"].is_unique and list(pairs["id"]) == sorted(pairs["id"])
+    keys = [overlap_key(t) for t in pairs["anchor"].tolist() + pairs["positive"].tolist()]
+    assert len(keys) == len(set(keys)), "a text in two pairs, or a pair of one text"
+    # both sides are text of the language: the language's own names / translations
+    units = {overlap_key(text) for item in builtin._items() if item.pool == "eval"
+             for text in ([item.english] if lang == "en" else [item.translations.get(lang)]) if text}
+    assert set(keys) <= units
+    if lang == "zh":
+        assert all(re.search(r"[\u4e00-\u9fff]", t) for t in pairs["anchor"])
+
+
+def test_paraphrase_eval_pairs_name_one_thing():
+    # a name pair: both texts are names of one group in the language (e.g. territory:AL)
+    pairs = builtin_paraphrase_eval("de")
+    groups: dict[str, set[str]] = {}
+    for item in builtin._items():
+        if item.pool == "eval" and item.unit.group and "de" in item.translations:
+            groups.setdefault(overlap_key(item.translations["de"]), set()).add(item.unit.group)
+    named = [(a, p) for a, p in zip(pairs["anchor"], pairs["positive"])
+             if overlap_key(a) in groups and overlap_key(p) in groups]
+    assert len(named) >= 400
+    assert all(groups[overlap_key(a)] & groups[overlap_key(p)] for a, p in named)
+    assert ("Albanien", "Republik Albanien") in named
 
 
 # ----------------------------------------------------------------------------- determinism
@@ -262,6 +295,7 @@ def test_translations_agree_with_gettext():
     lambda: builtin_translations("xx"),
     lambda: builtin_classification("sw"),
     lambda: builtin_parallel_eval(["en", "sw"]),
+    lambda: builtin_paraphrase_eval("sw"),
 ])
 def test_unknown_language_fails_clearly(call):
     with pytest.raises(InputError) as err:
@@ -301,3 +335,56 @@ def test_read_mo_rejects_a_broken_file(tmp_path):
     truncated.write_bytes(good[:2000])
     with pytest.raises(InputError, match="truncated"):
         read_mo(truncated)
+
+
+# ------------------------------------------------------------------- Debian's gettext catalogs
+
+
+def _write_catalog(path: Path, messages: dict[str, str]) -> None:
+    from babel.messages.catalog import Catalog
+    from babel.messages.mofile import write_mo
+
+    catalog = Catalog(locale=path.parts[-3].split("_")[0])
+    for msgid, msgstr in messages.items():
+        catalog.add(msgid, msgstr)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as handle:
+        write_mo(handle, catalog)
+
+
+def test_debian_translations_read_installed_catalogs_and_keep_evaluation_text_out(tmp_path, monkeypatch):
+    from modsent.sources import builtin_catalogs
+    from modsent.sources.builtin import debian_provenance, debian_translations
+    from modsent.sources.prepare import prepare_translations
+
+    held_out = builtin_parallel_eval(["en", "de"]).iloc[0]           # an evaluation sentence
+    root = tmp_path / "locale"
+    _write_catalog(root / "de/LC_MESSAGES/tar.mo", {
+        "Cannot open archive": "Archiv kann nicht geöffnet werden",
+        "_Open the file": "Datei _öffnen",
+        "Usage: tar [OPTION...]\nMore help": "Aufruf: tar [OPTION...]\nMehr Hilfe",
+        held_out["en"]: "eine andere Übersetzung",
+        "Unrelated message": held_out["de"],
+    })
+    _write_catalog(root / "zh_CN/LC_MESSAGES/gtk30.mo", {"_Cancel": "取消(_C)"})
+    _write_catalog(root / "de/LC_MESSAGES/unlisted.mo", {"Not read": "Nicht gelesen"})
+    de = debian_translations("de", root)
+    assert sorted(map(tuple, de.to_numpy().tolist())) == [
+        ("Cannot open archive", "Archiv kann nicht geöffnet werden"), ("Open the file", "Datei öffnen")]
+    assert debian_translations("zh", root).to_numpy().tolist() == [["Cancel", "取消"]]
+    packages = {row["package"]: row for row in debian_provenance(["de", "zh"], root)}
+    assert set(packages) == {"tar", "libgtk-3-common"}
+    assert packages["tar"]["licence"] == "GPL-3+" and packages["tar"]["languages"] == ["de"]
+    # translation.provided: builtin:debian is the built-in translations, then Debian's
+    monkeypatch.setattr(builtin_catalogs, "DEBIAN_LOCALE_ROOT", root)
+    count = prepare_translations("builtin:debian", "de", tmp_path / "de.parquet")
+    frame = pd.read_parquet(tmp_path / "de.parquet")
+    assert count == len(builtin_translations("de")) + 2 == len(frame)
+    assert frame["english"].iloc[-2:].tolist() == de["english"].tolist()
+    with pytest.raises(InputError, match="unknown built-in translations"):
+        prepare_translations("builtin:nope", "de", tmp_path / "x.parquet")
+    # the config check names the packages when no catalog exists
+    from modsent.config import source_errors
+    monkeypatch.setattr(builtin_catalogs, "DEBIAN_LOCALE_ROOT", tmp_path / "empty")
+    config = {"languages": ["en", "ky"], "translation": {"engine": "provided", "provided": "builtin:debian"}}
+    assert any("found no gettext catalog" in p and "apt-get install coreutils" in p for p in source_errors(config))

@@ -78,3 +78,34 @@ def test_a_monolithic_system_card_lists_its_languages_figures_and_every_score(tm
     mexma = _module(results / "methods" / "MEXMA", method="MEXMA", languages=["de", "ky"], steps=8)
     assert cards.check_card(cards.system_card(system="MEXMA", system_dir=mexma, base_model=None))["language"] == [
         "en", "de", "ky"]
+
+
+def test_card_keeps_the_notices_the_run_s_translations_recorded(tmp_path, monkeypatch):
+    """translation.provided: builtin:debian stores each Debian package's notice in the prepared
+    translations' parquet metadata; the exported card lists them under the data notices."""
+    from babel.messages.catalog import Catalog
+    from babel.messages.mofile import write_mo
+
+    from modsent.sources import builtin_catalogs
+    from modsent.sources.prepare import prepare_translations
+
+    root = tmp_path / "locale"
+    catalog = Catalog(locale="de")
+    catalog.add("Cannot open archive", "Archiv kann nicht geöffnet werden")
+    (root / "de/LC_MESSAGES").mkdir(parents=True)
+    with open(root / "de/LC_MESSAGES/tar.mo", "wb") as handle:
+        write_mo(handle, catalog)
+    monkeypatch.setattr(builtin_catalogs, "DEBIAN_LOCALE_ROOT", root)
+    run = tmp_path / "run"
+    prepare_translations("builtin:debian", "de", run / "resources/translations/de.parquet")
+    results = run / "results" / "me5-small"
+    results.mkdir(parents=True)
+    notices = cards.data_notices(results)
+    assert len(notices) == 1 and notices[0].startswith("debian (tar ") and "GPL-3+" in notices[0]
+    text = cards.export_card(language="de", base_model=None, system="base", modules={"language_adapter": None},
+                             results_dir=results, builtin_data=True)
+    body = ModelCard(text).text
+    assert "django (Django" in body and "- debian (tar " in body and "/usr/share/doc/tar/copyright" in body
+    # a run on the built-in data alone records none
+    prepare_translations("builtin", "de", run / "resources/translations/de.parquet")
+    assert cards.data_notices(results) == []

@@ -282,3 +282,37 @@ def test_seeds_summary_is_the_mean_and_sample_std_of_the_replicates(tmp_path):
     assert "<table>" in (tmp_path / "seeds.html").read_text()
     with pytest.raises(InputError, match="at least two replicates"):
         ev.seeds_summary(paths[:1], csv_path=tmp_path / "x.csv", md_path=tmp_path / "x.md")
+
+
+def test_paraphrase_mining_scores_known_by_construction(tmp_path):
+    """Monolingual paraphrase mining: each anchor's partner among the language's positives and
+    back. With the partners of the first half of the pairs swapped two by two, exactly those
+    anchors (and positives) find a wrong partner: 50% error in each direction."""
+    half = N // 2
+    vectors, paths = {}, {}
+    for lang in ("en", "de"):
+        for i in range(N):
+            vectors[f"{lang}:{i}"] = MEANINGS[i]
+            partner = (i ^ 1) if (lang == "de" and i < half) else i
+            vectors[f"{lang}:{i}:p"] = MEANINGS[partner] + 0.05 * rng.normal(size=16)
+        paths[lang] = tmp_path / "subsets" / f"{lang}.parquet"
+        write_parquet(pd.DataFrame({"id": [str(i) for i in range(N)],
+                                    "anchor": [f"{lang}:{i}" for i in range(N)],
+                                    "positive": [f"{lang}:{i}:p" for i in range(N)]}), paths[lang])
+    encoder = TableEncoder(vectors)
+    embeddings = {}
+    for lang in ("en", "de"):
+        ev.embed_language({"V": encoder}, lang, {"builtin_paraphrase": [paths[lang]]}, tmp_path / lang)
+        embeddings[lang] = tmp_path / lang / "V" / "builtin_paraphrase.parquet"
+        assert len(ev.read_embeddings(embeddings[lang]).texts) == 2 * N
+    result = ev.score_dataset("builtin_paraphrase", paths, embeddings, ["en", "de"], variant="V")
+    assert result["task"] == "paraphrase"
+    assert result["scores"]["error"]["values"] == {"en": 0.0, "de": pytest.approx(50.0)}
+    frame = ev.summary_frame([result], ["V"])
+    assert frame.loc["V", "PM builtin_paraphrase err ↓"] == pytest.approx(25.0)
+    # a sentence in two pairs has two right partners: the file is refused, naming the column
+    from modsent.sources.evaluation import read_subset
+    bad = tmp_path / "bad.parquet"
+    write_parquet(pd.DataFrame({"id": ["1", "2"], "anchor": ["a", "a"], "positive": ["b", "c"]}), bad)
+    with pytest.raises(InputError, match="column 'anchor': 'a' appears twice"):
+        read_subset(bad)

@@ -62,11 +62,11 @@ def prepare_local(tmp_path, name, subset, folder) -> pd.DataFrame:
 def test_every_dataset_is_well_formed():
     assert set(ev.DATASETS) == {"sts17", "stsb_multi_mt", "kardes_sts", "korsts", "sick",
                                 "str2024", "sib200", "flores", "tatoeba", "builtin_parallel",
-                                "builtin_topics"}
+                                "builtin_topics", "builtin_paraphrase"}
     for name, dataset in ev.DATASETS.items():
         assert dataset.name == name
         assert dataset.kind in ev.KIND_COLUMNS
-        assert dataset.task in ("sts", "str", "bitext", "classification")
+        assert dataset.task in ("sts", "str", "bitext", "classification", "paraphrase")
         assert dataset.description and dataset.evidence
         for key, sub in dataset.subset_table.items():
             assert key == sub.name
@@ -546,7 +546,8 @@ def test_hub_withheld_spanish_labels(tmp_path, monkeypatch):
 def test_builtin_datasets_match_the_builtin_rules(tmp_path):
     from modsent.sources import prepare_builtin_eval
 
-    for name, task in (("builtin_parallel", "parallel"), ("builtin_topics", "classification")):
+    for name, task in (("builtin_parallel", "parallel"), ("builtin_topics", "classification"),
+                       ("builtin_paraphrase", "paraphrase")):
         count = ev.prepare_subset(name, "de", tmp_path / f"{name}.parquet", "builtin")
         prepare_builtin_eval(task, "de", tmp_path / f"{task}-rule.parquet")
         ours = ev.read_subset(tmp_path / f"{name}.parquet")

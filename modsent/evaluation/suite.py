@@ -26,6 +26,8 @@ Three steps, one Snakemake rule each (rules/evaluation.smk):
    bitext_pairs   bitext mining en↔X: xsim error ×100, the mean of both directions
    classification logistic regression on frozen embeddings: accuracy ×100 in-language
                   (``mono``) and zero-shot from English (``zero_shot``)
+   paraphrase     monolingual paraphrase mining: xsim error ×100 between each language's
+                  anchors and positives, the mean of both directions (``error``)
    ============== =====================================================================
 
    A configured language the dataset lacks is skipped and listed under ``missing_languages``.
@@ -56,7 +58,7 @@ from modsent.io import InputError, atomic_path, write_parquet
 
 log = logging.getLogger(__name__)
 
-LOWER_IS_BETTER = {"xsim"}
+LOWER_IS_BETTER = {"xsim", "error"}
 
 
 # ---- which sentences a language needs ----------------------------------------------------------
@@ -212,9 +214,9 @@ def score_dataset(name: str, subset_paths: dict[str, str | Path], embedding_path
 
 # ---- step 3: tables and plots ------------------------------------------------------------------
 
-TASK_LABELS = {"sts": "STS", "str": "STR", "bitext": "BM", "classification": "TC"}
+TASK_LABELS = {"sts": "STS", "str": "STR", "bitext": "BM", "classification": "TC", "paraphrase": "PM"}
 METRIC_LABELS = {"mono": "mono", "cross": "cross", "zero_shot": "zero-shot", "xsim": "xsim err ↓",
-                 "rsim": "RSIM", "language_bias": "bias ↓"}
+                 "rsim": "RSIM", "language_bias": "bias ↓", "error": "err ↓"}
 
 
 def _column(result: dict, metric: str) -> str:
@@ -267,6 +269,8 @@ METRIC_NOTES = {
     "mono": "Spearman ×100 (STS/STR) or accuracy ×100 (TC) per language; higher is better.",
     "cross": "Spearman ×100 per language pair; higher is better.",
     "zero_shot": "accuracy ×100, trained on English, per language; higher is better.",
+    "error": "paraphrase mining error rate in % per language (xsim inside the language, ratio margin, "
+             "k = 4, mean of both directions); lower is better.",
 }
 
 
@@ -396,7 +400,8 @@ def aggregate(score_paths: Sequence[str | Path], variants: Sequence[str], *, csv
     lines = [f"# Evaluation summary{f' · {base}' if base else ''}", "",
              "Rows: variants. Columns: task, dataset and score, averaged over languages (or language pairs). "
              "STS/STR: Spearman ×100; BM: xsim error rate % (ratio margin, k = 4; lower is better); "
-             "TC: accuracy ×100; bias: bilingual minus pooled Spearman ×100; RSIM: Pearson.", "",
+             "TC: accuracy ×100; PM: monolingual paraphrase mining error % (lower is better); "
+             "bias: bilingual minus pooled Spearman ×100; RSIM: Pearson.", "",
              _markdown(frame)]
     if missing:
         by_dataset: dict[str, list[str]] = {}

@@ -14,6 +14,7 @@ pairs          pair_id, lang1, lang2, sentence1, sentence2,     STS/STR Spearman
 parallel       id, text (aligned across languages)              xsim error ×100, RSIM
 bitext_pairs   id, lang1, lang2, sentence1, sentence2           xsim error ×100 en↔X
 classification id, text, label, split                           accuracy ×100 (mono, zero-shot)
+paraphrase     id, anchor, positive (one language per subset)   paraphrase mining error ×100
 ============== ================================================ ==========================
 """
 
@@ -184,6 +185,23 @@ def score_classification(s: Scoring) -> dict:
     return out
 
 
+def score_paraphrase_pairs(s: Scoring) -> dict:
+    """Monolingual paraphrase mining: each anchor's paraphrase among the subset's positives and
+    back, scored like bitext mining inside one language (xsim error ×100, the mean of both
+    directions)."""
+    from modsent.evaluation import metrics  # scipy: not while the workflow plans
+
+    frames, emb, k, margin = s.frames, s.embeddings, s.k, s.margin
+    values = {}
+    for lang, frame in frames.items():
+        u, v = emb[lang](frame["anchor"]), emb[lang](frame["positive"])
+        both = (metrics.xsim_error_rate(u, v, k=k, margin=margin)
+                + metrics.xsim_error_rate(v, u, k=k, margin=margin)) / 2
+        values[lang] = _pct(both)
+    return {"error": {**_summary(values), "k": k, "margin": margin,
+                      "directions": "mean of anchor→positive and positive→anchor"}}
+
+
 REGISTRY: dict[str, TaskKind] = {}
 _COLUMNS: dict[str, tuple[str, ...]] = {}
 # kind → its normalised file's columns (a live view of the registry)
@@ -202,6 +220,8 @@ register(TaskKind("parallel", ("id", "text"), (("text", None),), score_parallel)
 register(TaskKind("bitext_pairs", ("id", "lang1", "lang2", "sentence1", "sentence2"),
                   (("sentence1", "lang1"), ("sentence2", "lang2")), score_bitext_pairs))
 register(TaskKind("classification", ("id", "text", "label", "split"), (("text", None),), score_classification))
+register(TaskKind("paraphrase", ("id", "anchor", "positive"), (("anchor", None), ("positive", None)),
+                  score_paraphrase_pairs))
 
 def get(name: str) -> TaskKind:
     if name not in REGISTRY:

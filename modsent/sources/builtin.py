@@ -14,7 +14,8 @@ Products (each a deterministic function of the installed package versions):
 - :func:`builtin_paraphrases` — English pairs of the same meaning (SE adapter, CLA);
 - :func:`builtin_translations` — English → language pairs (CLA, and the demo's "provided"
   translation engine: every English paraphrase sentence has one in every demo language);
-- :func:`builtin_parallel_eval` and :func:`builtin_classification` — held-out evaluation data.
+- :func:`builtin_parallel_eval`, :func:`builtin_paraphrase_eval` and
+  :func:`builtin_classification` — held-out evaluation data.
 
 Train and evaluation never share a text. Before anything else every unit (one source text with
 its translations) is linked to every other unit that shares a named thing (e.g. ``territory:DE``)
@@ -33,11 +34,15 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import pandas as pd
 
 from modsent.io import InputError
-from modsent.sources.builtin_catalogs import SUPPORTED_LANGUAGES, Unit, all_units, package_version
+from modsent.sources import builtin_catalogs
+from modsent.sources.builtin_catalogs import (DEBIAN_CATALOGS, SUPPORTED_LANGUAGES, Unit, all_units,
+                                              debian_catalog_files, debian_units, debian_versions,
+                                              package_version)
 
 #: The languages of the demo: English, German, Chinese (non-Latin script, no spaces between
 #: words) and Kyrgyz (lower-resource, Cyrillic). Every English paraphrase sentence has a
@@ -455,6 +460,60 @@ def builtin_translations(lang: str) -> pd.DataFrame:
     return _translations(lang).copy()
 
 
+@lru_cache(maxsize=1)
+def _evaluation_keys() -> frozenset[str]:
+    """Every text of the evaluation pool, in any language, by :func:`overlap_key`."""
+    return frozenset(overlap_key(line) for item in _items() if item.pool == "eval"
+                     for lines in item.corpus.values() for line in lines)
+
+
+@lru_cache(maxsize=None)
+def _debian_translations(lang: str, root: str) -> pd.DataFrame:
+    held_out = _evaluation_keys()
+    rows, seen = [], set()
+    for unit in debian_units(SUPPORTED_LANGUAGES, root):
+        item = _prepare(unit)
+        if "en" not in item.aligned or lang not in item.aligned:
+            continue
+        # a message sharing any text, in any language, with the evaluation pool is left out,
+        # so the extra translations never teach an evaluation sentence
+        if any(overlap_key(line) in held_out for lines in item.corpus.values() for line in lines):
+            continue
+        key = overlap_key(item.english)
+        if key not in seen:
+            seen.add(key)
+            rows.append((item.english, item.translations[lang]))
+    return pd.DataFrame(rows, columns=["english", "translation"])
+
+
+def debian_translations(lang: str, root: str | Path | None = None) -> pd.DataFrame:
+    """Human translations English → ``lang`` from the gettext catalogs of installed Debian
+    packages (:data:`~modsent.sources.builtin_catalogs.DEBIAN_CATALOGS`): ``english, translation``.
+
+    The extra data of ``translation.provided: builtin:debian``. It does not take part in the
+    built-in train/evaluation split (the demo's data stay what they are); instead every message
+    that shares a text, in any language, with the built-in evaluation pool is left out. Which
+    messages exist depends on the packages installed: :func:`debian_provenance` says which.
+    """
+    _check_language(lang, "translations")
+    return _debian_translations(lang, str(builtin_catalogs.DEBIAN_LOCALE_ROOT if root is None else root)).copy()
+
+
+def debian_provenance(languages: Iterable[str], root: str | Path | None = None) -> list[dict]:
+    """One row per Debian package read: package, installed version, licence, domains and the
+    languages it has catalogs for (the notice to keep beside results trained on them)."""
+    files = debian_catalog_files(tuple(languages), root)
+    packages = sorted({package for package, _domain in files})
+    versions = debian_versions(packages)
+    licences = {entry["package"]: entry["licence"] for entry in DEBIAN_CATALOGS}
+    return [{"package": package, "version": versions[package], "licence": licences[package],
+             "copyright": f"/usr/share/doc/{package}/copyright",
+             "domains": sorted(d for p, d in files if p == package),
+             "languages": sorted({lang for (p, _d), by_lang in files.items() if p == package
+                                  for lang in by_lang})}
+            for package in packages]
+
+
 # --------------------------------------------------------------------------------------------
 # Evaluation products (held out)
 
@@ -498,6 +557,58 @@ def builtin_parallel_eval(langs: Iterable[str] = DEMO_LANGUAGES) -> pd.DataFrame
     for lang in languages:
         _check_language(lang, "parallel evaluation set")
     return _parallel_eval(languages).copy()
+
+
+@lru_cache(maxsize=None)
+def _paraphrase_eval(lang: str) -> pd.DataFrame:
+    # 1. Two names of one thing in the language (the held-out counterpart of the training
+    #    sets builtin-countries / -languages / ...): "Albanien" / "Republik Albanien".
+    names: dict[str, list[str]] = defaultdict(list)
+    # 2. Two translations of one English message by different projects' translators (Django and
+    #    django-allauth): "Passwort zurücksetzen" / "Mein Passwort zurücksetzen".
+    renderings: dict[str, list[str]] = defaultdict(list)
+    for item in _items():
+        if item.pool != "eval":
+            continue
+        text = item.english if lang == "en" else item.translations.get(lang)
+        if not text or has_markup(text):
+            continue
+        if item.unit.group and item.unit.group.split(":", 1)[0] in _PARAPHRASE_GROUPS:
+            names[item.unit.group].append(text)
+        elif not item.unit.group and lang != "en" and lang in item.aligned and "en" in item.aligned:
+            renderings[overlap_key(item.english)].append(text)
+    candidates = []
+    for kind, table in (("name", names), ("message", renderings)):
+        for key in sorted(table):
+            texts = list({overlap_key(t): t for t in table[key]}.values())
+            if len(texts) >= 2:
+                # the shortest form is the anchor, the next shortest its paraphrase
+                anchor, positive = sorted(texts, key=lambda t: (len(t), t))[:2]
+                candidates.append((_stable_id(lang, kind, key), anchor, positive))
+    # every text in one pair only, so that each anchor has one right partner
+    seen: set[str] = set()
+    rows = []
+    for pair_id, anchor, positive in sorted(candidates):
+        keys = {overlap_key(anchor), overlap_key(positive)}
+        if keys & seen:
+            continue
+        seen |= keys
+        rows.append((pair_id, anchor, positive))
+    return pd.DataFrame(rows, columns=["id", "anchor", "positive"])
+
+
+def builtin_paraphrase_eval(lang: str) -> pd.DataFrame:
+    """Held-out monolingual paraphrase pairs of ``lang``: ``id, anchor, positive``.
+
+    Both sides are text of the language itself, never a translation of a pair: two names the
+    sources give for one country, language, currency or script ("Albanien" / "Republik
+    Albanien", from pycountry and CLDR), and, outside English, two different translations of
+    one English message by the translators of different projects. Only texts of the evaluation
+    pool appear, and each text appears in one pair only (paraphrase mining has one right
+    partner per sentence). Rows are sorted by ``id``, a hash of the pair's source.
+    """
+    _check_language(lang, "paraphrase evaluation set")
+    return _paraphrase_eval(lang).copy()
 
 
 #: Classification labels: what kind of thing a text names, or that it is a UI message.
@@ -582,5 +693,6 @@ def builtin_coverage(languages: Iterable[str] = DEMO_LANGUAGES) -> pd.DataFrame:
 def _clear_caches() -> None:
     """Forget every parsed source and product (tests use it to recompute from scratch)."""
     for function in (_items, _concepts, available_languages, _corpus, _paraphrases,
-                     _translations, _parallel_eval, _classification_items):
+                     _translations, _parallel_eval, _paraphrase_eval, _classification_items,
+                     _evaluation_keys, _debian_translations):
         function.cache_clear()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import re
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -374,3 +375,105 @@ def package_version(package: str) -> str:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
+
+
+# --------------------------------------------------------------------------------------------
+# Debian's gettext catalogs (``builtin:debian``: the human translations of installed packages)
+
+#: Where Debian installs compiled gettext catalogs: ``<root>/<locale>/LC_MESSAGES/<domain>.mo``.
+DEBIAN_LOCALE_ROOT = Path("/usr/share/locale")
+_DEBIAN_LOCALE = {"zh": "zh_CN"}
+
+#: The Debian packages whose catalogs ``builtin:debian`` reads, with their domains and the
+#: licence their ``/usr/share/doc/<package>/copyright`` gives for the package (the translations
+#: are distributed under it). User-interface and error messages of base system tools and of
+#: GLib / GTK, translated by the Translation Project's and GNOME's teams. iso-codes is left out:
+#: pycountry already reads it.
+DEBIAN_CATALOGS: tuple[dict, ...] = (
+    {"package": "coreutils", "domains": ("coreutils",), "licence": "GPL-3+"},
+    {"package": "tar", "domains": ("tar",), "licence": "GPL-3+"},
+    {"package": "grep", "domains": ("grep",), "licence": "GPL-3+"},
+    {"package": "sed", "domains": ("sed",), "licence": "GPL-3+"},
+    {"package": "findutils", "domains": ("findutils",), "licence": "GPL-3+"},
+    {"package": "diffutils", "domains": ("diffutils",), "licence": "GPL-3+"},
+    {"package": "bash", "domains": ("bash",), "licence": "GPL-3+"},
+    {"package": "make", "domains": ("make",), "licence": "GPL-3+"},
+    {"package": "wget", "domains": ("wget",), "licence": "GPL-3+"},
+    {"package": "apt", "domains": ("apt",), "licence": "GPL-2+"},
+    {"package": "dpkg", "domains": ("dpkg",), "licence": "GPL-2+"},
+    {"package": "adduser", "domains": ("adduser",), "licence": "GPL-2+"},
+    {"package": "man-db", "domains": ("man-db",), "licence": "GPL-2+"},
+    {"package": "procps", "domains": ("procps-ng",), "licence": "GPL-2.0+ / LGPL-2.1+"},
+    {"package": "systemd", "domains": ("systemd",), "licence": "LGPL-2.1+"},
+    {"package": "libpam-runtime", "domains": ("Linux-PAM",), "licence": "BSD-3-clause or GPL"},
+    {"package": "libglib2.0-data", "domains": ("glib20",), "licence": "LGPL-2.1+"},
+    {"package": "libgtk-3-common", "domains": ("gtk30", "gtk30-properties"), "licence": "LGPL-2+"},
+    {"package": "xkb-data", "domains": ("xkeyboard-config",), "licence": "MIT-style (xkeyboard-config)"},
+    {"package": "xdg-user-dirs", "domains": ("xdg-user-dirs",), "licence": "GPL-2+"},
+    {"package": "shared-mime-info", "domains": ("shared-mime-info",), "licence": "GPL-2+"},
+)
+
+# GTK's mnemonic markers (keyboard shortcuts, not text): "打开(_O)", "Файл (_F)", "_Open".
+_MNEMONIC_SUFFIX = re.compile(r"\s*\(_\w\)")
+_MNEMONIC_PREFIX = re.compile(r"(?<!\w)_(?=\w)")
+
+
+def _drop_mnemonics(text: str) -> str:
+    return _MNEMONIC_PREFIX.sub("", _MNEMONIC_SUFFIX.sub("", text)).strip()
+
+
+def debian_catalog_files(languages: Iterable[str], root: str | Path | None = None
+                         ) -> dict[tuple[str, str], dict[str, Path]]:
+    """``{(package, domain): {lang: .mo path}}`` for the catalogs of :data:`DEBIAN_CATALOGS`
+    that exist under ``root`` (default :data:`DEBIAN_LOCALE_ROOT`) in at least one of
+    ``languages`` (English excluded)."""
+    root = Path(DEBIAN_LOCALE_ROOT if root is None else root)
+    found = {}
+    for entry in DEBIAN_CATALOGS:
+        for domain in entry["domains"]:
+            files = {}
+            for lang in languages:
+                path = root / _DEBIAN_LOCALE.get(lang, lang) / "LC_MESSAGES" / f"{domain}.mo"
+                if lang != "en" and path.is_file():
+                    files[lang] = path
+            if files:
+                found[entry["package"], domain] = files
+    return found
+
+
+def debian_units(languages: Iterable[str] = SUPPORTED_LANGUAGES,
+                 root: str | Path | None = None) -> list[Unit]:
+    """The messages of Debian's catalogs (:data:`DEBIAN_CATALOGS`) under ``root``, one unit per
+    message. Messages with a line break or a tab (help screens, tables) are left out, and GTK's
+    mnemonic markers are dropped from both sides; the rest is :func:`_gettext_units`' merge."""
+    units = []
+    for (package, domain), files in sorted(debian_catalog_files(tuple(languages), root).items()):
+        for unit in _gettext_units("debian", f"debian:{package}/{domain}", files):
+            texts = [unit.english, *(text for _lang, text in unit.translations)]
+            if any("\n" in text or "\t" in text for text in texts):
+                continue
+            units.append(Unit(
+                source=unit.source, catalog=unit.catalog, key=unit.key, group="",
+                domain="interface", english=_drop_mnemonics(unit.english),
+                translations=tuple((lang, _drop_mnemonics(text)) for lang, text in unit.translations),
+                variants=tuple((lang, _drop_mnemonics(text)) for lang, text in unit.variants),
+                plural=unit.plural,
+            ))
+    return units
+
+
+def debian_versions(packages: Iterable[str]) -> dict[str, str]:
+    """``{package: installed version}`` from dpkg ("not installed" or "unknown" otherwise)."""
+    import shutil
+    import subprocess
+
+    versions = {}
+    query = shutil.which("dpkg-query")
+    for package in packages:
+        if query is None:
+            versions[package] = "unknown (no dpkg-query)"
+            continue
+        result = subprocess.run([query, "-W", "-f=${Version}", package], capture_output=True, text=True)
+        versions[package] = result.stdout.strip() if result.returncode == 0 and result.stdout.strip() \
+            else "not installed"
+    return versions

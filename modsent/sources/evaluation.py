@@ -30,8 +30,8 @@ Sources (the ``source`` argument of :func:`prepare_subset`, as the config writes
   ``.json`` (one object a line, optionally ``.gz``), ``.csv`` (quoted, with a header unless the
   dataset says otherwise), ``.tsv``/``.txt`` (tab-separated, header, no quoting) and FLORES'
   ``.dev``/``.devtest`` (one sentence a line).
-- ``"builtin"``: only for ``builtin_parallel`` and ``builtin_topics``, the offline demo data of
-  :mod:`modsent.sources.builtin`.
+- ``"builtin"``: only for ``builtin_parallel``, ``builtin_topics`` and ``builtin_paraphrase``,
+  the offline demo data of :mod:`modsent.sources.builtin`.
 
 Every Hub id, config, split and column below was read off the dataset's card, its file listing
 or the loader of the MTEB task that uses it; :attr:`EvalDataset.evidence` says where, and says
@@ -62,8 +62,8 @@ from modsent.io import InputError, write_parquet
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["pairs", "parallel", "bitext_pairs", "classification"]
-Task = Literal["sts", "str", "bitext", "classification"]
+Kind = Literal["pairs", "parallel", "bitext_pairs", "classification", "paraphrase"]
+Task = Literal["sts", "str", "bitext", "classification", "paraphrase"]
 
 TEXT_COLUMNS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
@@ -71,6 +71,7 @@ TEXT_COLUMNS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "parallel": ("text",),
         "bitext_pairs": ("sentence1", "sentence2"),
         "classification": ("text", "label"),
+        "paraphrase": ("anchor", "positive"),
     }
 )
 CLASSIFICATION_SPLITS = ("train", "dev", "test")
@@ -520,12 +521,25 @@ BUILTIN_TOPICS = EvalDataset(
     evidence="modsent.sources.builtin.builtin_classification via prepare_builtin_eval.",
 )
 
-DATASETS: Mapping[str, EvalDataset] = MappingProxyType(
-    {d.name: d for d in (STS17, STSB_MULTI_MT, KARDES_STS, KORSTS, SICK, STR2024, SIB200, FLORES,
-                         TATOEBA, BUILTIN_PARALLEL, BUILTIN_TOPICS)}
+BUILTIN_PARAPHRASE = EvalDataset(
+    name="builtin_paraphrase",
+    kind="paraphrase",
+    task="paraphrase",
+    hub_id=None,
+    description="The offline demo's held-out monolingual paraphrase pairs of each language: two "
+                "names of one country, language, currency or script, or two projects' "
+                "translations of one message (paraphrase mining inside the language).",
+    source="builtin",
+    evidence="modsent.sources.builtin.builtin_paraphrase_eval via prepare_builtin_eval.",
 )
 
-_BUILTIN_TASKS = {"builtin_parallel": "parallel", "builtin_topics": "classification"}
+DATASETS: Mapping[str, EvalDataset] = MappingProxyType(
+    {d.name: d for d in (STS17, STSB_MULTI_MT, KARDES_STS, KORSTS, SICK, STR2024, SIB200, FLORES,
+                         TATOEBA, BUILTIN_PARALLEL, BUILTIN_TOPICS, BUILTIN_PARAPHRASE)}
+)
+
+_BUILTIN_TASKS = {"builtin_parallel": "parallel", "builtin_topics": "classification",
+                  "builtin_paraphrase": "paraphrase"}
 
 
 def get(name: str) -> EvalDataset:
@@ -1087,6 +1101,12 @@ def _validate(frame: pd.DataFrame, kind: str, where: str,
                     f"the dataset's "
                     f"range [{low:g}, {high:g}], e.g. {outside.iloc[0]:g} (row "
                     f"{outside.index[0] + 1}); are the gold labels withheld?")
+    if kind == "paraphrase":
+        for column in ("anchor", "positive"):
+            repeated = frame[column][frame[column].duplicated()]
+            if not repeated.empty:
+                raise InputError(f"{where}: column {_name(column, sources)}: {repeated.iloc[0]!r} "
+                                 "appears twice; paraphrase mining needs one partner per sentence")
     if kind == "classification":
         odd = sorted(set(frame["split"]) - set(CLASSIFICATION_SPLITS))
         if odd:

@@ -179,10 +179,23 @@ def prepare_paraphrase_dataset(name: str, spec: Mapping, out_path: str | Path) -
 def prepare_translations(spec, lang: str, out_path: str | Path) -> int:
     """Write human translations EN→``lang`` (``english, translation``) to ``out_path``."""
     source = parse_source(spec, key="translation.provided")
+    if source.kind == "builtin" and source.name not in (None, "debian"):
+        raise InputError(f"translation.provided: unknown built-in translations {source.describe()!r}; "
+                         "use 'builtin' or 'builtin:debian' (plus the gettext catalogs of installed "
+                         "Debian packages)")
     if source.kind == "builtin":
-        from modsent.sources.builtin import builtin_translations
+        from modsent.sources import builtin
 
-        frame = builtin_translations(lang)
+        frame = builtin.builtin_translations(lang)
+        notices = []
+        if source.name == "debian":
+            extra = builtin.debian_translations(lang)
+            for row in builtin.debian_provenance([lang]):
+                notices.append(f"debian ({row['package']} {row['version']}): translations of "
+                               f"{', '.join(row['domains'])}; {row['licence']}; {row['copyright']}")
+                log.info("Debian catalogs: %s", notices[-1])
+            log.info("translations en→%s: %d built-in + %d from Debian's catalogs", lang, len(frame), len(extra))
+            frame = pd.concat([frame, extra], ignore_index=True)
     elif source.kind == "local":
         from modsent.sources.local import iter_local_records
 
@@ -208,6 +221,8 @@ def prepare_translations(spec, lang: str, out_path: str | Path) -> int:
     frame = frame.drop_duplicates("english", keep="first").reset_index(drop=True)
     if frame.empty:
         raise InputError(f"translation.provided: {source.describe()} has no translations into {lang!r}")
+    if source.kind == "builtin" and notices:
+        frame.attrs["modsent_notices"] = notices    # parquet metadata: read back by cards.data_notices
     write_parquet(frame, out_path)
     log.info("translations en→%s from %s: %d", lang, source.describe(), len(frame))
     return len(frame)
@@ -223,7 +238,7 @@ def prepare_builtin_eval(task: str, lang: str, out_path: str | Path) -> int:
     demo language (``builtin.DEMO_LANGUAGES``) translates: a fixed multi-parallel set (~500 ids)
     like FLORES, so a file never depends on which other languages are configured, and the demo
     encodes ~500 sentences per language instead of every catalog string (~4K for English).
-    ``classification``: ``id, text, label, split``.
+    ``classification``: ``id, text, label, split``; ``paraphrase``: ``id, anchor, positive``.
     """
     from modsent.sources import builtin
 
@@ -233,6 +248,8 @@ def prepare_builtin_eval(task: str, lang: str, out_path: str | Path) -> int:
         frame = frame[frame["id"].isin(universe)].reset_index(drop=True)
     elif task == "classification":
         frame = builtin.builtin_classification(lang)
+    elif task == "paraphrase":
+        frame = builtin.builtin_paraphrase_eval(lang)
     else:
         raise ValueError(f"unknown built-in evaluation task {task!r}")
     write_parquet(frame, out_path)
