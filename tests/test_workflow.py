@@ -454,8 +454,9 @@ def test_evaluation_summary_has_every_system_and_task(run):
     table = pd.read_csv(run / "results/tiny/summary.csv", index_col=0)
     assert list(table.index) == systems
     assert {"BM builtin_parallel xsim err ↓", "RSIM builtin_parallel", "TC builtin_topics mono",
-            "TC builtin_topics zero-shot"} <= set(table.columns)
+            "TC builtin_topics zero-shot", "PM builtin_paraphrase err ↓"} <= set(table.columns)
     assert table["BM builtin_parallel xsim err ↓"].between(0, 100).all()
+    assert table["PM builtin_paraphrase err ↓"].between(0, 100).all()
     assert table["TC builtin_topics mono"].between(0, 100).all()
     assert table["RSIM builtin_parallel"].between(-1, 1).all()
     for system in systems:
