@@ -88,25 +88,31 @@ def _score_tables(results_dir: Path, names: list[str], lang: str | None) -> tupl
     return summary, per_language
 
 
-def _notices(results_dir: Path | None = None) -> list[str]:
-    """The built-in data's notices, and those the run's provided translations recorded (the
-    Debian packages of ``translation.provided: builtin:debian``)."""
+def _notices(builtin_data: bool, results_dir: Path | None = None,
+             languages: list[str] | None = None) -> list[str]:
+    """The built-in data's notices (when the run used it), and those the run's provided
+    translations of ``languages`` recorded (the Debian packages of ``builtin:debian``)."""
     from modsent.sources.builtin import PROVENANCE
 
     notices = [f"{entry['source']} ({entry['package']} {entry['version']}): {entry['content']}; "
-               f"{entry['licence']}; {entry['copyright']}; {entry['url']}" for entry in PROVENANCE]
-    return notices + [n for n in data_notices(results_dir) if n not in notices]
+               f"{entry['licence']}; {entry['copyright']}; {entry['url']}" for entry in PROVENANCE] \
+        if builtin_data else []
+    return notices + [n for n in data_notices(results_dir, languages) if n not in notices]
 
 
-def data_notices(results_dir: Path | None) -> list[str]:
-    """Notices stored in the metadata of ``resources/translations/*.parquet`` of the run that
-    ``results_dir`` (``results/{base}``) belongs to, in file order, each once."""
+def data_notices(results_dir: Path | None, languages: list[str] | None = None) -> list[str]:
+    """Notices stored in the metadata of ``resources/translations/{lang}.parquet`` of the run that
+    ``results_dir`` (``results/{base}``) belongs to, for ``languages`` (None: every file), in
+    file order, each once."""
     if results_dir is None:
         return []
     import pyarrow.parquet as pq
 
+    folder = Path(results_dir).parent.parent / "resources" / "translations"
+    paths = sorted(folder.glob("*.parquet")) if languages is None else \
+        [folder / f"{lang}.parquet" for lang in languages if (folder / f"{lang}.parquet").is_file()]
     found: dict[str, None] = {}
-    for path in sorted((Path(results_dir).parent.parent / "resources" / "translations").glob("*.parquet")):
+    for path in paths:
         metadata = pq.read_schema(path).metadata or {}
         attrs = json.loads(metadata.get(b"PANDAS_ATTRS", b"{}"))
         found.update(dict.fromkeys(attrs.get("modsent_notices", [])))
@@ -144,12 +150,14 @@ def export_card(*, language: str, base_model: str | None, system: str, modules: 
             lines += ["", "<details><summary>settings</summary>", "", "```json",
                       json.dumps(metrics["config"], indent=2, sort_keys=True), "```", "", "</details>"]
         lines.append("")
-    lines += _closing_sections(system, names, language, results_dir, base_model, license, builtin_data)
+    lines += _closing_sections(system, names, language, results_dir, base_model, license, builtin_data,
+                               [language])
     return "\n".join(lines)
 
 
 def _closing_sections(system: str, names: list[str], language: str | None, results_dir: Path | None,
-                      base_model: str | None, license: str | None, builtin_data: bool) -> list[str]:
+                      base_model: str | None, license: str | None, builtin_data: bool,
+                      languages: list[str] | None = None) -> list[str]:
     """The card's evaluation (the system's summary row and per-language values: those involving
     ``language``, or all when None), data notices and licence sections."""
     lines = []
@@ -166,10 +174,11 @@ def _closing_sections(system: str, names: list[str], language: str | None, resul
             lines += [f"`{table}`" + (f", the pairs or languages with `{language}`:" if language else ":"), "",
                       "| " + " | ".join(values) + " |", "|" + "---|" * len(values),
                       "| " + " | ".join(values.values()) + " |", ""]
-    if builtin_data:
+    notices = _notices(builtin_data, results_dir, languages)
+    if notices:
         lines += ["## Data notices", "",
-                  "The run used modsent's built-in data, which comes from these packages:", ""]
-        lines += [f"- {notice}" for notice in _notices(results_dir)] + [""]
+                  "The run's training data come from these packages, under these licences:", ""]
+        lines += [f"- {notice}" for notice in notices] + [""]
     lines += ["## Licence", "",
               f"{'`' + license + '`' if license else 'Not set: the licence of the base model and of the training data apply'}"
               f"{'' if not base_model else f' (base model: `{base_model}`)'}.", ""]
@@ -218,7 +227,8 @@ def system_card(*, system: str, system_dir: Path, base_model: str | None, result
         lines.append("")
     else:
         lines += [f"{path} is missing: the training figures are unknown.", ""]
-    lines += _closing_sections(system, [system], None, results_dir, base_model, license, builtin_data)
+    lines += _closing_sections(system, [system], None, results_dir, base_model, license, builtin_data,
+                               languages or None)
     return "\n".join(lines)
 
 

@@ -372,6 +372,8 @@ def test_debian_translations_read_installed_catalogs_and_keep_evaluation_text_ou
     assert sorted(map(tuple, de.to_numpy().tolist())) == [
         ("Cannot open archive", "Archiv kann nicht geöffnet werden"), ("Open the file", "Datei öffnen")]
     assert debian_translations("zh", root).to_numpy().tolist() == [["Cancel", "取消"]]
+    assert debian_translations("en", root)["english"].tolist() == debian_translations("en", root)["translation"].tolist()
+    assert "Cancel" in debian_translations("en", root)["english"].tolist()
     packages = {row["package"]: row for row in debian_provenance(["de", "zh"], root)}
     assert set(packages) == {"tar", "libgtk-3-common"}
     assert packages["tar"]["licence"] == "GPL-3+" and packages["tar"]["languages"] == ["de"]

@@ -106,6 +106,17 @@ def test_card_keeps_the_notices_the_run_s_translations_recorded(tmp_path, monkey
                              results_dir=results, builtin_data=True)
     body = ModelCard(text).text
     assert "django (Django" in body and "- debian (tar " in body and "/usr/share/doc/tar/copyright" in body
+    # the notices are those of the card's own languages: Kyrgyz's translations came from the
+    # built-in catalogs alone, so its card lists no Debian package
+    prepare_translations("builtin", "ky", run / "resources/translations/ky.parquet")
+    assert cards.data_notices(results, ["ky"]) == [] and cards.data_notices(results, ["de", "ky"]) == notices
+    ky = ModelCard(cards.export_card(language="ky", base_model=None, system="base",
+                                     modules={"language_adapter": None}, results_dir=results, builtin_data=True)).text
+    assert "django (Django" in ky and "debian (" not in ky
+    # Debian's notices are kept even when the run's paraphrases were not the built-in ones
+    no_builtin = ModelCard(cards.export_card(language="de", base_model=None, system="base",
+                                             modules={"language_adapter": None}, results_dir=results)).text
+    assert "## Data notices" in no_builtin and "- debian (tar " in no_builtin and "django (Django" not in no_builtin
     # a run on the built-in data alone records none
     prepare_translations("builtin", "de", run / "resources/translations/de.parquet")
     assert cards.data_notices(results) == []

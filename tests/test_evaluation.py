@@ -310,9 +310,21 @@ def test_paraphrase_mining_scores_known_by_construction(tmp_path):
     assert result["scores"]["error"]["values"] == {"en": 0.0, "de": pytest.approx(50.0)}
     frame = ev.summary_frame([result], ["V"])
     assert frame.loc["V", "PM builtin_paraphrase err ↓"] == pytest.approx(25.0)
-    # a sentence in two pairs has two right partners: the file is refused, naming the column
+    # a language with no more pairs than k has no margin to compute: skipped and said so
+    small = tmp_path / "subsets" / "ky.parquet"
+    write_parquet(pd.DataFrame({"id": ["0", "1", "2"], "anchor": ["en:0", "en:1", "en:2"],
+                                "positive": ["en:0:p", "en:1:p", "en:2:p"]}), small)
+    result = ev.score_dataset("builtin_paraphrase", {**paths, "ky": small}, {**embeddings, "ky": embeddings["en"]},
+                              ["en", "de", "ky"], variant="V")
+    assert set(result["scores"]["error"]["values"]) == {"en", "de"}
+    assert result["scores"]["error"]["skipped_languages"] == {"ky": "3 pairs, k = 4"}
+    # a sentence in two pairs (either column), or paired with itself, has two right partners:
+    # the file is refused, naming the column and the rows
     from modsent.sources.evaluation import read_subset
     bad = tmp_path / "bad.parquet"
-    write_parquet(pd.DataFrame({"id": ["1", "2"], "anchor": ["a", "a"], "positive": ["b", "c"]}), bad)
-    with pytest.raises(InputError, match="column 'anchor': 'a' appears twice"):
-        read_subset(bad)
+    for rows, message in (((["a", "a"], ["b", "c"]), "column 'anchor': row 2: 'a' is also in column 'anchor', row 1"),
+                          ((["a", "b"], ["b", "c"]), "column 'positive': row 1: 'b' is also in column 'anchor', row 2"),
+                          ((["a", "b"], ["a", "c"]), "column 'positive': row 1: 'a' is also in column 'anchor', row 1")):
+        write_parquet(pd.DataFrame({"id": ["1", "2"], "anchor": rows[0], "positive": rows[1]}), bad)
+        with pytest.raises(InputError, match=message):
+            read_subset(bad)

@@ -192,14 +192,20 @@ def score_paraphrase_pairs(s: Scoring) -> dict:
     from modsent.evaluation import metrics  # scipy: not while the workflow plans
 
     frames, emb, k, margin = s.frames, s.embeddings, s.k, s.margin
-    values = {}
+    values, too_small = {}, {}
     for lang, frame in frames.items():
+        if len(frame) <= k:  # the margin needs k neighbours besides the right partner
+            too_small[lang] = len(frame)
+            continue
         u, v = emb[lang](frame["anchor"]), emb[lang](frame["positive"])
         both = (metrics.xsim_error_rate(u, v, k=k, margin=margin)
                 + metrics.xsim_error_rate(v, u, k=k, margin=margin)) / 2
         values[lang] = _pct(both)
-    return {"error": {**_summary(values), "k": k, "margin": margin,
-                      "directions": "mean of anchor→positive and positive→anchor"}}
+    out = {"error": {**_summary(values), "k": k, "margin": margin,
+                     "directions": "mean of anchor→positive and positive→anchor"}}
+    if too_small:
+        out["error"]["skipped_languages"] = {lang: f"{n} pairs, k = {k}" for lang, n in too_small.items()}
+    return out
 
 
 REGISTRY: dict[str, TaskKind] = {}

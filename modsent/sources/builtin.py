@@ -473,7 +473,7 @@ def _debian_translations(lang: str, root: str) -> pd.DataFrame:
     rows, seen = [], set()
     for unit in debian_units(SUPPORTED_LANGUAGES, root):
         item = _prepare(unit)
-        if "en" not in item.aligned or lang not in item.aligned:
+        if "en" not in item.aligned or (lang != "en" and lang not in item.aligned):
             continue
         # a message sharing any text, in any language, with the evaluation pool is left out,
         # so the extra translations never teach an evaluation sentence
@@ -482,7 +482,7 @@ def _debian_translations(lang: str, root: str) -> pd.DataFrame:
         key = overlap_key(item.english)
         if key not in seen:
             seen.add(key)
-            rows.append((item.english, item.translations[lang]))
+            rows.append((item.english, item.english if lang == "en" else item.translations[lang]))
     return pd.DataFrame(rows, columns=["english", "translation"])
 
 
@@ -600,10 +600,11 @@ def _paraphrase_eval(lang: str) -> pd.DataFrame:
 def builtin_paraphrase_eval(lang: str) -> pd.DataFrame:
     """Held-out monolingual paraphrase pairs of ``lang``: ``id, anchor, positive``.
 
-    Both sides are text of the language itself, never a translation of a pair: two names the
-    sources give for one country, language, currency or script ("Albanien" / "Republik
-    Albanien", from pycountry and CLDR), and, outside English, two different translations of
-    one English message by the translators of different projects. Only texts of the evaluation
+    Both sides are human-written text of the language as the catalogs give it, not machine
+    translations: two names the sources give for one country, language, currency or script
+    ("Albanien" / "Republik Albanien", from pycountry and CLDR; most of them are the catalogs'
+    translations of the two names of an English pair of the set), and, outside English, two
+    different translations of one English message by the translators of different projects. Only texts of the evaluation
     pool appear, and each text appears in one pair only (paraphrase mining has one right
     partner per sentence). Rows are sorted by ``id``, a hash of the pair's source.
     """

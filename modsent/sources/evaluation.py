@@ -1,5 +1,5 @@
 """The evaluation datasets of the paper, loaded from the Hugging Face Hub or from local files and
-normalised into four parquet schemas (one file per dataset and subset).
+normalised into five parquet schemas (one file per dataset and subset).
 
 Schemas (:data:`KIND_COLUMNS`, one per task kind of :mod:`modsent.evaluation.tasks`):
 
@@ -12,6 +12,8 @@ Schemas (:data:`KIND_COLUMNS`, one per task kind of :mod:`modsent.evaluation.tas
 - ``bitext_pairs`` (Tatoeba): ``id, lang1, lang2, sentence1, sentence2``; ``lang1`` is the
   language X, ``lang2`` English.
 - ``classification`` (SIB-200): ``id, text, label, split`` with split ``train``/``dev``/``test``.
+- ``paraphrase`` (the built-in paraphrase pairs): ``id, anchor, positive``, both in the subset's
+  language; every text appears once in the file (one right partner for mining).
 
 Language codes are the registry's (:mod:`modsent.languages`). A subset is named by a language
 code (``de``: monolingual) or by two codes as the dataset ships the pair (``en-de``).
@@ -1102,11 +1104,16 @@ def _validate(frame: pd.DataFrame, kind: str, where: str,
                     f"range [{low:g}, {high:g}], e.g. {outside.iloc[0]:g} (row "
                     f"{outside.index[0] + 1}); are the gold labels withheld?")
     if kind == "paraphrase":
+        seen: dict[str, tuple[str, int]] = {}
         for column in ("anchor", "positive"):
-            repeated = frame[column][frame[column].duplicated()]
-            if not repeated.empty:
-                raise InputError(f"{where}: column {_name(column, sources)}: {repeated.iloc[0]!r} "
-                                 "appears twice; paraphrase mining needs one partner per sentence")
+            for row, text in enumerate(frame[column], start=1):
+                if text in seen:
+                    first_column, first_row = seen[text]
+                    raise InputError(
+                        f"{where}: column {_name(column, sources)}: row {row}: {text!r} is also in "
+                        f"column {_name(first_column, sources)}, row {first_row}; paraphrase mining "
+                        "needs every sentence once (one right partner)")
+                seen[text] = (column, row)
     if kind == "classification":
         odd = sorted(set(frame["split"]) - set(CLASSIFICATION_SPLITS))
         if odd:
