@@ -238,11 +238,10 @@ def source_errors(config: dict) -> list[str]:
     if provided == "builtin:debian":
         from modsent.sources import builtin_catalogs
 
-        DEBIAN_CATALOGS, DEBIAN_LOCALE_ROOT = builtin_catalogs.DEBIAN_CATALOGS, builtin_catalogs.DEBIAN_LOCALE_ROOT
         if not builtin_catalogs.debian_catalog_files([lang for lang in langs if lang != PIVOT_LANGUAGE]):
-            packages = " ".join(entry["package"] for entry in DEBIAN_CATALOGS)
+            packages = " ".join(entry["package"] for entry in builtin_catalogs.DEBIAN_CATALOGS)
             problems.append(f"translation.provided: 'builtin:debian' found no gettext catalog of the "
-                            f"configured languages under {DEBIAN_LOCALE_ROOT}; install the packages "
+                            f"configured languages under {builtin_catalogs.DEBIAN_LOCALE_ROOT}; install the packages "
                             f"(apt-get install {packages}) on a system that keeps their translations")
     return problems
 

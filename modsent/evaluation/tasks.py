@@ -143,16 +143,21 @@ def score_parallel(s: Scoring) -> dict:
     }
 
 
-def score_bitext_pairs(s: Scoring) -> dict:
-    """Bitext mining en↔X on given pairs: xsim error, the mean of both directions."""
+def _both_directions(u: np.ndarray, v: np.ndarray, k: int, margin: str) -> float:
+    """xsim error rate, the mean of mining u → v and v → u (rows aligned)."""
     from modsent.evaluation import metrics  # scipy: not while the workflow plans
 
+    return (metrics.xsim_error_rate(u, v, k=k, margin=margin)
+            + metrics.xsim_error_rate(v, u, k=k, margin=margin)) / 2
+
+
+def score_bitext_pairs(s: Scoring) -> dict:
+    """Bitext mining en↔X on given pairs: xsim error, the mean of both directions."""
     frames, emb, k, margin = s.frames, s.embeddings, s.k, s.margin
     values = {}
     for frame in frames.values():
         l1, l2 = frame["lang1"].iloc[0], frame["lang2"].iloc[0]
-        u, v = emb[l1](frame["sentence1"]), emb[l2](frame["sentence2"])
-        both = (metrics.xsim_error_rate(u, v, k=k, margin=margin) + metrics.xsim_error_rate(v, u, k=k, margin=margin)) / 2
+        both = _both_directions(emb[l1](frame["sentence1"]), emb[l2](frame["sentence2"]), k, margin)
         other = l1 if l2 == PIVOT_LANGUAGE else l2
         values[other] = _pct(both)
     return {"xsim": {**_summary(values), "k": k, "margin": margin, "directions": "mean of en→X and X→en"}}
@@ -189,18 +194,14 @@ def score_paraphrase_pairs(s: Scoring) -> dict:
     """Monolingual paraphrase mining: each anchor's paraphrase among the subset's positives and
     back, scored like bitext mining inside one language (xsim error ×100, the mean of both
     directions)."""
-    from modsent.evaluation import metrics  # scipy: not while the workflow plans
-
     frames, emb, k, margin = s.frames, s.embeddings, s.k, s.margin
     values, too_small = {}, {}
     for lang, frame in frames.items():
         if len(frame) <= k:  # the margin needs k neighbours besides the right partner
             too_small[lang] = len(frame)
             continue
-        u, v = emb[lang](frame["anchor"]), emb[lang](frame["positive"])
-        both = (metrics.xsim_error_rate(u, v, k=k, margin=margin)
-                + metrics.xsim_error_rate(v, u, k=k, margin=margin)) / 2
-        values[lang] = _pct(both)
+        values[lang] = _pct(_both_directions(emb[lang](frame["anchor"]), emb[lang](frame["positive"]),
+                                             k, margin))
     out = {"error": {**_summary(values), "k": k, "margin": margin,
                      "directions": "mean of anchor→positive and positive→anchor"}}
     if too_small:

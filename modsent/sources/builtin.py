@@ -608,9 +608,9 @@ def builtin_paraphrase_eval(lang: str) -> pd.DataFrame:
     translations: two names the sources give for one country, language, currency or script
     ("Albanien" / "Republik Albanien", from pycountry and CLDR; most of them are the catalogs'
     translations of the two names of an English pair of the set), and, outside English, two
-    different translations of one English message by the translators of different projects. Only texts of the evaluation
-    pool appear, and each text appears in one pair only (paraphrase mining has one right
-    partner per sentence). Rows are sorted by ``id``, a hash of the pair's source; at most
+    different translations of one English message by the translators of different projects.
+    Only texts of the evaluation pool appear, and each text appears in one pair only
+    (paraphrase mining has one right partner per sentence). Rows are sorted by ``id``, a hash of the pair's source; at most
     :data:`MAX_PARAPHRASE_EVAL` per language (the first by id).
     """
     _check_language(lang, "paraphrase evaluation set")

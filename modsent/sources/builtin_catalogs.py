@@ -25,7 +25,7 @@ import json
 import re
 import struct
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from modsent.io import InputError
@@ -189,11 +189,11 @@ def _gettext_units(source: str, catalog: str, files: dict[str, Path]) -> list[Un
 
 
 def _gettext_catalog_files(
-    locale_root: Path, domain: str, languages: Iterable[str]
+    locale_root: Path, domain: str, languages: Iterable[str], locales: dict[str, str] = _GETTEXT_LOCALE
 ) -> dict[str, Path]:
     files = {}
     for lang in languages:
-        path = locale_root / _GETTEXT_LOCALE.get(lang, lang) / "LC_MESSAGES" / f"{domain}.mo"
+        path = locale_root / locales.get(lang, lang) / "LC_MESSAGES" / f"{domain}.mo"
         if lang != "en" and path.is_file():
             files[lang] = path
     return files
@@ -428,14 +428,11 @@ def debian_catalog_files(languages: Iterable[str], root: str | Path | None = Non
     that exist under ``root`` (default :data:`DEBIAN_LOCALE_ROOT`) in at least one of
     ``languages`` (English excluded)."""
     root = Path(DEBIAN_LOCALE_ROOT if root is None else root)
+    languages = tuple(languages)
     found = {}
     for entry in DEBIAN_CATALOGS:
         for domain in entry["domains"]:
-            files = {}
-            for lang in languages:
-                path = root / _DEBIAN_LOCALE.get(lang, lang) / "LC_MESSAGES" / f"{domain}.mo"
-                if lang != "en" and path.is_file():
-                    files[lang] = path
+            files = _gettext_catalog_files(root, domain, languages, _DEBIAN_LOCALE)
             if files:
                 found[entry["package"], domain] = files
     return found
@@ -452,12 +449,10 @@ def debian_units(languages: Iterable[str] = SUPPORTED_LANGUAGES,
             texts = [unit.english, *(text for _lang, text in unit.translations)]
             if any("\n" in text or "\t" in text for text in texts):
                 continue
-            units.append(Unit(
-                source=unit.source, catalog=unit.catalog, key=unit.key, group="",
-                domain="interface", english=_drop_mnemonics(unit.english),
+            units.append(replace(
+                unit, english=_drop_mnemonics(unit.english),
                 translations=tuple((lang, _drop_mnemonics(text)) for lang, text in unit.translations),
                 variants=tuple((lang, _drop_mnemonics(text)) for lang, text in unit.variants),
-                plural=unit.plural,
             ))
     return units
 
