@@ -64,7 +64,7 @@ from modsent.languages import PIVOT_LANGUAGE
 from modsent.losses import TripletInfoNCELoss
 from modsent.methods import baselines as bl
 from modsent.modular import sentence_adapter as sa
-from modsent.training import checkpoints, schedules
+from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.optim import fused_options
 from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import no_duplicate_batches
@@ -322,6 +322,7 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
 
     built = build_model(source, cfg, key)
     model = built.model.to(device)
+    fastpath.speed_up(model)  # same parameters and results, fewer kernels under autocast
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
     n_total = sum(p.numel() for p in model.parameters())

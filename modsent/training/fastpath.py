@@ -1,0 +1,129 @@
+"""Fewer kernels and less memory traffic for LoRA training under autocast, same parameters.
+
+On a GPU the SE and CLA steps are bound by the CPU launching kernels and the LA step by
+element-wise memory traffic, not by matrix products (benchmarks/results/README.md). Two sources
+of both are in how a frozen body with PEFT's LoRA runs under bf16 autocast:
+
+- **frozen weights cast every call.** Autocast caches its bf16 copy of a weight only for leaf
+  tensors that require grad, so every frozen ``nn.Linear`` casts its fp32 weight (and bias) again
+  on every forward: one extra kernel per layer and call. :func:`speed_up` gives such layers a
+  forward that keeps the bf16 copy (refreshed when the weight changes, e.g. a merge) and calls
+  ``F.linear`` with it. Autocast would compute exactly this: the outputs are bit-identical.
+- **PEFT's LoRA branch** computes ``result + lora_B(lora_A(dropout(x))) * scaling`` with ``x``
+  cast to the adapter's dtype (fp32) first: under bf16 autocast that is a cast of the
+  activations to fp32, the dropout on fp32, a cast back to bf16 for ``lora_A``, then a multiply
+  and an add — several full passes over the layer's input and output. The fast forward casts
+  ``x`` to the autocast dtype once (shared with the base layer), applies the dropout there, and
+  adds the scaled ``lora_B`` product with one ``addmm`` (``alpha`` = the scaling). Without
+  autocast (fp32, the CPU) it is the same arithmetic as PEFT's up to the order of float
+  additions, with the same dropout masks; under autocast the dropout draws its mask on the bf16
+  activations (the same distribution; not the same draws) and the sum is rounded once instead of
+  twice.
+
+Only the vanilla case is sped up: one active adapter, not merged, adapters enabled, no DoRA or
+other variant, no extra forward arguments; anything else goes through PEFT's own forward. The
+parameters, their names and the saved adapters are untouched; :func:`restore` removes the fast
+forwards. Used by the LA, SE, CLA and m-ST5 LoRA stages on every device.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_FAST = "_modsent_fast"
+
+
+def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    kind = x.device.type
+    if kind in ("cuda", "cpu", "xpu") and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return None
+
+
+def _cached_weights(module: nn.Linear, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The module's weight and bias in ``dtype``, cast once and kept until either changes."""
+    weight, bias = module.weight, module.bias
+    key = (dtype, weight.device, weight.data_ptr(), weight._version,
+           None if bias is None else (bias.data_ptr(), bias._version))
+    cache = module.__dict__.get("_modsent_cast")
+    if cache is None or cache[0] != key:
+        with torch.no_grad():
+            cast = (weight.to(dtype), None if bias is None else bias.to(dtype))
+        module.__dict__["_modsent_cast"] = cache = (key, cast)
+    return cache[1]
+
+
+def _frozen_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    dtype = _autocast_dtype(x)
+    frozen = not self.weight.requires_grad and (self.bias is None or not self.bias.requires_grad)
+    if dtype is None or not frozen or self.weight.dtype == dtype or not self.weight.is_floating_point():
+        return F.linear(x, self.weight, self.bias)
+    weight, bias = _cached_weights(self, dtype)
+    return F.linear(x, weight, bias)
+
+
+def _vanilla_adapter(layer) -> str | None:
+    """The one active adapter of a PEFT LoRA Linear when the fast forward applies, else None."""
+    if layer.disable_adapters or layer.merged or len(layer.active_adapters) != 1:
+        return None
+    name = layer.active_adapters[0]
+    if name not in layer.lora_A or name in getattr(layer, "lora_variant", {}) \
+            or getattr(layer, "use_dora", {}).get(name, False):
+        return None
+    if not getattr(layer, "cast_input_dtype_enabled", True):
+        return None
+    return name
+
+
+def _lora_linear_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    name = None if args or kwargs else _vanilla_adapter(self)
+    if name is None:
+        return type(self).forward(self, x, *args, **kwargs)
+    lora_a, lora_b = self.lora_A[name].weight, self.lora_B[name].weight
+    dtype = _autocast_dtype(x)
+    if dtype is None:  # no autocast: only where PEFT would not mix dtypes either
+        base_weight = getattr(self.base_layer, "weight", None)
+        if not (x.dtype == lora_a.dtype == lora_b.dtype and getattr(base_weight, "dtype", x.dtype) == x.dtype):
+            return type(self).forward(self, x, *args, **kwargs)
+        dtype = x.dtype
+    x = x.to(dtype)  # once, for the base layer and the branch (autocast would cast it for each)
+    result = self.base_layer(x)
+    branch = F.linear(self.lora_dropout[name](x), lora_a)
+    out = torch.addmm(result.reshape(-1, result.shape[-1]), branch.reshape(-1, branch.shape[-1]),
+                      lora_b.t(), alpha=self.scaling[name])
+    return out.view(result.shape).to(result.dtype)
+
+
+def speed_up(model: nn.Module) -> int:
+    """Give every PEFT LoRA ``Linear`` in ``model`` the fast forward and every frozen
+    ``nn.Linear`` the cached-cast forward (module docstring); return how many modules changed.
+    Idempotent."""
+    from peft.tuners.lora import Linear as LoraLinear
+
+    changed = 0
+    branches = {id(sub) for module in model.modules() if isinstance(module, LoraLinear)
+                for part in (module.lora_A, module.lora_B) for sub in part.values()}
+    for module in model.modules():
+        if module.__dict__.get(_FAST) or id(module) in branches:
+            continue
+        if isinstance(module, LoraLinear):
+            module.forward = types.MethodType(_lora_linear_forward, module)
+        elif type(module) is nn.Linear:
+            module.forward = types.MethodType(_frozen_linear_forward, module)
+        else:
+            continue
+        module.__dict__[_FAST] = True
+        changed += 1
+    return changed
+
+
+def restore(model: nn.Module) -> None:
+    """Undo :func:`speed_up`: every module runs its class's forward again."""
+    for module in model.modules():
+        if module.__dict__.pop(_FAST, False):
+            module.__dict__.pop("forward", None)
+            module.__dict__.pop("_modsent_cast", None)
