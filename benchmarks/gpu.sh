@@ -3,6 +3,7 @@
 # transformers, peft and sentencepiece (modsent's own environment, or an image that holds them):
 #
 #   bash benchmarks/gpu.sh RESULTS_DIR [PYTHON]
+#   BENCHMARKS="tests mlm_throughput" DEADLINE=500 bash benchmarks/gpu.sh RESULTS_DIR
 #
 # Each benchmark writes RESULTS_DIR/<name>_<gpu>.txt and runs under its own time limit, so one
 # failure does not lose the others. Wheels in .whl/ (e.g. ctranslate2, pycountry for Python 3.12)
@@ -24,20 +25,33 @@ GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za
 "cuda", torch.version.cuda, "transformers", transformers.__version__, "peft", peft.__version__)'
 } 2>&1 | tee "$OUT_DIR/environment_$GPU.txt"
 
+# BENCHMARKS="name ..." runs only those (default: all, in this order); DEADLINE=SECONDS stops
+# starting benchmarks that would outlast it (each one's limit is cut to what is left).
+WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_b64 pair_throughput pair_throughput_b256 profile_steps mexma_throughput translation_speed translation_speed_3.3B} "
+DEADLINE="${DEADLINE:-100000}"
+
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever happens
-    local name="$1" limit="$2"
+    local name="$1" limit="$2" left
     shift 2
-    echo "== $name: $*"
+    [[ "$WANT" == *" $name "* ]] || return 0
+    left=$((DEADLINE - SECONDS))
+    if ((left < 20)); then echo "== $name: skipped, ${left}s left"; return 0; fi
+    ((limit > left)) && limit=$left
+    echo "== $name (${limit}s at most): $*"
     { echo "# $*"; timeout "$limit" "$PY" "$@" 2>&1 | grep -v -e 'it/s\]' -e '^\s*warnings.warn'; } \
         | tee "$OUT_DIR/${name}_$GPU.txt"
 }
 
-bench mlm_throughput 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 \
-    --batch-size 128 --steps 10 --compile
+# the fast path's correctness tests on this GPU (their CUDA cases run only where there is one)
+bench tests 90 -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_optim.py
+bench mlm_throughput 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
+    --batch-size 128 --steps 10
 bench mlm_throughput_b64 90 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
     --batch-size 64 --steps 10
 bench pair_throughput 120 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
     --batch-size 128 --steps 40 --warmup 10
+bench pair_throughput_b256 120 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
+    --batch-size 256 --steps 20 --warmup 5
 bench profile_steps 120 -m benchmarks.profile_steps --device cuda --steps 5 --top 12
 bench mexma_throughput 90 benchmarks/mexma_throughput.py --size base --device cuda --seq-len 128 256 --steps 10
 # CTranslate2's wheels are built for CUDA 12; where only CUDA 13's cuBLAS is present the script
@@ -53,4 +67,6 @@ if ! "$PY" -c 'import ctypes; ctypes.CDLL("libcublas.so.12")' 2>/dev/null; then
     fi
 fi
 bench translation_speed 200 benchmarks/translation_speed.py --size 600M --device cuda --units 512 \
+    --batch-size 64 --tokens 32 --ct2-compute-types bfloat16,int8_bfloat16
+bench translation_speed_3.3B 300 benchmarks/translation_speed.py --size 3.3B --device cuda --units 512 \
     --batch-size 64 --tokens 32 --ct2-compute-types bfloat16,int8_bfloat16

@@ -5,7 +5,8 @@
     python benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 --batch-size 64
 
 Compares, in one run and on the same batches, the LA step as modsent runs it (MLM head on the
-masked positions only) with the usual full-sequence head (transformers' own MLM loss), and prints
+masked positions only; "fast": modsent.training.fastpath's LoRA and frozen-Linear forwards) with
+PEFT's own LoRA forward and the usual full-sequence head (transformers' own MLM loss), and prints
 tokens/s and their ratio. On a GPU (--device cuda) it also prints the model FLOPs utilisation
 (MFU) against the GPU's bf16 peak (--peak-tflops, default 989 for an H100 SXM) in two
 conventions: "6N" counts 6N + 12·L·d·s FLOPs per token (N: non-embedding parameters, L layers,
@@ -54,18 +55,21 @@ def build(args):
     return model.to(args.device), vocab
 
 
-VARIANTS = {  # name: (MLM head on the masked positions only, bf16 autocast, fused AdamW)
-    "masked, bf16, fused": (True, True, True),
-    "masked, bf16": (True, True, False),
-    "full head, bf16": (False, True, False),
-    "masked, fp32": (True, False, False),
-    "full head, fp32": (False, False, False),
+VARIANTS = {  # name: (MLM head on the masked positions only, bf16 autocast, fused AdamW, fast LoRA)
+    "masked, bf16, fused, fast": (True, True, True, True),
+    "masked, bf16, fused": (True, True, True, False),
+    "masked, bf16": (True, True, False, False),
+    "full head, bf16": (False, True, False, False),
+    "masked, fp32, fast": (True, False, False, True),
+    "masked, fp32": (True, False, False, False),
+    "full head, fp32": (False, False, False, False),
 }
 
 
 def main() -> None:
     from modsent.losses import mlm_parts
     from modsent.modular.language_adapter import mlm_loss
+    from modsent.training import fastpath
     from modsent.training.optim import fused_options
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,10 +92,10 @@ def main() -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     encoder_params = sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n)
     cuda = args.device.startswith("cuda")
-    variants = dict(VARIANTS) if cuda else {"masked, fp32": VARIANTS["masked, fp32"],
-                                            "full head, fp32": VARIANTS["full head, fp32"]}
+    variants = dict(VARIANTS) if cuda else {name: VARIANTS[name] for name in
+                                            ("masked, fp32, fast", "masked, fp32", "full head, fp32")}
     if args.compile and cuda:  # last: it compiles the encoder in place
-        variants["masked, bf16, fused, compiled"] = (True, True, True)
+        variants["masked, bf16, fused, fast, compiled"] = (True, True, True, True)
     name_gpu = torch.cuda.get_device_name() if cuda else "CPU"
     print(f"model: {'LaBSE-sized random BERT' if args.labse_random else args.base}; "
           f"{encoder_params / 1e6:.1f}M non-embedding parameters; vocabulary {vocab}; device {args.device} "
@@ -106,7 +110,11 @@ def main() -> None:
         inputs = torch.where(chosen, torch.full_like(ids, 4), ids).to(args.device)
 
         results = {}
-        for name, (masked, bf16, fused) in variants.items():
+        for name, (masked, bf16, fused, fast) in variants.items():
+            if fast:
+                fastpath.speed_up(model)
+            else:
+                fastpath.restore(model)
             if name.endswith("compiled"):
                 # the encoder itself (mlm_loss calls it directly, then the head on the masked
                 # positions); a torch.compile wrapper around the whole model would be bypassed

@@ -16,10 +16,12 @@ padded to their longest sentence rounded up to --pad-multiple, as the tokenizer 
 training. Variants:
 
 - ``fp32, random``: the step without mixed precision or fused AdamW (the unoptimised path);
-- ``bf16, random``: bf16 autocast and fused AdamW, batches drawn at random (modsent's default);
+- ``bf16, random``: bf16 autocast and fused AdamW, batches drawn at random, PEFT's LoRA forward;
+- ``bf16, random, fast``: the same with modsent.training.fastpath's LoRA and frozen-Linear
+  forwards (modsent's step);
 - ``bf16, grouped``: the same with length-grouped batches (``--group`` batches' worth of pairs
   drawn at random, sorted by length, cut into batches, the batches shuffled): less padding,
-  at the price of in-batch negatives of similar length.
+  at the price of in-batch negatives of similar length (and ``bf16, grouped, fast``).
 
 Each prints pairs/s (timed steps over their total time, after --warmup untimed ones), the share
 of padding, the ratio against ``fp32, random`` and, on a GPU, the
@@ -101,6 +103,7 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def main() -> None:
     from modsent.losses import MultipleNegativesRankingLoss
+    from modsent.training import fastpath
     from modsent.training.optim import fused_options
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,20 +130,27 @@ def main() -> None:
           f"({torch.cuda.get_device_name() if cuda else 'CPU'}); torch {torch.__version__}; "
           f"{args.batch_size} pairs per batch")
     print("ratio: against 'fp32, random' of the same stage in the same run")
-    print(f"{'stage':5} {'seq':>4} {'variant':15} {'pairs/s':>9} {'padding':>8} {'ratio':>6}"
+    print(f"{'stage':5} {'seq':>4} {'variant':19} {'pairs/s':>9} {'padding':>8} {'ratio':>6}"
           + (f" {'MFU 6N':>6} {'MFU 4N':>6} {'peak GiB':>9}" if cuda else ""))
-    variants = {"fp32, random": (False, 1), "bf16, random": (True, 1), "bf16, grouped": (True, args.group)}
+    variants = {"fp32, random": (False, 1, False), "bf16, random": (True, 1, False),
+                "bf16, random, fast": (True, 1, True), "bf16, grouped": (True, args.group, False),
+                "bf16, grouped, fast": (True, args.group, True)}
     if not cuda:
-        variants = {"fp32, random": (False, 1), "fp32, grouped": (False, args.group)}
+        variants = {"fp32, random": (False, 1, False), "fp32, random, fast": (False, 1, True),
+                    "fp32, grouped": (False, args.group, False)}
     compiled = None
     if args.compile:
-        variants["bf16, compiled"] = (cuda, 1)
+        variants["bf16, fast, compiled"] = (cuda, 1, True)
         compiled = torch.compile(model, dynamic=True)  # a wrapper: `model` itself stays eager
     for seq_len in args.seq_len:
         lengths = sentence_lengths(seq_len)
         for stage in ("SE", "CLA"):
             results = {}
-            for name, (bf16, group) in variants.items():
+            for name, (bf16, group, fast) in variants.items():
+                if fast:
+                    fastpath.speed_up(model)
+                else:
+                    fastpath.restore(model)
                 net = compiled if name.endswith("compiled") else model
                 optimizer = torch.optim.AdamW(trainable, lr=2e-5, **(fused_options(trainable) if bf16 else {}))
                 autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and cuda
@@ -186,7 +196,7 @@ def main() -> None:
                                  flops_frozen / seconds, peak)
             base = results["fp32, random"][0]
             for name, (pps, pad, fps, fps_frozen, peak) in results.items():
-                line = f"{stage:5} {seq_len:4d} {name:15} {pps:9.1f} {pad:8.1%} {pps / base:6.2f}"
+                line = f"{stage:5} {seq_len:4d} {name:19} {pps:9.1f} {pad:8.1%} {pps / base:6.2f}"
                 if cuda:
                     line += f" {fps / (args.peak_tflops * 1e12):6.1%} {fps_frozen / (args.peak_tflops * 1e12):6.1%} {peak:9.1f}"
                 print(line, flush=True)

@@ -1,6 +1,7 @@
 """Where a GPU step's time goes: torch.profiler over the LA (MLM) and SE (MNRL) steps of a
 LaBSE-sized random model, bf16 autocast and fused AdamW, as mlm_throughput.py and
-pair_throughput.py run them.
+pair_throughput.py run them (with modsent.training.fastpath's forwards, as modsent trains;
+--peft: PEFT's own LoRA forward).
 
     python -m benchmarks.profile_steps --device cuda
 
@@ -61,6 +62,7 @@ def main() -> None:
     from benchmarks import mlm_throughput, pair_throughput
     from modsent.losses import MultipleNegativesRankingLoss
     from modsent.modular.language_adapter import mlm_loss
+    from modsent.training import fastpath
     from modsent.training.optim import fused_options
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,7 +72,9 @@ def main() -> None:
     parser.add_argument("--la-batch", type=int, default=128)
     parser.add_argument("--la-seq-len", type=int, default=256)
     parser.add_argument("--se-batch", type=int, default=128)
+    parser.add_argument("--peft", action="store_true", help="PEFT's LoRA forward, not modsent's fast path")
     args = parser.parse_args()
+    speed_up = (lambda model: None) if args.peft else fastpath.speed_up
     cuda = args.device.startswith("cuda")
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else (
         lambda: torch.autocast("cpu", enabled=False))
@@ -78,6 +82,7 @@ def main() -> None:
     # LA: packed sequences of exactly seq_len, 15% masked, LoRA on q/k/v + trainable embeddings
     la_args = argparse.Namespace(labse_random=True, device=args.device)
     model, vocab = mlm_throughput.build(la_args)
+    speed_up(model)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-4, **fused_options(params))
     generator = torch.Generator().manual_seed(0)
@@ -99,6 +104,7 @@ def main() -> None:
 
     # SE: 2 x batch sentences of real lengths, padded to a multiple of 8, MNRL
     encoder, config = pair_throughput.build("labse", args.device)
+    speed_up(encoder)
     trainable = [p for p in encoder.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=2e-5, **fused_options(trainable))
     lengths = pair_throughput.sentence_lengths(128)
