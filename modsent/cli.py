@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--directory", help="the working directory whose remaining work to plan (default: a new, empty "
                    "one: everything; relative local: paths in the config need the run's own directory)")
     p.add_argument("--rates", choices=sorted(planning_rates()), default="h200",
-                   help="per-stage GPU rates: h200 (measured by modsent's benchmarks) or a100-paper (Table 5)")
+                   help="per-stage GPU rates: h200 or h100 (measured by modsent's benchmarks) or a100-paper (Table 5)")
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiply every time (a body larger than LaBSE's 12 x 768, a slower GPU)")
     p.set_defaults(func=cmd_plan)

@@ -5,11 +5,14 @@ The jobs are Snakemake's own plan (a dry run in the given directory: a fresh one
 everything, a working directory what is left). GPU-hours come from per-stage rates measured on
 one GPU for a LaBSE-sized body (12 x 768): the paper's Table 5 on an A100 40G (20 h per language
 adapter of 200K x 128 x 256 tokens, 20 min per 600K pairs of SE or CLA training), or modsent's
-own benchmarks on an H200 (``benchmarks/results/*_h200.txt``). A larger body costs
-proportionally more; ``--scale`` multiplies every time. The work of a job is what its config
-settings say it is: steps x batch x sequence length for a language adapter; epochs x pairs for
-SE and CLA (the language's paraphrase pairs when the directory already holds them, otherwise the
-paper's 600K, said so). Stages without a measured rate are listed with their jobs only.
+own benchmarks on an H200 or an H100 (``benchmarks/results/*_fast_h200.txt``, ``*_fast_h100.txt``).
+A larger body costs proportionally more; ``--scale`` multiplies every time. The work of a job is
+what its config settings say it is: steps x batch x sequence length for a language adapter;
+epochs x pairs for SE and CLA (the language's paraphrase pairs when the directory already holds
+them, otherwise the paper's 600K, said so); for a translation shard its share of the English
+units (counted when prepared, otherwise twice the paper's pairs), at the rate measured for the
+engine and the NLLB size (H200 only). Stages without a measured rate are listed with their jobs
+only.
 """
 
 from __future__ import annotations
@@ -29,19 +32,30 @@ PAPER_PAIRS = 600_000  # the paper's paraphrase pairs per language (and bilingua
 
 @dataclasses.dataclass(frozen=True)
 class Rates:
-    """Throughput of one GPU for a LaBSE-sized body."""
+    """Throughput of one GPU for a LaBSE-sized body, and of translation: sentences/s per
+    (engine, NLLB size) in bf16, beam 4, 32 generated tokens per sentence, batches of 64
+    (benchmarks/translation_speed.py); sizes without a measurement get no estimate."""
 
     name: str
     source: str
     la_tokens_per_s: float
     se_pairs_per_s: float
     cla_pairs_per_s: float
+    translation_sentences_per_s: dict = dataclasses.field(default_factory=dict)
 
 
 RATES = {
     "a100-paper": Rates("a100-paper", "the paper's Table 5 (A100 40G)", 200_000 * 128 * 256 / (20 * 3600),
                         PAPER_PAIRS / (20 * 60), PAPER_PAIRS / (20 * 60)),
-    "h200": Rates("h200", "benchmarks/results/*_h200.txt (H200, bf16, fused AdamW)", 444_600, 2_673, 2_741),
+    # modsent's own steps (bf16, fused AdamW, modsent.training.fastpath; 128 x 256 tokens, 128
+    # random pairs), benchmarks/results/*_fast_*.txt; SE and CLA: the mean of the runs there
+    "h200": Rates("h200", "benchmarks/results/*_fast_h200.txt (H200, bf16, fused AdamW, fast LoRA)",
+                  509_700, 1_998, 1_824,
+                  # translation_speed_h200.txt (the later run) and translation_speed_3.3B_h200.txt
+                  {("ctranslate2", "600M"): 364.0, ("transformers", "600M"): 82.3,
+                   ("ctranslate2", "3.3B"): 175.2, ("transformers", "3.3B"): 51.2}),
+    "h100": Rates("h100", "benchmarks/results/*_fast_h100.txt (H100 SXM, bf16, fused AdamW, fast LoRA)",
+                  441_800, 1_822, 1_823),
 }
 
 
@@ -92,6 +106,23 @@ def _pairs(directory: Path, lang: str) -> tuple[int, bool]:
     return PAPER_PAIRS, False
 
 
+def _translation_units(directory: Path) -> tuple[int, bool]:
+    """The English sentences to translate (counted when prepared), else twice the paper's pairs."""
+    path = directory / "results" / "translation" / "units.parquet"
+    if path.is_file():
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows, True
+    return 2 * PAPER_PAIRS, False
+
+
+def translation_size(model: str) -> str | None:
+    """The parameter count in an NLLB/M2M100 model id (``facebook/nllb-200-3.3B`` → ``3.3B``,
+    ``facebook/nllb-200-distilled-600M`` → ``600M``); None when the name has none."""
+    match = re.search(r"[-_](\d+(?:\.\d+)?[MB])$", model.rstrip("/"))
+    return match.group(1) if match else None
+
+
 def _hidden_size(directory: Path, config: dict) -> int:
     """The base model's width, from its prepared directory when present; LaBSE's 768 otherwise."""
     import json
@@ -136,6 +167,19 @@ def estimate(config: dict, jobs: list[tuple[str, dict]], directory: str | Path, 
             item.gpu_hours = (item.gpu_hours or 0) + scale * pairs / rate / 3600
             item.note = "epochs x pairs" + (f" ({PAPER_PAIRS:,} pairs per language assumed: not prepared yet)"
                                             if rule in assumed else "")
+        elif rule == "translate_shard":
+            settings = config["translation"]
+            size = translation_size(str(settings["model"]))
+            rate = rates.translation_sentences_per_s.get((settings["engine"], size))
+            if rate is None:
+                item.note = (f"no measured rate for {settings['engine']} with {settings['model']} "
+                             f"on {rates.name}")
+                continue
+            units, counted = _translation_units(directory)
+            item.gpu_hours = (item.gpu_hours or 0) + scale * units / settings["shards"] / rate / 3600
+            item.note = (f"units / shards at {rate:g} sentences/s ({settings['engine']}, NLLB-{size}, bf16, "
+                         f"32 tokens each)" + ("" if counted else
+                                                f"; {2 * PAPER_PAIRS:,} units assumed: not prepared yet"))
     return list(out.values())
 
 
@@ -150,8 +194,9 @@ def format_plan(estimates: list[Estimate], rates: Rates, configfile: str, direct
     total_jobs = sum(item.jobs for item in estimates)
     total_hours = sum(item.gpu_hours or 0 for item in estimates)
     lines += ["", f"{'total':32} {total_jobs:5d} {total_hours:10.2f}",
-              "GPU-hours cover the language, sentence-encoding and alignment adapters; translation, full "
-              "baselines, recipes and evaluation have no measured rate yet (their jobs are listed)."]
+              "GPU-hours cover the language, sentence-encoding and alignment adapters and, where measured, "
+              "translation; full baselines, recipes and evaluation have no measured rate yet (their jobs "
+              "are listed)."]
     return "\n".join(lines)
 
 

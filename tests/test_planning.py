@@ -41,3 +41,35 @@ def test_the_plan_counts_snakemake_s_jobs_and_prices_each_training_job_from_its_
     h200 = planning.estimate(config, jobs, tmp_path / "work", planning.RATES["h200"])
     assert float(total[2]) == pytest.approx(sum(e.gpu_hours or 0 for e in h200), abs=0.01)
     assert main(["plan", "--configfile", str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_translation_is_priced_from_the_units_and_the_measured_rate_of_its_engine_and_size(tmp_path):
+    import pandas as pd
+
+    config = planning.load_filled_config(REPO / "configs" / "paper-labse.yaml")
+    assert (config["translation"]["engine"], planning.translation_size(config["translation"]["model"])) \
+        == ("ctranslate2", "3.3B")
+    shards = config["translation"]["shards"]
+    jobs = [("translate_shard", {"lang": lang, "scatteritem": f"{i + 1}-of-{shards}"})
+            for lang in ("de", "zh") for i in range(shards)]
+    rates = planning.RATES["h200"]
+    rate = rates.translation_sentences_per_s[("ctranslate2", "3.3B")]
+    (item,) = planning.estimate(config, jobs, tmp_path, rates)
+    # nothing prepared: twice the paper's pairs of English sentences per language, each translated once
+    assert item.jobs == 2 * shards
+    assert item.gpu_hours == pytest.approx(2 * 2 * planning.PAPER_PAIRS / rate / 3600)
+    assert "assumed" in item.note
+    # prepared units are counted
+    units = tmp_path / "results" / "translation" / "units.parquet"
+    units.parent.mkdir(parents=True)
+    pd.DataFrame({"text": [f"sentence {i}" for i in range(36_000)]}).to_parquet(units)
+    (item,) = planning.estimate(config, jobs, tmp_path, rates)
+    assert item.gpu_hours == pytest.approx(2 * 36_000 / rate / 3600) and "assumed" not in item.note
+    # transformers' generate is priced at its own (slower) rate; an unmeasured size or GPU is not priced
+    config["translation"]["engine"] = "transformers"
+    assert planning.estimate(config, jobs, tmp_path, rates)[0].gpu_hours == pytest.approx(
+        2 * 36_000 / rates.translation_sentences_per_s[("transformers", "3.3B")] / 3600)
+    config["translation"]["model"] = "facebook/nllb-200-1.3B"
+    (item,) = planning.estimate(config, jobs, tmp_path, rates)
+    assert item.gpu_hours is None and "no measured rate" in item.note
+    assert planning.estimate(config, jobs, tmp_path, planning.RATES["h100"])[0].gpu_hours is None
