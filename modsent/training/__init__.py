@@ -6,7 +6,9 @@
 * :mod:`~modsent.training.seeding` — random streams that are pure functions of the step (a
   resumed run draws what an unbroken one draws);
 * :mod:`~modsent.training.schedules` — learning-rate schedules;
-* :mod:`~modsent.training.precision` — autocast on GPUs.
+* :mod:`~modsent.training.precision` — autocast on GPUs;
+* :mod:`~modsent.training.fastpath` — LoRA and frozen-Linear forwards with fewer kernels under
+  autocast, same parameters and results (the LoRA stages call ``speed_up`` on their model).
 
 Helpers take plain values (a model, an optimizer, numbers), never a stage's config object.
 The objectives are in :mod:`modsent.losses`.
