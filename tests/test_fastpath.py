@@ -134,11 +134,85 @@ def test_other_lora_states_go_through_peft_or_agree_with_it(case):
 
 
 def test_saved_adapter_is_unchanged(tmp_path):
+    from safetensors.torch import load_file
+
+    reference = tiny_lora_bert()
+    reference.save_pretrained(str(tmp_path / "peft"))
     model = tiny_lora_bert()
-    before = {k: v.clone() for k, v in model.state_dict().items()}
     fastpath.speed_up(model)
-    train_step(model)
-    assert model.state_dict().keys() == before.keys()
-    model.save_pretrained(str(tmp_path))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "adapter_config.json",
-                                                          "adapter_model.safetensors"]
+    train_step(model)  # forward and backward, no optimizer step: nothing may change
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        train_step(model)
+    assert model.state_dict().keys() == reference.state_dict().keys()
+    for key, value in reference.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
+    model.save_pretrained(str(tmp_path / "fast"))
+    assert sorted(p.name for p in (tmp_path / "fast").iterdir()) == ["README.md", "adapter_config.json",
+                                                                     "adapter_model.safetensors"]
+    saved, expected = (load_file(tmp_path / d / "adapter_model.safetensors") for d in ("fast", "peft"))
+    assert saved.keys() == expected.keys() and all(torch.equal(saved[k], expected[k]) for k in saved)
+
+
+@pytest.mark.parametrize("merge", ["merge_adapter", "merge_and_unload"])
+def test_a_merge_after_autocast_forwards_uses_the_merged_weights(merge):
+    """PEFT merges through .data, which keeps a tensor's version: the sped-up merge drops the
+    cached casts, so the merged model computes base + LoRA, not the stale base."""
+    ids, mask = batch()
+    reference = tiny_lora_bert().eval()
+    model = tiny_lora_bert().eval()
+    fastpath.speed_up(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)  # the casts are cached now
+        with reference.disable_adapter():
+            base_only = reference(input_ids=ids, attention_mask=mask).last_hidden_state
+        expected = getattr(reference, merge)()
+        expected = (expected if merge == "merge_and_unload" else reference)(input_ids=ids, attention_mask=mask)
+        merged = getattr(model, merge)()
+        merged = (merged if merge == "merge_and_unload" else model)(input_ids=ids, attention_mask=mask)
+    assert (expected.last_hidden_state - base_only).abs().max() > 0.1  # the adapter matters
+    torch.testing.assert_close(merged.last_hidden_state, expected.last_hidden_state, rtol=0, atol=0)
+
+
+def test_dropout_applies_under_autocast_in_training_only():
+    model = tiny_lora_bert(targets=["query", "value"])
+    fastpath.speed_up(model)
+    ids, mask = batch()
+    lora_dropouts = {id(d) for name, module in model.named_modules() if name.endswith("lora_dropout")
+                     for d in module.values()}
+    assert lora_dropouts
+    for module in model.modules():  # the body's own dropout off: what remains is LoRA's
+        if isinstance(module, nn.Dropout) and id(module) not in lora_dropouts:
+            module.p = 0.0
+    outputs = []
+    for training, seed in [(True, 3), (True, 3), (True, 4), (False, 3)]:
+        model.train(training)
+        torch.manual_seed(seed)
+        with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+            outputs.append(model(input_ids=ids, attention_mask=mask).last_hidden_state)
+    assert torch.equal(outputs[0], outputs[1])  # the same seed, the same masks
+    assert not torch.equal(outputs[0], outputs[2]) and not torch.equal(outputs[0], outputs[3])
+
+
+def test_lora_bias_and_inference_mode_fall_back_to_what_peft_computes():
+    config = transformers.BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=1,
+                                     num_attention_heads=4, intermediate_size=64)
+    torch.manual_seed(0)
+    model = get_peft_model(transformers.BertModel(config, add_pooling_layer=False),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["query"], lora_bias=True))
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            nn.init.normal_(param, std=0.5)
+    ids, mask = batch()
+    model.eval()
+    with torch.no_grad():
+        reference = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        fastpath.speed_up(model)
+        torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).last_hidden_state, reference,
+                                   rtol=0, atol=0)
+    # casts made in inference mode are not kept: training afterwards still works
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.inference_mode():
+            model(input_ids=ids, attention_mask=mask)
+        model.train()
+        model(input_ids=ids, attention_mask=mask).last_hidden_state.float().sum().backward()
+    assert all(p.grad is not None for name, p in model.named_parameters() if "lora_" in name)

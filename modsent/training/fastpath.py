@@ -21,9 +21,12 @@ of both are in how a frozen body with PEFT's LoRA runs under bf16 autocast:
   twice.
 
 Only the vanilla case is sped up: one active adapter, not merged, adapters enabled, no DoRA or
-other variant, no extra forward arguments; anything else goes through PEFT's own forward. The
-parameters, their names and the saved adapters are untouched; :func:`restore` removes the fast
-forwards. Used by the LA, SE, CLA and m-ST5 LoRA stages on every device.
+other variant or LoRA bias, no extra forward arguments; anything else goes through PEFT's own
+forward. The parameters, their names and the saved adapters are untouched; :func:`restore`
+removes the fast forwards (before pickling a module: the forwards are bound methods of this
+module's functions). A frozen weight changed through ``.data`` (which keeps its version) needs
+:func:`forget_casts`; PEFT's merge and unmerge of a sped-up layer call it. Used by the LA, SE,
+CLA and m-ST5 LoRA stages on every device.
 """
 
 from __future__ import annotations
@@ -57,10 +60,20 @@ def _cached_weights(module: nn.Linear, dtype: torch.dtype) -> tuple[torch.Tensor
     return cache[1]
 
 
+def forget_casts(model: nn.Module) -> None:
+    """Drop the cached casts of ``model``'s frozen weights. Changes through ``.data`` do not bump a
+    tensor's version, so code that changes frozen weights that way after :func:`speed_up` calls
+    this (PEFT's merge and unmerge of sped-up LoRA layers do it themselves)."""
+    for module in model.modules():
+        module.__dict__.pop("_modsent_cast", None)
+
+
 def _frozen_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     dtype = _autocast_dtype(x)
     frozen = not self.weight.requires_grad and (self.bias is None or not self.bias.requires_grad)
-    if dtype is None or not frozen or self.weight.dtype == dtype or not self.weight.is_floating_point():
+    if dtype is None or not frozen or self.weight.dtype == dtype or not self.weight.is_floating_point() \
+            or torch.is_inference_mode_enabled() or self.weight.is_inference():
+        # (a cast kept from inference mode could not be saved for a later backward)
         return F.linear(x, self.weight, self.bias)
     weight, bias = _cached_weights(self, dtype)
     return F.linear(x, weight, bias)
@@ -72,7 +85,7 @@ def _vanilla_adapter(layer) -> str | None:
         return None
     name = layer.active_adapters[0]
     if name not in layer.lora_A or name in getattr(layer, "lora_variant", {}) \
-            or getattr(layer, "use_dora", {}).get(name, False):
+            or getattr(layer, "use_dora", {}).get(name, False) or getattr(layer, "lora_bias", {}).get(name, False):
         return None
     if not getattr(layer, "cast_input_dtype_enabled", True):
         return None
@@ -98,6 +111,21 @@ def _lora_linear_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor
     return out.view(result.shape).to(result.dtype)
 
 
+def _merge(self, *args, **kwargs):
+    """PEFT's merge, then the base weight's cached cast is dropped (it changed through .data)."""
+    try:
+        return type(self).merge(self, *args, **kwargs)
+    finally:
+        forget_casts(self)
+
+
+def _unmerge(self, *args, **kwargs):
+    try:
+        return type(self).unmerge(self, *args, **kwargs)
+    finally:
+        forget_casts(self)
+
+
 def speed_up(model: nn.Module) -> int:
     """Give every PEFT LoRA ``Linear`` in ``model`` the fast forward and every frozen
     ``nn.Linear`` the cached-cast forward (module docstring); return how many modules changed.
@@ -112,6 +140,8 @@ def speed_up(model: nn.Module) -> int:
             continue
         if isinstance(module, LoraLinear):
             module.forward = types.MethodType(_lora_linear_forward, module)
+            module.merge = types.MethodType(_merge, module)
+            module.unmerge = types.MethodType(_unmerge, module)
         elif type(module) is nn.Linear:
             module.forward = types.MethodType(_frozen_linear_forward, module)
         else:
@@ -125,5 +155,5 @@ def restore(model: nn.Module) -> None:
     """Undo :func:`speed_up`: every module runs its class's forward again."""
     for module in model.modules():
         if module.__dict__.pop(_FAST, False):
-            module.__dict__.pop("forward", None)
-            module.__dict__.pop("_modsent_cast", None)
+            for name in ("forward", "merge", "unmerge", "_modsent_cast"):
+                module.__dict__.pop(name, None)
