@@ -45,11 +45,11 @@ bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever
 # the fast path's correctness tests on this GPU (their CUDA cases run only where there is one)
 bench tests 90 -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_optim.py
 bench mlm_throughput 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
-    --batch-size 128 --steps 10
+    --batch-size 128 --steps 10 --bf16-residual
 bench mlm_throughput_b64 90 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
     --batch-size 64 --steps 10
 bench pair_throughput 120 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
-    --batch-size 128 --steps 40 --warmup 10
+    --batch-size 128 --steps 40 --warmup 10 --bf16-residual
 bench pair_throughput_b256 120 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
     --batch-size 256 --steps 20 --warmup 5
 bench profile_steps 120 -m benchmarks.profile_steps --device cuda --steps 5 --top 12

@@ -55,6 +55,29 @@ def build(args):
     return model.to(args.device), vocab
 
 
+def _layer_norm_in_autocast_dtype(self, x):
+    kind = x.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+    with torch.autocast(kind, enabled=False):
+        return torch.nn.functional.layer_norm(x.to(dtype), self.normalized_shape, self.weight.to(dtype),
+                                              self.bias.to(dtype), self.eps)
+
+
+def low_precision_residual(model, on: bool) -> None:
+    """An experiment, not what modsent trains with: every LayerNorm returns autocast's dtype (bf16)
+    instead of fp32, so the residual stream, its adds, dropouts and casts run in bf16 (the
+    statistics are still accumulated in fp32 by the kernel). This is how a body held in bf16
+    runs; it changes the numerics. ``on=False`` undoes it."""
+    import types
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            if on:
+                module.forward = types.MethodType(_layer_norm_in_autocast_dtype, module)
+            else:
+                module.__dict__.pop("forward", None)
+
+
 VARIANTS = {  # name: (MLM head on the masked positions only, bf16 autocast, fused AdamW, fast LoRA)
     "masked, bf16, fused, fast": (True, True, True, True),
     "masked, bf16, fused": (True, True, True, False),
@@ -84,6 +107,9 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--compile", action="store_true",
                         help="also time modsent's step with the encoder under torch.compile (GPU)")
+    parser.add_argument("--bf16-residual", action="store_true",
+                        help="also time modsent's step with the residual stream in bf16 (an experiment: "
+                             "other numerics; see low_precision_residual)")
     args = parser.parse_args()
     if args.compile and len(args.seq_len) > 1:
         parser.error("--compile compiles the encoder in place: give one --seq-len")
@@ -94,6 +120,8 @@ def main() -> None:
     cuda = args.device.startswith("cuda")
     variants = dict(VARIANTS) if cuda else {name: VARIANTS[name] for name in
                                             ("masked, fp32, fast", "masked, fp32", "full head, fp32")}
+    if args.bf16_residual and cuda:
+        variants["masked, bf16, fused, fast, bf16 residual"] = (True, True, True, True)
     if args.compile and cuda:  # last: it compiles the encoder in place
         variants["masked, bf16, fused, fast, compiled"] = (True, True, True, True)
     name_gpu = torch.cuda.get_device_name() if cuda else "CPU"
@@ -115,6 +143,7 @@ def main() -> None:
                 fastpath.speed_up(model)
             else:
                 fastpath.restore(model)
+            low_precision_residual(model, name.endswith("bf16 residual"))
             if name.endswith("compiled"):
                 # the encoder itself (mlm_loss calls it directly, then the head on the masked
                 # positions); a torch.compile wrapper around the whole model would be bypassed

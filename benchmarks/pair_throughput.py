@@ -104,6 +104,8 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def main() -> None:
     from modsent.losses import MultipleNegativesRankingLoss
     from modsent.training import fastpath
+
+    from benchmarks.mlm_throughput import low_precision_residual
     from modsent.training.optim import fused_options
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -116,6 +118,9 @@ def main() -> None:
     parser.add_argument("--pad-multiple", type=int, default=8, help="pad each batch to a multiple of this")
     parser.add_argument("--group", type=int, default=8, help="batches per length-sorted pool")
     parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--bf16-residual", action="store_true",
+                        help="also time 'bf16, random, fast' with the residual stream in bf16 (an experiment: "
+                             "other numerics; mlm_throughput.low_precision_residual)")
     parser.add_argument("--compile", action="store_true",
                         help="also time 'bf16, random' with the encoder under torch.compile")
     args = parser.parse_args()
@@ -138,6 +143,8 @@ def main() -> None:
     if not cuda:
         variants = {"fp32, random": (False, 1, False), "fp32, random, fast": (False, 1, True),
                     "fp32, grouped": (False, args.group, False)}
+    if args.bf16_residual and cuda:
+        variants["bf16, fast, bf16 res."] = (True, 1, True)
     compiled = None
     if args.compile:
         variants["bf16, fast, compiled"] = (cuda, 1, True)
@@ -151,6 +158,7 @@ def main() -> None:
                     fastpath.speed_up(model)
                 else:
                     fastpath.restore(model)
+                low_precision_residual(model, name.endswith("bf16 res."))
                 net = compiled if name.endswith("compiled") else model
                 optimizer = torch.optim.AdamW(trainable, lr=2e-5, **(fused_options(trainable) if bf16 else {}))
                 autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and cuda
