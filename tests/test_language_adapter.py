@@ -52,6 +52,26 @@ def test_pack_sequences_wastes_nothing_on_padding(inputs):
     for ids in tok(lines, add_special_tokens=False)["input_ids"]:
         stream += ids + [tok.sep_token_id]
     assert body == stream[: len(body)]  # the token stream, in order
+    assert len(stream) - len(body) < 30  # only the last partial sequence is dropped
+    # tokenised in chunks (here of 7 lines, so that chunks end mid-sequence): the same sequences
+    chunked = la.pack_sequences(lines, tok, 32, chunk_lines=7)
+    assert chunked.dtype == torch.long and torch.equal(chunked, packed)
+    # the Rust tokenizer (used directly when there is one) and the Python wrapper give the same ids
+
+    class WrapperOnly:
+        sep_token_id, cls_token_id, pad_token_id = tok.sep_token_id, tok.cls_token_id, tok.pad_token_id
+
+        def __call__(self, *args, **kwargs):
+            return tok(*args, **kwargs)
+
+    assert torch.equal(la.pack_sequences(lines, WrapperOnly(), 32, chunk_lines=50), packed)
+    # empty lines carry no separator; a corpus shorter than one sequence is padded to one
+    assert torch.equal(la.pack_sequences(["", *lines[:1], ""], tok, 32, chunk_lines=1),
+                       la.pack_sequences(lines[:1], tok, 32))
+    short = la.pack_sequences(lines[:1], tok, 256)
+    assert short.shape == (1, 256) and (short == tok.pad_token_id).any()
+    with pytest.raises(InputError, match="no tokens"):
+        la.pack_sequences(["", ""], tok, 32)
 
 
 def test_masking_follows_bert(inputs):
