@@ -128,9 +128,10 @@ def pack_sequences(lines: list[str], tokenizer, seq_len: int, *, chunk_lines: in
     exactly ``seq_len`` (``cls ... sep``): no position is padding, so no compute is wasted on it.
     The last partial sequence is dropped unless it is the only one.
 
-    The lines are tokenised ``chunk_lines`` at a time into one int32 stream (4 bytes a token, where
-    Python's lists of ints took about 40: the paper's 10M sentences are ~300M tokens), then cut;
-    the sequences are int64, as the model and the loss take them."""
+    The lines are tokenised ``chunk_lines`` at a time by the Rust tokenizer into one int32 stream
+    (4 bytes a token; the Python wrapper's lists over the whole corpus took ~2 GiB per 1M lines,
+    benchmarks/pack_corpus.py), then cut; the sequences are int64, as the model and the loss
+    take them."""
     import itertools
 
     import numpy as np
