@@ -24,6 +24,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from modsent import layout
 from modsent.io import InputError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -96,24 +97,23 @@ def planned_jobs(configfile: str | Path, directory: str | Path, snakefile: Path 
     return jobs
 
 
-def _pairs(directory: Path, lang: str) -> tuple[int, bool]:
-    """The language's paraphrase pairs in ``directory`` (counted), else the paper's (assumed)."""
-    path = directory / "results" / "paraphrase" / f"{lang}.parquet"
+def _rows(path: Path, assumed: int) -> tuple[int, bool]:
+    """(rows of the parquet file at ``path``, True) when it is prepared, else (``assumed``, False)."""
     if path.is_file():
         import pyarrow.parquet as pq
 
         return pq.ParquetFile(path).metadata.num_rows, True
-    return PAPER_PAIRS, False
+    return assumed, False
+
+
+def _pairs(directory: Path, lang: str) -> tuple[int, bool]:
+    """The language's paraphrase pairs in ``directory`` (counted), else the paper's (assumed)."""
+    return _rows(directory / layout.PAIRS.format(lang=lang), PAPER_PAIRS)
 
 
 def _translation_units(directory: Path) -> tuple[int, bool]:
     """The English sentences to translate (counted when prepared), else twice the paper's pairs."""
-    path = directory / "results" / "translation" / "units.parquet"
-    if path.is_file():
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(path).metadata.num_rows, True
-    return 2 * PAPER_PAIRS, False
+    return _rows(directory / layout.TRANSLATION_UNITS, 2 * PAPER_PAIRS)
 
 
 def translation_size(model: str) -> str | None:
