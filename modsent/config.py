@@ -307,13 +307,21 @@ def local_path_errors(config: dict) -> list[str]:
 def local_source_files(spec, **fill: str) -> list[str]:
     """The files of a ``local:PATH`` source (``spec``: the string, or a mapping with a
     ``source``), ``{lang}``/``{subset}`` filled in from ``fill``: the file itself, or every file
-    under the directory (hidden ones left out), sorted. The rule that reads the source declares
-    them as inputs, so editing one in place reruns it; [] for other sources and missing paths
-    (those are reported by the config checks)."""
+    under the directory (hidden ones left out), sorted; for ``builtin:debian``, the installed
+    gettext catalogs it reads (of ``fill``'s ``lang``, else of every language it supports). The
+    rule that reads the source declares them as inputs, so editing one in place (or a package
+    upgrade) reruns it; [] for other sources and missing paths (those are reported by the
+    config checks)."""
     import os
 
     if isinstance(spec, dict):
         spec = spec.get("source")
+    if spec == "builtin:debian":
+        from modsent.sources import builtin_catalogs
+
+        languages = [fill["lang"]] if "lang" in fill else builtin_catalogs.SUPPORTED_LANGUAGES
+        return sorted(str(path) for files in builtin_catalogs.debian_catalog_files(languages).values()
+                      for path in files.values())
     if not isinstance(spec, str) or not spec.startswith("local:"):
         return []
     path = spec.split(":", 1)[1]

@@ -124,13 +124,7 @@ def paraphrase_local_files(wildcards):
 
 
 def provided_translation_local_files(wildcards):
-    spec = config["translation"]["provided"]
-    if spec == "builtin:debian":  # the installed catalogs: a package upgrade reruns the language
-        from modsent.sources.builtin_catalogs import debian_catalog_files
-
-        return sorted(str(path) for files in debian_catalog_files([wildcards.lang]).values()
-                      for path in files.values())
-    return modsent_config.local_source_files(spec, lang=wildcards.lang)
+    return modsent_config.local_source_files(config["translation"]["provided"], lang=wildcards.lang)
 
 
 def base_model_local_files(wildcards):

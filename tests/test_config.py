@@ -300,6 +300,27 @@ def test_local_inputs_that_do_not_exist_are_errors_naming_the_key(tmp_path):
     assert f"paraphrases.mine.source: local file '{tmp_path / 'pairs.parquet'}' does not exist" in message
 
 
+def test_the_installed_debian_catalogs_are_the_inputs_of_builtin_debian(tmp_path, monkeypatch):
+    """A rule reading `builtin:debian` declares the catalogs of its language as inputs, so a
+    package upgrade (a changed .mo file) reruns that language's job and no other."""
+    from modsent.config import local_source_files
+    from modsent.sources import builtin_catalogs
+
+    for locale in ("de", "zh_CN"):
+        (tmp_path / locale / "LC_MESSAGES").mkdir(parents=True)
+        (tmp_path / locale / "LC_MESSAGES" / "tar.mo").write_bytes(b"")
+    (tmp_path / "de" / "LC_MESSAGES" / "grep.mo").write_bytes(b"")
+    monkeypatch.setattr(builtin_catalogs, "DEBIAN_LOCALE_ROOT", tmp_path)
+    assert local_source_files("builtin:debian", lang="de") == sorted(
+        str(tmp_path / "de" / "LC_MESSAGES" / f"{domain}.mo") for domain in ("grep", "tar"))
+    assert local_source_files("builtin:debian", lang="zh") == [str(tmp_path / "zh_CN" / "LC_MESSAGES" / "tar.mo")]
+    assert local_source_files("builtin:debian", lang="ky") == []
+    every = local_source_files({"source": "builtin:debian"})  # no language: every supported one
+    assert every == sorted(str(tmp_path / locale / "LC_MESSAGES" / f"{domain}.mo")
+                           for locale, domain in [("de", "grep"), ("de", "tar"), ("zh_CN", "tar")])
+    assert local_source_files("builtin", lang="de") == []
+
+
 def test_check_config_and_a_dry_run_stop_at_a_missing_local_corpus(tmp_path):
     from modsent.cli import main
 
