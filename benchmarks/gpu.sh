@@ -27,7 +27,7 @@ GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za
 
 # BENCHMARKS="name ..." runs only those (default: all, in this order); DEADLINE=SECONDS stops
 # starting benchmarks that would outlast it (each one's limit is cut to what is left).
-WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_b64 pair_throughput pair_throughput_b256 profile_steps mexma_throughput translation_speed translation_speed_3.3B} "
+WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_b64 pair_throughput pair_throughput_b256 profile_steps mexma_throughput translation_speed translation_batching translation_speed_3.3B} "
 DEADLINE="${DEADLINE:-100000}"
 
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever happens
@@ -68,5 +68,9 @@ if ! "$PY" -c 'import ctypes; ctypes.CDLL("libcublas.so.12")' 2>/dev/null; then
 fi
 bench translation_speed 200 benchmarks/translation_speed.py --size 600M --device cuda --units 512 \
     --batch-size 64 --tokens 32 --ct2-compute-types bfloat16,int8_bfloat16
+# translation.batch_tokens: a token budget beside the fixed 64 sentences, each batch generating
+# as many tokens as its longest source
+bench translation_batching 200 benchmarks/translation_speed.py --size 600M --device cuda --units 1024 \
+    --batch-size 64 --batch-tokens 4096 --max-sentences 256 --tokens source --ct2-compute-types bfloat16
 bench translation_speed_3.3B 300 benchmarks/translation_speed.py --size 3.3B --device cuda --units 512 \
     --batch-size 64 --tokens 32 --ct2-compute-types bfloat16,int8_bfloat16

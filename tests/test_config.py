@@ -237,7 +237,8 @@ def test_runtime_and_selection_keys_never_reach_the_params():
     roles = key_roles()
     for key in ("language_adapter.gpus", "language_adapter.checkpoint_every", "language_adapter.log_every",
                 "sentence_adapter.checkpoint_every", "alignment.log_every", "baselines.gpus",
-                "translation.checkpoint_every", "evaluation.batch_size", "fasttext.threads", "resources"):
+                "translation.checkpoint_every", "translation.batch_tokens", "evaluation.batch_size",
+                "fasttext.threads", "resources"):
         assert roles[key] == RUNTIME, key
     for key in ("alignment.merge_weights", "baselines.full", "baselines.ablations", "evaluation.variants"):
         assert roles[key] == SELECTION, key

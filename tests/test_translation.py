@@ -226,6 +226,71 @@ def test_length_sorted_batches_come_back_in_input_order(root, units, monkeypatch
     assert [len(b) for b in stub.batches] == [4] * 7 + [2]
 
 
+def _brute_force_batches(lengths, batch_size, batch_tokens):
+    """The definition, one sentence at a time: a batch takes the next sentence of the
+    longest-first order while its sentences times its longest stay within the budget."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for i in order:
+        if batches:
+            last = batches[-1]
+            longest = max(lengths[j] for j in last + [i])
+            if len(last) < batch_size and (batch_tokens is None or (len(last) + 1) * longest <= batch_tokens):
+                last.append(i)
+                continue
+        batches.append([i])
+    return batches
+
+
+@pytest.mark.parametrize("batch_tokens", [None, 1, 40, 96, 500, 10_000])
+def test_length_batches_follow_the_token_budget(batch_tokens):
+    generator = torch.Generator().manual_seed(batch_tokens or 0)
+    lengths = torch.randint(1, 60, (200,), generator=generator).tolist()
+    batches = T.length_batches(lengths, batch_size=16, batch_tokens=batch_tokens)
+    assert batches == _brute_force_batches(lengths, 16, batch_tokens)
+    assert sorted(i for b in batches for i in b) == list(range(200))
+    for batch in batches:
+        padded = len(batch) * max(lengths[i] for i in batch)
+        assert len(batch) <= 16 and (batch_tokens is None or padded <= batch_tokens or len(batch) == 1)
+    if batch_tokens is None:
+        assert [len(b) for b in batches] == [16] * 12 + [8]
+    elif batch_tokens == 500:  # more short sentences per batch than long ones
+        assert len(batches[0]) < len(batches[-2]) == 16
+    # a resumed run sees the order without its finished batches: the same remaining batches
+    for done in (1, 5):
+        finished = {i for b in batches[:done] for i in b}
+        rest = [i for i in range(200) if i not in finished]
+        again = T.length_batches([lengths[i] for i in rest], batch_size=16, batch_tokens=batch_tokens)
+        assert [[rest[i] for i in b] for b in again] == batches[done:]
+
+
+def test_padding_fraction_counts_the_padded_positions():
+    lengths = [4, 2, 3, 1]
+    assert T.padding_fraction(lengths, [[0, 1], [2, 3]]) == pytest.approx(1 - 10 / (2 * 4 + 2 * 3))
+    assert T.padding_fraction(lengths, [[0], [1], [2], [3]]) == 0
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 60, (500,), generator=generator).tolist()
+    fixed = T.padding_fraction(lengths, T.length_batches(lengths, batch_size=64))
+    shuffled = T.padding_fraction(lengths, [list(range(k, min(k + 64, 500))) for k in range(0, 500, 64)])
+    assert 0 < fixed < shuffled  # sorting by length leaves less padding than input order
+
+
+def test_token_budget_batches_in_translate_shard(root, units, monkeypatch):
+    stub = UpperCaseTranslator()
+    monkeypatch.setattr(T, "load_translator", lambda *a, **k: stub)
+    path, frame = units
+    out = T.translate_shard(path, root / "stub-tokens.parquet", engine="transformers",
+                            model="facebook/nllb-200-3.3B", tgt_lang="de", batch_size=30, batch_tokens=600)
+    result = pd.read_parquet(out)
+    assert list(result["translation"]) == [t.upper() for t in frame["text"]]
+    sizes = [len(b) for b in stub.batches]
+    assert all(len(b) * b[0] <= 600 or len(b) == 1 for b in stub.batches)
+    assert sizes[0] < max(sizes) and sum(sizes) == len(frame)  # short sentences fill larger batches
+    with pytest.raises(InputError, match="batch_tokens must be a positive integer or None"):
+        T.translate_shard(path, root / "bad.parquet", engine="transformers", model="facebook/nllb-200-3.3B",
+                          tgt_lang="de", batch_tokens=0)
+
+
 def test_real_model_output_matches_unit_by_unit_translation(nllb, units, reference):
     """Each row is the translation of its own unit (not of a neighbour in the sorted batch)."""
     _, frame = units
@@ -299,6 +364,32 @@ def test_resume_after_an_exception_keeps_every_finished_batch(root, nllb, units,
     assert set(first) | set(second) == set(frame["unit_id"])
     pd.testing.assert_frame_equal(pd.read_parquet(out), reference)
     assert not T.partial_dir(out).exists()
+
+
+def test_resume_with_a_token_budget(root, nllb, units, reference, monkeypatch):
+    """Token-budget batches of a real model: a crash after two batches, a rerun that translates
+    the rest in the batches an uninterrupted run forms; the same translations as fixed batches."""
+    path, frame = units
+    out = root / "crash-tokens.parquet"
+    common = dict(engine="transformers", model=nllb, tgt_lang="de", batch_size=16, batch_tokens=64,
+                  checkpoint_every=1, **OPTIONS)
+    first: list[list[str]] = []
+
+    def crash_at_batch_2(ids):
+        first.append(ids)
+        if len(first) == 2:
+            raise Crash
+
+    with pytest.raises(Crash):
+        T.translate_shard(path, out, on_batch=crash_at_batch_2, **common)
+    calls = _count_translated(monkeypatch)
+    T.translate_shard(path, out, **common)
+    translator = T.load_translator("transformers", nllb, src_lang="en", tgt_lang="de", **OPTIONS)
+    lengths = [len(s) for s in translator.encode(frame["text"].tolist())]
+    expected = [len(b) for b in T.length_batches(lengths, batch_size=16, batch_tokens=64)]
+    assert [len(b) for b in first] == expected[:2] and calls == expected[2:]
+    assert max(expected) > min(expected[:-1])  # the budget, not batch_size, made the batches
+    pd.testing.assert_frame_equal(pd.read_parquet(out), reference)
 
 
 def test_sigterm_saves_finished_batches(root, nllb, units, reference, monkeypatch):

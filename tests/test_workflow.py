@@ -386,7 +386,7 @@ def test_machine_translation_path_scatters_and_gathers(tmp_path):
     config = yaml.safe_load(CONFIG.read_text())
     config["languages"] = ["en", "ky"]
     config["translation"] = {"engine": "transformers", "model": f"local:{model}", "shards": 2,
-                             "batch_size": 16, "beam_size": 1, "max_length": 8}
+                             "batch_size": 16, "batch_tokens": 64, "beam_size": 1, "max_length": 8}
     config["alignment"]["provided_translations"] = False  # no provided translations here
     path = tmp_path / "mt.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -399,6 +399,7 @@ def test_machine_translation_path_scatters_and_gathers(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     shards = sorted(p.name for p in (workdir / "results/translation/ky/shards").iterdir())
     assert shards == ["1-of-2.parquet", "2-of-2.parquet"]
+    assert "at most 16 sentences and 64 padded tokens" in (workdir / "logs/translation/ky/1-of-2.log").read_text()
     units = pd.read_parquet(workdir / "results/translation/units.parquet")
     ky = pd.read_parquet(workdir / "results/translation/ky.parquet")
     assert sorted(ky["unit_id"]) == sorted(units["unit_id"])

@@ -7,7 +7,7 @@ from modsent.data.translation import translate_shard
 
 start_job(snakemake)
 torch.set_num_threads(snakemake.threads)
-# batch_size and checkpoint_every say how the job runs: read from the config, not the params
+# batch_size, batch_tokens and checkpoint_every say how the job runs: read from the config, not the params
 settings = {**snakemake.params.settings, **runtime_settings(snakemake.config, "translation")}
 index, total = (int(x) for x in snakemake.wildcards.scatteritem.split("-of-"))
 engine = settings["engine"]
@@ -21,6 +21,7 @@ translate_shard(
     tokenizer=None,  # transformers: the checkpoint's own; ctranslate2: saved with the conversion
     tgt_lang=snakemake.wildcards.lang,
     batch_size=settings["batch_size"],
+    batch_tokens=settings["batch_tokens"],
     beam_size=settings["beam_size"],
     max_length=settings["max_length"],
     compute_type=settings["compute_type"],

@@ -21,7 +21,11 @@ Both encode the source with the checkpoint's own tokenizer, as the model was tra
 force the target language token as the first generated token (``forced_bos_token_id`` with
 transformers, ``target_prefix`` with CTranslate2, as CTranslate2's NLLB/M2M100 guide does). Batches
 are sorted by source length (longest first, so a batch that does not fit in memory fails at
-once) and the results put back in input order.
+once) and the results put back in input order. A batch holds a fixed number of sentences, or,
+with a token budget (:func:`length_batches`), as many as fit: many short sentences or a few
+long ones, both engines alike. The budget counts source tokens only: the last batches, short
+sentences in the largest numbers, also hold ``beam_size`` hypotheses per sentence, so
+``batch_size`` still caps their sentences.
 
 Resumption. :func:`translate_shard` appends finished batches to parquet parts in
 ``<out_path>.partial/`` (each part written atomically); a rerun after a crash, a time limit or a
@@ -622,6 +626,7 @@ def translate_shard(
     shard: int | None = None,
     n_shards: int | None = None,
     batch_size: int = 64,
+    batch_tokens: int | None = None,
     beam_size: int = 4,
     max_length: int = 256,
     max_input_length: int = 512,
@@ -637,12 +642,14 @@ def translate_shard(
     order. With ``shard``/``n_shards`` only that shard of the file's units is translated
     (:func:`shard_units`). Engines, models and options: :func:`load_translator`.
 
-    Units are sorted by source length (longest first) and translated ``batch_size`` at a time.
+    Units are sorted by source length (longest first) and translated in batches of at most
+    ``batch_size`` sentences and, with ``batch_tokens``, at most that many padded source tokens
+    (:func:`length_batches`): short sentences then fill larger batches than long ones.
     Every ``checkpoint_every`` batches — and whenever the run stops on an exception or SIGTERM —
     the finished batches go to a new part in ``<out_path>.partial/``; a rerun with the same
     model, languages, ``beam_size``, ``max_length`` and ``max_input_length`` skips every unit a
     part holds (batch size, device and compute type may change between runs: after an
-    out-of-memory error, rerun with a smaller batch). ``on_batch`` is called with the unit ids of
+    out-of-memory error, rerun with smaller batches). ``on_batch`` is called with the unit ids of
     each finished batch (progress reporting; tests raise from it to simulate a crash).
 
     Languages are checked before anything is loaded (:func:`check_languages`). A shard with no
@@ -653,6 +660,9 @@ def translate_shard(
                         ("max_input_length", max_input_length), ("checkpoint_every", checkpoint_every)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise InputError(f"{name} must be a positive integer, not {value!r}")
+    if batch_tokens is not None and (not isinstance(batch_tokens, int) or isinstance(batch_tokens, bool)
+                                     or batch_tokens < 1):
+        raise InputError(f"batch_tokens must be a positive integer or None, not {batch_tokens!r}")
     check_languages(engine, tokenizer or model, [src_lang, tgt_lang])
     units = read_units(units_path)
     if shard is not None or n_shards is not None:
@@ -679,7 +689,7 @@ def translate_shard(
             partial.mkdir(parents=True)
             with atomic_open(partial / "settings.json") as handle:
                 json.dump(settings, handle, indent=2)
-        _translate_todo(translator, todo, partial, batch_size=batch_size,
+        _translate_todo(translator, todo, partial, batch_size=batch_size, batch_tokens=batch_tokens,
                         checkpoint_every=checkpoint_every, on_batch=on_batch, done=done)
 
     missing = [uid for uid in units["unit_id"] if uid not in done]
@@ -692,18 +702,47 @@ def translate_shard(
     return out_path
 
 
+def length_batches(lengths: Sequence[int], *, batch_size: int, batch_tokens: int | None = None) -> list[list[int]]:
+    """Positions of ``lengths`` in generation batches: longest first (stable: ties keep their
+    order), each batch at most ``batch_size`` sentences and, with ``batch_tokens``, at most
+    ``batch_tokens`` padded tokens (its sentences times its longest, the first); a sentence
+    longer than ``batch_tokens`` goes alone.
+
+    Batches are cut greedily from the front, so the batches of the order without its first k
+    batches are the remaining batches: a resumed run forms the batches an uninterrupted run would.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches, start = [], 0
+    while start < len(order):
+        size = batch_size
+        if batch_tokens is not None:
+            size = min(size, max(1, batch_tokens // max(1, lengths[order[start]])))
+        batches.append(order[start:start + size])
+        start += size
+    return batches
+
+
+def padding_fraction(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> float:
+    """Share of the padded source tokens of ``batches`` that are padding."""
+    padded = sum(len(batch) * max(lengths[i] for i in batch) for batch in batches if batch)
+    return 1 - sum(lengths[i] for batch in batches for i in batch) / padded if padded else 0.0
+
+
 def _translate_todo(translator: Translator, todo: pd.DataFrame, partial: Path, *, batch_size: int,
-                    checkpoint_every: int, on_batch, done: dict[str, str]) -> None:
+                    batch_tokens: int | None, checkpoint_every: int, on_batch, done: dict[str, str]) -> None:
     ids = todo["unit_id"].tolist()
     sources = translator.encode(todo["text"].tolist())
     truncated = sum(len(s) >= translator.max_input_length for s in sources)
     if truncated:
         log.warning("%d sources reach max_input_length=%d tokens and are cut there", truncated,
                     translator.max_input_length)
-    # Longest first (stable: ties keep input order). A resumed run sees the same order minus
-    # whole finished batches, so it forms the same remaining batches as an uninterrupted run.
-    order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    # A resumed run sees the same order minus whole finished batches, so it forms the same
+    # remaining batches as an uninterrupted run (length_batches).
+    lengths = [len(s) for s in sources]
+    batches = length_batches(lengths, batch_size=batch_size, batch_tokens=batch_tokens)
+    log.info("%d batches of at most %d sentences%s; padding: %.1f%% of source tokens", len(batches),
+             batch_size, f" and {batch_tokens} padded tokens" if batch_tokens else "",
+             100 * padding_fraction(lengths, batches))
     existing = _part_paths(partial)
     next_part = int(existing[-1].stem.split("-")[1]) + 1 if existing else 0
     pending: list[tuple[str, str]] = []
