@@ -20,6 +20,8 @@ ROLE_KEY = "x-role"
 # other value is part of them.
 OMIT_DEFAULT_KEY = "x-omit-default"
 RUNTIME, SELECTION = "runtime", "selection"
+# $defs/precision's values (modsent.training.precision says what each runs)
+PRECISIONS = ("auto", "fp16", "fp32")
 
 
 @functools.cache
@@ -31,6 +33,12 @@ def _load(path: str) -> dict:
 def load_schema(path: str | Path = SCHEMA_PATH) -> dict:
     """The schema as a dict (a fresh copy: callers may change it)."""
     return copy.deepcopy(_load(str(path)))
+
+
+def precision_property() -> dict:
+    """A method's ``precision`` key (modsent.methods): the workflow schema's ``$defs/precision``
+    (modsent.training.precision), default ``auto``."""
+    return {**copy.deepcopy(load_schema()["$defs"]["precision"]), "default": "auto"}
 
 
 def resolve(node: dict, schema: dict) -> dict:

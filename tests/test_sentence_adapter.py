@@ -307,6 +307,32 @@ def test_killed_job_resumes_from_its_last_checkpoint(inputs, tmp_path):
     assert_resumed_equals_straight(straight, resumed, expected, metrics, "adapter_model.safetensors")
 
 
+def test_fp16_scales_the_loss_checkpoints_the_scale_and_resumes(inputs, tmp_path, monkeypatch):
+    """precision fp16, forced on the CPU as a GPU without bf16 runs it: the stage trains through
+    the loss scaler, keeps its scale in the checkpoint, resumes to the unbroken run's adapter,
+    and its losses stay within fp16's rounding of fp32's."""
+    from modsent.training import precision
+
+    resolve = precision.resolve
+    monkeypatch.setattr(precision, "resolve", lambda device, name="auto": "fp16" if name == "fp16" else resolve(device, name))
+    torch.set_num_threads(1)
+    cfg = sa.SentenceAdapterConfig(**{**RESUME_CFG.__dict__, "precision": "fp16"})
+    train = dict(device="cpu", progress=False)
+    expected = sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], tmp_path / "straight", cfg, **train)
+    _kill_midway(inputs, tmp_path / "resumed", cfg, die_at=5)
+    meta = json.loads((tmp_path / "resumed.checkpoint" / "meta.json").read_text())
+    # the first steps overflowed once at 2^16, so the scale a resumed run starts from matters
+    assert meta["step"] == 3 and meta["scaler"]["scale"] == 2.0 ** 15
+    metrics = sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], tmp_path / "resumed", cfg, **train)
+    assert metrics["resumed_from_step"] == 3
+    assert_resumed_equals_straight(tmp_path / "straight", tmp_path / "resumed", expected, metrics,
+                                   "adapter_model.safetensors")
+    full = sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], tmp_path / "fp32", RESUME_CFG, **train)
+    assert expected["loss_first"] != full["loss_first"]  # fp16 really ran
+    assert abs(expected["loss_first"] - full["loss_first"]) < 0.02 * full["loss_first"]
+    assert abs(expected["loss_last"] - full["loss_last"]) < 0.05 * full["loss_last"]
+
+
 def test_checkpoint_of_other_settings_or_inputs_is_not_resumed(inputs, tmp_path):
     torch.set_num_threads(1)
     out = tmp_path / "de"

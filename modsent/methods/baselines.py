@@ -78,7 +78,7 @@ from modsent.training import checkpoints, schedules
 from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import no_duplicate_batches, read_pairs, split_heldout, steps_of_epochs
-from modsent.training.precision import autocast
+from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed
 
 log = logging.getLogger(__name__)
@@ -431,10 +431,11 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
     def evaluate():
         return _heldout_accuracies(model, heldout, pivot, eval_batch, cfg.precision)
 
+    scaler = grad_scaler(device, cfg.precision)  # fp16: the loss scaler; else a pass-through
     fingerprint, resumed = None, None
     if checkpoint_dir is not None:
         fingerprint = training_fingerprint(name, cfg, start_dir, {lang: pairs_paths[lang] for lang in langs})
-        resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint)
+        resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint, scaler)
     start = resumed["step"] if resumed else 0
     if resumed is not None:
         mono_before, cross_before = resumed["accuracy_before"]
@@ -453,13 +454,13 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
         with autocast(device, cfg.precision):
             loss = gathered_batch_loss(model, loss_fn, data.rows.iloc[batch], rank, world)
         if loss.requires_grad:  # a process with no text in a tiny batch has no share of the gradient
-            (loss * world).backward()
+            scaler.scale(loss * world).backward()
         distributed.average_gradients(trainable)
-        optimizer_step(optimizer, trainable, cfg.max_grad_norm)
+        optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
         log_.record(step, loss.item(), lr, len(batch))
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
-                                        log_.state(accuracy_before=[mono_before, cross_before]))
+                                        log_.state(accuracy_before=[mono_before, cross_before]), scaler)
         if on_step is not None:
             on_step(step + 1)
     losses, history, pairs_seen, elapsed = log_.close()

@@ -72,7 +72,7 @@ from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training import schedules
 from modsent.training.pairs import PAIR_TEXT_COLUMNS, batches_of_steps, no_duplicate_batches, split_heldout
-from modsent.training.precision import autocast
+from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed
 
 log = logging.getLogger(__name__)
@@ -459,8 +459,9 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
         return heldout_diagnostics(model, english, heldout["anchor"].tolist(), heldout["positive"].tolist(),
                                    batch_size=eval_batch, precision=cfg.precision)
 
+    scaler = grad_scaler(device, cfg.precision)  # fp16: the loss scaler; else a pass-through
     fingerprint = cfg.fingerprint(kind, base_model_dir, la_dir, se_dir, data, *english_files)
-    resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint)
+    resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint, scaler)
     start = resumed["step"] if resumed else 0
     before = resumed["heldout_before"] if resumed and "heldout_before" in resumed else evaluate()
     log_ = TrainingLog(total_steps, start, f"CLA {kind} {language}", progress, cfg.log_every, resumed)
@@ -472,12 +473,12 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
         torch.manual_seed(dropout_seed(step, cfg.seed))
         with autocast(device, cfg.precision):
             loss = batch_loss(kind, model, english, train.iloc[batch], cfg.scale)
-        loss.backward()
-        optimizer_step(optimizer, trainable, cfg.max_grad_norm)
+        scaler.scale(loss).backward()
+        optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
         log_.record(step, loss.item(), lr, len(batch))
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
-                                        log_.state(heldout_before=before))
+                                        log_.state(heldout_before=before), scaler)
         if on_step is not None:
             on_step(step + 1)
     losses, history, pairs_seen, elapsed = log_.close()

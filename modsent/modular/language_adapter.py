@@ -43,9 +43,9 @@ from modsent.io import InputError, atomic_path, check_model_files, iter_utf8_lin
 from modsent.losses import MaskedLanguageModelingLoss, mlm_parts
 from modsent.training import fastpath, schedules, tracking
 from modsent.training.checkpoints import load_checkpoint, save_checkpoint
-from modsent.training.loop import report_step
+from modsent.training.loop import optimizer_step, report_step
 from modsent.training.optim import adamw, fused_options
-from modsent.training.precision import autocast
+from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed, step_generator
 from modsent.training.tracking import Tracker
 from modsent.evaluation.plots import write_before_after_bars, write_loss_curve
@@ -355,6 +355,7 @@ def warm_up_head(model, train: torch.Tensor, tokenizer, cfg: LanguageAdapterConf
     for p in frozen:
         p.requires_grad_(False)
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, **fused_options(params))
+    scaler = grad_scaler(device, cfg.precision)
     model.train()
     for i in range(cfg.head_warmup_steps):
         step = cfg.steps + i  # batches the LA's own steps do not use in the same epoch order
@@ -363,8 +364,9 @@ def warm_up_head(model, train: torch.Tensor, tokenizer, cfg: LanguageAdapterConf
                                      step_generator(step, cfg.seed + 1))
         with autocast(device, cfg.precision):
             loss = mlm_loss(model, inputs.to(device), labels.to(device))
-        loss.backward()
-        optimizer.step()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
         optimizer.zero_grad(set_to_none=True)
     for p in frozen:
         p.requires_grad_(True)
@@ -437,7 +439,8 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
     fingerprint = cfg.fingerprint(Path(tokenizer_dir) / "tokenizer.json",
                                   Path(embeddings_dir) / EMBEDDINGS_NAME, corpus_path)
     step, history = 0, []
-    resumed = load_checkpoint(checkpoint_dir, model, optimizer, fingerprint)
+    scaler = grad_scaler(device, cfg.precision)  # fp16: the loss scaler; else a pass-through
+    resumed = load_checkpoint(checkpoint_dir, model, optimizer, fingerprint, scaler)
     if resumed is not None:
         step, history = resumed
         loss_before = history.pop(0)[1] if history and history[0][0] == "before" else None
@@ -471,16 +474,14 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
         if world == 1:
             with autocast(device, cfg.precision):
                 loss = mlm_loss(model, inputs.to(device), labels.to(device))
-            loss.backward()
+            scaler.scale(loss).backward()
         else:
             torch.manual_seed(dropout_seed(step, cfg.seed, rank))
             with autocast(device, cfg.precision):
                 loss = share_of_mlm_loss(model, inputs, labels, rank, world, device)
-            loss.backward()
+            scaler.scale(loss).backward()
             distributed.average_gradients(trainable)
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(optimizer, trainable, 1.0, scaler)
         step += 1
         tokens_seen += inputs.numel()
         if step % cfg.log_every == 0 or step == cfg.steps:
@@ -492,7 +493,7 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
         bar.update(1)
         if step % cfg.checkpoint_every == 0 and step < cfg.steps and main:
             save_checkpoint(checkpoint_dir, model, optimizer, step, fingerprint,
-                            [["before", loss_before, 0.0]] + history)
+                            [["before", loss_before, 0.0]] + history, scaler)
         if on_step is not None:
             on_step(step)
     bar.close()

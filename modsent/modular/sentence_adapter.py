@@ -61,7 +61,7 @@ from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.pairs import batches_of_steps, no_duplicate_batches, read_pairs, split_heldout  # noqa: F401
 from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
-from modsent.training.precision import autocast
+from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed
 from modsent.evaluation.plots import write_before_after_bars, write_loss_curve
 
@@ -381,8 +381,9 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
         return retrieval_accuracy(model, heldout["anchor"].tolist(), heldout["positive"].tolist(),
                                   batch_size=eval_batch, precision=cfg.precision)
 
+    scaler = grad_scaler(device, cfg.precision)  # fp16: the loss scaler; else a pass-through
     fingerprint = cfg.fingerprint(base_model_dir, la_dir, pairs)
-    resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint)
+    resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint, scaler)
     start = resumed["step"] if resumed else 0
     accuracy_before = resumed["accuracy_before"] if resumed else evaluate()
     log_ = TrainingLog(total_steps, start, f"SE {out_dir.name}", progress, cfg.log_every, resumed)
@@ -394,12 +395,12 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
         torch.manual_seed(dropout_seed(step, cfg.seed))
         with autocast(device, cfg.precision):
             loss = batch_loss(model, loss_fn, train.iloc[batch])
-        loss.backward()
-        optimizer_step(optimizer, trainable, cfg.max_grad_norm)
+        scaler.scale(loss).backward()
+        optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
         log_.record(step, loss.item(), lr, len(batch))
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
-                                        log_.state(accuracy_before=accuracy_before))
+                                        log_.state(accuracy_before=accuracy_before), scaler)
         if on_step is not None:
             on_step(step + 1)
     losses, history, pairs_seen, elapsed = log_.close()

@@ -3,7 +3,8 @@
 A checkpoint is a directory ``{output}.checkpoint`` beside the output it leads to (not inside:
 Snakemake removes an incomplete output before a rerun): ``state.safetensors`` with the
 trainable tensors, the AdamW moments and the torch RNG state, and ``meta.json`` with the step,
-the fingerprint of what was being trained and the stage's progress (losses, history, ...).
+the fingerprint of what was being trained, the stage's progress (losses, history, ...) and,
+when fp16 runs, the loss scaler's state (modsent.training.precision).
 It is written atomically and resumed only when its fingerprint matches, so a checkpoint of
 other settings or other inputs is never continued.
 """
@@ -45,9 +46,10 @@ def trainable_state(model) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_checkpoint(path: Path, model, optimizer, step: int, fingerprint: str, progress) -> None:
+def save_checkpoint(path: Path, model, optimizer, step: int, fingerprint: str, progress, scaler=None) -> None:
     """Trainable weights, AdamW moments, the torch RNG state (safetensors) and ``step``,
-    ``fingerprint`` and ``progress`` (JSON), written atomically to directory ``path``."""
+    ``fingerprint``, ``progress`` and an enabled ``scaler``'s state (JSON), written atomically
+    to directory ``path``."""
     from safetensors.torch import save_file
 
     params = trainable_state(model)
@@ -62,12 +64,15 @@ def save_checkpoint(path: Path, model, optimizer, step: int, fingerprint: str, p
     with atomic_path(path, directory=True) as tmp:
         save_file(tensors, str(tmp / STATE))
         meta = {"step": step, "fingerprint": fingerprint, "history": progress}
+        if scaler is not None and scaler.is_enabled():
+            meta["scaler"] = scaler.state_dict()
         (tmp / META).write_text(json.dumps(meta) + "\n", encoding="utf-8")
 
 
-def load_checkpoint(path: Path, model, optimizer, fingerprint: str):
+def load_checkpoint(path: Path, model, optimizer, fingerprint: str, scaler=None):
     """Restore a checkpoint into model and optimizer (the AdamW moments on their parameters'
-    device; the step counts stay on the CPU, as AdamW keeps them): (step, progress), or None
+    device; the step counts stay on the CPU, as AdamW keeps them) and an enabled ``scaler``
+    (the loss scale of the run that saved it, when it ran fp16 too): (step, progress), or None
     when there is none or it was made with another fingerprint."""
     from safetensors.torch import load_file
 
@@ -92,13 +97,15 @@ def load_checkpoint(path: Path, model, optimizer, fingerprint: str):
                 "exp_avg_sq": tensors[f"exp_avg_sq/{name}"].to(param.device, copy=True),
             }
     torch.set_rng_state(tensors["rng/torch"])
+    if scaler is not None and scaler.is_enabled() and meta.get("scaler"):
+        scaler.load_state_dict(meta["scaler"])
     return meta["step"], meta["history"]
 
 
-def resume(checkpoint_dir: Path, model, optimizer, fingerprint: str) -> dict | None:
-    """A checkpoint's progress dict with its ``step`` added, after restoring it into ``model``
-    and ``optimizer``; None when there is none or it is stale."""
-    resumed = load_checkpoint(checkpoint_dir, model, optimizer, fingerprint)
+def resume(checkpoint_dir: Path, model, optimizer, fingerprint: str, scaler=None) -> dict | None:
+    """A checkpoint's progress dict with its ``step`` added, after restoring it into ``model``,
+    ``optimizer`` and ``scaler``; None when there is none or it is stale."""
+    resumed = load_checkpoint(checkpoint_dir, model, optimizer, fingerprint, scaler)
     if resumed is None:
         return None
     step, progress = resumed

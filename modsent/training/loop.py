@@ -1,8 +1,11 @@
 """The parts of a training step that every stage shares. Each stage writes its own loop with
 them, top to bottom (set the rate, seed the step's dropout, the loss under autocast, backward,
 clip and step, record, checkpoint), so a reader sees the whole step in one place and no stage
-hands its step to a framework of callbacks.
+hands its step to a framework of callbacks. Precision and fp16's loss scaler:
+modsent.training.precision.
 
+    scaler = grad_scaler(device, cfg.precision)
+    resumed = resume(checkpoint_dir, model, optimizer, fingerprint, scaler)
     log = TrainingLog(total_steps, start, "SE de", progress, cfg.log_every, resumed)
     model.train()
     for step, batch in enumerate(batches, start=start):
@@ -10,11 +13,11 @@ hands its step to a framework of callbacks.
         torch.manual_seed(dropout_seed(step, cfg.seed))
         with autocast(device, cfg.precision):
             loss = batch_loss(batch)
-        loss.backward()
-        optimizer_step(optimizer, trainable, cfg.max_grad_norm)
+        scaler.scale(loss).backward()
+        optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
         log.record(step, loss.item(), lr, len(batch))
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
-            save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint, log.state(...))
+            save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint, log.state(...), scaler)
     losses, history, pairs_seen, seconds = log.close()
 """
 
@@ -35,10 +38,20 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> float:
     return lr
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, trainable, max_grad_norm: float) -> None:
-    """Clip the gradients of ``trainable`` to ``max_grad_norm`` (global L2), step, clear them."""
+def optimizer_step(optimizer: torch.optim.Optimizer, trainable, max_grad_norm: float,
+                   scaler: torch.amp.GradScaler | None = None) -> None:
+    """Clip the gradients of ``trainable`` to ``max_grad_norm`` (global L2), step, clear them.
+    With fp16's ``scaler`` (modsent.training.precision.grad_scaler) the gradients are unscaled
+    before clipping, and a step whose gradients overflowed is skipped and the scale lowered; a
+    disabled scaler changes nothing."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
     torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
-    optimizer.step()
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 

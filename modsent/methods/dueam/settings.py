@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from modsent.io import InputError
+from modsent.schema import PRECISIONS
 
 DATA = ("weak", "unsup", "parallel", "weak+parallel")
 OBJECTIVES = ("joint", "LA", "LB")
@@ -97,7 +98,7 @@ class DuEAMConfig:
             "warmup_steps": self.warmup_steps < 0,
             "seq_len": self.seq_len < 3,
             "seed": self.seed < 0,
-            "precision": self.precision not in ("auto", "fp32"),
+            "precision": self.precision not in PRECISIONS,
             "wmd_shards": self.wmd_shards < 1,
         }
         bad = [key for key, wrong in problems.items() if wrong]

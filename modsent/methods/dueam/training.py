@@ -66,7 +66,7 @@ from modsent.modular import sentence_adapter as sa
 from modsent.training import checkpoints, schedules
 from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
-from modsent.training.precision import autocast
+from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed
 
 log = logging.getLogger(__name__)
@@ -266,8 +266,9 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
                 "correlation": _distance_correlation(model, rows.iloc[sample], d_wmd[sample], eval_batch,
                                                      cfg.precision)}
 
+    scaler = grad_scaler(device, cfg.precision)  # fp16: the loss scaler; else a pass-through
     fingerprint = training_fingerprint(name, cfg, source, inputs) if checkpoint_dir is not None else None
-    resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint) if checkpoint_dir else None
+    resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint, scaler) if checkpoint_dir else None
     start = resumed["step"] if resumed else 0
     before = resumed["before"] if resumed else (evaluate() if main else None)
     components = [list(row) for row in resumed["components"]] if resumed else []
@@ -290,14 +291,14 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
             with autocast(device, cfg.precision):
                 sources, targets = pair_embeddings(model, rows.iloc[local])
                 loss = loss_fn(sources, targets, wmd) * share
-            (loss * world).backward()  # the average over the processes is then the batch's gradient
+            scaler.scale(loss * world).backward()  # the average over the processes is then the batch's gradient
             parts[0] = loss.detach().float()
             if logged:
                 with torch.no_grad():
                     parts[1] = loss_fn.anchor_loss(sources, targets, wmd).float() * share
                     parts[2] = loss_fn.cosine(sources, targets).float() * share
         distributed.average_gradients(trainable)
-        optimizer_step(optimizer, trainable, cfg.max_grad_norm)
+        optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
         value, la, lb = (distributed.all_reduce_mean(parts) * world).tolist()  # the shares' sums
         log_.record(step, value, lr, len(batch))
         if logged:
@@ -306,7 +307,7 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
                      value, la, lb, lr)
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
-                                        log_.state(before=before, components=components))
+                                        log_.state(before=before, components=components), scaler)
         if on_step is not None:
             on_step(step + 1)
     losses, history, pairs_seen, elapsed = log_.close()

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from modsent import layout
 from modsent.methods import Method, register
 from modsent.methods.intemats.settings import DT, FUSED, FUSION_PAIRS, SITES, ST
-from modsent.schema import ROLE_KEY, RUNTIME
+from modsent.schema import ROLE_KEY, RUNTIME, precision_property
 
 __all__ = ["DT", "FUSED", "FUSION_PAIRS", "SITES", "ST", "adapter_schema", "fusion_schema"]
 
@@ -85,7 +85,7 @@ def _training_schema(*, epochs: int, warmup_steps: int) -> dict[str, dict]:
                                       "language) for retrieval accuracy before and after"},
         "seed": {"type": "integer", "minimum": 0, "default": 0,
                  "description": "initialisation, batches and dropout"},
-        "precision": {"enum": ["auto", "fp32"], "default": "auto", "description": "auto: bf16 autocast on GPUs"},
+        "precision": precision_property(),
         "log_every": {**_COUNT, "default": 10, ROLE_KEY: RUNTIME, "description": "steps between logged losses"},
         "checkpoint_every": {**_COUNT, "default": 500, ROLE_KEY: RUNTIME,
                              "description": "optimizer steps between resumable checkpoints ({out}.checkpoint/: the "

@@ -76,7 +76,7 @@ from modsent.training import checkpoints, schedules
 from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.optim import adamw
 from modsent.training.pairs import no_duplicate_batches, steps_of_epochs
-from modsent.training.precision import autocast
+from modsent.training.precision import PRECISIONS, autocast, grad_scaler
 from modsent.training.seeding import dropout_seed
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class InteMATsConfig:
             "max_length": self.max_length < 3,
             "eval_pairs": self.eval_pairs < 0,
             "seed": self.seed < 0,
-            "precision": self.precision not in ("auto", "fp32"),
+            "precision": self.precision not in PRECISIONS,
             "log_every": self.log_every < 1,
             "checkpoint_every": self.checkpoint_every < 1,
         }
@@ -506,8 +506,9 @@ def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str
             emb = model(texts)
             return info_nce(emb[:len(rows)], emb[len(rows):])
 
+    scaler = grad_scaler(device, cfg.precision)  # fp16: the loss scaler; else a pass-through
     fingerprint = training_fingerprint(name, cfg, langs, fingerprint_inputs)
-    resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint) if checkpoint_dir else None
+    resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint, scaler) if checkpoint_dir else None
     start = resumed["step"] if resumed else 0
     before = resumed["before"] if resumed else _before(name, model, heldout, cfg)
 
@@ -523,16 +524,16 @@ def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str
             torch.manual_seed(dropout_seed(step * accumulation + micro, cfg.seed))  # the same masks when resumed
             with autocast(device, cfg.precision):
                 loss = batch_loss(data.rows.iloc[batch]) / accumulation
-            loss.backward()
+            scaler.scale(loss).backward()
             value += loss.item()
             seen += len(batch)
-        optimizer_step(optimizer, trainable, cfg.max_grad_norm)
+        optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
         log_.record(step, value, lr, seen)
         if (step + 1) % cfg.log_every == 0:
             log.info("%s: step %d/%d, loss %.4f, lr %.2e", name, step + 1, total_steps, value, lr)
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
-                                        log_.state(before=before))
+                                        log_.state(before=before), scaler)
         if on_step is not None:
             on_step(step + 1)
     losses, history, rows_seen, elapsed = log_.close()

@@ -70,8 +70,8 @@ from modsent.methods.mexma.model import MEXMAModel, build_model
 from modsent.modular import sentence_adapter as sa
 from modsent.training import checkpoints, schedules
 from modsent.training.optim import fused_options
-from modsent.training.loop import TrainingLog, checkpoint_due, set_learning_rate
-from modsent.training.precision import autocast, grad_scaler
+from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
+from modsent.training.precision import PRECISIONS, autocast, grad_scaler
 from modsent.training.seeding import dropout_seed, step_generator
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class MEXMAConfig:
             "grad_accum": self.grad_accum < 1,
             "temperature": not self.temperature > 0,
             "warmup_ratio": not 0 <= self.warmup_ratio < 1,
-            "precision": self.precision not in ("auto", "fp16", "fp32"),
+            "precision": self.precision not in PRECISIONS,
         }
         for key, bad in problems.items():
             if bad:
@@ -375,10 +375,8 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
     files = [inputs["translations"][lang] for lang in sorted(inputs.get("translations") or {})]
     files += [provided[lang] for lang in sorted(provided)]
     fingerprint = training_fingerprint(name, cfg, source, files) if checkpoint_dir is not None else None
-    resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint) if checkpoint_dir else None
+    resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint, scaler) if checkpoint_dir else None
     start = resumed["step"] if resumed else 0
-    if resumed and resumed.get("scaler"):
-        scaler.load_state_dict(resumed["scaler"])  # fp16: the loss scale the unbroken run had
     before = resumed["before"] if resumed else (evaluate(encoder, heldout, cfg.precision) if main else None)
     components = [list(r) for r in resumed["components"]] if resumed else []
     if world > 1:
@@ -407,11 +405,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
             scaler.scale(backward * world / len(micro_batches)).backward()
             values += shares / len(micro_batches)
         distributed.average_gradients(trainable)
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
         total, mlm, align, koleo = (distributed.all_reduce_mean(values) * world).tolist()
         log_.record(step, total, lr, len(batch))
         if (step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == total_steps:
@@ -420,8 +414,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
                      total_steps, total, align, mlm, koleo, lr)
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
-                                        log_.state(before=before, components=components,
-                                                   scaler=scaler.state_dict() if scaler.is_enabled() else None))
+                                        log_.state(before=before, components=components), scaler)
         if on_step is not None:
             on_step(step + 1)
     losses, history, pairs_seen, elapsed = log_.close()

@@ -68,7 +68,7 @@ from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.optim import fused_options
 from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import no_duplicate_batches
-from modsent.training.precision import autocast
+from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed
 
 log = logging.getLogger(__name__)
@@ -338,8 +338,9 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
     def evaluate():
         return bl._heldout_accuracies(model, heldout, pivot, eval_batch, cfg.precision)
 
+    scaler = grad_scaler(device, cfg.precision)  # fp16: the loss scaler; else a pass-through
     fingerprint = training_fingerprint(name, cfg, source, langs, pairs_paths)
-    resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint) if checkpoint_dir else None
+    resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint, scaler) if checkpoint_dir else None
     start = resumed["step"] if resumed else 0
     mono_before, cross_before = resumed["accuracy_before"] if resumed else evaluate()
 
@@ -350,15 +351,15 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
         torch.manual_seed(dropout_seed(step, cfg.seed))  # the same masks in a resumed run
         with autocast(device, cfg.precision):
             loss = batch_loss(model, loss_fn, data.rows.iloc[batch])
-        loss.backward()
-        optimizer_step(optimizer, trainable, cfg.max_grad_norm)
+        scaler.scale(loss).backward()
+        optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
         value = loss.item()
         log_.record(step, value, lr, len(batch))
         if (step + 1) % cfg.log_every == 0:
             log.info("%s: step %d/%d, loss %.4f, lr %.2e", name, step + 1, total_steps, value, lr)
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
-                                        log_.state(accuracy_before=[mono_before, cross_before]))
+                                        log_.state(accuracy_before=[mono_before, cross_before]), scaler)
         if on_step is not None:
             on_step(step + 1)
     losses, history, triplets_seen, elapsed = log_.close()

@@ -1,0 +1,149 @@
+"""Mixed precision (modsent.training.precision): what runs where, fp16's loss scaler in the shared
+optimizer step, and the scaler's state in checkpoints. fp16 runs on the CPU here by forcing
+``resolve``: CPU autocast and GradScaler do what they do on a GPU, more slowly."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+import torch
+
+from modsent.schema import PRECISIONS, load_schema
+from modsent.training import checkpoints, precision
+from modsent.training.loop import optimizer_step
+
+
+def test_resolve_says_what_runs_on_each_device(monkeypatch):
+    for name in PRECISIONS:
+        assert precision.resolve("cpu", name) == "fp32"  # never CPU autocast
+        assert isinstance(precision.autocast("cpu", name), contextlib.nullcontext)
+        assert not precision.grad_scaler("cpu", name).is_enabled()
+    for has_bf16, auto in ((True, "bf16"), (False, "fp16")):  # A100/H100; V100/T4
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True, v=has_bf16: v)
+        for device in ("cuda", "cuda:1", torch.device("cuda", 0)):
+            assert precision.resolve(device, "auto") == auto
+            assert precision.resolve(device, "fp16") == "fp16"
+            assert precision.resolve(device, "fp32") == "fp32"
+    with pytest.raises(ValueError, match="precision must be one of auto, fp16, fp32"):
+        precision.resolve("cuda", "bf16")
+    assert load_schema()["$defs"]["precision"]["enum"] == list(PRECISIONS)
+
+
+@pytest.fixture
+def fp16(monkeypatch):
+    """``fp16`` runs fp16 with its scaler on the CPU, as on a GPU; the other precisions as before."""
+    resolve = precision.resolve
+    monkeypatch.setattr(precision, "resolve", lambda device, name="auto": "fp16" if name == "fp16" else resolve(device, name))
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+
+
+def _train(name: str, steps: int = 30) -> tuple[list[float], torch.nn.Module, torch.amp.GradScaler]:
+    model = _model()
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    scaler = precision.grad_scaler("cpu", name)
+    generator = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 16, generator=generator), torch.randint(4, (64,), generator=generator)
+    losses = []
+    for _ in range(steps):
+        with precision.autocast("cpu", name):
+            loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+        scaler.scale(loss).backward()
+        optimizer_step(optimizer, params, 1.0, scaler)
+        losses.append(loss.item())
+    return losses, model, scaler
+
+
+def test_fp16_with_the_scaler_trains_like_fp32(fp16):
+    half, _, scaler = _train("fp16")
+    full, _, off = _train("fp32")
+    assert scaler.is_enabled() and not off.is_enabled()
+    assert scaler.get_scale() == 2.0 ** 16  # no overflow in 30 steps, growth after 2,000
+    assert full[-1] < 0.5 * full[0] and half[-1] < 0.5 * half[0]
+    assert max(abs(a - b) for a, b in zip(half, full)) < 0.02
+    assert half != full  # fp16 really ran
+
+
+def test_a_step_whose_gradients_overflow_is_skipped_and_the_scale_lowered(fp16):
+    """GradScaler's definition: gradients unscaled before clipping; inf/nan in any of them skips
+    the optimizer step and halves the scale; otherwise the step is AdamW's on the true gradients."""
+    model = _model()
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    scaler = precision.grad_scaler("cpu", "fp16")
+    scaler.scale(torch.ones(()))  # the scale starts with the first scaled loss
+    before = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = torch.full_like(p, 3.0) * scaler.get_scale()
+    params[0].grad[0, 0] = float("inf")
+    optimizer_step(optimizer, params, 1.0, scaler)
+    assert all(torch.equal(p, q) for p, q in zip(params, before)) and all(p.grad is None for p in params)
+    assert scaler.get_scale() == 2.0 ** 15
+
+    reference = _model()  # the same step by hand: unscaled gradients, clipped to norm 1, AdamW
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    for p, q in zip(params, reference.parameters()):
+        p.grad = torch.full_like(p, 3.0) * scaler.get_scale()
+        q.grad = torch.full_like(q, 3.0)
+    torch.nn.utils.clip_grad_norm_(list(reference.parameters()), 1.0)
+    reference_optimizer.step()
+    optimizer_step(optimizer, params, 1.0, scaler)
+    assert all(torch.allclose(p, q) for p, q in zip(params, reference.parameters()))
+    assert not all(torch.equal(p, q) for p, q in zip(params, before))
+
+
+def test_checkpoints_keep_the_scale_of_an_fp16_run(fp16, tmp_path):
+    model = _model()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scaler = precision.grad_scaler("cpu", "fp16")
+    scaler.scale(torch.ones(()))
+    scaler.update(new_scale=1024.0)
+    checkpoints.save_checkpoint(tmp_path / "half", model, optimizer, 7, "fp", {"losses": []}, scaler)
+    assert json.loads((tmp_path / "half" / checkpoints.META).read_text())["scaler"]["scale"] == 1024.0
+    again = precision.grad_scaler("cpu", "fp16")
+    resumed = checkpoints.resume(tmp_path / "half", model, optimizer, "fp", again)
+    assert resumed["step"] == 7 and again.get_scale() == 1024.0
+
+    off = precision.grad_scaler("cpu", "fp32")  # bf16/fp32: nothing saved, nothing restored
+    checkpoints.save_checkpoint(tmp_path / "full", model, optimizer, 7, "fp", {"losses": []}, off)
+    assert "scaler" not in json.loads((tmp_path / "full" / checkpoints.META).read_text())
+    fresh = precision.grad_scaler("cpu", "fp16")  # an fp16 run resuming a checkpoint without a scale
+    checkpoints.resume(tmp_path / "full", model, optimizer, "fp", fresh)
+    assert fresh.get_scale() == 2.0 ** 16
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (benchmarks/gpu.sh runs it)")
+
+
+@cuda
+def test_on_a_gpu_auto_and_fp16_train_and_copies_do_not_wait():
+    from modsent.training.loop import to_device
+
+    expected = "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
+    assert precision.resolve("cuda", "auto") == expected
+    host = torch.arange(1000)
+    moved = to_device(host, "cuda")
+    assert moved.device.type == "cuda" and torch.equal(moved.cpu(), host)
+    for name in ("auto", "fp16"):
+        model = _model().cuda()
+        params = list(model.parameters())
+        optimizer = torch.optim.AdamW(params, lr=1e-2)
+        scaler = precision.grad_scaler("cuda", name)
+        assert scaler.is_enabled() == (precision.resolve("cuda", name) == "fp16")
+        x, y = torch.randn(64, 16, device="cuda"), torch.randint(4, (64,), device="cuda")
+        losses = []
+        for _ in range(30):
+            with precision.autocast("cuda", name):
+                loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+            scaler.scale(loss).backward()
+            optimizer_step(optimizer, params, 1.0, scaler)
+            losses.append(loss.item())
+        assert losses[-1] < 0.5 * losses[0], name
