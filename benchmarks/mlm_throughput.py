@@ -134,7 +134,8 @@ def main() -> None:
         generator = torch.Generator().manual_seed(0)
         ids = torch.randint(5, vocab, (args.batch_size, seq_len), generator=generator)
         chosen = torch.rand(ids.shape, generator=generator) < 0.15
-        labels = torch.where(chosen, ids, torch.full_like(ids, -100)).to(args.device)
+        host_labels = torch.where(chosen, ids, torch.full_like(ids, -100))  # the LA's: on the CPU
+        labels = host_labels.to(args.device)
         inputs = torch.where(chosen, torch.full_like(ids, 4), ids).to(args.device)
 
         results = {}
@@ -155,7 +156,7 @@ def main() -> None:
 
             def step():
                 with autocast:
-                    loss = (mlm_loss(net, inputs, labels) if masked
+                    loss = (mlm_loss(net, inputs, host_labels) if masked
                             else net(input_ids=inputs, labels=labels).loss)
                 loss.backward()
                 optimizer.step()

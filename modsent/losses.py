@@ -68,7 +68,11 @@ class MaskedLanguageModelingLoss(nn.Module):
     The MLM head (the vocabulary projection, the most expensive layer) is applied to the masked
     positions only: 85% of a full-sequence head's outputs would be thrown away. Equal to
     transformers' ``*ForMaskedLM`` loss over the same labels. ``reduction="sum"`` sums instead of
-    averaging over the masked positions (data-parallel training divides by the global count)."""
+    averaging over the masked positions (data-parallel training divides by the global count).
+
+    The masked positions are found where ``labels`` are: give them on the CPU (the LA does) and
+    the GPU is never waited for in the step; a boolean index on GPU tensors would make the host
+    wait for the encoder's forward before it could queue the head and the backward."""
 
     def __init__(self, reduction: str = "mean"):
         super().__init__()
@@ -77,11 +81,15 @@ class MaskedLanguageModelingLoss(nn.Module):
         self.reduction = reduction
 
     def forward(self, model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        from modsent.training.loop import to_device
+
         encoder, head = mlm_parts(model)
         hidden = encoder(input_ids=input_ids).last_hidden_state
-        selected = labels != -100
-        logits = head(hidden[selected])
-        return nn.functional.cross_entropy(logits.float(), labels[selected], reduction=self.reduction)
+        flat = labels.reshape(-1)
+        positions = (flat != -100).nonzero().squeeze(1)  # row-major, as hidden[labels != -100]
+        targets = to_device(flat.index_select(0, positions), hidden.device)
+        logits = head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, to_device(positions, hidden.device)))
+        return nn.functional.cross_entropy(logits.float(), targets, reduction=self.reduction)
 
 
 class TripletInfoNCELoss(nn.Module):

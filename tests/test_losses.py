@@ -63,6 +63,40 @@ def test_masked_language_modeling_loss_equals_the_full_head_loss(tmp_path):
         losses.MaskedLanguageModelingLoss("none")
 
 
+def test_masked_positions_are_found_where_the_labels_are(tmp_path):
+    """With labels on the CPU the loss asks nothing of the model's device that depends on its
+    values: on the meta device (shapes only, as a GPU the host need not wait for) it runs, where
+    a boolean index of the hidden states fails. Its gradient equals the boolean index's."""
+    from transformers import AutoModelForMaskedLM
+
+    from modsent.testing import make_tiny_xlmr, sample_texts
+
+    path = make_tiny_xlmr(tmp_path / "base", sample_texts(200))
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 100, (3, 12), generator=generator)
+    labels = torch.where(torch.rand(ids.shape, generator=generator) < 0.3, ids, torch.full_like(ids, -100))
+    config = AutoModelForMaskedLM.from_pretrained(str(path)).config
+    with torch.device("meta"):
+        model = AutoModelForMaskedLM.from_config(config)
+    loss = losses.MaskedLanguageModelingLoss()(model, ids.to("meta"), labels)
+    assert loss.device.type == "meta" and loss.shape == ()
+    hidden = losses.mlm_parts(model)[0](input_ids=ids.to("meta")).last_hidden_state
+    with pytest.raises(NotImplementedError):
+        hidden[labels.to("meta") != -100]
+
+    model = AutoModelForMaskedLM.from_pretrained(str(path))
+    model.train(False)
+    losses.MaskedLanguageModelingLoss()(model, ids, labels).backward()
+    ours = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    encoder, head = losses.mlm_parts(model)
+    selected = labels != -100
+    torch.nn.functional.cross_entropy(head(encoder(input_ids=ids).last_hidden_state[selected]),
+                                      labels[selected]).backward()
+    assert ours.keys() == {n for n, p in model.named_parameters() if p.grad is not None}
+    assert all(torch.equal(ours[n], p.grad) for n, p in model.named_parameters() if n in ours)
+
+
 def test_warmup_linear_schedule():
     """Warm-up to the peak, then linear decay to zero; step s's rate is set before its update,
     so the warm-up starts at peak / warmup (transformers' get_linear_schedule_with_warmup one

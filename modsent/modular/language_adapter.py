@@ -43,7 +43,7 @@ from modsent.io import InputError, atomic_path, check_model_files, iter_utf8_lin
 from modsent.losses import MaskedLanguageModelingLoss, mlm_parts
 from modsent.training import fastpath, schedules, tracking
 from modsent.training.checkpoints import load_checkpoint, save_checkpoint
-from modsent.training.loop import optimizer_step, report_step
+from modsent.training.loop import optimizer_step, report_step, to_device
 from modsent.training.optim import adamw, fused_options
 from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed, step_generator
@@ -214,7 +214,7 @@ def share_of_mlm_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, rank
     masked positions fall between the processes."""
     rows = distributed.local_slice(len(input_ids), rank, world)
     masked = int((labels != -100).sum())
-    loss = mlm_loss(model, input_ids[rows].to(device), labels[rows].to(device), reduction="sum")
+    loss = mlm_loss(model, to_device(input_ids[rows], device), labels[rows], reduction="sum")
     return loss * (world / max(masked, 1))
 
 
@@ -363,7 +363,7 @@ def warm_up_head(model, train: torch.Tensor, tokenizer, cfg: LanguageAdapterConf
         inputs, labels = mask_tokens(train[index], tokenizer, cfg.mlm_probability,
                                      step_generator(step, cfg.seed + 1))
         with autocast(device, cfg.precision):
-            loss = mlm_loss(model, inputs.to(device), labels.to(device))
+            loss = mlm_loss(model, to_device(inputs, device), labels)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
@@ -473,7 +473,8 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
             group["lr"] = learning_rate(step, cfg)
         if world == 1:
             with autocast(device, cfg.precision):
-                loss = mlm_loss(model, inputs.to(device), labels.to(device))
+                # labels stay on the CPU: the loss finds the masked positions there (no GPU wait)
+                loss = mlm_loss(model, to_device(inputs, device), labels)
             scaler.scale(loss).backward()
         else:
             torch.manual_seed(dropout_seed(step, cfg.seed, rank))

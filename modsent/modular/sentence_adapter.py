@@ -60,7 +60,7 @@ from modsent.losses import MultipleNegativesRankingLoss, mlm_parts
 from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.pairs import batches_of_steps, no_duplicate_batches, read_pairs, split_heldout  # noqa: F401
 from modsent.training.optim import adamw
-from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
+from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate, to_device
 from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed
 from modsent.evaluation.plots import write_before_after_bars, write_loss_curve
@@ -224,7 +224,7 @@ class SentenceEncoderModel(nn.Module):
 
     def forward(self, texts: Sequence[str]) -> torch.Tensor:
         device = next(self.encoder.parameters()).device
-        features = {k: v.to(device) for k, v in self.tokenize(texts).items()}
+        features = {k: to_device(v, device) for k, v in self.tokenize(texts).items()}  # pinned, no GPU wait
         out = self.encoder(**features)
         features["token_embeddings"] = out.last_hidden_state
         return self.head(features)["sentence_embedding"]

@@ -31,6 +31,16 @@ import torch
 log = logging.getLogger(__name__)
 
 
+def to_device(tensor: torch.Tensor, device) -> torch.Tensor:
+    """``tensor`` on ``device``. From the CPU to a GPU the copy goes through pinned memory and
+    does not block the host, which can go on queueing work while the GPU finishes the previous
+    step (a plain ``.to(device)`` from pageable memory waits for the GPU)."""
+    device = torch.device(device)
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> float:
     """Every parameter group's rate for the coming step; returns it."""
     for group in optimizer.param_groups:
