@@ -62,6 +62,7 @@ def main() -> None:
     from benchmarks import mlm_throughput, pair_throughput
     from modsent.losses import MultipleNegativesRankingLoss
     from modsent.modular.language_adapter import mlm_loss
+    from modsent.training.loop import to_device
     from modsent.training import fastpath
     from modsent.training.optim import fused_options
 
@@ -88,12 +89,12 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(5, vocab, (args.la_batch, args.la_seq_len), generator=generator)
     chosen = torch.rand(ids.shape, generator=generator) < 0.15
-    labels = torch.where(chosen, ids, torch.full_like(ids, -100)).to(args.device)
-    inputs = torch.where(chosen, torch.full_like(ids, 4), ids).to(args.device)
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))  # on the CPU, as the LA keeps them
+    inputs = torch.where(chosen, torch.full_like(ids, 4), ids)
 
     def la_step(_):
         with autocast():
-            loss = mlm_loss(model, inputs, labels)
+            loss = mlm_loss(model, to_device(inputs, args.device), labels)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
