@@ -31,6 +31,26 @@ def test_resolve_says_what_runs_on_each_device(monkeypatch):
     assert load_schema()["$defs"]["precision"]["enum"] == list(PRECISIONS)
 
 
+def test_t5_bodies_stay_out_of_fp16_under_auto(monkeypatch, caplog):
+    """mT5 overflows in fp16: where auto would run fp16 (a GPU without bf16), m-ST5 trains in
+    fp32; elsewhere, and for other bodies, the precision is the config's."""
+    import transformers
+
+    t5 = transformers.T5EncoderModel(transformers.T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32,
+                                                           num_layers=1, num_heads=2))
+    bert = transformers.BertModel(transformers.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1,
+                                                          num_attention_heads=2, intermediate_size=32))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    with caplog.at_level("WARNING"):
+        assert precision.for_model(t5, "cuda", "auto") == "fp32"
+    assert "t5 overflows in fp16; training in fp32" in caplog.text
+    assert precision.for_model(t5, "cuda", "fp16") == "fp16"  # asked for: kept, with a warning
+    assert precision.for_model(bert, "cuda", "auto") == "auto"
+    assert precision.for_model(t5, "cpu", "auto") == "auto"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert precision.for_model(t5, "cuda", "auto") == "auto"
+
+
 @pytest.fixture
 def fp16(monkeypatch):
     """``fp16`` runs fp16 with its scaler on the CPU, as on a GPU; the other precisions as before."""
@@ -77,7 +97,6 @@ def test_a_step_whose_gradients_overflow_is_skipped_and_the_scale_lowered(fp16):
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=1e-2)
     scaler = precision.grad_scaler("cpu", "fp16")
-    scaler.scale(torch.ones(()))  # the scale starts with the first scaled loss
     before = [p.detach().clone() for p in params]
     for p in params:
         p.grad = torch.full_like(p, 3.0) * scaler.get_scale()
@@ -98,13 +117,27 @@ def test_a_step_whose_gradients_overflow_is_skipped_and_the_scale_lowered(fp16):
     assert not all(torch.equal(p, q) for p, q in zip(params, before))
 
 
+def test_a_process_with_no_share_of_a_batch_steps_with_the_others(fp16):
+    """Data-parallel: a process that had no text in a tiny batch scales no loss; the all-reduce
+    gives it the others' scaled gradients (modsent.distributed.average_gradients), and it
+    unscales and steps with them (its scale exists from the start, not from its first loss)."""
+    model = _model()
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    scaler = precision.grad_scaler("cpu", "fp16")
+    before = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = torch.full_like(p, 3.0) * 2.0 ** 16
+    optimizer_step(optimizer, params, 1.0, scaler)
+    assert not any(torch.equal(p, q) for p, q in zip(params, before)) and scaler.get_scale() == 2.0 ** 16
+
+
 def test_checkpoints_keep_the_scale_of_an_fp16_run(fp16, tmp_path):
     model = _model()
     for p in model.parameters():
         p.requires_grad_(True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scaler = precision.grad_scaler("cpu", "fp16")
-    scaler.scale(torch.ones(()))
     scaler.update(new_scale=1024.0)
     checkpoints.save_checkpoint(tmp_path / "half", model, optimizer, 7, "fp", {"losses": []}, scaler)
     assert json.loads((tmp_path / "half" / checkpoints.META).read_text())["scaler"]["scale"] == 1024.0
@@ -118,6 +151,35 @@ def test_checkpoints_keep_the_scale_of_an_fp16_run(fp16, tmp_path):
     fresh = precision.grad_scaler("cpu", "fp16")  # an fp16 run resuming a checkpoint without a scale
     checkpoints.resume(tmp_path / "full", model, optimizer, "fp", fresh)
     assert fresh.get_scale() == 2.0 ** 16
+
+    # MEXMA's earlier checkpoints kept the scale in their progress
+    checkpoints.save_checkpoint(tmp_path / "mexma", model, optimizer, 7, "fp", {"scaler": {**scaler.state_dict(), "scale": 512.0}})
+    earlier = precision.grad_scaler("cpu", "fp16")
+    checkpoints.resume(tmp_path / "mexma", model, optimizer, "fp", earlier)
+    assert earlier.get_scale() == 512.0
+
+
+def _resume_fused(device: str, tmp_path) -> None:
+    """AdamW's step counts come back where the optimizer keeps them: with fused AdamW (modsent's
+    on GPUs) on the parameters' device in float32, and the resumed optimizer steps."""
+    model = _model().to(device)
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-2, fused=True)
+    model(torch.randn(4, 16, device=device)).sum().backward()
+    optimizer.step()
+    checkpoints.save_checkpoint(tmp_path / "fused", model, optimizer, 1, "fp", {})
+    again = torch.optim.AdamW(params, lr=1e-2, fused=True)
+    checkpoints.resume(tmp_path / "fused", model, again, "fp")
+    for param in params:
+        step = again.state[param]["step"]
+        assert step.device == param.device and step.dtype == torch.float32 and step.item() == 1
+    model(torch.randn(4, 16, device=device)).sum().backward()
+    again.step()
+    assert all(again.state[p]["step"].item() == 2 for p in params)
+
+
+def test_fused_adamw_resumes_with_its_step_counts_on_the_parameters_device(tmp_path):
+    _resume_fused("cpu", tmp_path)
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (benchmarks/gpu.sh runs it)")
@@ -147,3 +209,8 @@ def test_on_a_gpu_auto_and_fp16_train_and_copies_do_not_wait():
             optimizer_step(optimizer, params, 1.0, scaler)
             losses.append(loss.item())
         assert losses[-1] < 0.5 * losses[0], name
+
+
+@cuda
+def test_on_a_gpu_fused_adamw_resumes(tmp_path):
+    _resume_fused("cuda", tmp_path)

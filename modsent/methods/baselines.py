@@ -107,7 +107,7 @@ class FullTrainingConfig:
     max_steps: int | None = None
     log_every: int = 10
     checkpoint_every: int = 2000
-    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on the CPU; fp32: never
+    precision: str = "auto"  # modsent.training.precision: auto, fp16 or fp32
     storage_dtype: str = "float32"  # the saved weights: float32, or float16/bfloat16 (half the disk)
 
     @classmethod

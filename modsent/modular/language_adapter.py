@@ -77,7 +77,7 @@ class LanguageAdapterConfig:
     log_every: int = 50
     head_warmup_steps: int = 500
     seed: int = 0
-    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on the CPU; fp32: never autocast
+    precision: str = "auto"  # modsent.training.precision: auto, fp16 or fp32
     tracking: str = "none"  # none | tensorboard | wandb
 
     @classmethod

@@ -93,7 +93,7 @@ class SentenceAdapterConfig:
     max_steps: int | None = None
     log_every: int = 10
     checkpoint_every: int = 500  # optimizer steps between resumable checkpoints
-    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on the CPU; fp32: never
+    precision: str = "auto"  # modsent.training.precision: auto, fp16 or fp32
 
     @classmethod
     def from_config(cls, section: dict) -> "SentenceAdapterConfig":

@@ -71,7 +71,8 @@ def save_checkpoint(path: Path, model, optimizer, step: int, fingerprint: str, p
 
 def load_checkpoint(path: Path, model, optimizer, fingerprint: str, scaler=None):
     """Restore a checkpoint into model and optimizer (the AdamW moments on their parameters'
-    device; the step counts stay on the CPU, as AdamW keeps them) and an enabled ``scaler``
+    device; the step counts where AdamW keeps them: on the CPU, or for fused and capturable
+    AdamW on the parameter's device) and an enabled ``scaler``
     (the loss scale of the run that saved it, when it ran fp16 too): (step, progress), or None
     when there is none or it was made with another fingerprint."""
     from safetensors.torch import load_file
@@ -89,16 +90,24 @@ def load_checkpoint(path: Path, model, optimizer, fingerprint: str, scaler=None)
         for key, value in tensors.items():
             if key.startswith("param/"):
                 named[key[len("param/"):]].copy_(value)
+    # AdamW keeps its step counts on the CPU, but fused and capturable AdamW (modsent's on GPUs)
+    # on the parameter's device, in float32, as torch's own Optimizer.load_state_dict puts them
+    on_device = {id(p) for group in optimizer.param_groups if group.get("fused") or group.get("capturable")
+                 for p in group["params"]}
     for name, param in named.items():
         if f"exp_avg/{name}" in tensors:
+            step = tensors[f"step/{name}"].reshape(()).clone()
             optimizer.state[param] = {
-                "step": tensors[f"step/{name}"].reshape(()).clone(),
+                "step": step.to(param.device, torch.float32) if id(param) in on_device else step,
                 "exp_avg": tensors[f"exp_avg/{name}"].to(param.device, copy=True),
                 "exp_avg_sq": tensors[f"exp_avg_sq/{name}"].to(param.device, copy=True),
             }
     torch.set_rng_state(tensors["rng/torch"])
-    if scaler is not None and scaler.is_enabled() and meta.get("scaler"):
-        scaler.load_state_dict(meta["scaler"])
+    # (MEXMA's checkpoints kept the scale in their progress before every stage had a scaler)
+    progress = meta["history"]
+    saved = meta.get("scaler") or (progress.get("scaler") if isinstance(progress, dict) else None)
+    if scaler is not None and scaler.is_enabled() and saved:
+        scaler.load_state_dict(saved)
     return meta["step"], meta["history"]
 
 

@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 def to_device(tensor: torch.Tensor, device) -> torch.Tensor:
     """``tensor`` on ``device``. From the CPU to a GPU the copy goes through pinned memory and
     does not block the host, which can go on queueing work while the GPU finishes the previous
-    step (a plain ``.to(device)`` from pageable memory waits for the GPU)."""
+    step (a plain ``.to(device)`` from pageable memory waits for the GPU). A tensor that is
+    pinned already is sent itself: do not change it in place before the GPU has read it."""
     device = torch.device(device)
     if device.type == "cuda" and tensor.device.type == "cpu":
         return tensor.pin_memory().to(device, non_blocking=True)

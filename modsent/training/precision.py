@@ -20,12 +20,17 @@ goes on with the loss scale the unbroken run had.
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import torch
 
 from modsent.schema import PRECISIONS
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# bodies whose activations overflow fp16's range (T5's feed-forward outputs: trained in bf16)
+FP16_UNSAFE = ("t5", "mt5", "umt5")
+
+log = logging.getLogger(__name__)
 
 
 def device_type(device) -> str:
@@ -62,4 +67,26 @@ def grad_scaler(device, precision: str = "auto") -> torch.amp.GradScaler:
     ``scaler.scale(loss).backward()``, then ``scaler.unscale_(optimizer)`` before clipping,
     ``scaler.step(optimizer)``, ``scaler.update()`` (modsent.training.loop.optimizer_step)."""
     enabled = resolve(device, precision) == "fp16"
-    return torch.amp.GradScaler(device_type(device) if enabled else "cpu", enabled=enabled)
+    scaler = torch.amp.GradScaler(device_type(device) if enabled else "cpu", enabled=enabled)
+    if enabled:
+        # the scale exists from the start (GradScaler makes it on the first scaled loss): a
+        # data-parallel process with no share of a batch scales nothing, and unscales all the same
+        scaler.scale(torch.zeros((), device=device))
+    return scaler
+
+
+def for_model(model: torch.nn.Module, device, precision: str = "auto") -> str:
+    """``precision`` for training ``model``: ``auto`` on a GPU without bf16 would run fp16, in
+    which T5-family bodies (mT5: m-ST5) overflow (every step skipped by the loss scaler, the model
+    left as it was), so there it is ``fp32``, and the log says so. An explicit ``fp16`` is kept,
+    with a warning."""
+    types = {getattr(getattr(m, "config", None), "model_type", None) for m in model.modules()}
+    unsafe = sorted(t for t in types if t in FP16_UNSAFE)
+    if not unsafe or resolve(device, precision) != "fp16":
+        return precision
+    if precision == "auto":
+        log.warning("precision auto: this GPU has no bf16 and %s overflows in fp16; training in fp32",
+                    unsafe[0])
+        return "fp32"
+    log.warning("precision fp16 with a %s body: its activations may overflow fp16 (steps skipped)", unsafe[0])
+    return precision

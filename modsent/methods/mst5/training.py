@@ -32,8 +32,9 @@ encoded in three forward passes (each padded to its own longest text).
 
 Training: one plain loop (:func:`run_training`, with :mod:`modsent.training.loop`'s parts of a
 step): the step's learning rate (linear warm-up, then linear decay), dropout seeded from (seed,
-step), the loss under bf16 autocast on GPUs, backward, gradient clipping, AdamW over the LoRA
-matrices. Every ``checkpoint_every`` steps the LoRA
+step), the loss under bf16 autocast on GPUs (fp32 for an mT5 body on GPUs without bf16, where
+``auto`` would run fp16: :func:`modsent.training.precision.for_model`), backward, gradient
+clipping, AdamW over the LoRA matrices. Every ``checkpoint_every`` steps the LoRA
 weights, AdamW moments, RNG state and progress go to ``{out}.checkpoint/``
 (:mod:`modsent.training.checkpoints`); a rerun with the same settings and inputs resumes from it
 and ends, on the CPU, with exactly the weights of an unbroken run.
@@ -68,7 +69,7 @@ from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.optim import fused_options
 from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import no_duplicate_batches
-from modsent.training.precision import autocast, grad_scaler
+from modsent.training.precision import autocast, for_model as precision_for, grad_scaler
 from modsent.training.seeding import dropout_seed
 
 log = logging.getLogger(__name__)
@@ -335,10 +336,12 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
     loss_fn = TripletInfoNCELoss(cfg.temperature)
     eval_batch = max(1, min(cfg.batch_size, 64))
 
-    def evaluate():
-        return bl._heldout_accuracies(model, heldout, pivot, eval_batch, cfg.precision)
+    precision = precision_for(model, device, cfg.precision)  # mT5 stays out of fp16
 
-    scaler = grad_scaler(device, cfg.precision)  # fp16: the loss scaler; else a pass-through
+    def evaluate():
+        return bl._heldout_accuracies(model, heldout, pivot, eval_batch, precision)
+
+    scaler = grad_scaler(device, precision)  # fp16: the loss scaler; else a pass-through
     fingerprint = training_fingerprint(name, cfg, source, langs, pairs_paths)
     resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint, scaler) if checkpoint_dir else None
     start = resumed["step"] if resumed else 0
@@ -349,7 +352,7 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
     for step, batch in enumerate(bl.iter_steps(data, total_steps, start), start=start):
         lr = set_learning_rate(optimizer, schedules.warmup_linear(step, total_steps, warmup_steps, cfg.learning_rate))
         torch.manual_seed(dropout_seed(step, cfg.seed))  # the same masks in a resumed run
-        with autocast(device, cfg.precision):
+        with autocast(device, precision):
             loss = batch_loss(model, loss_fn, data.rows.iloc[batch])
         scaler.scale(loss).backward()
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
