@@ -334,7 +334,8 @@ def test_the_same_configuration_spelled_otherwise_plans_nothing(run, tmp_path):
 
 # A changed value for every key the schema marks `x-role: runtime` (how a job runs)
 RUNTIME_CHANGES = {
-    "translation.batch_size": 7, "translation.checkpoint_every": 3, "resources": {"gpu_train": {"cpus": 3}},
+    "translation.batch_size": 7, "translation.batch_tokens": 512, "translation.checkpoint_every": 3,
+    "resources": {"gpu_train": {"cpus": 3}},
     "evaluation.batch_size": 5, "fasttext.threads": 2, "language_adapter.checkpoint_every": 5,
     "language_adapter.log_every": 3, "language_adapter.tracking": "tensorboard", "language_adapter.gpus": 2,
     "sentence_adapter.log_every": 3, "sentence_adapter.checkpoint_every": 5, "alignment.log_every": 3,
