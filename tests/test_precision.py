@@ -90,16 +90,20 @@ def test_fp16_with_the_scaler_trains_like_fp32(fp16):
     assert half != full  # fp16 really ran
 
 
+def _scaled_gradients_of_three():
+    """A model whose every gradient is 3 times fp16's starting scale, as backward through the
+    scaler leaves a gradient of 3: (parameters, AdamW, scaler, the parameters' values)."""
+    params = list(_model().parameters())
+    scaler = precision.grad_scaler("cpu", "fp16")
+    for p in params:
+        p.grad = torch.full_like(p, 3.0) * scaler.get_scale()
+    return params, torch.optim.AdamW(params, lr=1e-2), scaler, [p.detach().clone() for p in params]
+
+
 def test_a_step_whose_gradients_overflow_is_skipped_and_the_scale_lowered(fp16):
     """GradScaler's definition: gradients unscaled before clipping; inf/nan in any of them skips
     the optimizer step and halves the scale; otherwise the step is AdamW's on the true gradients."""
-    model = _model()
-    params = list(model.parameters())
-    optimizer = torch.optim.AdamW(params, lr=1e-2)
-    scaler = precision.grad_scaler("cpu", "fp16")
-    before = [p.detach().clone() for p in params]
-    for p in params:
-        p.grad = torch.full_like(p, 3.0) * scaler.get_scale()
+    params, optimizer, scaler, before = _scaled_gradients_of_three()
     params[0].grad[0, 0] = float("inf")
     optimizer_step(optimizer, params, 1.0, scaler)
     assert all(torch.equal(p, q) for p, q in zip(params, before)) and all(p.grad is None for p in params)
@@ -121,13 +125,7 @@ def test_a_process_with_no_share_of_a_batch_steps_with_the_others(fp16):
     """Data-parallel: a process that had no text in a tiny batch scales no loss; the all-reduce
     gives it the others' scaled gradients (modsent.distributed.average_gradients), and it
     unscales and steps with them (its scale exists from the start, not from its first loss)."""
-    model = _model()
-    params = list(model.parameters())
-    optimizer = torch.optim.AdamW(params, lr=1e-2)
-    scaler = precision.grad_scaler("cpu", "fp16")
-    before = [p.detach().clone() for p in params]
-    for p in params:
-        p.grad = torch.full_like(p, 3.0) * 2.0 ** 16
+    params, optimizer, scaler, before = _scaled_gradients_of_three()
     optimizer_step(optimizer, params, 1.0, scaler)
     assert not any(torch.equal(p, q) for p, q in zip(params, before)) and scaler.get_scale() == 2.0 ** 16
 
