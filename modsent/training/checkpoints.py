@@ -108,7 +108,7 @@ def load_checkpoint(path: Path, model, optimizer, fingerprint: str, scaler=None)
     saved = meta.get("scaler") or (progress.get("scaler") if isinstance(progress, dict) else None)
     if scaler is not None and scaler.is_enabled() and saved:
         scaler.load_state_dict(saved)
-    return meta["step"], meta["history"]
+    return meta["step"], progress
 
 
 def resume(checkpoint_dir: Path, model, optimizer, fingerprint: str, scaler=None) -> dict | None:

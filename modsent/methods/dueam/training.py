@@ -16,8 +16,9 @@ Training: one plain loop (:func:`run_training`, with :mod:`modsent.training.loop
 step): the step's learning rate (``warmup_steps`` of linear warm-up, then linear decay to
 zero), dropout seeded from (seed, step), the loss under autocast on GPUs (bf16, or fp16 with a
 loss scaler: :mod:`modsent.training.precision`), backward, gradient clipping, AdamW (weight
-decay on matrices only). Batches are a seeded permutation of the pairs per epoch (no negatives: a batch's composition does not change a pair's terms), a pure
-function of (seed, epoch). Every ``checkpoint_every`` steps every weight, the AdamW moments,
+decay on matrices only). Batches are a seeded permutation of the pairs per epoch (no
+negatives: a batch's composition does not change a pair's terms), a pure function of (seed,
+epoch). Every ``checkpoint_every`` steps every weight, the AdamW moments,
 the RNG state and the progress go to ``{out}.checkpoint/`` (:mod:`modsent.training.checkpoints`);
 a rerun with the same settings and inputs resumes there and ends, on the CPU, with exactly the
 weights of an unbroken run.

@@ -73,7 +73,7 @@ from modsent.methods.intemats.settings import DT, FUSED, FUSION_PAIRS, SITES, ST
 from modsent.modular import sentence_adapter as sa
 from modsent.modular import serial_adapter as sad
 from modsent.training import checkpoints, schedules
-from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate, to_device
+from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.optim import adamw
 from modsent.training.pairs import no_duplicate_batches, steps_of_epochs
 from modsent.training.precision import PRECISIONS, autocast, grad_scaler
@@ -384,7 +384,7 @@ def fusion_weights(model: sa.SentenceEncoderModel, texts: Sequence[str], batch_s
         for start in range(0, len(texts), batch_size):
             features = model.tokenize(texts[start:start + batch_size])
             device = next(inner.body.parameters()).device
-            features = {k: to_device(v, device) for k, v in features.items()}
+            features = {k: v.to(device) for k, v in features.items()}
             inner(**features)
             mask = features["attention_mask"].unsqueeze(-1).float()
             tokens += float(mask.sum())
