@@ -125,6 +125,38 @@ def test_fresh_cla_adapter_is_the_identity_and_only_adapters_train(inputs, tmp_p
     assert any(".parallel_adapter.up." in n for n in changed)  # no longer the identity
 
 
+def test_a_batch_prepared_ahead_on_a_thread_has_the_loss_of_its_definition(inputs):
+    """Training prepares each batch (English vectors, L's texts tokenised) on a thread one step
+    ahead (modsent.training.loop.ahead): the loss is the one computed in the step, and both are
+    the loss's definition on L's texts encoded one by one (pl: cosine MSE; pp: MNRL with the
+    hard negatives as extra candidates)."""
+    from modsent import losses
+    from modsent.training.loop import ahead
+
+    model = al.build_alignment_model(inputs["base"], inputs["de_la"], inputs["de_se"], CFG, device="cpu")
+    model.eval()  # no dropout: the same numbers every time
+    english = al.read_english_embeddings(inputs["embeddings"])
+    for kind in ("pp", "pl"):
+        pairs = al.alignment_pairs(kind, inputs[kind])
+        batches = sa.no_duplicate_batches(pairs, 16, 0)[:3]
+        with torch.no_grad():
+            prepared = [al.batch_loss(kind, model, english, pairs.iloc[b], 20.0, ready) for b, ready in
+                        ahead(batches, lambda b: al.batch_inputs(kind, model, english, pairs.iloc[b]))]
+            direct = [al.batch_loss(kind, model, english, pairs.iloc[b]) for b in batches]
+            for batch, loss in zip(batches, prepared):
+                rows = pairs.iloc[batch]
+                anchors = english.lookup(rows["anchor"].tolist())
+                one = torch.cat([model([t]) for t in rows["positive"]])
+                if kind == "pl":
+                    reference = losses.CosineSimilarityLoss()(anchors, one)
+                else:
+                    negatives = [model([t]) for t in rows["negative"] if isinstance(t, str)]
+                    assert negatives  # the hard negatives are part of the batch
+                    reference = losses.MultipleNegativesRankingLoss(20.0)(anchors, one, torch.cat(negatives))
+                assert torch.allclose(loss, reference, atol=1e-5), kind
+        assert [x.item() for x in prepared] == [x.item() for x in direct]
+
+
 def test_pp_batches_hold_no_text_twice(inputs):
     pairs = al.alignment_pairs("pp", inputs["pp"])
     assert pairs["negative"].notna().any()

@@ -12,7 +12,7 @@ import torch
 
 from modsent.schema import PRECISIONS, load_schema
 from modsent.training import checkpoints, precision
-from modsent.training.loop import optimizer_step
+from modsent.training.loop import TrainingLog, optimizer_step
 
 
 def test_resolve_says_what_runs_on_each_device(monkeypatch):
@@ -212,3 +212,41 @@ def test_on_a_gpu_auto_and_fp16_train_and_copies_do_not_wait():
 @cuda
 def test_on_a_gpu_fused_adamw_resumes(tmp_path):
     _resume_fused("cuda", tmp_path)
+
+
+def _logged_fp16_run(overflowing, steps: int, log_every: int, caplog) -> tuple[list[str], TrainingLog]:
+    """``steps`` fp16 steps through the shared step and a TrainingLog that watches the scaler;
+    the steps in ``overflowing`` have an inf gradient (skipped, the scale halved). The warnings."""
+    import logging
+
+    params, optimizer, scaler, _ = _scaled_gradients_of_three()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="modsent.training.loop"):
+        training = TrainingLog(steps, 0, "SE de", progress=False, log_every=log_every, scaler=scaler)
+        for step in range(steps):
+            for p in params:
+                p.grad = torch.full_like(p, 3.0) * scaler.get_scale()
+            if step in overflowing:
+                params[0].grad[0, 0] = float("inf")
+            optimizer_step(optimizer, params, 1.0, scaler)
+            training.record(step, torch.tensor(1.0), 1e-3, 4)
+        training.close()
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"], training
+
+
+def test_the_log_warns_when_fp16_skips_most_steps(fp16, caplog):
+    """A scale that keeps falling means skipped steps: the log says so at the logged step where
+    8 or more of a window's steps, and half of it or more, are known to have overflowed; the
+    few overflows of a run's first steps (the scale finding its level) do not warn."""
+    warnings, training = _logged_fp16_run(set(range(5, 40)), 40, 10, caplog)
+    assert training.skipped_steps == 35
+    assert len(warnings) == 1  # once a window of about 100 steps
+    assert warnings[0].startswith("SE de: at least 15 of the last 20 steps overflowed in fp16")
+    assert f"loss scale now {2.0 ** (16 - 15):g}" in warnings[0]
+    warnings, training = _logged_fp16_run({0, 1, 2}, 40, 10, caplog)
+    assert training.skipped_steps == 3 and not warnings
+    warnings, training = _logged_fp16_run(set(range(0, 120, 2)), 120, 1, caplog)  # every other step
+    assert training.skipped_steps == 60 and len(warnings) == 2  # steps 1-100, then 101-120
+    assert warnings[0].startswith("SE de: at least 8 of the last 15 steps")
+    warnings, training = _logged_fp16_run(set(range(0, 300, 16)), 300, 10, caplog)  # 1 in 16: fine
+    assert training.skipped_steps == 19 and not warnings

@@ -189,6 +189,32 @@ def test_only_the_se_lora_moves_and_the_saved_adapter_reloads(inputs, tmp_path):
     assert saved and all("lora_" in k for k in saved)
 
 
+def test_a_batch_tokenised_ahead_on_a_thread_has_the_mnrl_of_its_texts(inputs):
+    """Training tokenises each batch on a thread one step ahead (modsent.training.loop.ahead):
+    the loss equals the step's own and MNRL's definition on the texts encoded one by one."""
+    from modsent.training.loop import ahead
+
+    model = sa.build_model(inputs["base"], inputs["la"], CFG)
+    model.eval()
+    pairs = sa.read_pairs(inputs["pairs"])
+    loss_fn = MultipleNegativesRankingLoss(20.0)
+    batches = sa.no_duplicate_batches(pairs, 8, 0)[:3]
+    with torch.no_grad():
+        prepared = [sa.batch_loss(model, loss_fn, pairs.iloc[b], features) for b, features in
+                    ahead(batches, lambda b: model.features(sa.batch_texts(pairs.iloc[b])))]
+        direct = [sa.batch_loss(model, loss_fn, pairs.iloc[b]) for b in batches]
+        for batch, loss in zip(batches, prepared):
+            rows = pairs.iloc[batch]
+            anchors, positives = (torch.cat([model([t]) for t in rows[side]]) for side in ("anchor", "positive"))
+            negatives = [model([t]) for t in rows["negative"] if isinstance(t, str)]
+            candidates = torch.cat([positives] + negatives)  # hard negatives: more candidates
+            scores = 20.0 * torch.nn.functional.normalize(anchors, dim=-1) @ torch.nn.functional.normalize(
+                candidates, dim=-1).T
+            reference = torch.nn.functional.cross_entropy(scores, torch.arange(len(rows)))
+            assert torch.allclose(loss, reference, atol=1e-5)
+    assert [x.item() for x in prepared] == [x.item() for x in direct]
+
+
 def test_training_raises_heldout_retrieval_and_reloads(inputs, tmp_path):
     la_before = _digest(inputs["la"])
     out = tmp_path / "de"

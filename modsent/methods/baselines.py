@@ -76,7 +76,7 @@ from modsent.data.paraphrase import crosslingual_mix
 from modsent.evaluation.plots import write_loss_curve
 from modsent.training import checkpoints, schedules
 from modsent.training.optim import adamw
-from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
+from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import no_duplicate_batches, read_pairs, split_heldout, steps_of_epochs
 from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed
@@ -338,8 +338,15 @@ def training_fingerprint(name: str, cfg: FullTrainingConfig, start_dir: str | Pa
     return checkpoints.fingerprint(settings, start_dir, *(pairs_paths[lang] for lang in sorted(pairs_paths)))
 
 
+def share_texts(rows: pd.DataFrame, rank: int, world: int) -> list[str]:
+    """This process's contiguous share of a batch's texts (``sentence_adapter.batch_texts``)."""
+    texts = sa.batch_texts(rows)
+    return texts[distributed.local_slice(len(texts), rank, world)]
+
+
 def gathered_batch_loss(model: sa.SentenceEncoderModel, loss_fn: MultipleNegativesRankingLoss,
-                        rows: pd.DataFrame, rank: int, world: int) -> torch.Tensor:
+                        rows: pd.DataFrame, rank: int, world: int,
+                        features: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
     """MNRL of one batch (``sentence_adapter.batch_loss``), its texts encoded by ``world``
     processes with the in-batch negatives spanning all of them.
 
@@ -350,19 +357,18 @@ def gathered_batch_loss(model: sa.SentenceEncoderModel, loss_fn: MultipleNegativ
     every positive and hard negative of the global batch, not only its own process's. The
     gradient flows back into each process's own texts only; the processes' weight gradients sum
     to the gradient of the loss (the trainer back-propagates ``world`` × the loss and averages).
-    One process: ``sentence_adapter.batch_loss`` itself."""
+    One process: ``sentence_adapter.batch_loss`` itself. ``features``: this process's share
+    (:func:`share_texts`) already tokenised (``model.features``), when prepared ahead."""
     if world == 1:
-        return sa.batch_loss(model, loss_fn, rows)
-    anchors, positives = rows["anchor"].tolist(), rows["positive"].tolist()
-    negatives = [t for t in rows["negative"] if isinstance(t, str)]
-    texts = anchors + positives + negatives
-    share = texts[distributed.local_slice(len(texts), rank, world)]
+        return sa.batch_loss(model, loss_fn, rows, features)
+    share = share_texts(rows, rank, world)
     device = next(model.parameters()).device
     # float32 for the exchange: one dtype in every process, and the loss is computed in float32
-    local = model(share).float() if share else torch.zeros(0, 0, device=device)
+    local = (model(features if features is not None else share).float() if share
+             else torch.zeros(0, 0, device=device))
     emb = distributed.all_gather_rows(local)
-    n = len(anchors)
-    return loss_fn(emb[:n], emb[n:2 * n], emb[2 * n:] if negatives else None)
+    n = len(rows)
+    return loss_fn(emb[:n], emb[n:2 * n], emb[2 * n:] if len(emb) > 2 * n else None)
 
 
 def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str, str | Path],
@@ -445,19 +451,25 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
     distributed.broadcast_from_main(trainable)
 
     # the loss is the whole batch's, the same in every process
-    log_ = TrainingLog(total_steps, start, name, progress and main, cfg.log_every, resumed)
+    log_ = TrainingLog(total_steps, start, name, progress and main, cfg.log_every, resumed, scaler)
     model.train()
-    for step, batch in enumerate(iter_steps(data, total_steps, start=start), start=start):
+
+    def prepare(batch):  # on a thread, one step ahead: this process's texts of the next batch tokenised
+        share = share_texts(data.rows.iloc[batch], rank, world)
+        return model.features(share) if share else None
+
+    for step, (batch, features) in enumerate(ahead(iter_steps(data, total_steps, start=start), prepare),
+                                             start=start):
         lr = set_learning_rate(optimizer, schedules.warmup_ratio_linear(step, total_steps, cfg.warmup_ratio,
                                                                         cfg.learning_rate))
         torch.manual_seed(dropout_seed(step, cfg.seed, rank))
         with autocast(device, cfg.precision):
-            loss = gathered_batch_loss(model, loss_fn, data.rows.iloc[batch], rank, world)
+            loss = gathered_batch_loss(model, loss_fn, data.rows.iloc[batch], rank, world, features)
         if loss.requires_grad:  # a process with no text in a tiny batch has no share of the gradient
             scaler.scale(loss * world).backward()
         distributed.average_gradients(trainable)
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
-        log_.record(step, loss.item(), lr, len(batch))
+        log_.record(step, loss, lr, len(batch))  # read back at the logged steps: no GPU wait here
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
                                         log_.state(accuracy_before=[mono_before, cross_before]), scaler)

@@ -69,7 +69,7 @@ from modsent.io import InputError, atomic_path, write_parquet
 from modsent.data.translation import make_units, unit_id
 from modsent.training import checkpoints, fastpath
 from modsent.training.optim import adamw
-from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
+from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate, to_device
 from modsent.training import schedules
 from modsent.training.pairs import PAIR_TEXT_COLUMNS, batches_of_steps, no_duplicate_batches, split_heldout
 from modsent.training.precision import autocast, grad_scaler
@@ -354,18 +354,32 @@ def build_alignment_model(base_model_dir, la_dir, se_dir, cfg: AlignmentConfig, 
     return model
 
 
+def batch_inputs(kind: str, model: sa.SentenceEncoderModel, english: EnglishEmbeddings,
+                 rows: pd.DataFrame) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """What a batch needs from the host: the English vectors looked up and L's texts (positives,
+    then pp's hard negatives) tokenised, in pinned memory when the model is on a GPU (a training
+    loop prepares them ahead on a thread: modsent.training.loop.ahead)."""
+    anchors = english.lookup(rows["anchor"].tolist())
+    texts = rows["positive"].tolist()
+    if kind != "pl":
+        texts += [t for t in rows["negative"] if isinstance(t, str)]
+    if next(model.encoder.parameters()).device.type == "cuda":
+        anchors = anchors.pin_memory()
+    return anchors, model.features(texts)
+
+
 def batch_loss(kind: str, model: sa.SentenceEncoderModel, english: EnglishEmbeddings, rows: pd.DataFrame,
-               scale: float = 20.0) -> torch.Tensor:
-    """The loss of one batch: the English side looked up, L's texts encoded in one forward pass."""
+               scale: float = 20.0, inputs: tuple[torch.Tensor, dict] | None = None) -> torch.Tensor:
+    """The loss of one batch: the English side looked up, L's texts encoded in one forward pass.
+    ``inputs``: :func:`batch_inputs` of the batch, when prepared already."""
     device = next(model.encoder.parameters()).device
-    anchors = english.lookup(rows["anchor"].tolist()).to(device)
-    positives = rows["positive"].tolist()
+    anchors, features = inputs if inputs is not None else batch_inputs(kind, model, english, rows)
+    anchors = to_device(anchors, device)
     if kind == "pl":
-        return losses.CosineSimilarityLoss()(anchors, model(positives))
-    negatives = [t for t in rows["negative"] if isinstance(t, str)]
-    emb = model(positives + negatives).float()
-    n = len(positives)
-    return losses.MultipleNegativesRankingLoss(scale)(anchors, emb[:n], emb[n:] if negatives else None)
+        return losses.CosineSimilarityLoss()(anchors, model(features))
+    emb = model(features).float()
+    n = len(rows)
+    return losses.MultipleNegativesRankingLoss(scale)(anchors, emb[:n], emb[n:] if len(emb) > n else None)
 
 
 def retrieval_accuracy(model: sa.SentenceEncoderModel, english: EnglishEmbeddings, anchors: Sequence[str],
@@ -464,18 +478,22 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
     resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint, scaler)
     start = resumed["step"] if resumed else 0
     before = resumed["heldout_before"] if resumed and "heldout_before" in resumed else evaluate()
-    log_ = TrainingLog(total_steps, start, f"CLA {kind} {language}", progress, cfg.log_every, resumed)
+    log_ = TrainingLog(total_steps, start, f"CLA {kind} {language}", progress, cfg.log_every, resumed, scaler)
     model.train()
     batches = batches_of_steps(train, cfg.batch_size, cfg.seed, total_steps, start)
-    for step, batch in enumerate(batches, start=start):
+
+    def prepare(batch):  # on a thread, one step ahead: the next batch's vectors and tokens
+        return batch_inputs(kind, model, english, train.iloc[batch])
+
+    for step, (batch, inputs) in enumerate(ahead(batches, prepare), start=start):
         lr = set_learning_rate(optimizer, schedules.warmup_ratio_linear(step, total_steps, cfg.warmup_ratio,
                                                                         cfg.learning_rate))
         torch.manual_seed(dropout_seed(step, cfg.seed))
         with autocast(device, cfg.precision):
-            loss = batch_loss(kind, model, english, train.iloc[batch], cfg.scale)
+            loss = batch_loss(kind, model, english, train.iloc[batch], cfg.scale, inputs)
         scaler.scale(loss).backward()
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
-        log_.record(step, loss.item(), lr, len(batch))
+        log_.record(step, loss, lr, len(batch))  # read back at the logged steps: no GPU wait here
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
                                         log_.state(heldout_before=before), scaler)

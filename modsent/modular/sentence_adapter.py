@@ -46,7 +46,7 @@ import dataclasses
 import json
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +60,7 @@ from modsent.losses import MultipleNegativesRankingLoss, mlm_parts
 from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.pairs import batches_of_steps, no_duplicate_batches, read_pairs, split_heldout  # noqa: F401
 from modsent.training.optim import adamw
-from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate, to_device
+from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate, to_device
 from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed
 from modsent.evaluation.plots import write_before_after_bars, write_loss_curve
@@ -222,9 +222,19 @@ class SentenceEncoderModel(nn.Module):
         return self.tokenizer(list(texts), padding=True, truncation=True,
                               max_length=self.max_seq_length, return_tensors="pt")
 
-    def forward(self, texts: Sequence[str]) -> torch.Tensor:
+    def features(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        """``texts`` tokenised for :meth:`forward`, in pinned memory when the model is on a GPU
+        (what a training loop prepares ahead on a thread: modsent.training.loop.ahead)."""
+        features = dict(self.tokenize(texts))
+        if next(self.encoder.parameters()).device.type == "cuda":
+            features = {k: v.pin_memory() for k, v in features.items()}
+        return features
+
+    def forward(self, texts: Sequence[str] | Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Embeddings of ``texts``, or of texts already tokenised (:meth:`features`)."""
         device = next(self.encoder.parameters()).device
-        features = {k: to_device(v, device) for k, v in self.tokenize(texts).items()}  # pinned, no GPU wait
+        features = texts if isinstance(texts, Mapping) else self.tokenize(texts)
+        features = {k: to_device(v, device) for k, v in features.items()}  # pinned, no GPU wait
         out = self.encoder(**features)
         features["token_embeddings"] = out.last_hidden_state
         return self.head(features)["sentence_embedding"]
@@ -330,14 +340,19 @@ def retrieval_accuracy(model: SentenceEncoderModel, anchors: Sequence[str], posi
 # ---- training ------------------------------------------------------------------------------------
 
 
+def batch_texts(rows: pd.DataFrame) -> list[str]:
+    """A batch's texts in the order of one forward pass: anchors, positives, hard negatives."""
+    return (rows["anchor"].tolist() + rows["positive"].tolist()
+            + [t for t in rows["negative"] if isinstance(t, str)])
+
+
 def batch_loss(model: SentenceEncoderModel, loss_fn: MultipleNegativesRankingLoss,
-               rows: pd.DataFrame) -> torch.Tensor:
-    """MNRL of one batch; all its texts are encoded in one forward pass."""
-    anchors, positives = rows["anchor"].tolist(), rows["positive"].tolist()
-    negatives = [t for t in rows["negative"] if isinstance(t, str)]
-    emb = model(anchors + positives + negatives)
-    n = len(anchors)
-    return loss_fn(emb[:n], emb[n:2 * n], emb[2 * n:] if negatives else None)
+               rows: pd.DataFrame, features: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """MNRL of one batch; all its texts are encoded in one forward pass. ``features``: the
+    batch's texts (:func:`batch_texts`) already tokenised (``model.features``)."""
+    n = len(rows)
+    emb = model(features if features is not None else batch_texts(rows))
+    return loss_fn(emb[:n], emb[n:2 * n], emb[2 * n:] if len(emb) > 2 * n else None)
 
 
 # ---- checkpoints -----------------------------------------------------------------------------------
@@ -386,18 +401,22 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
     resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint, scaler)
     start = resumed["step"] if resumed else 0
     accuracy_before = resumed["accuracy_before"] if resumed else evaluate()
-    log_ = TrainingLog(total_steps, start, f"SE {out_dir.name}", progress, cfg.log_every, resumed)
+    log_ = TrainingLog(total_steps, start, f"SE {out_dir.name}", progress, cfg.log_every, resumed, scaler)
     model.train()
     batches = batches_of_steps(train, cfg.batch_size, cfg.seed, total_steps, start)
-    for step, batch in enumerate(batches, start=start):
+
+    def prepare(batch):  # on a thread, one step ahead: the next batch's texts tokenised
+        return model.features(batch_texts(train.iloc[batch]))
+
+    for step, (batch, features) in enumerate(ahead(batches, prepare), start=start):
         lr = set_learning_rate(optimizer, schedules.warmup_ratio_linear(step, total_steps, cfg.warmup_ratio,
                                                                         cfg.learning_rate))
         torch.manual_seed(dropout_seed(step, cfg.seed))
         with autocast(device, cfg.precision):
-            loss = batch_loss(model, loss_fn, train.iloc[batch])
+            loss = batch_loss(model, loss_fn, train.iloc[batch], features)
         scaler.scale(loss).backward()
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
-        log_.record(step, loss.item(), lr, len(batch))
+        log_.record(step, loss, lr, len(batch))  # read back at the logged steps: no GPU wait here
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
                                         log_.state(accuracy_before=accuracy_before), scaler)

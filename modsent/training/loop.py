@@ -6,16 +6,16 @@ modsent.training.precision.
 
     scaler = grad_scaler(device, cfg.precision)
     resumed = resume(checkpoint_dir, model, optimizer, fingerprint, scaler)
-    log = TrainingLog(total_steps, start, "SE de", progress, cfg.log_every, resumed)
+    log = TrainingLog(total_steps, start, "SE de", progress, cfg.log_every, resumed, scaler)
     model.train()
-    for step, batch in enumerate(batches, start=start):
+    for step, (batch, features) in enumerate(ahead(batches, prepare), start=start):
         lr = set_learning_rate(optimizer, learning_rate(step))
         torch.manual_seed(dropout_seed(step, cfg.seed))
         with autocast(device, cfg.precision):
-            loss = batch_loss(batch)
+            loss = batch_loss(batch, features)  # features: tokenised by ahead's thread
         scaler.scale(loss).backward()
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
-        log.record(step, loss.item(), lr, len(batch))
+        log.record(step, loss, lr, len(batch))  # a tensor: read back at logged steps only
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint, log.state(...), scaler)
     losses, history, pairs_seen, seconds = log.close()
@@ -23,10 +23,16 @@ modsent.training.precision.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import math
 import time
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import torch
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +46,37 @@ def to_device(tensor: torch.Tensor, device) -> torch.Tensor:
     if device.type == "cuda" and tensor.device.type == "cpu":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
+
+
+def ahead(items: Iterable[T], prepare: Callable[[T], R], *, enabled: bool = True) -> Iterator[tuple[T, R]]:
+    """``(item, prepare(item))`` for every item, in order, with ``prepare`` of the next item
+    running on a worker thread while the caller works on this one: a pair stage tokenises (and
+    pins) batch ``i + 1`` while the GPU and the main thread run step ``i``. The Rust tokenizers
+    and the copy to pinned memory release the GIL, so on a GPU the host's share of a step
+    shrinks by the tokenising; the results are those of calling ``prepare`` in the loop
+    (``enabled=False`` does exactly that). An error in ``prepare`` is raised at its item.
+    ``prepare`` must not share mutable state with the caller's step: a tokenizer used here is
+    used by nobody else until the loop is over (a fast tokenizer called from two threads at
+    once fails with "Already borrowed"). Closing the iterator early waits for the item in flight."""
+    if not enabled:
+        for item in items:
+            yield item, prepare(item)
+        return
+    iterator = iter(items)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="modsent-ahead")
+    try:
+        pending = None
+        for item in iterator:
+            if pending is None:
+                pending = (item, pool.submit(prepare, item))
+                continue
+            current, future = pending
+            pending = (item, pool.submit(prepare, item))  # queued behind the one in flight
+            yield current, future.result()
+        if pending is not None:
+            yield pending[0], pending[1].result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> float:
@@ -89,10 +126,26 @@ class TrainingLog:
     steps, the first and the last), pairs seen and seconds of this run, and a progress bar.
     ``resumed``: the checkpoint's extra state (its ``losses`` and ``history`` continue). Each
     logged step also goes to the log (the rule's log) and, in the main process, to the job's
-    tracker (config ``tracking.report_to``: modsent.training.tracking)."""
+    tracker (config ``tracking.report_to``: modsent.training.tracking).
+
+    A step's loss may be given as the loss tensor itself: it is then read back with the others
+    at the next logged step, checkpoint or close (one wait for the GPU per ``log_every`` steps,
+    not one per step, so the host can queue the next step while the GPU finishes this one).
+    ``losses`` is complete after :meth:`state` and :meth:`close`.
+
+    ``scaler``: fp16's loss scaler (modsent.training.precision.grad_scaler). Its scale is read
+    at the logged steps; a scale that fell by ``2**k`` since the last logged step means at least
+    ``k`` of those steps overflowed and were skipped (the scale halves at each overflow and grows
+    only every 2,000 good steps). When at least :attr:`SKIPPED_WARNING` steps of a window (about
+    100 steps, from one logged step to another) and half of its steps or more were skipped, the
+    log warns, once a window: fp16 is then mostly not training (``precision: bf16`` or
+    ``fp32``). The few overflows of a run's first steps, while the scale comes down from 65,536
+    to what the gradients allow, stay below that."""
+
+    SKIPPED_WARNING = 8
 
     def __init__(self, total_steps: int, start_step: int, desc: str, progress: bool, log_every: int,
-                 resumed: dict | None = None):
+                 resumed: dict | None = None, scaler: torch.amp.GradScaler | None = None):
         from tqdm.auto import tqdm
 
         from modsent import distributed
@@ -106,12 +159,51 @@ class TrainingLog:
         self.history: list[list[float]] = [list(row) for row in resumed["history"]] if resumed else []
         self.pairs_seen, self.start_time = 0, time.perf_counter()
         self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, disable=not progress, unit="step")
+        self._pending: list[tuple[int, torch.Tensor]] = []  # (index in losses, loss not yet read)
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        self._scale = self.scaler.get_scale() if self.scaler is not None else None
+        self._scale_step = start_step
+        self.skipped_steps = 0  # fp16: steps known to have overflowed in this run (a lower bound)
+        self._window = [0, 0, False]  # fp16: steps, skipped steps, warned, of the current window
 
-    def record(self, step: int, loss: float, lr: float, pairs: int) -> None:
-        """Step ``step`` (0-based) is done: its loss, rate and number of pairs."""
+    def _read_losses(self) -> None:
+        """Every loss given as a tensor into ``losses``, with one read-back for all of them."""
+        if self._pending:
+            values = torch.stack([value for _, value in self._pending]).tolist()
+            for (index, _), value in zip(self._pending, values):
+                self.losses[index] = value
+            self._pending.clear()
+
+    def _check_scale(self, step: int) -> None:
+        """fp16: the steps skipped since the last logged step, from the fall of the scale."""
+        scale = self.scaler.get_scale()
+        skipped = round(math.log2(self._scale / scale)) if scale < self._scale else 0
+        self.skipped_steps += skipped
+        if self._window[0] >= 100:  # a new window
+            self._window = [0, 0, False]
+        self._window[0] += step - self._scale_step
+        self._window[1] += skipped
+        steps, skipped, warned = self._window
+        if not warned and skipped >= self.SKIPPED_WARNING and 2 * skipped >= steps:
+            log.warning("%s: at least %d of the last %d steps overflowed in fp16 and were skipped "
+                        "(loss scale now %g); precision bf16 or fp32 avoids it", self.desc, skipped, steps, scale)
+            self._window[2] = True
+        self._scale, self._scale_step = scale, step
+
+    def record(self, step: int, loss: float | torch.Tensor, lr: float, pairs: int) -> None:
+        """Step ``step`` (0-based) is done: its loss (a number, or the loss tensor to be read
+        later), rate and number of pairs."""
         self.pairs_seen += pairs
-        self.losses.append(loss)
+        if isinstance(loss, torch.Tensor):
+            self._pending.append((len(self.losses), loss.detach().float().reshape(())))
+            self.losses.append(math.nan)
+        else:
+            self.losses.append(float(loss))
         if (step + 1) % self.log_every == 0 or step == 0 or step + 1 == self.total_steps:
+            self._read_losses()
+            loss = self.losses[-1]
+            if self.scaler is not None:
+                self._check_scale(step + 1)
             self.history.append([step + 1, loss, lr])
             self.bar.set_postfix(loss=f"{loss:.3f}")
             if self.main:
@@ -120,11 +212,15 @@ class TrainingLog:
 
     def state(self, **extra) -> dict:
         """What a checkpoint keeps of the log (and ``extra``), as JSON."""
+        self._read_losses()
         return {"losses": self.losses, "history": self.history, **extra}
 
     def close(self) -> tuple[list[float], list[list[float]], int, float]:
         """(losses, history, pairs seen, seconds); the last two count this run's steps only."""
+        self._read_losses()
         self.bar.close()
         if self.tracker is not None:
             self.tracker.close()
+        if self.skipped_steps:
+            log.info("%s: at least %d steps overflowed in fp16 and were skipped", self.desc, self.skipped_steps)
         return self.losses, self.history, self.pairs_seen, time.perf_counter() - self.start_time

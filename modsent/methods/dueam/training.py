@@ -277,7 +277,7 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
         log.info("data-parallel over %d processes: each encodes its share of a step's pairs", world)
     distributed.broadcast_from_main(trainable)  # as DistributedDataParallel does
 
-    log_ = TrainingLog(total_steps, start, name, progress and main, cfg.log_every, resumed)
+    log_ = TrainingLog(total_steps, start, name, progress and main, cfg.log_every, resumed, scaler)
     model.train()
     for step, batch in enumerate(bl.iter_steps(data, total_steps, start), start=start):
         lr = set_learning_rate(optimizer, schedules.warmup_linear(step, total_steps, cfg.warmup_steps,

@@ -512,7 +512,7 @@ def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str
     start = resumed["step"] if resumed else 0
     before = resumed["before"] if resumed else _before(name, model, heldout, cfg)
 
-    log_ = TrainingLog(total_steps, start, name, progress, cfg.log_every, resumed)
+    log_ = TrainingLog(total_steps, start, name, progress, cfg.log_every, resumed, scaler)
     batches = steps_of_epochs(data.epoch_batches, total_steps * accumulation, start * accumulation)
     model.train()
     for step in range(start, total_steps):
@@ -525,12 +525,10 @@ def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str
             with autocast(device, cfg.precision):
                 loss = batch_loss(data.rows.iloc[batch]) / accumulation
             scaler.scale(loss).backward()
-            value += loss.item()
+            value = value + loss.detach().float()  # a tensor: no GPU wait per micro-batch
             seen += len(batch)
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
-        log_.record(step, value, lr, seen)
-        if (step + 1) % cfg.log_every == 0:
-            log.info("%s: step %d/%d, loss %.4f, lr %.2e", name, step + 1, total_steps, value, lr)
+        log_.record(step, value, lr, seen)  # read back and logged at the logged steps
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
                                         log_.state(before=before), scaler)

@@ -383,7 +383,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
         log.info("data-parallel over %d processes: each encodes its share of every micro-batch", world)
     distributed.broadcast_from_main(trainable)
 
-    log_ = TrainingLog(total_steps, start, name, progress and main, cfg.log_every, resumed)
+    log_ = TrainingLog(total_steps, start, name, progress and main, cfg.log_every, resumed, scaler)
     model.train()
     for step, batch in enumerate(bl.iter_steps(data, total_steps, start), start=start):
         lr = set_learning_rate(optimizer, schedules.warmup_cosine(

@@ -347,7 +347,7 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
     start = resumed["step"] if resumed else 0
     mono_before, cross_before = resumed["accuracy_before"] if resumed else evaluate()
 
-    log_ = TrainingLog(total_steps, start, name, progress, cfg.log_every, resumed)
+    log_ = TrainingLog(total_steps, start, name, progress, cfg.log_every, resumed, scaler)
     model.train()
     for step, batch in enumerate(bl.iter_steps(data, total_steps, start), start=start):
         lr = set_learning_rate(optimizer, schedules.warmup_linear(step, total_steps, warmup_steps, cfg.learning_rate))
@@ -356,10 +356,7 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
             loss = batch_loss(model, loss_fn, data.rows.iloc[batch])
         scaler.scale(loss).backward()
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
-        value = loss.item()
-        log_.record(step, value, lr, len(batch))
-        if (step + 1) % cfg.log_every == 0:
-            log.info("%s: step %d/%d, loss %.4f, lr %.2e", name, step + 1, total_steps, value, lr)
+        log_.record(step, loss, lr, len(batch))  # read back and logged at the logged steps
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
                                         log_.state(accuracy_before=[mono_before, cross_before]), scaler)

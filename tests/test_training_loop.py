@@ -1,0 +1,99 @@
+"""The shared parts of the training loops (modsent.training.loop) that change when the host
+waits: ``ahead`` prepares the next batch on a thread while the step runs, and ``TrainingLog``
+reads losses given as tensors back at the logged steps only."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+import torch
+
+from modsent.training.loop import TrainingLog, ahead
+
+
+def test_ahead_gives_what_preparing_in_the_loop_gives_in_order():
+    items = list(range(7))
+    assert list(ahead(items, lambda i: i * i)) == [(i, i * i) for i in items]
+    assert list(ahead(items, lambda i: i * i, enabled=False)) == [(i, i * i) for i in items]
+    assert list(ahead([], str)) == [] and list(ahead([3], str)) == [(3, "3")]
+    assert list(ahead(iter(items), str)) == [(i, str(i)) for i in items]  # any iterable, read once
+
+
+def test_ahead_prepares_the_next_item_while_the_caller_works_on_this_one():
+    """The caller's work on item 0 waits for the preparation of item 1 to start: serially this
+    could never happen (the wait would time out); on a thread it does."""
+    started = {i: threading.Event() for i in range(3)}
+    main = threading.get_ident()
+    threads = []
+
+    def prepare(i):
+        threads.append(threading.get_ident())
+        started[i].set()
+        return i
+
+    for i, prepared in ahead(range(3), prepare):
+        assert prepared == i
+        if i < 2:
+            assert started[i + 1].wait(timeout=10), f"item {i + 1} was not prepared while item {i} ran"
+    assert threads and main not in threads
+
+
+def test_ahead_raises_the_error_of_preparing_at_its_item_and_closing_waits():
+    def prepare(i):
+        if i == 2:
+            raise ValueError("batch 2 is bad")
+        return i
+
+    seen = []
+    with pytest.raises(ValueError, match="batch 2 is bad"):
+        for i, _ in ahead(range(5), prepare):
+            seen.append(i)
+    assert seen == [0, 1]
+
+    running, done = threading.Event(), []
+
+    def slow(i):
+        if i == 1:
+            running.set()
+            threading.Event().wait(0.3)
+        done.append(i)
+        return i
+
+    batches = ahead(range(10), slow)
+    assert next(batches) == (0, 0)
+    assert running.wait(timeout=10)
+    batches.close()  # the caller stops (an error in its step): the item in flight finishes first
+    assert done == [0, 1]
+
+
+def test_losses_given_as_tensors_are_read_at_the_logged_steps_and_equal_the_numbers():
+    values = [2.0, 1.5, 1.25, 1.0, 0.75, 0.5, 0.25]
+    numbers = TrainingLog(len(values), 0, "SE de", progress=False, log_every=3)
+    tensors = TrainingLog(len(values), 0, "SE de", progress=False, log_every=3)
+    for step, value in enumerate(values):
+        numbers.record(step, value, 1e-3, 4)
+        loss = torch.tensor(value, requires_grad=True) * 1.0  # as a step leaves it: in the graph
+        tensors.record(step, loss if step != 4 else value, 1e-3, 4)  # numbers and tensors mix
+        if step == 1:  # step 2 is not logged: its loss is not read yet
+            assert tensors.losses[0] == 2.0 and math.isnan(tensors.losses[1])
+    assert tensors.history == numbers.history == [[1, 2.0, 1e-3], [3, 1.25, 1e-3], [6, 0.5, 1e-3],
+                                                  [7, 0.25, 1e-3]]
+    assert not math.isnan(tensors.losses[-1])  # the last step is always logged
+    state = tensors.state(extra=1)
+    assert state["losses"] == values and state["extra"] == 1
+    assert tensors.close()[:3] == numbers.close()[:3] == (values, numbers.history, 28)
+
+
+def test_a_checkpoint_between_logged_steps_holds_every_loss():
+    training = TrainingLog(10, 0, "SE de", progress=False, log_every=5)
+    for step in range(3):
+        training.record(step, torch.tensor(float(step)), 1e-3, 2)
+    assert training.state()["losses"] == [0.0, 1.0, 2.0]  # step 3 is no logged step
+    resumed = TrainingLog(10, 3, "SE de", progress=False, log_every=5, resumed=training.state())
+    for step in range(3, 10):
+        resumed.record(step, torch.tensor(float(step)), 1e-3, 2)
+    losses, history, pairs, _ = resumed.close()
+    assert losses == [float(s) for s in range(10)] and pairs == 14
+    assert history == [[1, 0.0, 1e-3], [5, 4.0, 1e-3], [10, 9.0, 1e-3]]
