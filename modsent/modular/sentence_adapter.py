@@ -57,6 +57,7 @@ from torch import nn
 from modsent.modular import language_adapter as la
 from modsent.io import InputError, atomic_path, check_model_files
 from modsent.losses import MultipleNegativesRankingLoss, mlm_parts
+from modsent.tokenizing import BatchTokenizer
 from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.pairs import batches_of_steps, no_duplicate_batches, read_pairs, split_heldout  # noqa: F401
 from modsent.training.optim import adamw
@@ -219,8 +220,12 @@ class SentenceEncoderModel(nn.Module):
         self.tokenizer, self.max_seq_length = tokenizer, max_seq_length
 
     def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
-        return self.tokenizer(list(texts), padding=True, truncation=True,
-                              max_length=self.max_seq_length, return_tensors="pt")
+        """``texts`` padded to the longest and cut at ``max_seq_length`` tokens, as the tokenizer's
+        call gives them, with less work on the host (modsent.tokenizing)."""
+        batcher = self.__dict__.get("_batcher")
+        if batcher is None or batcher.tokenizer is not self.tokenizer or batcher.max_length != self.max_seq_length:
+            batcher = self.__dict__["_batcher"] = BatchTokenizer(self.tokenizer, self.max_seq_length)
+        return batcher(texts)
 
     def features(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
         """``texts`` tokenised for :meth:`forward`, in pinned memory when the model is on a GPU
@@ -243,16 +248,21 @@ class SentenceEncoderModel(nn.Module):
     def encode(self, sentences: Sequence[str], batch_size: int = 64, *, normalize: bool = True,
                precision: str = "auto") -> np.ndarray:
         """Embeddings [n, dim] (float32 numpy), L2-normalised unless ``normalize=False`` (then
-        exactly what the base's modules give). Sentences are batched by length (less padding)."""
+        exactly what the base's modules give). Sentences are batched by length (less padding);
+        the next batch is tokenised on a thread while this one is encoded (``loop.ahead``)."""
         was_training = self.training
         self.eval()
         sentences = list(sentences)
         order = np.argsort([-len(s) for s in sentences], kind="stable")
         device = next(self.encoder.parameters()).device
         chunks = []
-        for start in range(0, len(sentences), batch_size):
+
+        def prepare(start):
+            return self.features([sentences[i] for i in order[start:start + batch_size]])
+
+        for _, features in ahead(range(0, len(sentences), batch_size), prepare):
             with autocast(device, precision):
-                emb = self([sentences[i] for i in order[start:start + batch_size]]).float()
+                emb = self(features).float()
             if normalize:
                 emb = nn.functional.normalize(emb, dim=-1)
             chunks.append(emb.cpu().numpy())

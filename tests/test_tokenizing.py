@@ -1,0 +1,83 @@
+"""modsent.tokenizing: padded batches read straight from the Rust tokenizer equal the tokenizer's
+own call (``padding=True, truncation=True, max_length=n, return_tensors="pt"``) for the kinds of
+tokenizer modsent's encoders use, and anything else goes through the call."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import transformers
+
+from modsent import tokenizing
+from modsent.testing import make_random_nllb, make_tiny_bert, make_tiny_xlmr, sample_texts
+
+TEXTS = sample_texts(300)
+ODD = ["", " ", "x", "ünïcödé — ☃ and 中文 text", "[CLS] a text with [SEP] and <mask> in it",
+       " ".join(TEXTS[:6]),  # longer than every max_length below: truncated
+       "tab\tand\nnewline"]
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tokenizers")
+    return {
+        "bert": transformers.AutoTokenizer.from_pretrained(make_tiny_bert(root / "bert", TEXTS, vocab_size=500)),
+        "xlmr": transformers.AutoTokenizer.from_pretrained(make_tiny_xlmr(root / "xlmr", TEXTS, vocab_size=500)),
+        "nllb": transformers.AutoTokenizer.from_pretrained(make_random_nllb(root / "nllb", TEXTS, vocab_size=300)),
+    }
+
+
+@pytest.mark.parametrize("kind", ["bert", "xlmr", "nllb"])
+def test_padded_batches_equal_the_tokenizers_call(tokenizers, kind):
+    tokenizer = tokenizers[kind]
+    for max_length in (8, 32, 512):
+        for batch in (TEXTS[:64], ODD, TEXTS[100:101], ODD[:1]):
+            lean = tokenizing.padded_batch(tokenizer, batch, max_length)
+            assert lean is not None  # all three are plain fast tokenizers
+            reference = tokenizer(batch, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+            assert list(lean) == [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in reference]
+            for key, value in lean.items():
+                assert value.dtype == torch.int64 and torch.equal(value, reference[key]), (kind, max_length, key)
+            assert lean["input_ids"].shape[1] <= max_length
+    # the lean path leaves the tokenizer as the call leaves it: a later call is unchanged
+    assert tokenizer(["a b"], return_tensors="pt")["input_ids"].shape[0] == 1
+
+
+def test_a_tokenizer_with_a_path_of_its_own_goes_through_its_call(tokenizers):
+    bert = tokenizers["bert"]
+
+    class Custom(type(bert)):
+        def _encode_plus(self, *args, **kwargs):
+            return super()._encode_plus(*args, **kwargs)
+
+    custom = Custom.from_pretrained(bert.name_or_path)
+    assert tokenizing.padded_batch(custom, ["a text"], 16) is None
+    batcher = tokenizing.BatchTokenizer(custom, 16)
+    reference = bert(TEXTS[:4], padding=True, truncation=True, max_length=16, return_tensors="pt")
+    assert torch.equal(batcher(TEXTS[:4])["input_ids"], reference["input_ids"])
+    assert batcher.lean is False
+
+
+def test_the_batcher_checks_its_first_batch_and_keeps_the_call_if_they_differ(tokenizers, monkeypatch, caplog):
+    bert = tokenizers["bert"]
+    batcher = tokenizing.BatchTokenizer(bert, 32)
+    first = batcher(TEXTS[:8])
+    assert batcher.lean is True
+    assert torch.equal(first["input_ids"], batcher.call(TEXTS[:8])["input_ids"])
+
+    real = tokenizing.padded_batch
+
+    def off_by_one(tokenizer, texts, max_length):
+        batch = real(tokenizer, texts, max_length)
+        batch["input_ids"] = batch["input_ids"] + 1
+        return batch
+
+    monkeypatch.setattr(tokenizing, "padded_batch", off_by_one)
+    broken = tokenizing.BatchTokenizer(bert, 32)
+    with caplog.at_level(logging.WARNING, logger="modsent.tokenizing"):
+        out = broken(TEXTS[:8])
+    assert broken.lean is False and "differs from the tokenizer's call" in caplog.text
+    assert torch.equal(out["input_ids"], first["input_ids"])
+    assert torch.equal(broken(TEXTS[8:12])["input_ids"], batcher.call(TEXTS[8:12])["input_ids"])
