@@ -2,8 +2,10 @@
 ``tokenizer(texts, padding=True, truncation=True, max_length=n, return_tensors="pt")`` gives,
 about three times faster for a fast (Rust) tokenizer.
 
-Every sentence encoder of modsent tokenises through this (``SentenceEncoderModel.tokenize``:
-training SE, CLA, the baselines and the recipes, and evaluation encoding). On a GPU the host's
+modsent's own sentence encoders tokenise through this (``SentenceEncoderModel.tokenize``): the
+SE, CLA and Full_* stages, m-ST5, DuEAM and InteMATs in training, and the modular systems in
+evaluation (systems loaded as sentence-transformers models tokenise with sentence-transformers;
+MEXMA masks its own batches). On a GPU the host's
 work is part of every step: at the paper's 128 pairs per batch the SE step is bound by the host
 (benchmarks/results/README.md), and tokenising its 256 sentences took 21 ms on a 2-core machine,
 of which the Rust tokenizer's own work is 4 ms: the rest is transformers turning each
@@ -14,10 +16,12 @@ reads the ids, type ids and attention masks straight into int64 tensors (7 ms).
 
 Only tokenizers that take transformers' plain path are read this way: a ``TokenizersBackend``
 (fast tokenizer) whose class overrides neither ``__call__``, ``_encode_plus`` nor
-``set_truncation_and_padding``, with a padding token. For anything else :func:`padded_batch`
-returns None and the caller calls the tokenizer. :class:`BatchTokenizer` also compares the two
-on its first batch and keeps the tokenizer's own call if they differ (logged), so a tokenizer
-whose output this reading would change is never read this way.
+``set_truncation_and_padding``, with a padding token (the input mode set as the call sets it:
+``_switch_to_input_mode``, NLLB's and mBART's source-language tokens). For anything else
+:func:`padded_batch` returns None and the caller calls the tokenizer. :class:`BatchTokenizer`
+also compares the two on the first batch of each tokenizer and keeps the tokenizer's own call
+if they differ (logged): a safety net for tokenizers not covered by tests/test_tokenizing.py
+(BERT, XLM-R, T5 and NLLB kinds), not a proof for every input.
 
 Thread-safety is the tokenizer's: both paths set the Rust tokenizer's padding and truncation
 before encoding, so one tokenizer must not be used from two threads at once.
@@ -26,6 +30,7 @@ before encoding, so one tokenizer must not be used from two threads at once.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -60,6 +65,8 @@ def padded_batch(tokenizer, texts: Sequence[str], max_length: int) -> dict[str, 
     from transformers.tokenization_utils_base import TruncationStrategy
     from transformers.utils import PaddingStrategy
 
+    if not getattr(tokenizer, "_in_target_context_manager", False) and hasattr(tokenizer, "_switch_to_input_mode"):
+        tokenizer._switch_to_input_mode()  # as the call does
     tokenizer.set_truncation_and_padding(padding_strategy=PaddingStrategy.LONGEST,
                                          truncation_strategy=TruncationStrategy.LONGEST_FIRST,
                                          max_length=max_length, stride=0, pad_to_multiple_of=None, padding_side=None)
@@ -73,14 +80,28 @@ def padded_batch(tokenizer, texts: Sequence[str], max_length: int) -> dict[str, 
             for name in names}
 
 
+_VERDICTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tokenizer -> lean path equal?
+
+
 class BatchTokenizer:
     """``tokenizer(texts, padding=True, truncation=True, max_length=max_length,
     return_tensors="pt")`` as a dict of tensors, through :func:`padded_batch` where that gives the
-    same tensors (checked on the first batch), else through the call itself."""
+    same tensors (checked on the first batch of the tokenizer, remembered while it lives), else
+    through the call itself."""
 
     def __init__(self, tokenizer, max_length: int):
         self.tokenizer, self.max_length = tokenizer, max_length
-        self.lean: bool | None = None  # None: not decided yet (at the first batch)
+        try:
+            self.lean: bool | None = _VERDICTS.get(tokenizer)  # None: decided at the first batch
+        except TypeError:  # not weakly referable
+            self.lean = None
+
+    def _decide(self, lean: bool) -> None:
+        self.lean = lean
+        try:
+            _VERDICTS[self.tokenizer] = lean
+        except TypeError:
+            pass
 
     def call(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
         """The tokenizer's own call."""
@@ -88,17 +109,17 @@ class BatchTokenizer:
                                    return_tensors="pt"))
 
     def __call__(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        texts = list(texts)
         if self.lean is False:
             return self.call(texts)
         batch = padded_batch(self.tokenizer, texts, self.max_length)
         if batch is None:
-            if texts:  # an empty batch decides nothing
-                self.lean = False
+            if len(texts):  # an empty batch decides nothing
+                self._decide(False)
             return self.call(texts)
         if self.lean is None:
             reference = self.call(texts)
-            self.lean = (batch.keys() == reference.keys()
-                         and all(torch.equal(batch[k], reference[k]) for k in batch))
+            self._decide(batch.keys() == reference.keys() and all(torch.equal(batch[k], reference[k]) for k in batch))
             if not self.lean:
                 log.warning("%s: the lean tokenising path differs from the tokenizer's call; using the call",
                             type(self.tokenizer).__name__)

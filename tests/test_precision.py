@@ -235,18 +235,23 @@ def _logged_fp16_run(overflowing, steps: int, log_every: int, caplog) -> tuple[l
 
 
 def test_the_log_warns_when_fp16_skips_most_steps(fp16, caplog):
-    """A scale that keeps falling means skipped steps: the log says so at the logged step where
-    8 or more of a window's steps, and half of it or more, are known to have overflowed; the
-    few overflows of a run's first steps (the scale finding its level) do not warn."""
-    warnings, training = _logged_fp16_run(set(range(5, 40)), 40, 10, caplog)
-    assert training.skipped_steps == 35
+    """A scale that keeps falling means skipped steps: the log says so once a window of 50 steps
+    or more holds 8 or more, and half of its steps or more, known to have overflowed; the few
+    overflows of a run's first steps (the scale finding its level) do not warn, whatever the
+    logging cadence, and a scale halved down to 0 is said, not divided by."""
+    warnings, training = _logged_fp16_run(set(range(5, 60)), 60, 10, caplog)
+    assert training.scale_watch.skipped_steps == 55
     assert len(warnings) == 1  # once a window of about 100 steps
-    assert warnings[0].startswith("SE de: at least 15 of the last 20 steps overflowed in fp16")
-    assert f"loss scale now {2.0 ** (16 - 15):g}" in warnings[0]
-    warnings, training = _logged_fp16_run({0, 1, 2}, 40, 10, caplog)
-    assert training.skipped_steps == 3 and not warnings
+    assert warnings[0].startswith("SE de: at least 45 of the last 50 steps overflowed in fp16")
+    assert f"loss scale now {2.0 ** (16 - 45):g}" in warnings[0]
+    for overflowing, log_every in (({0, 1, 2}, 10), (set(range(8)), 2), (set(range(8)), 1)):
+        warnings, training = _logged_fp16_run(overflowing, 60, log_every, caplog)
+        assert training.scale_watch.skipped_steps == len(overflowing) and not warnings
     warnings, training = _logged_fp16_run(set(range(0, 120, 2)), 120, 1, caplog)  # every other step
-    assert training.skipped_steps == 60 and len(warnings) == 2  # steps 1-100, then 101-120
-    assert warnings[0].startswith("SE de: at least 8 of the last 15 steps")
+    assert training.scale_watch.skipped_steps == 60 and len(warnings) == 1  # steps 1-100; 101-120 is too short
+    assert warnings[0].startswith("SE de: at least 25 of the last 50 steps")
     warnings, training = _logged_fp16_run(set(range(0, 300, 16)), 300, 10, caplog)  # 1 in 16: fine
-    assert training.skipped_steps == 19 and not warnings
+    assert training.scale_watch.skipped_steps == 19 and not warnings
+    warnings, training = _logged_fp16_run(set(range(200)), 200, 10, caplog)  # float32 reaches 0 at 166
+    assert training.scale_watch.skipped_steps == 200 and training.scale_watch.scaler.get_scale() == 0
+    assert sum("loss scale reached 0" in w for w in warnings) == 1

@@ -333,6 +333,25 @@ def test_killed_job_resumes_from_its_last_checkpoint(inputs, tmp_path):
     assert_resumed_equals_straight(straight, resumed, expected, metrics, "adapter_model.safetensors")
 
 
+def test_training_with_batches_tokenised_ahead_equals_tokenising_in_the_step(inputs, tmp_path, monkeypatch):
+    """The stage tokenises batch i+1 on a thread during step i and reads losses back only at
+    logged steps and checkpoints: its adapter, metrics and loss curve are those of the plain
+    loop (each batch tokenised in its own step), bit for bit."""
+    from modsent.training import loop
+
+    torch.set_num_threads(1)
+    cfg = sa.SentenceAdapterConfig(**{**RESUME_CFG.__dict__, "log_every": 5})
+    threaded = sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], tmp_path / "threaded", cfg,
+                                         device="cpu", progress=False)
+    monkeypatch.setattr(sa, "ahead", lambda items, prepare: loop.ahead(items, prepare, enabled=False))
+    serial = sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], tmp_path / "serial", cfg,
+                                       device="cpu", progress=False)
+    assert_resumed_equals_straight(tmp_path / "serial", tmp_path / "threaded", serial, threaded,
+                                   "adapter_model.safetensors")
+    curve = (tmp_path / "threaded" / "loss.tsv").read_text()
+    assert "nan" not in curve.lower() and len(curve.strip().splitlines()) > cfg.max_steps // cfg.log_every
+
+
 def test_fp16_scales_the_loss_checkpoints_the_scale_and_resumes(inputs, tmp_path, monkeypatch):
     """precision fp16, forced on the CPU as a GPU without bf16 runs it: the stage trains through
     the loss scaler, keeps its scale in the checkpoint, resumes to the unbroken run's adapter,

@@ -22,27 +22,37 @@ ODD = ["", " ", "x", "ünïcödé — ☃ and 中文 text", "[CLS] a text with [
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
     root = tmp_path_factory.mktemp("tokenizers")
+    from test_mst5 import make_tiny_mt5
+
+    bert = make_tiny_bert(root / "bert", TEXTS, vocab_size=500)
+    left = transformers.AutoTokenizer.from_pretrained(bert)
+    left.padding_side = left.truncation_side = "left"
     return {
-        "bert": transformers.AutoTokenizer.from_pretrained(make_tiny_bert(root / "bert", TEXTS, vocab_size=500)),
+        "bert": transformers.AutoTokenizer.from_pretrained(bert), "bert-left": left,
         "xlmr": transformers.AutoTokenizer.from_pretrained(make_tiny_xlmr(root / "xlmr", TEXTS, vocab_size=500)),
+        "mt5": transformers.AutoTokenizer.from_pretrained(make_tiny_mt5(root / "mt5", TEXTS, vocab_size=300)),
         "nllb": transformers.AutoTokenizer.from_pretrained(make_random_nllb(root / "nllb", TEXTS, vocab_size=300)),
     }
 
 
-@pytest.mark.parametrize("kind", ["bert", "xlmr", "nllb"])
+@pytest.mark.parametrize("kind", ["bert", "bert-left", "xlmr", "mt5", "nllb"])
 def test_padded_batches_equal_the_tokenizers_call(tokenizers, kind):
     tokenizer = tokenizers[kind]
     for max_length in (8, 32, 512):
         for batch in (TEXTS[:64], ODD, TEXTS[100:101], ODD[:1]):
             lean = tokenizing.padded_batch(tokenizer, batch, max_length)
-            assert lean is not None  # all three are plain fast tokenizers
+            assert lean is not None  # all are plain fast tokenizers
             reference = tokenizer(batch, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
             assert list(lean) == [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in reference]
             for key, value in lean.items():
                 assert value.dtype == torch.int64 and torch.equal(value, reference[key]), (kind, max_length, key)
             assert lean["input_ids"].shape[1] <= max_length
-    # the lean path leaves the tokenizer as the call leaves it: a later call is unchanged
-    assert tokenizer(["a b"], return_tensors="pt")["input_ids"].shape[0] == 1
+    # the lean path leaves the Rust tokenizer's settings as the call leaves them
+    tokenizing.padded_batch(tokenizer, ODD, 16)
+    after_lean = (tokenizer._tokenizer.truncation, tokenizer._tokenizer.padding)
+    tokenizer(ODD, padding=True, truncation=True, max_length=16, return_tensors="pt")
+    assert after_lean == (tokenizer._tokenizer.truncation, tokenizer._tokenizer.padding)
+    assert after_lean[0]["max_length"] == 16
 
 
 def test_a_tokenizer_with_a_path_of_its_own_goes_through_its_call(tokenizers):
@@ -74,8 +84,10 @@ def test_the_batcher_checks_its_first_batch_and_keeps_the_call_if_they_differ(to
         batch["input_ids"] = batch["input_ids"] + 1
         return batch
 
+    assert tokenizing.BatchTokenizer(bert, 32).lean is True  # decided once for this tokenizer
     monkeypatch.setattr(tokenizing, "padded_batch", off_by_one)
-    broken = tokenizing.BatchTokenizer(bert, 32)
+    other = transformers.AutoTokenizer.from_pretrained(bert.name_or_path)  # not decided yet
+    broken = tokenizing.BatchTokenizer(other, 32)
     with caplog.at_level(logging.WARNING, logger="modsent.tokenizing"):
         out = broken(TEXTS[:8])
     assert broken.lean is False and "differs from the tokenizer's call" in caplog.text

@@ -43,7 +43,7 @@ from modsent.io import InputError, atomic_path, check_model_files, iter_utf8_lin
 from modsent.losses import MaskedLanguageModelingLoss, mlm_parts
 from modsent.training import fastpath, schedules, tracking
 from modsent.training.checkpoints import load_checkpoint, save_checkpoint
-from modsent.training.loop import optimizer_step, report_step, to_device
+from modsent.training.loop import LossScaleWatch, optimizer_step, report_step, to_device
 from modsent.training.optim import adamw, fused_options
 from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed, step_generator
@@ -462,6 +462,7 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
                       f"LA {out_dir.name}", dataclasses.asdict(cfg),
                       project=(tracking.job_settings() or {}).get("project", "modsent"))
     model.train()
+    scale_watch = LossScaleWatch(scaler if main else None, f"LA {out_dir.name}", step)  # fp16's skipped steps
     tokens_seen, start_time = 0, time.perf_counter()
     bar = tqdm(total=cfg.steps, initial=step, desc=f"LA {out_dir.name}",
                disable=not (progress and main), unit="step")
@@ -487,6 +488,7 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
         tokens_seen += inputs.numel()
         if step % cfg.log_every == 0 or step == cfg.steps:
             value = distributed.all_reduce_mean(loss.detach().clone()).item()  # the whole batch's
+            scale_watch.check(step)
             history.append([step, value, optimizer.param_groups[0]["lr"]])
             bar.set_postfix(loss=f"{value:.3f}")
             if main:
@@ -498,6 +500,7 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
         if on_step is not None:
             on_step(step)
     bar.close()
+    scale_watch.close()
     elapsed = time.perf_counter() - start_time
     if not main:
         distributed.barrier()  # while the main process evaluates and writes the output

@@ -121,6 +121,61 @@ def report_step(desc: str, step: int, total_steps: int, loss: float, lr: float, 
         tracker.log(step, {"train/loss": loss, "train/lr": lr})
 
 
+class LossScaleWatch:
+    """Steps that fp16's loss scaler skipped, read from its scale at the logged steps (reading the
+    scale waits for the GPU, as reading the loss there does anyway). A scale that fell by
+    ``2**k`` since the last logged step means at least ``k`` of those steps overflowed and were
+    skipped (the scale halves at each overflow and grows only every 2,000 good steps). When a
+    window of 50 steps or more (up to about 100, from one logged step to another) had at least
+    :attr:`SKIPPED_WARNING` skipped steps, and half of its steps or more, the log warns, once a
+    window: fp16 is then mostly not training (``precision: bf16`` or ``fp32``); also when the
+    scale has fallen to 0. The few overflows of a run's first steps, while the scale comes down
+    from 65,536 to what the gradients allow, stay below that. Without a scaler, or with a
+    disabled one (bf16, fp32), it does nothing."""
+
+    SKIPPED_WARNING = 8
+
+    def __init__(self, scaler: torch.amp.GradScaler | None, desc: str, start_step: int):
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        self.desc = desc
+        self._scale = self.scaler.get_scale() if self.scaler is not None else None
+        self._step = start_step
+        self.skipped_steps = 0  # steps known to have overflowed in this run (a lower bound)
+        self._window = [0, 0, False]  # steps, skipped steps, warned, of the current window
+        self._zero_warned = False
+
+    def check(self, step: int) -> None:
+        """``step`` steps are done (a logged step): count and judge the skipped ones since the last."""
+        if self.scaler is None:
+            return
+        scale = self.scaler.get_scale()
+        steps = step - self._step
+        if scale <= 0:  # halved until float32 gives 0: every step overflows, and will
+            skipped = steps
+            if not self._zero_warned:
+                log.warning("%s: fp16's loss scale reached 0: every step overflows and none trains; "
+                            "precision bf16 or fp32 avoids it", self.desc)
+                self._zero_warned = True
+        else:
+            skipped = min(steps, round(math.log2(self._scale / scale))) if scale < self._scale else 0
+        self.skipped_steps += skipped
+        if self._window[0] >= 100:  # a new window
+            self._window = [0, 0, False]
+        self._window[0] += steps
+        self._window[1] += skipped
+        steps, skipped, warned = self._window
+        if not warned and steps >= 50 and skipped >= self.SKIPPED_WARNING and 2 * skipped >= steps:
+            log.warning("%s: at least %d of the last %d steps overflowed in fp16 and were skipped "
+                        "(loss scale now %g); precision bf16 or fp32 avoids it", self.desc, skipped, steps, scale)
+            self._window[2] = True
+        self._scale, self._step = scale, step
+
+    def close(self) -> None:
+        """The run is over: its skipped steps, if any, in the log."""
+        if self.skipped_steps:
+            log.info("%s: at least %d steps overflowed in fp16 and were skipped", self.desc, self.skipped_steps)
+
+
 class TrainingLog:
     """The losses of every step, the logged history (``[step, loss, lr]`` every ``log_every``
     steps, the first and the last), pairs seen and seconds of this run, and a progress bar.
@@ -133,16 +188,7 @@ class TrainingLog:
     not one per step, so the host can queue the next step while the GPU finishes this one).
     ``losses`` is complete after :meth:`state` and :meth:`close`.
 
-    ``scaler``: fp16's loss scaler (modsent.training.precision.grad_scaler). Its scale is read
-    at the logged steps; a scale that fell by ``2**k`` since the last logged step means at least
-    ``k`` of those steps overflowed and were skipped (the scale halves at each overflow and grows
-    only every 2,000 good steps). When at least :attr:`SKIPPED_WARNING` steps of a window (about
-    100 steps, from one logged step to another) and half of its steps or more were skipped, the
-    log warns, once a window: fp16 is then mostly not training (``precision: bf16`` or
-    ``fp32``). The few overflows of a run's first steps, while the scale comes down from 65,536
-    to what the gradients allow, stay below that."""
-
-    SKIPPED_WARNING = 8
+    ``scaler``: fp16's loss scaler, watched at the logged steps (:class:`LossScaleWatch`)."""
 
     def __init__(self, total_steps: int, start_step: int, desc: str, progress: bool, log_every: int,
                  resumed: dict | None = None, scaler: torch.amp.GradScaler | None = None):
@@ -160,11 +206,7 @@ class TrainingLog:
         self.pairs_seen, self.start_time = 0, time.perf_counter()
         self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, disable=not progress, unit="step")
         self._pending: list[tuple[int, torch.Tensor]] = []  # (index in losses, loss not yet read)
-        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
-        self._scale = self.scaler.get_scale() if self.scaler is not None else None
-        self._scale_step = start_step
-        self.skipped_steps = 0  # fp16: steps known to have overflowed in this run (a lower bound)
-        self._window = [0, 0, False]  # fp16: steps, skipped steps, warned, of the current window
+        self.scale_watch = LossScaleWatch(scaler if self.main else None, desc, start_step)
 
     def _read_losses(self) -> None:
         """Every loss given as a tensor into ``losses``, with one read-back for all of them."""
@@ -174,36 +216,19 @@ class TrainingLog:
                 self.losses[index] = value
             self._pending.clear()
 
-    def _check_scale(self, step: int) -> None:
-        """fp16: the steps skipped since the last logged step, from the fall of the scale."""
-        scale = self.scaler.get_scale()
-        skipped = round(math.log2(self._scale / scale)) if scale < self._scale else 0
-        self.skipped_steps += skipped
-        if self._window[0] >= 100:  # a new window
-            self._window = [0, 0, False]
-        self._window[0] += step - self._scale_step
-        self._window[1] += skipped
-        steps, skipped, warned = self._window
-        if not warned and skipped >= self.SKIPPED_WARNING and 2 * skipped >= steps:
-            log.warning("%s: at least %d of the last %d steps overflowed in fp16 and were skipped "
-                        "(loss scale now %g); precision bf16 or fp32 avoids it", self.desc, skipped, steps, scale)
-            self._window[2] = True
-        self._scale, self._scale_step = scale, step
-
     def record(self, step: int, loss: float | torch.Tensor, lr: float, pairs: int) -> None:
         """Step ``step`` (0-based) is done: its loss (a number, or the loss tensor to be read
         later), rate and number of pairs."""
         self.pairs_seen += pairs
         if isinstance(loss, torch.Tensor):
-            self._pending.append((len(self.losses), loss.detach().float().reshape(())))
+            self._pending.append((len(self.losses), loss.detach().double().reshape(())))  # .item()'s value
             self.losses.append(math.nan)
         else:
             self.losses.append(float(loss))
         if (step + 1) % self.log_every == 0 or step == 0 or step + 1 == self.total_steps:
             self._read_losses()
             loss = self.losses[-1]
-            if self.scaler is not None:
-                self._check_scale(step + 1)
+            self.scale_watch.check(step + 1)
             self.history.append([step + 1, loss, lr])
             self.bar.set_postfix(loss=f"{loss:.3f}")
             if self.main:
@@ -221,6 +246,5 @@ class TrainingLog:
         self.bar.close()
         if self.tracker is not None:
             self.tracker.close()
-        if self.skipped_steps:
-            log.info("%s: at least %d steps overflowed in fp16 and were skipped", self.desc, self.skipped_steps)
+        self.scale_watch.close()
         return self.losses, self.history, self.pairs_seen, time.perf_counter() - self.start_time

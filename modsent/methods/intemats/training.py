@@ -525,7 +525,7 @@ def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str
             with autocast(device, cfg.precision):
                 loss = batch_loss(data.rows.iloc[batch]) / accumulation
             scaler.scale(loss).backward()
-            value = value + loss.detach().float()  # a tensor: no GPU wait per micro-batch
+            value = value + loss.detach().double()  # a tensor: no GPU wait per micro-batch
             seen += len(batch)
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
         log_.record(step, value, lr, seen)  # read back and logged at the logged steps
