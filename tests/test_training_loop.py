@@ -97,3 +97,20 @@ def test_a_checkpoint_between_logged_steps_holds_every_loss():
     losses, history, pairs, _ = resumed.close()
     assert losses == [float(s) for s in range(10)] and pairs == 14
     assert history == [[1, 0.0, 1e-3], [5, 4.0, 1e-3], [10, 9.0, 1e-3]]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (benchmarks/gpu.sh runs it)")
+def test_on_a_gpu_batches_pinned_on_the_thread_arrive_intact_and_losses_read_later_are_right():
+    """What the pair stages do on a GPU: each batch pinned on ahead's thread, copied without
+    blocking (loop.to_device), its result left on the GPU for TrainingLog to read at logged steps."""
+    from modsent.training.loop import to_device
+
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 50_000, (64, 128), generator=generator) for _ in range(20)]
+    training = TrainingLog(len(batches), 0, "SE de", progress=False, log_every=7)
+    for step, (batch, pinned) in enumerate(ahead(batches, lambda b: b.pin_memory())):
+        assert pinned.is_pinned() and pinned is not batch
+        on_gpu = to_device(pinned, "cuda")
+        training.record(step, on_gpu.sum().double(), 1e-3, len(batch))  # exact in float64
+    losses = training.close()[0]
+    assert losses == [float(batch.sum()) for batch in batches]
