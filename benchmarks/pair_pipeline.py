@@ -71,10 +71,9 @@ def run(model, pairs, batches, variant: str, device: str, log_every: int) -> flo
     from modsent.training.loop import TrainingLog, ahead, optimizer_step
     from modsent.training.optim import adamw
     from modsent.training.precision import autocast, grad_scaler
-    from modsent.tokenizing import BatchTokenizer
+    from modsent import tokenizing
 
-    batcher = model.__dict__["_batcher"] = BatchTokenizer(model.tokenizer, model.max_seq_length)
-    batcher.lean = variant.startswith("lean")  # decided here, not by a first-batch comparison
+    tokenizing._VERDICTS[model.tokenizer] = variant.startswith("lean")  # decided here, not on a first batch
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = adamw(trainable, 2e-5, 0.01)
     scaler = grad_scaler(device, "auto")
@@ -184,11 +183,10 @@ def encode(model, sentences, batch_size: int, lean: bool, device: str) -> float:
     (``ahead`` disabled), as encode ran before modsent.tokenizing."""
     import unittest.mock
 
-    from modsent.tokenizing import BatchTokenizer
+    from modsent import tokenizing
     from modsent.training import loop
 
-    batcher = model.__dict__["_batcher"] = BatchTokenizer(model.tokenizer, model.max_seq_length)
-    batcher.lean = lean
+    tokenizing._VERDICTS[model.tokenizer] = lean
     ahead = loop.ahead if lean else (lambda items, prepare: loop.ahead(items, prepare, enabled=False))
     with unittest.mock.patch("modsent.modular.sentence_adapter.ahead", ahead):
         if device.startswith("cuda"):

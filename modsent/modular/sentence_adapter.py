@@ -221,16 +221,14 @@ class SentenceEncoderModel(nn.Module):
 
     def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
         """``texts`` padded to the longest and cut at ``max_seq_length`` tokens, as the tokenizer's
-        call gives them, with less work on the host (modsent.tokenizing)."""
-        batcher = self.__dict__.get("_batcher")
-        if batcher is None or batcher.tokenizer is not self.tokenizer or batcher.max_length != self.max_seq_length:
-            batcher = self.__dict__["_batcher"] = BatchTokenizer(self.tokenizer, self.max_seq_length)
-        return batcher(texts)
+        call gives them, with less work on the host (modsent.tokenizing; whether the lean path
+        is taken is decided once per tokenizer, there)."""
+        return BatchTokenizer(self.tokenizer, self.max_seq_length)(texts)
 
     def features(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
         """``texts`` tokenised for :meth:`forward`, in pinned memory when the model is on a GPU
         (what a training loop prepares ahead on a thread: modsent.training.loop.ahead)."""
-        features = dict(self.tokenize(texts))
+        features = self.tokenize(texts)
         if next(self.encoder.parameters()).device.type == "cuda":
             features = {k: v.pin_memory() for k, v in features.items()}
         return features
