@@ -25,6 +25,10 @@ if they differ (logged): a safety net for tokenizers not covered by tests/test_t
 
 Thread-safety is the tokenizer's: both paths set the Rust tokenizer's padding and truncation
 before encoding, so one tokenizer must not be used from two threads at once.
+
+:func:`encoder_attention_mask` hands the encoder a batch's padding mask in the form that spares
+the host a wait for the GPU at every forward (transformers otherwise asks the device whether the
+batch has padding at all), decided from the mask the host tokenised.
 """
 
 from __future__ import annotations
@@ -125,3 +129,32 @@ class BatchTokenizer:
                             type(self.tokenizer).__name__)
                 return reference
         return batch
+
+
+# ---- the padding mask, without the host waiting for the GPU ------------------------------------
+
+# model types whose transformers encoder builds its SDPA mask with masking_utils'
+# create_bidirectional_mask, which takes a ready 4D mask as it is (tests/test_tokenizing.py)
+_BIDIRECTIONAL_SDPA = frozenset({"bert", "roberta", "xlm-roberta"})
+
+
+def encoder_attention_mask(config, host_mask: torch.Tensor, device_mask: torch.Tensor) -> torch.Tensor | None:
+    """The attention mask to give an encoder for one batch, where ``host_mask`` is the batch's 2D
+    padding mask (1 = token) still on the host and ``device_mask`` the same on the model's device.
+
+    Given the 2D mask, transformers' SDPA path asks ``padding_mask.all()`` to decide whether it
+    may drop the mask (masking_utils' ``_ignore_bidirectional_mask_sdpa``): on a GPU the host
+    then waits for every step queued before, once per forward, and cannot queue the next step's
+    kernels while the GPU runs this one. The host knows the answer from its own copy: no padding
+    gives ``None`` (what transformers would choose: no mask, so SDPA may use its flash kernel),
+    padding gives the mask as the 4D boolean ``[batch, 1, 1, length]`` that transformers takes as
+    it is and SDPA broadcasts over heads and queries (the mask transformers builds: every query
+    attends to the batch row's tokens). Other model types, other attention implementations,
+    decoders and a mask not on the host keep ``device_mask``: transformers prepares it."""
+    if (host_mask.device.type != "cpu" or host_mask.dim() != 2 or config is None
+            or getattr(config, "model_type", None) not in _BIDIRECTIONAL_SDPA
+            or getattr(config, "_attn_implementation", None) != "sdpa" or getattr(config, "is_decoder", False)):
+        return device_mask
+    if bool(host_mask.all()):
+        return None
+    return device_mask.bool()[:, None, None, :]

@@ -384,3 +384,26 @@ def test_monolithic_systems_of_a_group_are_loaded_one_at_a_time():
     assert lazy.encode(["a", "b"]).shape == (2, 2) and lazy.encode(["c"]).shape == (1, 2) and built == [1]
     lazy.close()
     assert lazy.encoder._encoder is None
+
+
+def test_monolithic_systems_encode_as_sentence_transformers_does(inputs, modular, tmp_path):
+    """SentenceTransformerEncoder (Full_*, m-ST5, InteMATs, exports in evaluation) prepares batches
+    on a thread and copies results back without waiting: the vectors are sentence-transformers'."""
+    from sentence_transformers import SentenceTransformer
+
+    from modsent.encoders.systems import SentenceTransformerEncoder
+
+    lines = builtin_corpus("de")[200:220]
+    texts = lines[:13] + ["kurz", "kurz", "zwei", ""] + lines[13:]  # ties, an empty text
+    for directory in (inputs["base"], modular.export("de", tmp_path / "export-de")):
+        ours = SentenceTransformerEncoder(directory, device="cpu")
+        mode = ours.model.training
+        reference = SentenceTransformer(str(directory), device="cpu")
+        for batch_size, normalize in ((5, True), (64, False)):
+            got = ours.encode(texts, batch_size=batch_size, normalize=normalize)
+            expected = reference.encode(texts, batch_size=batch_size, prompt="",
+                                        normalize_embeddings=normalize)
+            assert got.dtype == np.float32 and got.shape == expected.shape == (len(texts), ours.embedding_dimension)
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        assert ours.encode([]).shape == (0, ours.embedding_dimension)
+        assert ours.model.training == mode  # left in the mode it was in

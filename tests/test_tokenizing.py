@@ -93,3 +93,87 @@ def test_the_batcher_checks_its_first_batch_and_keeps_the_call_if_they_differ(to
     assert broken.lean is False and "differs from the tokenizer's call" in caplog.text
     assert torch.equal(out["input_ids"], first["input_ids"])
     assert torch.equal(broken(TEXTS[8:12])["input_ids"], batcher.call(TEXTS[8:12])["input_ids"])
+
+
+# ---- the padding mask decided on the host ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def encoders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("encoders")
+    out = {}
+    for kind, make in (("bert", make_tiny_bert), ("xlmr", make_tiny_xlmr)):
+        directory = make(root / kind, TEXTS, vocab_size=500)
+        model = transformers.AutoModel.from_pretrained(directory, attn_implementation="sdpa").eval()
+        out[kind] = (model, transformers.AutoTokenizer.from_pretrained(directory))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["bert", "xlmr"])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_the_mask_decided_on_the_host_gives_transformers_outputs_without_asking_the_device(
+        encoders, kind, side, monkeypatch):
+    from transformers import masking_utils
+
+    model, tokenizer = encoders[kind]
+    tokenizer.padding_side = side
+    asked = []  # the padding masks transformers inspects (on a GPU: a wait for the device)
+    original = masking_utils._ignore_bidirectional_mask_sdpa
+
+    def spy(padding_mask, *args, **kwargs):
+        asked.append(padding_mask)
+        return original(padding_mask, *args, **kwargs)
+
+    monkeypatch.setattr(masking_utils, "_ignore_bidirectional_mask_sdpa", spy)
+    try:
+        padded = tokenizer(TEXTS[:12] + ["a"], padding=True, truncation=True, max_length=40, return_tensors="pt")
+        equal = tokenizer([TEXTS[0], TEXTS[0]], padding=True, return_tensors="pt")
+        assert not padded["attention_mask"].all() and equal["attention_mask"].all()
+        for batch in (padded, equal):
+            host = batch["attention_mask"]
+            with torch.no_grad():
+                expected = model(**batch).last_hidden_state
+                asked.clear()
+                mask = tokenizing.encoder_attention_mask(model.config, host, host.clone())
+                got = model(**{**batch, "attention_mask": mask}).last_hidden_state
+            assert all(m is None for m in asked)  # nothing of the batch's mask was inspected
+            if host.all():
+                assert mask is None
+            else:
+                assert mask.shape == (len(host), 1, 1, host.shape[1]) and mask.dtype == torch.bool
+            real = host.bool()
+            torch.testing.assert_close(got[real], expected[real], rtol=1e-5, atol=1e-6)
+    finally:
+        tokenizer.padding_side = "right"
+
+
+def test_other_models_and_attention_keep_the_mask_for_transformers(encoders):
+    model, _ = encoders["bert"]
+    host = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    device_mask = host.clone()
+    eager = model.config.__class__.from_dict({**model.config.to_dict(), "model_type": "bert"})
+    eager._attn_implementation = "eager"
+    t5 = transformers.T5Config(d_model=8, num_layers=1, num_heads=1, d_kv=8, d_ff=8)
+    for config in (eager, t5, None):
+        assert tokenizing.encoder_attention_mask(config, host, device_mask) is device_mask
+    meta = host.to("meta")
+    assert tokenizing.encoder_attention_mask(model.config, meta, device_mask) is device_mask
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (benchmarks/gpu.sh runs it)")
+def test_a_padded_forward_of_the_sentence_encoder_never_waits_for_the_gpu(tmp_path):
+    from modsent.modular.sentence_adapter import SentenceAdapterConfig, build_model
+
+    base = make_tiny_bert(tmp_path / "base", TEXTS, vocab_size=500)
+    model = build_model(base, None, SentenceAdapterConfig()).to("cuda")
+    features = model.features(TEXTS[:16])
+    assert not features["attention_mask"].all()
+    model(features).sum().backward()  # warm-up: lazy initialisations may wait once
+    features = model.features(TEXTS[16:32])  # pinned outside the check (allocating pinned memory may wait)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model(features).sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()

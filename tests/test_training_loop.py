@@ -1,6 +1,7 @@
 """The shared parts of the training loops (modsent.training.loop) that change when the host
 waits: ``ahead`` prepares the next batch on a thread while the step runs, and ``TrainingLog``
-reads losses given as tensors back at the logged steps only."""
+reads losses given as tensors back at the logged steps only, and ``HostCopies`` brings an
+encoding pass's results to the host without waiting at each batch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from modsent.training.loop import TrainingLog, ahead
+from modsent.training.loop import HostCopies, TrainingLog, ahead
 
 
 def test_ahead_gives_what_preparing_in_the_loop_gives_in_order():
@@ -97,6 +98,33 @@ def test_a_checkpoint_between_logged_steps_holds_every_loss():
     losses, history, pairs, _ = resumed.close()
     assert losses == [float(s) for s in range(10)] and pairs == 14
     assert history == [[1, 0.0, 1e-3], [5, 4.0, 1e-3], [10, 9.0, 1e-3]]
+
+
+def test_host_copies_give_every_batch_in_order_as_the_plain_copies_do():
+    generator = torch.Generator().manual_seed(1)
+    results = [torch.randn(n, 5, generator=generator) for n in (4, 1, 7, 3)]
+    copies = HostCopies()
+    for result in results:
+        copies.add(result)
+    got = copies.numpy()
+    assert got.shape == (15, 5) and got.dtype == results[0].numpy().dtype
+    assert (got == torch.cat(results).numpy()).all()
+    assert HostCopies().numpy() is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (benchmarks/gpu.sh runs it)")
+def test_on_a_gpu_host_copies_wait_only_for_old_batches_and_get_each_result_as_it_was():
+    generator = torch.Generator().manual_seed(2)
+    batches = [torch.randn(512, 768, generator=generator) for _ in range(12)]
+    copies = HostCopies(lag=2)
+    for batch in batches:
+        on_gpu = batch.to("cuda")
+        result = (on_gpu @ on_gpu.T @ on_gpu).sum(dim=1, keepdim=True) * 0 + on_gpu  # work queued before the copy
+        copies.add(result)
+        assert len(copies._pending) <= 2
+        result.zero_()  # queued after the copy: must not reach it
+    got = copies.numpy()
+    assert (got == torch.cat(batches).numpy()).all()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (benchmarks/gpu.sh runs it)")

@@ -296,11 +296,53 @@ class SentenceTransformerEncoder:
         sentences = list(sentences)
         if not sentences:
             return np.zeros((0, self.embedding_dimension), dtype=np.float32)
-        vectors = self.model.encode(sentences, batch_size=batch_size, prompt="", convert_to_numpy=True,
-                                    normalize_embeddings=normalize, show_progress_bar=False)
-        return np.asarray(vectors, dtype=np.float32)
+        return encode_sentence_transformer(self.model, sentences, batch_size, normalize=normalize)
 
     __call__ = encode
+
+
+def encode_sentence_transformer(model, sentences: Sequence[str], batch_size: int = 32, *,
+                                normalize: bool = True):
+    """What ``model.encode(sentences, batch_size=batch_size, prompt="", normalize_embeddings=
+    normalize)`` gives (a sentence-transformers model, no prompt), as float32 numpy, with the
+    host's work out of the GPU's way: sentence-transformers' loop preprocesses (tokenises) each
+    batch in the loop and waits for its ``.cpu()``, so on a GPU the device idles while the host
+    tokenises and launches. Here the next batch is preprocessed and pinned on a thread
+    (``loop.ahead``) and each batch's vectors come back without the loop waiting
+    (``loop.HostCopies``). The same batches (longest sentences first; ties in the caller's
+    order, which sentence-transformers' unstable sort leaves to chance), the same module calls
+    and normalisation: equal vectors up to the float rounding of another padding width."""
+    import numpy as np
+    import torch
+
+    from modsent.training.loop import HostCopies, ahead, to_device
+
+    sentences = list(sentences)
+    order = np.argsort([-len(s) for s in sentences], kind="stable")
+    device = model.device
+    pin = device.type == "cuda"
+
+    def prepare(start):
+        features = model.preprocess([sentences[i] for i in order[start:start + batch_size]], prompt=None)
+        return {k: v.pin_memory() if pin and isinstance(v, torch.Tensor) else v for k, v in features.items()}
+
+    was_training = model.training
+    model.eval()
+    copies = HostCopies()
+    with torch.inference_mode():
+        for _, features in ahead(range(0, len(sentences), batch_size), prepare):
+            features = {k: to_device(v, device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+            vectors = model(features)["sentence_embedding"]
+            if normalize:
+                vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
+            copies.add(vectors.float())
+    model.train(was_training)
+    stacked = copies.numpy()
+    if stacked is None:
+        return np.zeros((0, int(model.get_embedding_dimension())), dtype=np.float32)
+    out = np.empty_like(stacked)
+    out[order] = stacked  # back to the caller's order
+    return out
 
 
 # modsent's own sentence-transformers module classes (a saved system's modules.json may name them):

@@ -57,11 +57,11 @@ from torch import nn
 from modsent.modular import language_adapter as la
 from modsent.io import InputError, atomic_path, check_model_files
 from modsent.losses import MultipleNegativesRankingLoss, mlm_parts
-from modsent.tokenizing import BatchTokenizer
+from modsent.tokenizing import BatchTokenizer, encoder_attention_mask
 from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.pairs import batches_of_steps, no_duplicate_batches, read_pairs, split_heldout  # noqa: F401
 from modsent.training.optim import adamw
-from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate, to_device
+from modsent.training.loop import HostCopies, TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate, to_device
 from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed
 from modsent.evaluation.plots import write_before_after_bars, write_loss_curve
@@ -237,8 +237,13 @@ class SentenceEncoderModel(nn.Module):
         """Embeddings of ``texts``, or of texts already tokenised (:meth:`features`)."""
         device = next(self.encoder.parameters()).device
         features = texts if isinstance(texts, Mapping) else self.tokenize(texts)
+        host_mask = features.get("attention_mask")
         features = {k: to_device(v, device) for k, v in features.items()}  # pinned, no GPU wait
-        out = self.encoder(**features)
+        inputs = dict(features)
+        if host_mask is not None:  # decided from the host's copy: no GPU wait (modsent.tokenizing)
+            inputs["attention_mask"] = encoder_attention_mask(getattr(self.encoder, "config", None), host_mask,
+                                                              features["attention_mask"])
+        out = self.encoder(**inputs)
         features["token_embeddings"] = out.last_hidden_state
         return self.head(features)["sentence_embedding"]
 
@@ -247,13 +252,15 @@ class SentenceEncoderModel(nn.Module):
                precision: str = "auto") -> np.ndarray:
         """Embeddings [n, dim] (float32 numpy), L2-normalised unless ``normalize=False`` (then
         exactly what the base's modules give). Sentences are batched by length (less padding);
-        the next batch is tokenised on a thread while this one is encoded (``loop.ahead``)."""
+        the next batch is tokenised on a thread while this one is encoded (``loop.ahead``), and
+        each batch's vectors come back to the host without the loop waiting for them
+        (``loop.HostCopies``): on a GPU nothing in the loop waits for the device."""
         was_training = self.training
         self.eval()
         sentences = list(sentences)
         order = np.argsort([-len(s) for s in sentences], kind="stable")
         device = next(self.encoder.parameters()).device
-        chunks = []
+        copies = HostCopies()
 
         def prepare(start):
             return self.features([sentences[i] for i in order[start:start + batch_size]])
@@ -263,11 +270,11 @@ class SentenceEncoderModel(nn.Module):
                 emb = self(features).float()
             if normalize:
                 emb = nn.functional.normalize(emb, dim=-1)
-            chunks.append(emb.cpu().numpy())
+            copies.add(emb)
         self.train(was_training)
-        if not chunks:
+        stacked = copies.numpy()
+        if stacked is None:
             return np.zeros((0, 0), dtype=np.float32)
-        stacked = np.concatenate(chunks)
         out = np.empty_like(stacked)
         out[order] = stacked  # back to the caller's order
         return out

@@ -79,6 +79,52 @@ def ahead(items: Iterable[T], prepare: Callable[[T], R], *, enabled: bool = True
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+class HostCopies:
+    """The results of a loop over batches (an encoding pass), brought from the device to the host
+    without stopping the loop. ``.cpu()`` on each batch's result makes the host wait for the GPU
+    to finish that batch before it can launch the next one's kernels, so the GPU idles while the
+    host launches; :meth:`add` instead queues the copy into pinned memory behind the kernels
+    that compute the result and returns at once. The host waits only for the copy of the batch
+    ``lag`` batches back (so pinned memory holds at most ``lag + 1`` batches), and
+    :meth:`numpy` for the rest. On the CPU it is a plain copy. Values and order are those of
+    ``np.concatenate([t.cpu().numpy() for t in results])``."""
+
+    def __init__(self, lag: int = 2):
+        import collections
+
+        self.lag = lag
+        self._pending = collections.deque()  # (event, pinned host tensor), oldest first
+        self._done = []
+
+    def add(self, tensor: torch.Tensor) -> None:
+        """Queue ``tensor``'s copy to the host (its values as they are once the kernels queued
+        so far have run)."""
+        tensor = tensor.detach()
+        if tensor.device.type != "cuda":
+            self._done.append(tensor.numpy())
+            return
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(tensor.device))
+        self._pending.append((event, host))
+        while len(self._pending) > self.lag:
+            self._finish_oldest()
+
+    def _finish_oldest(self) -> None:
+        event, host = self._pending.popleft()
+        event.synchronize()
+        self._done.append(host.numpy().copy())  # pageable: the pinned block goes back to be reused
+
+    def numpy(self):
+        """Every added tensor's rows, in order, concatenated (None when nothing was added)."""
+        import numpy as np
+
+        while self._pending:
+            self._finish_oldest()
+        return np.concatenate(self._done) if self._done else None
+
+
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> float:
     """Every parameter group's rate for the coming step; returns it."""
     for group in optimizer.param_groups:
