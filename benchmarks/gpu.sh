@@ -43,7 +43,7 @@ bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever
 }
 
 # the fast path's and mixed precision's tests on this GPU (their CUDA cases run only where there is one)
-bench tests 90 -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_optim.py tests/test_precision.py \
+bench tests 90 -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_optim.py tests/test_precision.py tests/test_tokenizing.py \
     tests/test_training_loop.py
 bench mlm_throughput 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
     --batch-size 128 --steps 10 --bf16-residual

@@ -1,6 +1,7 @@
 """The host's share of an SE step, measured side by side: tokenising through the tokenizer's call
-or modsent.tokenizing's lean reading, in the step or ahead on a thread, and reading the loss back
-every step or at the logged steps only.
+or modsent.tokenizing's lean reading, in the step or ahead on a thread, reading the loss back
+every step or at the logged steps only, and the padding mask checked by transformers on the
+device or decided on the host.
 
     python benchmarks/pair_pipeline.py                                     # small random BERT, CPU
     python benchmarks/pair_pipeline.py --size tiny --batch-size 64 --steps 30   # the host's share large
@@ -21,13 +22,20 @@ host does between the device's kernels counts. Variants:
 - ``lean, in step, read logged``: the loss read back with the others at the logged steps
   (modsent.training.loop.TrainingLog, ``--log-every``);
 - ``lean, ahead, read logged``: also tokenised one step ahead on a thread
-  (modsent.training.loop.ahead): modsent's step.
+  (modsent.training.loop.ahead);
+- ``lean, ahead, logged, host mask``: also the padding mask decided from the host's copy
+  (modsent.tokenizing.encoder_attention_mask), where the others let transformers ask the device
+  whether the batch has padding (one wait per forward): modsent's step.
 
 Each variant runs ``--repeats`` times, in turn with the others (this machine's load changes);
 the median run is printed, with the ratio against the first variant, and the time the host
 takes to tokenise one batch on its own. Last, evaluation encoding (``SentenceEncoderModel.encode``
 of ``--encode-sentences`` sentences in batches of ``--encode-batch``, bf16/fp16 or fp32 as in
-training): tokenised by the call in the loop against modsent's lean tokenising ahead on a thread.
+training): tokenised by the call in the loop, the mask checked on the device and each batch's
+vectors waited for (``.cpu()``), against lean tokenising ahead, then also the host's mask and the
+copies back without waiting (modsent.training.loop.HostCopies); and a monolithic system (the
+base saved as a sentence-transformers model, fp32) through sentence-transformers' ``encode``
+against modsent.encoders.systems.encode_sentence_transformer (preprocessing ahead, no waits).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import statistics
 import sys
 import tempfile
 import time
+import unittest.mock
 from pathlib import Path
 
 import torch
@@ -48,7 +57,13 @@ SIZES = {"tiny": dict(hidden=64, layers=2, heads=2, intermediate=256),
          "small": dict(hidden=256, layers=4, heads=4, intermediate=1024),
          "labse": dict(hidden=768, layers=12, heads=12, intermediate=3072)}
 VARIANTS = ("call, in step, read each", "lean, in step, read each", "lean, in step, read logged",
-            "lean, ahead, read logged")
+            "lean, ahead, read logged", "lean, ahead, logged, host mask")
+ENCODINGS = ("call, in loop, wait each", "lean, ahead, wait each", "lean, ahead, host mask, no wait")
+
+
+def device_mask(config, host_mask, device_mask):
+    """transformers decides from the mask on the device (the step before the host's mask)."""
+    return device_mask
 
 
 def pairs_frame(n: int, seed: int):
@@ -87,13 +102,15 @@ def run(model, pairs, batches, variant: str, device: str, log_every: int) -> flo
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    for step, (batch, features) in enumerate(ahead(batches, prepare, enabled=not in_step)):
-        with autocast(device, "auto"):
-            loss = sa.batch_loss(model, loss_fn, pairs.iloc[batch], features)
-        scaler.scale(loss).backward()
-        optimizer_step(optimizer, trainable, 1.0, scaler)
-        log.record(step, loss.item() if variant.endswith("read each") else loss, 2e-5, len(batch))
-    log.close()  # reads the losses still pending: the device is done
+    mask = sa.encoder_attention_mask if variant.endswith("host mask") else device_mask
+    with unittest.mock.patch("modsent.modular.sentence_adapter.encoder_attention_mask", mask):
+        for step, (batch, features) in enumerate(ahead(batches, prepare, enabled=not in_step)):
+            with autocast(device, "auto"):
+                loss = sa.batch_loss(model, loss_fn, pairs.iloc[batch], features)
+            scaler.scale(loss).backward()
+            optimizer_step(optimizer, trainable, 1.0, scaler)
+            log.record(step, loss.item() if variant.endswith("read each") else loss, 2e-5, len(batch))
+        log.close()  # reads the losses still pending: the device is done
     return time.perf_counter() - start
 
 
@@ -118,11 +135,11 @@ def main() -> None:
 
     cuda = args.device.startswith("cuda")
     size = "labse" if args.labse_random else args.size
-    with tempfile.TemporaryDirectory() as tmp:
-        base = make_tiny_bert(Path(tmp) / "base", sample_texts(1200), vocab_size=8000, max_seq_length=args.seq_len,
-                              **SIZES[size])
-        cfg = sa.SentenceAdapterConfig(batch_size=args.batch_size, seq_len=args.seq_len)
-        model = sa.build_model(base, None, cfg).to(args.device)
+    tmp = tempfile.TemporaryDirectory()
+    base = make_tiny_bert(Path(tmp.name) / "base", sample_texts(1200), vocab_size=8000, max_seq_length=args.seq_len,
+                          **SIZES[size])
+    cfg = sa.SentenceAdapterConfig(batch_size=args.batch_size, seq_len=args.seq_len)
+    model = sa.build_model(base, None, cfg).to(args.device)
     fastpath.speed_up(model)
     model.train()
     pairs = pairs_frame(args.batch_size * (args.steps + 1), seed=1)
@@ -155,40 +172,73 @@ def main() -> None:
     for _ in range(args.repeats):
         for variant in VARIANTS:
             seconds[variant].append(run(model, pairs, batches, variant, args.device, args.log_every))
-    print(f"{'variant':26} {'pairs/s':>9} {'ms/step':>8} {'ratio':>6}")
+    print(f"{'variant':32} {'pairs/s':>9} {'ms/step':>8} {'ratio':>6}")
     base_rate = None
     for variant in VARIANTS:
         median = statistics.median(seconds[variant])
         rate = args.batch_size * len(batches) / median
         base_rate = base_rate or rate
-        print(f"{variant:26} {rate:9.1f} {1000 * median / len(batches):8.1f} {rate / base_rate:6.2f}", flush=True)
+        print(f"{variant:32} {rate:9.1f} {1000 * median / len(batches):8.1f} {rate / base_rate:6.2f}", flush=True)
 
     sentences = (sample_texts(1200) * (args.encode_sentences // 1200 + 1))[:args.encode_sentences]
-    encode_seconds = {"call, in loop": [], "lean, ahead": []}
+    encode_seconds = {name: [] for name in ENCODINGS}
     for repeat in range(args.repeats + 1):
         for name in encode_seconds:
-            encode_seconds[name].append(encode(model, sentences, args.encode_batch, name.startswith("lean"),
-                                               args.device))
+            encode_seconds[name].append(encode(model, sentences, args.encode_batch, name, args.device))
     print(f"encoding {len(sentences)} sentences, batches of {args.encode_batch}:")
-    print(f"{'variant':26} {'sent./s':>9} {'ratio':>6}")
+    print(f"{'variant':32} {'sent./s':>9} {'ratio':>6}")
     base_rate = None
     for name, times in encode_seconds.items():
         rate = len(sentences) / statistics.median(times[1:])  # the first run is untimed
         base_rate = base_rate or rate
-        print(f"{name:26} {rate:9.1f} {rate / base_rate:6.2f}", flush=True)
+        print(f"{name:32} {rate:9.1f} {rate / base_rate:6.2f}", flush=True)
+
+    from sentence_transformers import SentenceTransformer
+
+    from modsent.encoders.systems import encode_sentence_transformer
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # the MLM head the base directory also holds
+    monolithic = SentenceTransformer(str(base), device=args.device)
+    transformers.logging.set_verbosity_warning()
+    timings = {"sentence-transformers' encode": [], "modsent's (ahead, no wait)": []}
+    for repeat in range(args.repeats + 1):
+        for name, times in timings.items():
+            if cuda:
+                torch.cuda.synchronize(args.device)
+            start = time.perf_counter()
+            if name.startswith("modsent"):
+                encode_sentence_transformer(monolithic, sentences, args.encode_batch)
+            else:
+                monolithic.encode(sentences, batch_size=args.encode_batch, prompt="", normalize_embeddings=True)
+            times.append(time.perf_counter() - start)
+    print(f"a monolithic system (sentence-transformers model, fp32), {len(sentences)} sentences, "
+          f"batches of {args.encode_batch}:")
+    base_rate = None
+    for name, times in timings.items():
+        rate = len(sentences) / statistics.median(times[1:])
+        base_rate = base_rate or rate
+        print(f"{name:32} {rate:9.1f} {rate / base_rate:6.2f}", flush=True)
+    tmp.cleanup()
 
 
-def encode(model, sentences, batch_size: int, lean: bool, device: str) -> float:
-    """Seconds for ``model.encode(sentences)``; ``lean=False``: the tokenizer's call in the loop
-    (``ahead`` disabled), as encode ran before modsent.tokenizing."""
-    import unittest.mock
-
+def encode(model, sentences, batch_size: int, variant: str, device: str) -> float:
+    """Seconds for ``model.encode(sentences)`` as ``variant`` of ENCODINGS: ``call, in loop``: the
+    tokenizer's call in the loop (``ahead`` disabled); ``wait each``: the mask left to
+    transformers and each batch's vectors waited for (HostCopies with no lag: ``.cpu()``)."""
     from modsent import tokenizing
     from modsent.training import loop
 
+    lean = variant.startswith("lean")
     tokenizing._VERDICTS[model.tokenizer] = lean
     ahead = loop.ahead if lean else (lambda items, prepare: loop.ahead(items, prepare, enabled=False))
-    with unittest.mock.patch("modsent.modular.sentence_adapter.ahead", ahead):
+    waiting = variant.endswith("wait each")
+    with unittest.mock.patch("modsent.modular.sentence_adapter.ahead", ahead), \
+            unittest.mock.patch("modsent.modular.sentence_adapter.HostCopies",
+                                (lambda: loop.HostCopies(lag=0)) if waiting else loop.HostCopies), \
+            unittest.mock.patch("modsent.modular.sentence_adapter.encoder_attention_mask",
+                                device_mask if waiting else tokenizing.encoder_attention_mask):
         if device.startswith("cuda"):
             torch.cuda.synchronize(device)
         start = time.perf_counter()

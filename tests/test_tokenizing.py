@@ -5,6 +5,7 @@ tokenizer modsent's encoders use, and anything else goes through the call."""
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 import torch
@@ -161,19 +162,39 @@ def test_other_models_and_attention_keep_the_mask_for_transformers(encoders):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (benchmarks/gpu.sh runs it)")
-def test_a_padded_forward_of_the_sentence_encoder_never_waits_for_the_gpu(tmp_path):
-    from modsent.modular.sentence_adapter import SentenceAdapterConfig, build_model
+def test_an_se_step_on_a_gpu_never_waits_for_it(tmp_path):
+    """The SE stage's step as its loop runs it (precision auto, MNRL, clipping, fused AdamW, the
+    loss recorded as a tensor), on batches pinned beforehand: CUDA's sync check set to fail."""
+    import pandas as pd
+
+    from modsent.losses import MultipleNegativesRankingLoss
+    from modsent.modular import sentence_adapter as sa
+    from modsent.training import fastpath
+    from modsent.training.loop import TrainingLog, optimizer_step
+    from modsent.training.optim import adamw
+    from modsent.training.precision import autocast, grad_scaler
 
     base = make_tiny_bert(tmp_path / "base", TEXTS, vocab_size=500)
-    model = build_model(base, None, SentenceAdapterConfig()).to("cuda")
-    features = model.features(TEXTS[:16])
-    assert not features["attention_mask"].all()
-    model(features).sum().backward()  # warm-up: lazy initialisations may wait once
-    features = model.features(TEXTS[16:32])  # pinned outside the check (allocating pinned memory may wait)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
+    model = sa.build_model(base, None, sa.SentenceAdapterConfig()).to("cuda")
+    fastpath.speed_up(model)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer, scaler = adamw(trainable, 1e-4, 0.01), grad_scaler("cuda", "auto")
+    loss_fn = MultipleNegativesRankingLoss(20.0)
+    log = TrainingLog(10, 0, "SE test", progress=False, log_every=10)  # steps 1-2 are not logged: no read
+    batches = [pd.DataFrame({"anchor": TEXTS[k:k + 16], "positive": TEXTS[k + 100:k + 116], "negative": [None] * 16})
+               for k in (0, 16, 32)]
+    prepared = [model.features(sa.batch_texts(rows)) for rows in batches]  # pinned outside the check
+    assert not prepared[1]["attention_mask"].all()
     try:
-        model(features).sum().backward()
+        for step, (rows, features) in enumerate(zip(batches, prepared)):
+            if step == 1:  # the first step may wait once: lazy initialisations
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            with autocast("cuda", "auto"):  # bf16 where the GPU has it, else fp16 with the scaler
+                loss = sa.batch_loss(model, loss_fn, rows, features)
+            scaler.scale(loss).backward()
+            optimizer_step(optimizer, trainable, 1.0, scaler)
+            log.record(step, loss, 1e-4, len(rows))
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
+    assert all(math.isfinite(value) for value in log.close()[0])
