@@ -331,6 +331,20 @@ def test_a_killed_run_resumes_to_the_weights_of_an_unbroken_one(data, trained, t
     assert other["resumed_from_step"] == 0
 
 
+def test_micro_batches_tokenised_ahead_train_what_tokenising_in_the_step_trains(data, monkeypatch):
+    """Each micro-batch is tokenised on a thread during the one before (loop.ahead), across the
+    steps of gradient accumulation: the same adapters and logged losses as the plain loop."""
+    from modsent.training import loop
+
+    cfg = it.InteMATsConfig.from_settings(intemats.ST, {**SETTINGS, "gradient_accumulation": 2})
+    threaded = it.run_training(intemats.ST, data["inputs"], cfg, device="cpu", progress=False)
+    monkeypatch.setattr(it, "ahead", lambda items, prepare: loop.ahead(items, prepare, enabled=False))
+    serial = it.run_training(intemats.ST, data["inputs"], cfg, device="cpu", progress=False)
+    a, b = threaded.model.state_dict(), serial.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert threaded.history == serial.history and len(threaded.history) == SETTINGS["max_steps"]
+
+
 # ---- registration and configuration --------------------------------------------------------------
 
 

@@ -247,6 +247,28 @@ def test_a_killed_run_resumes_to_the_weights_of_an_unbroken_one(data, tmp_path):
     assert other["resumed_from_step"] == 0
 
 
+def test_batches_tokenised_ahead_train_what_tokenising_in_the_step_trains(data, monkeypatch):
+    """The loop tokenises batch i+1 on a thread during step i (loop.ahead): the same weights and
+    logged losses as the plain loop, bit for bit; a prepared batch has the loss of its texts."""
+    from modsent.training import loop
+
+    cfg = mt.MST5Config.from_settings("mST5-xnli", {**SETTINGS, "model": str(data["mt5"])})
+    run = dict(english_only=False, device="cpu", progress=False)
+    threaded = mt.run_training("mST5-xnli", data["inputs"], cfg, **run)
+    monkeypatch.setattr(mt, "ahead", lambda items, prepare: loop.ahead(items, prepare, enabled=False))
+    serial = mt.run_training("mST5-xnli", data["inputs"], cfg, **run)
+    a, b = threaded.model.state_dict(), serial.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert threaded.history == serial.history and len(threaded.history) == 3
+
+    model, rows = serial.model.eval(), pd.DataFrame({"anchor": TEXTS, "positive": TEXTS[::-1], "negative": TEXTS[1:] + TEXTS[:1]})
+    loss_fn = losses.TripletInfoNCELoss(cfg.temperature)
+    with torch.no_grad():
+        prepared = mt.batch_loss(model, loss_fn, rows, mt.batch_features(model, rows))
+        by_hand = loss_fn(model(rows["anchor"].tolist()), model(rows["positive"].tolist()), model(rows["negative"].tolist()))
+    assert torch.equal(prepared, by_hand)
+
+
 @pytest.mark.parametrize("kind", ["xlmr-mean-normalize", "bert-cls-dense"])
 def test_encoder_only_bases_train_keep_their_head_and_reload(data, tmp_path, kind):
     """model: null trains the workflow's base (a sentence-transformers directory, its own

@@ -73,7 +73,7 @@ from modsent.methods.intemats.settings import DT, FUSED, FUSION_PAIRS, SITES, ST
 from modsent.modular import sentence_adapter as sa
 from modsent.modular import serial_adapter as sad
 from modsent.training import checkpoints, schedules
-from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
+from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.optim import adamw
 from modsent.training.pairs import no_duplicate_batches, steps_of_epochs
 from modsent.training.precision import PRECISIONS, autocast, grad_scaler
@@ -495,16 +495,22 @@ def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str
     optimizer = adamw(trainable, cfg.learning_rate, cfg.weight_decay)
     if name == FUSED:
         loss_fn = MultipleNegativesRankingLoss(cfg.scale)
+        batch_texts = sa.batch_texts
 
-        def batch_loss(rows):
-            return sa.batch_loss(model, loss_fn, rows)
+        def batch_loss(rows, features):
+            return sa.batch_loss(model, loss_fn, rows, features)
     else:
         info_nce = InfoNCELoss(cfg.temperature)
 
-        def batch_loss(rows):
-            texts = rows["anchor"].tolist() + rows["positive"].tolist()
-            emb = model(texts)
+        def batch_texts(rows):
+            return rows["anchor"].tolist() + rows["positive"].tolist()
+
+        def batch_loss(rows, features):
+            emb = model(features)
             return info_nce(emb[:len(rows)], emb[len(rows):])
+
+    def prepare(batch):  # on a thread, one micro-batch ahead: its texts tokenised (and pinned)
+        return model.features(batch_texts(data.rows.iloc[batch]))
 
     scaler = grad_scaler(device, cfg.precision)  # fp16: the loss scaler; else a pass-through
     fingerprint = training_fingerprint(name, cfg, langs, fingerprint_inputs)
@@ -513,27 +519,29 @@ def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str
     before = resumed["before"] if resumed else _before(name, model, heldout, cfg)
 
     log_ = TrainingLog(total_steps, start, name, progress, cfg.log_every, resumed, scaler)
-    batches = steps_of_epochs(data.epoch_batches, total_steps * accumulation, start * accumulation)
+    batches = contextlib.closing(ahead(steps_of_epochs(data.epoch_batches, total_steps * accumulation,
+                                                       start * accumulation), prepare))
     model.train()
-    for step in range(start, total_steps):
-        lr = set_learning_rate(optimizer, schedules.warmup_linear(step, total_steps, cfg.warmup_steps,
-                                                                  cfg.learning_rate))
-        value, seen = 0.0, 0
-        for micro in range(accumulation):
-            batch = next(batches)
-            torch.manual_seed(dropout_seed(step * accumulation + micro, cfg.seed))  # the same masks when resumed
-            with autocast(device, cfg.precision):
-                loss = batch_loss(data.rows.iloc[batch]) / accumulation
-            scaler.scale(loss).backward()
-            value = value + loss.detach().double()  # a tensor: no GPU wait per micro-batch
-            seen += len(batch)
-        optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
-        log_.record(step, value, lr, seen)  # read back and logged at the logged steps
-        if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
-            checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
-                                        log_.state(before=before), scaler)
-        if on_step is not None:
-            on_step(step + 1)
+    with batches as micro_batches:
+        for step in range(start, total_steps):
+            lr = set_learning_rate(optimizer, schedules.warmup_linear(step, total_steps, cfg.warmup_steps,
+                                                                      cfg.learning_rate))
+            value, seen = 0.0, 0
+            for micro in range(accumulation):
+                batch, features = next(micro_batches)
+                torch.manual_seed(dropout_seed(step * accumulation + micro, cfg.seed))  # the same masks when resumed
+                with autocast(device, cfg.precision):
+                    loss = batch_loss(data.rows.iloc[batch], features) / accumulation
+                scaler.scale(loss).backward()
+                value = value + loss.detach().double()  # a tensor: no GPU wait per micro-batch
+                seen += len(batch)
+            optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
+            log_.record(step, value, lr, seen)  # read back and logged at the logged steps
+            if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
+                checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
+                                            log_.state(before=before), scaler)
+            if on_step is not None:
+                on_step(step + 1)
     losses, history, rows_seen, elapsed = log_.close()
     model.eval()
     after = evaluate(model, heldout, cfg)

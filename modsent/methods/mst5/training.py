@@ -67,7 +67,7 @@ from modsent.methods import baselines as bl
 from modsent.modular import sentence_adapter as sa
 from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.optim import fused_options
-from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
+from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import no_duplicate_batches
 from modsent.training.precision import autocast, for_model as precision_for, grad_scaler
 from modsent.training.seeding import dropout_seed
@@ -261,12 +261,22 @@ def build_model(source: str | Path, cfg: MST5Config, key: str = "methods.mST5") 
     return BuiltModel(model, str(source), targets)
 
 
-def batch_loss(model: sa.SentenceEncoderModel, loss_fn: TripletInfoNCELoss, rows: pd.DataFrame) -> torch.Tensor:
-    """The triplet loss of one batch: anchors, positives and negatives encoded in three passes."""
-    anchors = model(rows["anchor"].tolist())
-    positives = model(rows["positive"].tolist())
-    negatives = model(rows["negative"].tolist())
-    return loss_fn(anchors, positives, negatives)
+TRIPLET = ("anchor", "positive", "negative")
+
+
+def batch_features(model: sa.SentenceEncoderModel, rows: pd.DataFrame) -> tuple[dict, dict, dict]:
+    """The batch's anchors, positives and negatives tokenised for :func:`batch_loss`
+    (``model.features``: pinned on a GPU), what the loop prepares one step ahead on a thread."""
+    return tuple(model.features(rows[column].tolist()) for column in TRIPLET)
+
+
+def batch_loss(model: sa.SentenceEncoderModel, loss_fn: TripletInfoNCELoss, rows: pd.DataFrame,
+               features: tuple[dict, dict, dict] | None = None) -> torch.Tensor:
+    """The triplet loss of one batch: anchors, positives and negatives encoded in three passes.
+    ``features``: :func:`batch_features` of the batch, when prepared already."""
+    if features is None:
+        features = batch_features(model, rows)
+    return loss_fn(*(model(part) for part in features))
 
 
 # ---- training ------------------------------------------------------------------------------------
@@ -349,11 +359,14 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
 
     log_ = TrainingLog(total_steps, start, name, progress, cfg.log_every, resumed, scaler)
     model.train()
-    for step, batch in enumerate(bl.iter_steps(data, total_steps, start), start=start):
+    def prepare(batch):  # on a thread, one step ahead: the next batch tokenised (and pinned)
+        return batch_features(model, data.rows.iloc[batch])
+
+    for step, (batch, features) in enumerate(ahead(bl.iter_steps(data, total_steps, start), prepare), start=start):
         lr = set_learning_rate(optimizer, schedules.warmup_linear(step, total_steps, warmup_steps, cfg.learning_rate))
         torch.manual_seed(dropout_seed(step, cfg.seed))  # the same masks in a resumed run
         with autocast(device, precision):
-            loss = batch_loss(model, loss_fn, data.rows.iloc[batch])
+            loss = batch_loss(model, loss_fn, data.rows.iloc[batch], features)
         scaler.scale(loss).backward()
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
         log_.record(step, loss, lr, len(batch))  # read back and logged at the logged steps
