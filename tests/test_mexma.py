@@ -239,6 +239,24 @@ def test_a_killed_run_resumes_to_the_weights_of_an_unbroken_one(data, tmp_path):
     assert (tmp_path / "resumed" / "loss.tsv").read_text() == (tmp_path / "straight" / "loss.tsv").read_text()
 
 
+def test_steps_masked_ahead_on_a_thread_train_what_masking_in_the_step_trains(data, tmp_path, monkeypatch):
+    """Each step's micro-batches are tokenised, masked from the step's generator and trimmed on a
+    thread during the step before (loop.ahead), and the losses read back at the logged steps: the
+    same weights, curve and loss components as the plain loop, bit for bit."""
+    from modsent.training import loop
+
+    settings = {**SETTINGS, "max_steps": 3, "log_every": 2}
+    threaded = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "threaded", settings, device="cpu", progress=False)
+    monkeypatch.setattr(mt, "ahead", lambda items, prepare: loop.ahead(items, prepare, enabled=False))
+    serial = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "serial", settings, device="cpu", progress=False)
+    a = load_file(str(tmp_path / "threaded" / "model.safetensors"))
+    b = load_file(str(tmp_path / "serial" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for key in ("loss_first", "loss_last", "steps", "loss_components"):
+        assert threaded[key] == serial[key], key
+    assert (tmp_path / "threaded" / "loss.tsv").read_text() == (tmp_path / "serial" / "loss.tsv").read_text()
+
+
 @pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
                     reason="torch.distributed with gloo is not available")
 @pytest.mark.parametrize("name", ["MEXMA-no-koleo", "MEXMA-contrastive"])

@@ -70,7 +70,7 @@ from modsent.methods.mexma.model import MEXMAModel, build_model
 from modsent.modular import sentence_adapter as sa
 from modsent.training import checkpoints, schedules
 from modsent.training.optim import fused_options
-from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
+from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate, to_device
 from modsent.training.precision import PRECISIONS, autocast, grad_scaler
 from modsent.training.seeding import dropout_seed, step_generator
 
@@ -253,11 +253,31 @@ def masked_batch(tokenizer, texts: list[str], max_len: int, probability: float, 
     return encoded["input_ids"], masked, labels, encoded["attention_mask"]
 
 
-def _share(tensors, rows: slice, device):
-    """This process's rows of each tensor, trimmed to their longest real sequence."""
+def _share(tensors, rows: slice, pin: bool = False):
+    """This process's rows of each tensor, trimmed to their longest real sequence (on the host;
+    in pinned memory with ``pin``, for a copy to the GPU that does not block)."""
     ids, masked, labels, mask = (t[rows] for t in tensors)
     width = int(mask.sum(1).max()) if len(mask) else 1
-    return [t[:, :width].to(device) for t in (ids, masked, labels, mask)]
+    return [t[:, :width].contiguous().pin_memory() if pin else t[:, :width] for t in (ids, masked, labels, mask)]
+
+
+def step_batches(tokenizer, rows: pd.DataFrame, micro_batches: list[list[int]], step: int, cfg: "MEXMAConfig",
+                 max_len: int, rank: int, world: int, pin: bool = False) -> list[tuple]:
+    """Step ``step``'s micro-batches as this process trains on them: for each, its share of A
+    (English) and B (translations), masked, and (masked positions in A, in B) of the whole
+    micro-batch. The masks are drawn from the step's own generator, micro-batch by micro-batch, A
+    before B, so they depend on (seed, step) only; a pure function of its arguments, which the
+    loop runs one step ahead on a thread (modsent.training.loop.ahead)."""
+    generator = step_generator(step, cfg.seed)
+    out = []
+    for micro in micro_batches:
+        rows_ = rows.iloc[micro]
+        a_all = masked_batch(tokenizer, rows_["english"].tolist(), max_len, cfg.mask_probability, generator)
+        b_all = masked_batch(tokenizer, rows_["translation"].tolist(), max_len, cfg.mask_probability, generator)
+        counts = (int((a_all[2] != -100).sum()), int((b_all[2] != -100).sum()))
+        share = distributed.local_slice(len(micro), rank, world)
+        out.append((_share(a_all, share, pin), _share(b_all, share, pin), counts, len(micro)))
+    return out
 
 
 @dataclasses.dataclass
@@ -383,32 +403,33 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
         log.info("data-parallel over %d processes: each encodes its share of every micro-batch", world)
     distributed.broadcast_from_main(trainable)
 
+    def prepare(item):  # on a thread, one step ahead: the next step's micro-batches masked (and pinned)
+        step, batch = item
+        micro_batches = [batch[i:i + cfg.batch_size] for i in range(0, len(batch), cfg.batch_size)]
+        return step_batches(tokenizer, train, micro_batches, step, cfg, max_len, rank, world,
+                            pin=torch.device(device).type == "cuda")
+
     log_ = TrainingLog(total_steps, start, name, progress and main, cfg.log_every, resumed, scaler)
     model.train()
-    for step, batch in enumerate(bl.iter_steps(data, total_steps, start), start=start):
+    steps = enumerate(bl.iter_steps(data, total_steps, start), start=start)
+    for (step, batch), prepared in ahead(steps, prepare):
         lr = set_learning_rate(optimizer, schedules.warmup_cosine(
             step, total_steps, schedules.warmup_steps_of(cfg.warmup_ratio, total_steps), cfg.learning_rate,
             cfg.warmup_start_factor))
         torch.manual_seed(dropout_seed(step, cfg.seed, rank))
-        generator = step_generator(step, cfg.seed)
-        micro_batches = [batch[i:i + cfg.batch_size] for i in range(0, len(batch), cfg.batch_size)]
         values = torch.zeros(4, device=device)
-        for micro in micro_batches:
-            rows_ = train.iloc[micro]
-            a_all = masked_batch(tokenizer, rows_["english"].tolist(), max_len, cfg.mask_probability, generator)
-            b_all = masked_batch(tokenizer, rows_["translation"].tolist(), max_len, cfg.mask_probability, generator)
-            counts = (int((a_all[2] != -100).sum()), int((b_all[2] != -100).sum()))
-            share = distributed.local_slice(len(micro), rank, world)
-            a, b = _share(a_all, share, device), _share(b_all, share, device)
+        for a, b, counts, rows in prepared:
+            a, b = [to_device(t, device) for t in a], [to_device(t, device) for t in b]
             with autocast(device, cfg.precision):
-                backward, shares = objective(model, a, b, counts, len(micro), world)
-            scaler.scale(backward * world / len(micro_batches)).backward()
-            values += shares / len(micro_batches)
+                backward, shares = objective(model, a, b, counts, rows, world)
+            scaler.scale(backward * world / len(prepared)).backward()
+            values += shares / len(prepared)
         distributed.average_gradients(trainable)
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
-        total, mlm, align, koleo = (distributed.all_reduce_mean(values) * world).tolist()
-        log_.record(step, total, lr, len(batch))
+        reduced = distributed.all_reduce_mean(values) * world  # [total, mlm, align, koleo]
+        log_.record(step, reduced[0], lr, len(batch))  # read back at the logged steps only
         if (step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == total_steps:
+            total, mlm, align, koleo = reduced.tolist()
             components.append([step + 1, align, mlm, koleo])
             log.info("%s: step %d/%d, loss %.4f (align %.4f, unmasking %.4f, KoLeo %.4f), lr %.2e", name, step + 1,
                      total_steps, total, align, mlm, koleo, lr)
