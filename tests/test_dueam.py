@@ -392,6 +392,26 @@ def test_a_killed_run_resumes_to_the_weights_of_an_unbroken_one(data, tmp_path):
 # ---- the workflow --------------------------------------------------------------------------------
 
 
+def test_steps_tokenised_ahead_on_a_thread_train_what_tokenising_in_the_step_trains(data, tmp_path, monkeypatch):
+    """Each step's texts are tokenised and its WMD targets pinned on a thread during the step
+    before (loop.ahead), and the losses read back at the logged steps: the same weights, curve
+    and loss components as the plain loop, bit for bit."""
+    from modsent.training import loop
+
+    settings = {**SETTINGS, "max_steps": 3, "log_every": 2}
+    dw.run_shard(data["paths"], None, config(), data["base"], 0, 1, tmp_path / "wmd.parquet", cache_dir=None)
+    inputs = {**data["inputs"], "wmd": [tmp_path / "wmd.parquet"]}
+    threaded = dt.train_dueam("DuEAM-weak", inputs, tmp_path / "threaded", settings, device="cpu", progress=False)
+    monkeypatch.setattr(dt, "ahead", lambda items, prepare: loop.ahead(items, prepare, enabled=False))
+    serial = dt.train_dueam("DuEAM-weak", inputs, tmp_path / "serial", settings, device="cpu", progress=False)
+    a = load_file(str(tmp_path / "threaded" / "model.safetensors"))
+    b = load_file(str(tmp_path / "serial" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for key in ("loss_first", "loss_last", "steps", "loss_components"):
+        assert threaded[key] == serial[key], key
+    assert (tmp_path / "threaded" / "loss.tsv").read_text() == (tmp_path / "serial" / "loss.tsv").read_text()
+
+
 def test_the_workflow_plans_one_wmd_job_per_shard_and_distinct_pairs(tmp_path):
     """DuEAM-weak and its loss ablation share their WMD jobs (the same pairs and anchor); other
     pairs get their own; training reads the shards. A dry run of the tests' tiny config."""

@@ -66,7 +66,7 @@ from modsent.methods.dueam.wmd import anchor_for, compute_wmd, pair_idf, read_wm
 from modsent.modular import sentence_adapter as sa
 from modsent.training import checkpoints, schedules
 from modsent.training.optim import adamw
-from modsent.training.loop import TrainingLog, checkpoint_due, optimizer_step, set_learning_rate
+from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate, to_device
 from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed
 
@@ -109,11 +109,19 @@ def truncated_texts(model: sa.SentenceEncoderModel, texts) -> int:
     return int(sum(length > model.max_seq_length for length in lengths))
 
 
-def pair_embeddings(model: sa.SentenceEncoderModel, rows: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_texts(rows: pd.DataFrame) -> list[str]:
+    """A batch's texts in the order of :func:`pair_embeddings`' one forward pass: first texts,
+    then second texts."""
+    return rows["text_a"].tolist() + rows["text_b"].tolist()
+
+
+def pair_embeddings(model: sa.SentenceEncoderModel, rows: pd.DataFrame,
+                    features: Mapping[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The learner's (unnormalised) vectors of a batch's first and second texts: one shared
-    encoder, one forward pass."""
+    encoder, one forward pass. ``features``: :func:`pair_texts` of the batch already tokenised
+    (``model.features``)."""
     n = len(rows)
-    embeddings = model(rows["text_a"].tolist() + rows["text_b"].tolist())
+    embeddings = model(features if features is not None else pair_texts(rows))
     return embeddings[:n], embeddings[n:]
 
 
@@ -277,20 +285,29 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
         log.info("data-parallel over %d processes: each encodes its share of a step's pairs", world)
     distributed.broadcast_from_main(trainable)  # as DistributedDataParallel does
 
+    def prepare(batch):  # on a thread, one step ahead: this process's texts tokenised, its WMD targets (pinned)
+        local = batch[distributed.local_slice(len(batch), rank, world)]
+        if not local:
+            return local, None, None
+        wmd = torch.as_tensor(d_wmd[local], dtype=torch.float32)
+        if torch.device(device).type == "cuda":
+            wmd = wmd.pin_memory()
+        return local, model.features(pair_texts(rows.iloc[local])), wmd
+
     log_ = TrainingLog(total_steps, start, name, progress and main, cfg.log_every, resumed, scaler)
     model.train()
-    for step, batch in enumerate(bl.iter_steps(data, total_steps, start), start=start):
+    steps = enumerate(ahead(bl.iter_steps(data, total_steps, start), prepare), start=start)
+    for step, (batch, (local, features, wmd)) in steps:
         lr = set_learning_rate(optimizer, schedules.warmup_linear(step, total_steps, cfg.warmup_steps,
                                                                   cfg.learning_rate))
         torch.manual_seed(dropout_seed(step, cfg.seed, rank))  # the same masks in a resumed run
-        local = batch[distributed.local_slice(len(batch), rank, world)]
         share = len(local) / len(batch)  # this process's terms' weight in the batch's mean
         logged = (step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == total_steps
         parts = torch.zeros(3, device=device)  # the batch's loss, L_A and L_B: this process's shares
         if local:
-            wmd = torch.as_tensor(d_wmd[local], dtype=torch.float32, device=device)
+            wmd = to_device(wmd, device)
             with autocast(device, cfg.precision):
-                sources, targets = pair_embeddings(model, rows.iloc[local])
+                sources, targets = pair_embeddings(model, rows.iloc[local], features)
                 loss = loss_fn(sources, targets, wmd) * share
             scaler.scale(loss * world).backward()  # the average over the processes is then the batch's gradient
             parts[0] = loss.detach().float()
@@ -300,9 +317,10 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
                     parts[2] = loss_fn.cosine(sources, targets).float() * share
         distributed.average_gradients(trainable)
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
-        value, la, lb = (distributed.all_reduce_mean(parts) * world).tolist()  # the shares' sums
-        log_.record(step, value, lr, len(batch))
+        reduced = distributed.all_reduce_mean(parts) * world  # the shares' sums: loss, L_A, L_B
+        log_.record(step, reduced[0], lr, len(batch))  # read back at the logged steps only
         if logged:
+            value, la, lb = reduced.tolist()
             components.append([step + 1, la, lb])
             log.info("%s: step %d/%d, loss %.4f (L_A %.4f, L_B %.4f), lr %.2e", name, step + 1, total_steps,
                      value, la, lb, lr)
