@@ -149,7 +149,7 @@ class _GatherRows(torch.autograd.Function):
         return grad[ctx.rows], None, None
 
 
-def all_gather_rows(tensor: torch.Tensor) -> torch.Tensor:
+def all_gather_rows(tensor: torch.Tensor, sizes: Sequence[int] | None = None) -> torch.Tensor:
     """The processes' 2-D ``tensor``s stacked along the first dimension in rank order; they may
     differ in their number of rows (an empty one may have any width; dtype and device must
     agree). In a single process: ``tensor`` itself.
@@ -158,9 +158,18 @@ def all_gather_rows(tensor: torch.Tensor) -> torch.Tensor:
     every process computes the same loss of the gathered tensor, the gradient of its weights
     is then this process's share of the whole gradient: the shares *sum* to the gradient, so
     a trainer that averages gradients over the processes (:func:`average_gradients`)
-    back-propagates ``world_size`` × the loss."""
+    back-propagates ``world_size`` × the loss.
+
+    ``sizes``: every process's number of rows, where the caller knows them (shares of a batch:
+    :func:`local_slice`); the tensors then share this one's width and the shapes are not
+    exchanged first (reading them would make the host wait for the GPU)."""
     if not is_initialized():
         return tensor
+    if sizes is not None:
+        if len(sizes) != torch.distributed.get_world_size() or sizes[torch.distributed.get_rank()] != len(tensor):
+            raise ValueError(f"sizes {list(sizes)} do not match {torch.distributed.get_world_size()} processes "
+                             f"with {len(tensor)} rows in this one")
+        return _GatherRows.apply(tensor, list(sizes), tensor.shape[1])
     shape = torch.tensor(tensor.shape, dtype=torch.long, device=tensor.device)
     shapes = [torch.empty_like(shape) for _ in range(torch.distributed.get_world_size())]
     torch.distributed.all_gather(shapes, shape)

@@ -180,7 +180,9 @@ class CrossUnmaskingLoss(nn.Module):
     masked sentence with its position 0 replaced by the *other* language's clean sentence
     vector, so restoring the tokens pulls that vector towards carrying the sentence's content.
     The projection runs on the masked positions only. ``reduction="sum"``: summed over the
-    positions (a data-parallel trainer divides by the global count)."""
+    positions (a data-parallel trainer divides by the global count). As in
+    :class:`MaskedLanguageModelingLoss`, the masked positions are found where ``labels`` are:
+    MEXMA gives them on the CPU, so the host does not wait for the GPU here."""
 
     def __init__(self, reduction: str = "mean"):
         super().__init__()
@@ -189,9 +191,13 @@ class CrossUnmaskingLoss(nn.Module):
         self.reduction = reduction
 
     def forward(self, logits, states: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        selected = labels != -100
-        scores = logits(states[selected])
-        return nn.functional.cross_entropy(scores.float(), labels[selected], reduction=self.reduction)
+        from modsent.training.loop import to_device
+
+        flat = labels.reshape(-1)
+        positions = (flat != -100).nonzero().squeeze(1)  # row-major, as states[labels != -100]
+        targets = to_device(flat.index_select(0, positions), states.device)
+        selected = states.reshape(-1, states.shape[-1]).index_select(0, to_device(positions, states.device))
+        return nn.functional.cross_entropy(logits(selected).float(), targets, reduction=self.reduction)
 
 
 class WMDAnchorLoss(nn.Module):

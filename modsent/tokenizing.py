@@ -134,8 +134,9 @@ class BatchTokenizer:
 # ---- the padding mask, without the host waiting for the GPU ------------------------------------
 
 # model types whose transformers encoder builds its SDPA mask with masking_utils'
-# create_bidirectional_mask, which takes a ready 4D mask as it is (tests/test_tokenizing.py)
-_BIDIRECTIONAL_SDPA = frozenset({"bert", "roberta", "xlm-roberta"})
+# create_bidirectional_mask, which takes a ready 4D mask as it is (tests/test_tokenizing.py; T5's
+# SDPA path folds a boolean mask into its position bias)
+_BIDIRECTIONAL_SDPA = frozenset({"bert", "roberta", "xlm-roberta", "t5", "mt5"})
 
 
 def encoder_attention_mask(config, host_mask: torch.Tensor, device_mask: torch.Tensor) -> torch.Tensor | None:

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch import nn
 
 from modsent import distributed, losses, methods
 from modsent.io import InputError
@@ -155,6 +156,70 @@ def test_four_passes_and_the_head_sees_the_other_side_s_clean_vector(data):
     torch.testing.assert_close(head_in_a[:, 1:], masked_a[:, 1:])  # ... and A's own masked states
     torch.testing.assert_close(head_in_b[:, 1:], masked_b[:, 1:])
     assert not torch.allclose(head_in_a[:, 0], masked_a[:, 0])  # position 0 was replaced
+
+
+def test_masks_decided_on_the_host_give_the_passes_and_losses_of_the_padding_masks(data):
+    """The training loop hands the model the masks modsent.tokenizing decides from the host's
+    copy (none without padding) and keeps the labels on the host: the same four passes and
+    unmasking loss as the 2D padding masks and labels on the model's device."""
+    model, tokenizer = mm.build_model(str(data["quiet"]), revision=None, head_layers=1, head_heads=2,
+                                      head_intermediate_size=None, detach_tokens=False, seed=0, key="k")
+    model.eval()
+    unmasking = losses.CrossUnmaskingLoss(reduction="sum")
+    for texts_a, texts_b in ((["Good morning", "The password was changed.", "Yes"], ["Guten Morgen", "Ja", "Nein"]),
+                             (["The same words", "The same words"], ["Die gleichen", "Die gleichen"])):
+        a, b = _batch(tokenizer, texts_a, seed=1), _batch(tokenizer, texts_b, seed=2)
+        host_a, host_b = mt._on_device(a, "cpu", model.body.config), mt._on_device(b, "cpu", model.body.config)
+        assert (host_a[3] is None) == bool(a[3].all()) and (host_b[3] is None) == bool(b[3].all())
+        with torch.no_grad():
+            expected = model(a[0], a[1], a[3], b[0], b[1], b[3])
+            got = model(host_a[0], host_a[1], host_a[3], host_b[0], host_b[1], host_b[3])
+            for key in expected:
+                torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-6)
+            by_index = unmasking(model.head.logits, got["head_a"], host_a[2])
+            selected = a[2] != -100
+            by_mask = nn.functional.cross_entropy(model.head.logits(expected["head_a"][selected]).float(),
+                                                  a[2][selected], reduction="sum")
+        torch.testing.assert_close(by_index, by_mask, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (benchmarks/gpu.sh runs it)")
+def test_a_mexma_step_on_a_gpu_never_waits_for_it(data):
+    """A MEXMA step as its loop runs it (micro-batches masked and pinned beforehand, the masks
+    decided on the host, labels on the host, KoLeo, bf16 autocast, clipping, fused AdamW): CUDA's
+    sync check set to fail from the second step on."""
+    from modsent.training.loop import optimizer_step
+    from modsent.training.optim import adamw
+    from modsent.training.precision import autocast, grad_scaler
+
+    model, tokenizer = mm.build_model(str(data["base"]), revision=None, head_layers=1, head_heads=2,
+                                      head_intermediate_size=None, detach_tokens=False, seed=0, key="k")
+    model = model.to("cuda").train()
+    cfg = mt.MEXMAConfig.from_settings("MEXMA", SETTINGS)
+    objective = mt.Objective(cfg)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer, scaler = adamw(trainable, 1e-4, 0.01), grad_scaler("cuda", "auto")
+    english = ["Good morning", "The password was changed.", "Yes", "A longer sentence than the others here"]
+    german = ["Guten Morgen", "Das Passwort wurde geändert.", "Ja", "Ein längerer Satz als die anderen hier"]
+    rows = pd.DataFrame({"english": english * 2, "translation": german * 2})
+    steps = [mt.step_batches(tokenizer, rows, [[0, 1, 2, 3], [4, 5, 6, 7]], step, cfg, 32, 0, 1, pin=True)
+             for step in range(3)]
+    try:
+        for step, prepared in enumerate(steps):
+            if step == 1:  # the first step may wait once: lazy initialisations
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            values = torch.zeros(4, device="cuda")
+            for a, b, counts, n in prepared:
+                a, b = mt._on_device(a, "cuda", model.body.config), mt._on_device(b, "cuda", model.body.config)
+                with autocast("cuda", "auto"):
+                    backward, shares = objective(model, a, b, counts, n, 1)
+                scaler.scale(backward / len(prepared)).backward()
+                values += shares / len(prepared)
+            optimizer_step(optimizer, trainable, 1.0, scaler)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(values).all()
 
 
 def test_no_tok_stops_the_token_gradient_at_the_head(data):

@@ -386,12 +386,19 @@ def test_monolithic_systems_of_a_group_are_loaded_one_at_a_time():
     assert lazy.encoder._encoder is None
 
 
-def test_monolithic_systems_encode_as_sentence_transformers_does(inputs, modular, tmp_path):
+def test_monolithic_systems_encode_as_sentence_transformers_does(inputs, modular, tmp_path, monkeypatch):
     """SentenceTransformerEncoder (Full_*, m-ST5, InteMATs, exports in evaluation) prepares batches
-    on a thread and copies results back without waiting: the vectors are sentence-transformers'."""
+    on a thread, gives the encoder the mask decided on the host and copies results back without
+    waiting: the vectors are sentence-transformers', and transformers never inspects a mask."""
     from sentence_transformers import SentenceTransformer
+    from transformers import masking_utils
 
     from modsent.encoders.systems import SentenceTransformerEncoder
+
+    asked = []
+    original = masking_utils._ignore_bidirectional_mask_sdpa
+    monkeypatch.setattr(masking_utils, "_ignore_bidirectional_mask_sdpa",
+                        lambda mask, *args, **kwargs: asked.append(mask) or original(mask, *args, **kwargs))
 
     lines = builtin_corpus("de")[200:220]
     texts = lines[:13] + ["kurz", "kurz", "zwei", ""] + lines[13:]  # ties, an empty text
@@ -400,7 +407,9 @@ def test_monolithic_systems_encode_as_sentence_transformers_does(inputs, modular
         mode = ours.model.training
         reference = SentenceTransformer(str(directory), device="cpu")
         for batch_size, normalize in ((5, True), (64, False)):
+            asked.clear()
             got = ours.encode(texts, batch_size=batch_size, normalize=normalize)
+            assert all(mask is None for mask in asked)
             expected = reference.encode(texts, batch_size=batch_size, prompt="",
                                         normalize_embeddings=normalize)
             assert got.dtype == np.float32 and got.shape == expected.shape == (len(texts), ours.embedding_dimension)

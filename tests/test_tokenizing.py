@@ -102,15 +102,20 @@ def test_the_batcher_checks_its_first_batch_and_keeps_the_call_if_they_differ(to
 @pytest.fixture(scope="module")
 def encoders(tmp_path_factory):
     root = tmp_path_factory.mktemp("encoders")
+    from test_mst5 import make_tiny_mt5
+
     out = {}
     for kind, make in (("bert", make_tiny_bert), ("xlmr", make_tiny_xlmr)):
         directory = make(root / kind, TEXTS, vocab_size=500)
         model = transformers.AutoModel.from_pretrained(directory, attn_implementation="sdpa").eval()
         out[kind] = (model, transformers.AutoTokenizer.from_pretrained(directory))
+    directory = make_tiny_mt5(root / "mt5", TEXTS, vocab_size=300)  # m-ST5's body: the encoder alone
+    model = transformers.MT5EncoderModel.from_pretrained(directory, attn_implementation="sdpa").eval()
+    out["mt5"] = (model, transformers.AutoTokenizer.from_pretrained(directory))
     return out
 
 
-@pytest.mark.parametrize("kind", ["bert", "xlmr"])
+@pytest.mark.parametrize("kind", ["bert", "xlmr", "mt5"])
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_the_mask_decided_on_the_host_gives_transformers_outputs_without_asking_the_device(
         encoders, kind, side, monkeypatch):
@@ -154,8 +159,11 @@ def test_other_models_and_attention_keep_the_mask_for_transformers(encoders):
     device_mask = host.clone()
     eager = model.config.__class__.from_dict({**model.config.to_dict(), "model_type": "bert"})
     eager._attn_implementation = "eager"
-    t5 = transformers.T5Config(d_model=8, num_layers=1, num_heads=1, d_kv=8, d_ff=8)
-    for config in (eager, t5, None):
+    decoder = transformers.T5Config(d_model=8, num_layers=1, num_heads=1, d_kv=8, d_ff=8, is_decoder=True)
+    decoder._attn_implementation = "sdpa"
+    gpt2 = transformers.GPT2Config(n_layer=1, n_head=1, n_embd=8)
+    gpt2._attn_implementation = "sdpa"
+    for config in (eager, decoder, gpt2, None):
         assert tokenizing.encoder_attention_mask(config, host, device_mask) is device_mask
     meta = host.to("meta")
     assert tokenizing.encoder_attention_mask(model.config, meta, device_mask) is device_mask

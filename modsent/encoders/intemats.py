@@ -125,7 +125,10 @@ class InteMATsTransformer(Transformer):
                                                    f"{directory / POOLING_CONFIG}: pooling_layers")
 
     def forward(self, features: dict, **kwargs) -> dict:
+        """Keyword arguments override features in the model's call, as in sentence-transformers'
+        Transformer (modsent passes the attention mask decided on the host this way)."""
         inputs = {key: features[key] for key in ("input_ids", "attention_mask", "token_type_ids") if key in features}
+        inputs.update({key: kwargs[key] for key in ("attention_mask",) if key in kwargs})
         out = self.model(**inputs, output_hidden_states=True, return_dict=True)
         features["token_embeddings"] = average_layers(out.hidden_states, self.pooling_layers)
         return features

@@ -309,37 +309,58 @@ def encode_sentence_transformer(model, sentences: Sequence[str], batch_size: int
     batch in the loop and waits for its ``.cpu()``, so on a GPU the device idles while the host
     tokenises and launches. Here the next batch is preprocessed and pinned on a thread
     (``loop.ahead``) and each batch's vectors come back without the loop waiting
-    (``loop.HostCopies``). The same batches (longest sentences first; ties in the caller's
-    order, which sentence-transformers' unstable sort leaves to chance), the same module calls
-    and normalisation: equal vectors up to the float rounding of another padding width."""
+    (``loop.HostCopies``); the transformer module gets the padding mask decided from the host's
+    copy (modsent.tokenizing.encoder_attention_mask), the following modules the 2D mask. The
+    same batches (longest sentences first; ties in the caller's order, which
+    sentence-transformers' unstable sort leaves to chance), the same module calls and
+    normalisation: equal vectors up to the float rounding of another padding width."""
     import numpy as np
     import torch
+    from sentence_transformers.sentence_transformer.modules import Transformer
 
+    from modsent.tokenizing import encoder_attention_mask
     from modsent.training.loop import HostCopies, ahead, to_device
 
     sentences = list(sentences)
     order = np.argsort([-len(s) for s in sentences], kind="stable")
     device = model.device
     pin = device.type == "cuda"
+    modules = list(model)
+    first = modules[0] if modules and isinstance(modules[0], Transformer) else None
+    config = getattr(getattr(first, "model", None), "config", None)
 
     def prepare(start):
         features = model.preprocess([sentences[i] for i in order[start:start + batch_size]], prompt=None)
         return {k: v.pin_memory() if pin and isinstance(v, torch.Tensor) else v for k, v in features.items()}
 
+    def forward(features: dict) -> torch.Tensor:
+        host_mask = features.get("attention_mask")
+        features = {k: to_device(v, device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+        if first is None or not isinstance(host_mask, torch.Tensor):
+            return model(features)["sentence_embedding"]
+        attention = encoder_attention_mask(config, host_mask, features["attention_mask"])
+        if attention is features["attention_mask"]:
+            return model(features)["sentence_embedding"]
+        features = first(features, attention_mask=attention)  # the module's call only; features keep the 2D mask
+        for module in modules[1:]:
+            features = module(features)
+        return features["sentence_embedding"]
+
     was_training = model.training
     model.eval()
     copies = HostCopies()
-    with torch.inference_mode():
-        for _, features in ahead(range(0, len(sentences), batch_size), prepare):
-            features = {k: to_device(v, device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
-            vectors = model(features)["sentence_embedding"]
-            if normalize:
-                vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
-            copies.add(vectors.float())
-    model.train(was_training)
+    try:
+        with torch.inference_mode():
+            for _, features in ahead(range(0, len(sentences), batch_size), prepare):
+                vectors = forward(features)
+                if normalize:
+                    vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
+                copies.add(vectors.float())
+    finally:
+        model.train(was_training)
     stacked = copies.numpy()
     if stacked is None:
-        return np.zeros((0, int(model.get_embedding_dimension())), dtype=np.float32)
+        return np.zeros((0, int(model.get_embedding_dimension() or 0)), dtype=np.float32)
     out = np.empty_like(stacked)
     out[order] = stacked  # back to the caller's order
     return out

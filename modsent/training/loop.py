@@ -86,7 +86,7 @@ class HostCopies:
     host launches; :meth:`add` instead queues the copy into pinned memory behind the kernels
     that compute the result and returns at once. The host waits only for the copy of the batch
     ``lag`` batches back (so pinned memory holds at most ``lag + 1`` batches), and
-    :meth:`numpy` for the rest. On the CPU it is a plain copy. Values and order are those of
+    :meth:`numpy` for the rest. On other devices it is a plain ``.cpu()``. Values and order are those of
     ``np.concatenate([t.cpu().numpy() for t in results])``."""
 
     def __init__(self, lag: int = 2):
@@ -101,7 +101,7 @@ class HostCopies:
         so far have run)."""
         tensor = tensor.detach()
         if tensor.device.type != "cuda":
-            self._done.append(tensor.numpy())
+            self._done.append(tensor.cpu().numpy())
             return
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
         host.copy_(tensor, non_blocking=True)

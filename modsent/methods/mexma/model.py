@@ -74,16 +74,19 @@ class MEXMAModel(nn.Module):
         """The raw last-layer CLS states [batch, hidden]."""
         return self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, 0]
 
-    def _clean_and_masked(self, clean: torch.Tensor, masked: torch.Tensor, mask: torch.Tensor):
+    def _clean_and_masked(self, clean: torch.Tensor, masked: torch.Tensor, mask: torch.Tensor | None):
         n = len(clean)
-        states = self.body(input_ids=torch.cat([clean, masked]), attention_mask=torch.cat([mask, mask])).last_hidden_state
+        both = None if mask is None else torch.cat([mask, mask])
+        states = self.body(input_ids=torch.cat([clean, masked]), attention_mask=both).last_hidden_state
         return states[:n, 0], states[n:]
 
     def forward(self, a_ids: torch.Tensor, a_masked: torch.Tensor, a_mask: torch.Tensor,
                 b_ids: torch.Tensor, b_masked: torch.Tensor, b_mask: torch.Tensor) -> dict[str, torch.Tensor]:
         """The four passes: ``s_a``, ``s_b`` (clean CLS vectors) and ``head_a``, ``head_b`` (the
         head's output states over A's and B's masked sequences, each conditioned on the other
-        side's clean vector at position 0)."""
+        side's clean vector at position 0). The masks: the 2D padding masks, or what
+        :func:`modsent.tokenizing.encoder_attention_mask` makes of them (None: no padding; a 4D
+        boolean mask), which transformers takes without looking at the device's copy."""
         s_a, masked_a = self._clean_and_masked(a_ids, a_masked, a_mask)
         s_b, masked_b = self._clean_and_masked(b_ids, b_masked, b_mask)
         if self.detach_tokens:

@@ -70,6 +70,7 @@ from modsent.methods.mexma.model import MEXMAModel, build_model
 from modsent.modular import sentence_adapter as sa
 from modsent.training import checkpoints, schedules
 from modsent.training.optim import fused_options
+from modsent.tokenizing import encoder_attention_mask
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate, to_device
 from modsent.training.precision import PRECISIONS, autocast, grad_scaler
 from modsent.training.seeding import dropout_seed, step_generator
@@ -261,6 +262,16 @@ def _share(tensors, rows: slice, pin: bool = False):
     return [t[:, :width].contiguous().pin_memory() if pin else t[:, :width] for t in (ids, masked, labels, mask)]
 
 
+def _on_device(share, device, config):
+    """A side's share (:func:`_share`) as the model takes it: ids on ``device`` (copies that do
+    not block, from pinned memory), the labels left on the host (the loss finds the masked
+    positions there) and the attention mask decided from the host's copy
+    (modsent.tokenizing.encoder_attention_mask): nothing here makes the host wait for the GPU."""
+    ids, masked, labels, mask = share
+    attention = encoder_attention_mask(config, mask, to_device(mask, device))
+    return to_device(ids, device), to_device(masked, device), labels, attention
+
+
 def step_batches(tokenizer, rows: pd.DataFrame, micro_batches: list[list[int]], step: int, cfg: "MEXMAConfig",
                  max_len: int, rank: int, world: int, pin: bool = False) -> list[tuple]:
     """Step ``step``'s micro-batches as this process trains on them: for each, its share of A
@@ -293,8 +304,9 @@ class Objective:
 
     def __call__(self, model: MEXMAModel, a, b, counts: tuple[int, int], rows: int, world: int):
         """(what this process back-propagates, its shares of [total, mlm, align, koleo] whose sums
-        over the processes are the micro-batch's values). ``counts``: the micro-batch's masked
-        positions in A and B; ``rows``: its pairs."""
+        over the processes are the micro-batch's values). ``a``, ``b``: (ids, masked ids, labels,
+        attention mask) of this process's share of each side (:func:`_on_device`); ``counts``:
+        the micro-batch's masked positions in A and B; ``rows``: its pairs."""
         cfg = self.cfg
         out = model(a[0], a[1], a[3], b[0], b[1], b[3])
         zero = out["s_a"].new_zeros(()).float()
@@ -312,7 +324,8 @@ class Objective:
             backward = cfg.align_weight * align + cfg.mlm_weight * mlm + cfg.koleo_weight * koleo / world
             shares = [align, mlm, koleo / world]
         else:  # every pair ranked against the whole micro-batch: the same value in every process
-            full = self.infonce(distributed.all_gather_rows(s_a), distributed.all_gather_rows(s_b))
+            sizes = [len(range(rows)[distributed.local_slice(rows, r, world)]) for r in range(world)]
+            full = self.infonce(distributed.all_gather_rows(s_a, sizes), distributed.all_gather_rows(s_b, sizes))
             backward = cfg.align_weight * full + cfg.mlm_weight * mlm + cfg.koleo_weight * koleo / world
             shares = [full / world, mlm, koleo / world]
         total = cfg.align_weight * shares[0] + cfg.mlm_weight * shares[1] + cfg.koleo_weight * shares[2]
@@ -419,7 +432,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
         torch.manual_seed(dropout_seed(step, cfg.seed, rank))
         values = torch.zeros(4, device=device)
         for a, b, counts, rows in prepared:
-            a, b = [to_device(t, device) for t in a], [to_device(t, device) for t in b]
+            a, b = _on_device(a, device, model.body.config), _on_device(b, device, model.body.config)
             with autocast(device, cfg.precision):
                 backward, shares = objective(model, a, b, counts, rows, world)
             scaler.scale(backward * world / len(prepared)).backward()
