@@ -42,9 +42,9 @@ bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever
         | tee "$OUT_DIR/${name}_$GPU.txt"
 }
 
-# the fast path's and mixed precision's tests on this GPU (their CUDA cases run only where there is one)
-bench tests 90 -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_optim.py tests/test_precision.py tests/test_tokenizing.py \
-    tests/test_training_loop.py
+# the fast path's, mixed precision's and the no-wait steps' tests on this GPU (their CUDA cases run only where there is one)
+bench tests 150 -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_optim.py tests/test_precision.py tests/test_tokenizing.py \
+    tests/test_training_loop.py tests/test_mexma.py -k "not two_processes and not workflow"
 bench mlm_throughput 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
     --batch-size 128 --steps 10 --bf16-residual
 bench mlm_throughput_b64 90 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
