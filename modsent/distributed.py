@@ -186,6 +186,14 @@ def local_slice(size: int, rank: int, world: int) -> slice:
     return slice(rank * size // world, (rank + 1) * size // world)
 
 
+def share_sizes(size: int, world: int) -> list[int] | None:
+    """Every process's number of rows of a batch of ``size`` rows (:func:`local_slice`), for
+    :func:`all_gather_rows`; None where a share is empty (its width is unknown there, so the
+    shapes are exchanged)."""
+    sizes = [(rank + 1) * size // world - rank * size // world for rank in range(world)]
+    return sizes if all(sizes) else None
+
+
 def launch_command(module_or_script: str | Path, args: Sequence[str], nproc: int) -> list[str]:
     """The command that runs ``module_or_script`` with ``args`` as ``nproc`` processes on this
     node: torchrun (``python -m torch.distributed.run``, from this interpreter's environment)

@@ -150,6 +150,8 @@ def test_local_slices_cover_the_batch_in_order():
             rows = [list(range(size))[distributed.local_slice(size, r, world)] for r in range(world)]
             assert sum(rows, []) == list(range(size))
             assert max(map(len, rows)) - min(map(len, rows)) <= 1
+            assert distributed.share_sizes(size, world) == [len(r) for r in rows]  # every share holds a row
+    assert distributed.share_sizes(2, 3) is None  # an empty share: the shapes are exchanged
 
 
 def test_cli_arguments_round_trip(inputs, tmp_path, monkeypatch):

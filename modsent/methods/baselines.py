@@ -366,8 +366,8 @@ def gathered_batch_loss(model: sa.SentenceEncoderModel, loss_fn: MultipleNegativ
     # float32 for the exchange: one dtype in every process, and the loss is computed in float32
     local = (model(features if features is not None else share).float() if share
              else torch.zeros(0, 0, device=device))
-    emb = distributed.all_gather_rows(local)
     n = len(rows)
+    emb = distributed.all_gather_rows(local, distributed.share_sizes(len(sa.batch_texts(rows)), world))
     return loss_fn(emb[:n], emb[n:2 * n], emb[2 * n:] if len(emb) > 2 * n else None)
 
 
