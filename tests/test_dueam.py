@@ -18,7 +18,7 @@ from modsent.methods.dueam import pairs as dp
 from modsent.methods.dueam import training as dt
 from modsent.methods.dueam import wmd as dw
 from modsent.methods.dueam.settings import DuEAMConfig
-from tiny_modules import pairs_in, tiny_base_and_data
+from tiny_modules import assert_same_model, pairs_in, tiny_base_and_data
 
 LANGS = ["en", "de", "ky"]
 # the built-in pairs have no mnli rows; a tiny random model moves only with a large learning rate
@@ -404,12 +404,7 @@ def test_steps_tokenised_ahead_on_a_thread_train_what_tokenising_in_the_step_tra
     threaded = dt.train_dueam("DuEAM-weak", inputs, tmp_path / "threaded", settings, device="cpu", progress=False)
     monkeypatch.setattr(dt, "ahead", lambda items, prepare: loop.ahead(items, prepare, enabled=False))
     serial = dt.train_dueam("DuEAM-weak", inputs, tmp_path / "serial", settings, device="cpu", progress=False)
-    a = load_file(str(tmp_path / "threaded" / "model.safetensors"))
-    b = load_file(str(tmp_path / "serial" / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    for key in ("loss_first", "loss_last", "steps", "loss_components"):
-        assert threaded[key] == serial[key], key
-    assert (tmp_path / "threaded" / "loss.tsv").read_text() == (tmp_path / "serial" / "loss.tsv").read_text()
+    assert_same_model(tmp_path / "threaded", tmp_path / "serial", threaded, serial)
 
 
 def test_the_workflow_plans_one_wmd_job_per_shard_and_distinct_pairs(tmp_path):

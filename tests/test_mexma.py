@@ -17,7 +17,7 @@ from modsent.io import InputError
 from modsent.methods.mexma import model as mm
 from modsent.methods.mexma import training as mt
 from modsent.training import schedules
-from tiny_modules import tiny_base_and_data
+from tiny_modules import assert_same_model, tiny_base_and_data
 
 LANGS = ["de", "ky"]
 # a tiny head; the tiny random model moves only with a large learning rate
@@ -314,12 +314,7 @@ def test_steps_masked_ahead_on_a_thread_train_what_masking_in_the_step_trains(da
     threaded = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "threaded", settings, device="cpu", progress=False)
     monkeypatch.setattr(mt, "ahead", lambda items, prepare: loop.ahead(items, prepare, enabled=False))
     serial = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "serial", settings, device="cpu", progress=False)
-    a = load_file(str(tmp_path / "threaded" / "model.safetensors"))
-    b = load_file(str(tmp_path / "serial" / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    for key in ("loss_first", "loss_last", "steps", "loss_components"):
-        assert threaded[key] == serial[key], key
-    assert (tmp_path / "threaded" / "loss.tsv").read_text() == (tmp_path / "serial" / "loss.tsv").read_text()
+    assert_same_model(tmp_path / "threaded", tmp_path / "serial", threaded, serial)
 
 
 @pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),

@@ -52,6 +52,18 @@ def pairs_in(lang, english, units):
     return translate_pairs(english, lang_units)
 
 
+def assert_same_model(first, second, first_metrics: dict, second_metrics: dict,
+                      keys=("loss_first", "loss_last", "steps", "loss_components")) -> None:
+    """Two trainings of a whole model wrote the same thing: ``model.safetensors`` bit for bit,
+    the metrics of ``keys`` and the loss curve."""
+    a = load_file(str(first / "model.safetensors"))
+    b = load_file(str(second / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for key in keys:
+        assert first_metrics[key] == second_metrics[key], key
+    assert (first / "loss.tsv").read_text() == (second / "loss.tsv").read_text()
+
+
 def assert_resumed_equals_straight(straight, resumed, expected: dict, metrics: dict, weights_name: str) -> None:
     """An adapter trained after a kill and resume equals the one trained without a break: its
     weights bit for bit, its metrics and its loss curve (``expected``/``metrics``: their metrics)."""
