@@ -54,7 +54,7 @@ bench pair_throughput 120 benchmarks/pair_throughput.py --labse-random --device 
 bench pair_throughput_b256 120 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
     --batch-size 256 --steps 20 --warmup 5
 # the host's share of the SE step and of evaluation encoding: lean tokenising, ahead on a thread, the
-# loss read at logged steps only
+# loss read at logged steps only, the padding mask decided on the host, results copied back without waiting
 bench pair_pipeline 150 benchmarks/pair_pipeline.py --labse-random --device cuda --batch-size 128 --steps 40 \
     --repeats 3 --encode-sentences 16384 --encode-batch 512
 bench profile_steps 120 -m benchmarks.profile_steps --device cuda --steps 5 --top 12
