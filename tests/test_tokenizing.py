@@ -170,9 +170,11 @@ def test_other_models_and_attention_keep_the_mask_for_transformers(encoders):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (benchmarks/gpu.sh runs it)")
-def test_an_se_step_on_a_gpu_never_waits_for_it(tmp_path):
-    """The SE stage's step as its loop runs it (precision auto, MNRL, clipping, fused AdamW, the
-    loss recorded as a tensor), on batches pinned beforehand: CUDA's sync check set to fail."""
+@pytest.mark.parametrize("precision", ["auto", "fp16"])
+def test_an_se_step_on_a_gpu_never_waits_for_it(tmp_path, precision):
+    """The SE stage's step as its loop runs it (MNRL, clipping, fused AdamW, the loss recorded as a
+    tensor), on batches pinned beforehand: CUDA's sync check set to fail. ``fp16``: the loss
+    scaler hands its overflow flag to the fused optimizer's kernel instead of reading it."""
     import pandas as pd
 
     from modsent.losses import MultipleNegativesRankingLoss
@@ -186,7 +188,7 @@ def test_an_se_step_on_a_gpu_never_waits_for_it(tmp_path):
     model = sa.build_model(base, None, sa.SentenceAdapterConfig()).to("cuda")
     fastpath.speed_up(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer, scaler = adamw(trainable, 1e-4, 0.01), grad_scaler("cuda", "auto")
+    optimizer, scaler = adamw(trainable, 1e-4, 0.01), grad_scaler("cuda", precision)
     loss_fn = MultipleNegativesRankingLoss(20.0)
     log = TrainingLog(10, 0, "SE test", progress=False, log_every=10)  # steps 1-2 are not logged: no read
     batches = [pd.DataFrame({"anchor": TEXTS[k:k + 16], "positive": TEXTS[k + 100:k + 116], "negative": [None] * 16})
@@ -198,7 +200,7 @@ def test_an_se_step_on_a_gpu_never_waits_for_it(tmp_path):
             if step == 1:  # the first step may wait once: lazy initialisations
                 torch.cuda.synchronize()
                 torch.cuda.set_sync_debug_mode("error")
-            with autocast("cuda", "auto"):  # bf16 where the GPU has it, else fp16 with the scaler
+            with autocast("cuda", precision):  # auto: bf16 where the GPU has it, else fp16 with the scaler
                 loss = sa.batch_loss(model, loss_fn, rows, features)
             scaler.scale(loss).backward()
             optimizer_step(optimizer, trainable, 1.0, scaler)
