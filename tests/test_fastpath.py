@@ -216,3 +216,23 @@ def test_lora_bias_and_inference_mode_fall_back_to_what_peft_computes():
         model.train()
         model(input_ids=ids, attention_mask=mask).last_hidden_state.float().sum().backward()
     assert all(p.grad is not None for name, p in model.named_parameters() if "lora_" in name)
+
+
+def test_a_sped_up_model_compiles_into_one_graph_and_computes_what_autocast_computes():
+    """Under torch.compile the frozen layers leave their casts to the compiler (the cache's
+    bookkeeping would split the graph at every layer): one graph, no break, and the outputs of
+    the eager fast path within bf16 rounding."""
+    import torch._dynamo as dynamo
+
+    model = tiny_lora_bert(dropout=0.0)
+    fastpath.speed_up(model)
+    model.eval()
+    ids, mask = batch()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        eager = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+        dynamo.reset()
+        explained = dynamo.explain(model)(input_ids=ids, attention_mask=mask)
+        assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+        compiled = torch.compile(model, backend="aot_eager")(input_ids=ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(compiled.float(), eager, rtol=2e-2, atol=2e-2)
+    dynamo.reset()

@@ -24,7 +24,8 @@ Only the vanilla case is sped up: one active adapter, not merged, adapters enabl
 other variant or LoRA bias, no extra forward arguments; anything else goes through PEFT's own
 forward. The parameters, their names and the saved adapters are untouched; :func:`restore`
 removes the fast forwards (before pickling a module: the forwards are bound methods of this
-module's functions). A frozen weight changed through ``.data`` (which keeps its version) needs
+module's functions). Under ``torch.compile`` the frozen layers call ``F.linear`` as they are
+and leave the casts to the compiler, so a sped-up model traces into one graph. A frozen weight changed through ``.data`` (which keeps its version) needs
 :func:`forget_casts`; PEFT's merge and unmerge of a sped-up layer call it. Used by the LA, SE,
 CLA and m-ST5 LoRA stages on every device.
 """
@@ -69,6 +70,8 @@ def forget_casts(model: nn.Module) -> None:
 
 
 def _frozen_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if torch.compiler.is_compiling():  # traced: the compiler fuses the casts itself, and the cache's
+        return F.linear(x, self.weight, self.bias)  # Python bookkeeping would break the graph
     dtype = _autocast_dtype(x)
     frozen = not self.weight.requires_grad and (self.bias is None or not self.bias.requires_grad)
     if dtype is None or not frozen or self.weight.dtype == dtype or not self.weight.is_floating_point() \
