@@ -27,7 +27,7 @@ GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za
 
 # BENCHMARKS="name ..." runs only those (default: all, in this order); DEADLINE=SECONDS stops
 # starting benchmarks that would outlast it (each one's limit is cut to what is left).
-WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_b64 pair_throughput pair_throughput_b256 pair_pipeline pair_throughput_graphs profile_steps mexma_throughput translation_speed translation_batching translation_speed_3.3B} "
+WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_compiled mlm_throughput_b64 pair_throughput pair_throughput_b256 pair_pipeline pair_throughput_graphs profile_steps mexma_throughput translation_speed translation_batching translation_speed_3.3B} "
 DEADLINE="${DEADLINE:-100000}"
 
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever happens
@@ -47,6 +47,10 @@ bench tests 150 -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/te
     tests/test_training_loop.py tests/test_mexma.py -k "not two_processes and not workflow"
 bench mlm_throughput 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
     --batch-size 128 --steps 10 --bf16-residual
+# the LA under torch.compile (the fast path traces into one graph): Inductor fusing the element-wise
+# residual stream the LA step is bound by, against the eager step in the same run
+bench mlm_throughput_compiled 180 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 \
+    --batch-size 128 --steps 10 --compile
 bench mlm_throughput_b64 90 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
     --batch-size 64 --steps 10
 bench pair_throughput 120 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
