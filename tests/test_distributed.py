@@ -78,6 +78,18 @@ def _assert_same_loss_curve(a, b, steps: int) -> None:
         assert float(loss_b) == pytest.approx(float(loss_a), rel=1e-5)
 
 
+def _assert_close_but_for_sign_flips(y: torch.Tensor, x: torch.Tensor, what: str) -> None:
+    """Within float-addition order, but for a few elements that one Adam step apart: the tied MLM
+    head gives every embedding row a gradient, a sum of many small terms of both signs, and where
+    that sum is below its rounding noise the two summation orders can give it opposite signs,
+    which Adam turns into steps of +lr and -lr (a new tokenizer each run makes this rare, not
+    never). A wrong data-parallel step moves far more than a few elements."""
+    diff = (y - x).abs()
+    off = diff > 1e-6 + 1e-5 * x.abs()
+    assert off.float().mean() <= 1e-3 and diff.max() <= 2 * CFG.learning_rate * CFG.steps, (
+        f"{what}: {int(off.sum())} of {off.numel()} elements differ, by up to {float(diff.max()):.3g}")
+
+
 def _assert_same_training(a: Path, b: Path):
     """Same files, same tensors within float-addition order, same steps and curve."""
     assert sorted(p.relative_to(a) for p in a.rglob("*")) == sorted(p.relative_to(b) for p in b.rglob("*"))
@@ -85,7 +97,11 @@ def _assert_same_training(a: Path, b: Path):
         x, y = load_file(str(a / name)), load_file(str(b / name))
         assert x.keys() == y.keys()
         for key in x:
-            torch.testing.assert_close(y[key], x[key], rtol=1e-5, atol=1e-6, msg=f"{name}: {key}")
+            if name == "embeddings.safetensors":
+                _assert_close_but_for_sign_flips(y[key], x[key], f"{name}: {key}")
+            else:
+                torch.testing.assert_close(y[key], x[key], rtol=1e-5, atol=1e-6,
+                                           msg=lambda default, name=name, key=key: f"{name}: {key}: {default}")
     ma, mb = (json.loads((d / "metrics.json").read_text()) for d in (a, b))
     assert ma.keys() == mb.keys()
     for key in ("steps", "train_sequences", "heldout_lines", "trainable_parameters", "config"):
