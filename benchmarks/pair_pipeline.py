@@ -232,11 +232,11 @@ def encode(model, sentences, batch_size: int, variant: str, device: str) -> floa
 
     lean = variant.startswith("lean")
     tokenizing._VERDICTS[model.tokenizer] = lean
-    ahead = loop.ahead if lean else (lambda items, prepare: loop.ahead(items, prepare, enabled=False))
+    threaded, copies = loop.ahead, loop.HostCopies  # encode's loop is loop.encode_in_batches
+    ahead = threaded if lean else (lambda items, prepare: threaded(items, prepare, enabled=False))
     waiting = variant.endswith("wait each")
-    with unittest.mock.patch("modsent.modular.sentence_adapter.ahead", ahead), \
-            unittest.mock.patch("modsent.modular.sentence_adapter.HostCopies",
-                                (lambda: loop.HostCopies(lag=0)) if waiting else loop.HostCopies), \
+    with unittest.mock.patch("modsent.training.loop.ahead", ahead), \
+            unittest.mock.patch("modsent.training.loop.HostCopies", (lambda: copies(lag=0)) if waiting else copies), \
             unittest.mock.patch("modsent.modular.sentence_adapter.encoder_attention_mask",
                                 device_mask if waiting else tokenizing.encoder_attention_mask):
         if device.startswith("cuda"):

@@ -190,7 +190,7 @@ def share_sizes(size: int, world: int) -> list[int] | None:
     """Every process's number of rows of a batch of ``size`` rows (:func:`local_slice`), for
     :func:`all_gather_rows`; None where a share is empty (its width is unknown there, so the
     shapes are exchanged)."""
-    sizes = [(rank + 1) * size // world - rank * size // world for rank in range(world)]
+    sizes = [len(range(size)[local_slice(size, rank, world)]) for rank in range(world)]
     return sizes if all(sizes) else None
 
 

@@ -61,6 +61,18 @@ def mlm_parts(model) -> tuple[nn.Module, nn.Module]:
     return encoder, head
 
 
+def masked_positions(states: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``states[labels != -100]``, ``labels[labels != -100]``), the positions found where
+    ``labels`` are: on the CPU the host never waits for the GPU (a boolean index of GPU tensors
+    would wait for ``states``), and the index and targets go to the GPU without blocking."""
+    from modsent.training.loop import to_device
+
+    flat = labels.reshape(-1)
+    positions = (flat != -100).nonzero().squeeze(1)  # row-major, as states[labels != -100]
+    targets = to_device(flat.index_select(0, positions), states.device)
+    return states.reshape(-1, states.shape[-1]).index_select(0, to_device(positions, states.device)), targets
+
+
 class MaskedLanguageModelingLoss(nn.Module):
     """Masked language modelling: cross-entropy of the original token at every masked position
     (label != -100), pulling the model's prediction there towards the token that was hidden.
@@ -81,15 +93,10 @@ class MaskedLanguageModelingLoss(nn.Module):
         self.reduction = reduction
 
     def forward(self, model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        from modsent.training.loop import to_device
-
         encoder, head = mlm_parts(model)
-        hidden = encoder(input_ids=input_ids).last_hidden_state
-        flat = labels.reshape(-1)
-        positions = (flat != -100).nonzero().squeeze(1)  # row-major, as hidden[labels != -100]
-        targets = to_device(flat.index_select(0, positions), hidden.device)
-        logits = head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, to_device(positions, hidden.device)))
-        return nn.functional.cross_entropy(logits.float(), targets, reduction=self.reduction)
+        selected, targets = masked_positions(encoder(input_ids=input_ids).last_hidden_state, labels)
+        return nn.functional.cross_entropy(head(selected).float(), targets, reduction=self.reduction)
+
 
 
 class TripletInfoNCELoss(nn.Module):
@@ -191,12 +198,7 @@ class CrossUnmaskingLoss(nn.Module):
         self.reduction = reduction
 
     def forward(self, logits, states: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        from modsent.training.loop import to_device
-
-        flat = labels.reshape(-1)
-        positions = (flat != -100).nonzero().squeeze(1)  # row-major, as states[labels != -100]
-        targets = to_device(flat.index_select(0, positions), states.device)
-        selected = states.reshape(-1, states.shape[-1]).index_select(0, to_device(positions, states.device))
+        selected, targets = masked_positions(states, labels)
         return nn.functional.cross_entropy(logits(selected).float(), targets, reduction=self.reduction)
 
 

@@ -202,7 +202,7 @@ def test_a_mexma_step_on_a_gpu_never_waits_for_it(data):
     english = ["Good morning", "The password was changed.", "Yes", "A longer sentence than the others here"]
     german = ["Guten Morgen", "Das Passwort wurde geändert.", "Ja", "Ein längerer Satz als die anderen hier"]
     rows = pd.DataFrame({"english": english * 2, "translation": german * 2})
-    steps = [mt.step_batches(tokenizer, rows, [[0, 1, 2, 3], [4, 5, 6, 7]], step, cfg, 32, 0, 1, pin=True)
+    steps = [mt.step_batches(tokenizer, rows, [[0, 1, 2, 3], [4, 5, 6, 7]], step, cfg, 32, 0, 1, "cuda")
              for step in range(3)]
     try:
         for step, prepared in enumerate(steps):

@@ -319,19 +319,15 @@ def encode_sentence_transformer(model, sentences: Sequence[str], batch_size: int
     from sentence_transformers.sentence_transformer.modules import Transformer
 
     from modsent.tokenizing import encoder_attention_mask
-    from modsent.training.loop import HostCopies, ahead, to_device
+    from modsent.training.loop import encode_in_batches, pinned, to_device
 
-    sentences = list(sentences)
-    order = np.argsort([-len(s) for s in sentences], kind="stable")
     device = model.device
-    pin = device.type == "cuda"
     modules = list(model)
     first = modules[0] if modules and isinstance(modules[0], Transformer) else None
     config = getattr(getattr(first, "model", None), "config", None)
 
-    def prepare(start):
-        features = model.preprocess([sentences[i] for i in order[start:start + batch_size]], prompt=None)
-        return {k: v.pin_memory() if pin and isinstance(v, torch.Tensor) else v for k, v in features.items()}
+    def prepare(texts):
+        return {k: pinned(v, device) for k, v in model.preprocess(texts, prompt=None).items()}
 
     def forward(features: dict) -> torch.Tensor:
         host_mask = features.get("attention_mask")
@@ -348,21 +344,13 @@ def encode_sentence_transformer(model, sentences: Sequence[str], batch_size: int
 
     was_training = model.training
     model.eval()
-    copies = HostCopies()
     try:
         with torch.inference_mode():
-            for _, features in ahead(range(0, len(sentences), batch_size), prepare):
-                vectors = forward(features)
-                if normalize:
-                    vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
-                copies.add(vectors.float())
+            out = encode_in_batches(list(sentences), batch_size, prepare, forward, normalize=normalize)
     finally:
         model.train(was_training)
-    stacked = copies.numpy()
-    if stacked is None:
+    if out is None:
         return np.zeros((0, int(model.get_embedding_dimension() or 0)), dtype=np.float32)
-    out = np.empty_like(stacked)
-    out[order] = stacked  # back to the caller's order
     return out
 
 

@@ -69,7 +69,7 @@ from modsent.io import InputError, atomic_path, write_parquet
 from modsent.data.translation import make_units, unit_id
 from modsent.training import checkpoints, fastpath
 from modsent.training.optim import adamw
-from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate, to_device
+from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, pinned, set_learning_rate, to_device
 from modsent.training import schedules
 from modsent.training.pairs import PAIR_TEXT_COLUMNS, batches_of_steps, no_duplicate_batches, split_heldout
 from modsent.training.precision import autocast, grad_scaler
@@ -363,9 +363,7 @@ def batch_inputs(kind: str, model: sa.SentenceEncoderModel, english: EnglishEmbe
     texts = rows["positive"].tolist()
     if kind != "pl":
         texts += [t for t in rows["negative"] if isinstance(t, str)]
-    if next(model.encoder.parameters()).device.type == "cuda":
-        anchors = anchors.pin_memory()
-    return anchors, model.features(texts)
+    return pinned(anchors, next(model.encoder.parameters()).device), model.features(texts)
 
 
 def batch_loss(kind: str, model: sa.SentenceEncoderModel, english: EnglishEmbeddings, rows: pd.DataFrame,

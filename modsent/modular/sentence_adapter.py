@@ -61,7 +61,8 @@ from modsent.tokenizing import BatchTokenizer, encoder_attention_mask
 from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.pairs import batches_of_steps, no_duplicate_batches, read_pairs, split_heldout  # noqa: F401
 from modsent.training.optim import adamw
-from modsent.training.loop import HostCopies, TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate, to_device
+from modsent.training.loop import (TrainingLog, ahead, checkpoint_due, encode_in_batches, optimizer_step, pinned,
+                                   set_learning_rate, to_device)
 from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed
 from modsent.evaluation.plots import write_before_after_bars, write_loss_curve
@@ -228,10 +229,8 @@ class SentenceEncoderModel(nn.Module):
     def features(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
         """``texts`` tokenised for :meth:`forward`, in pinned memory when the model is on a GPU
         (what a training loop prepares ahead on a thread: modsent.training.loop.ahead)."""
-        features = self.tokenize(texts)
-        if next(self.encoder.parameters()).device.type == "cuda":
-            features = {k: v.pin_memory() for k, v in features.items()}
-        return features
+        device = next(self.encoder.parameters()).device
+        return {k: pinned(v, device) for k, v in self.tokenize(texts).items()}
 
     def forward(self, texts: Sequence[str] | Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Embeddings of ``texts``, or of texts already tokenised (:meth:`features`)."""
@@ -257,27 +256,17 @@ class SentenceEncoderModel(nn.Module):
         (``loop.HostCopies``): on a GPU nothing in the loop waits for the device."""
         was_training = self.training
         self.eval()
-        sentences = list(sentences)
-        order = np.argsort([-len(s) for s in sentences], kind="stable")
         device = next(self.encoder.parameters()).device
-        copies = HostCopies()
 
-        def prepare(start):
-            return self.features([sentences[i] for i in order[start:start + batch_size]])
-
-        for _, features in ahead(range(0, len(sentences), batch_size), prepare):
+        def forward(features):
             with autocast(device, precision):
-                emb = self(features).float()
-            if normalize:
-                emb = nn.functional.normalize(emb, dim=-1)
-            copies.add(emb)
-        self.train(was_training)
-        stacked = copies.numpy()
-        if stacked is None:
-            return np.zeros((0, 0), dtype=np.float32)
-        out = np.empty_like(stacked)
-        out[order] = stacked  # back to the caller's order
-        return out
+                return self(features)
+
+        try:
+            out = encode_in_batches(list(sentences), batch_size, self.features, forward, normalize=normalize)
+        finally:
+            self.train(was_training)
+        return np.zeros((0, 0), dtype=np.float32) if out is None else out
 
 
 def lora_config(cfg: SentenceAdapterConfig):

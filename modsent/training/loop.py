@@ -37,6 +37,15 @@ R = TypeVar("R")
 log = logging.getLogger(__name__)
 
 
+def pinned(value, device):
+    """``value`` in pinned memory when it is a CPU tensor bound for a GPU ``device`` (what a batch
+    prepared ahead on a thread holds, so that :func:`to_device` sends it without blocking and
+    without pinning it again); anything else as it is."""
+    if isinstance(value, torch.Tensor) and value.device.type == "cpu" and torch.device(device).type == "cuda":
+        return value.pin_memory()
+    return value
+
+
 def to_device(tensor: torch.Tensor, device) -> torch.Tensor:
     """``tensor`` on ``device``. From the CPU to a GPU the copy goes through pinned memory and
     does not block the host, which can go on queueing work while the GPU finishes the previous
@@ -123,6 +132,32 @@ class HostCopies:
         while self._pending:
             self._finish_oldest()
         return np.concatenate(self._done) if self._done else None
+
+
+def encode_in_batches(sentences: list[str], batch_size: int, prepare: Callable, forward: Callable, *,
+                      normalize: bool = True):
+    """An encoding pass: ``sentences`` in batches of ``batch_size``, longest first (less
+    padding; ties in the given order), each batch's texts prepared by ``prepare(texts)`` one
+    batch ahead on a thread (:func:`ahead`), encoded by ``forward(prepared) -> [n, dim]``, as
+    float32, L2-normalised unless ``normalize=False``, and copied back without waiting
+    (:class:`HostCopies`): float32 numpy rows in the caller's order, None for no sentences.
+    The caller sets inference mode and precision around it."""
+    import numpy as np
+
+    order = np.argsort([-len(s) for s in sentences], kind="stable")
+    copies = HostCopies()
+    for _, prepared in ahead(range(0, len(sentences), batch_size),
+                             lambda start: prepare([sentences[i] for i in order[start:start + batch_size]])):
+        vectors = forward(prepared).float()
+        if normalize:
+            vectors = torch.nn.functional.normalize(vectors, dim=-1)
+        copies.add(vectors)
+    stacked = copies.numpy()
+    if stacked is None:
+        return None
+    out = np.empty_like(stacked)
+    out[order] = stacked  # back to the caller's order
+    return out
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> float:

@@ -66,7 +66,8 @@ from modsent.methods.dueam.wmd import anchor_for, compute_wmd, pair_idf, read_wm
 from modsent.modular import sentence_adapter as sa
 from modsent.training import checkpoints, schedules
 from modsent.training.optim import adamw
-from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate, to_device
+from modsent.training.loop import (TrainingLog, ahead, checkpoint_due, optimizer_step, pinned, set_learning_rate,
+                                   to_device)
 from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed
 
@@ -289,9 +290,7 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
         local = batch[distributed.local_slice(len(batch), rank, world)]
         if not local:
             return local, None, None
-        wmd = torch.as_tensor(d_wmd[local], dtype=torch.float32)
-        if torch.device(device).type == "cuda":
-            wmd = wmd.pin_memory()
+        wmd = pinned(torch.as_tensor(d_wmd[local], dtype=torch.float32), device)
         return local, model.features(pair_texts(rows.iloc[local])), wmd
 
     log_ = TrainingLog(total_steps, start, name, progress and main, cfg.log_every, resumed, scaler)

@@ -519,10 +519,10 @@ def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str
     before = resumed["before"] if resumed else _before(name, model, heldout, cfg)
 
     log_ = TrainingLog(total_steps, start, name, progress, cfg.log_every, resumed, scaler)
-    batches = contextlib.closing(ahead(steps_of_epochs(data.epoch_batches, total_steps * accumulation,
-                                                       start * accumulation), prepare))
     model.train()
-    with batches as micro_batches:
+    micro_batches = ahead(steps_of_epochs(data.epoch_batches, total_steps * accumulation, start * accumulation),
+                          prepare)
+    with contextlib.closing(micro_batches):
         for step in range(start, total_steps):
             lr = set_learning_rate(optimizer, schedules.warmup_linear(step, total_steps, cfg.warmup_steps,
                                                                       cfg.learning_rate))

@@ -71,7 +71,8 @@ from modsent.modular import sentence_adapter as sa
 from modsent.training import checkpoints, schedules
 from modsent.training.optim import fused_options
 from modsent.tokenizing import encoder_attention_mask
-from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate, to_device
+from modsent.training.loop import (TrainingLog, ahead, checkpoint_due, optimizer_step, pinned, set_learning_rate,
+                                   to_device)
 from modsent.training.precision import PRECISIONS, autocast, grad_scaler
 from modsent.training.seeding import dropout_seed, step_generator
 
@@ -254,12 +255,12 @@ def masked_batch(tokenizer, texts: list[str], max_len: int, probability: float, 
     return encoded["input_ids"], masked, labels, encoded["attention_mask"]
 
 
-def _share(tensors, rows: slice, pin: bool = False):
+def _share(tensors, rows: slice, device="cpu"):
     """This process's rows of each tensor, trimmed to their longest real sequence (on the host;
-    in pinned memory with ``pin``, for a copy to the GPU that does not block)."""
+    pinned when bound for a GPU ``device``, for a copy that does not block)."""
     ids, masked, labels, mask = (t[rows] for t in tensors)
     width = int(mask.sum(1).max()) if len(mask) else 1
-    return [t[:, :width].contiguous().pin_memory() if pin else t[:, :width] for t in (ids, masked, labels, mask)]
+    return [pinned(t[:, :width].contiguous(), device) for t in (ids, masked, labels, mask)]
 
 
 def _on_device(share, device, config):
@@ -273,7 +274,7 @@ def _on_device(share, device, config):
 
 
 def step_batches(tokenizer, rows: pd.DataFrame, micro_batches: list[list[int]], step: int, cfg: "MEXMAConfig",
-                 max_len: int, rank: int, world: int, pin: bool = False) -> list[tuple]:
+                 max_len: int, rank: int, world: int, device="cpu") -> list[tuple]:
     """Step ``step``'s micro-batches as this process trains on them: for each, its share of A
     (English) and B (translations), masked, and (masked positions in A, in B) of the whole
     micro-batch. The masks are drawn from the step's own generator, micro-batch by micro-batch, A
@@ -287,7 +288,7 @@ def step_batches(tokenizer, rows: pd.DataFrame, micro_batches: list[list[int]], 
         b_all = masked_batch(tokenizer, rows_["translation"].tolist(), max_len, cfg.mask_probability, generator)
         counts = (int((a_all[2] != -100).sum()), int((b_all[2] != -100).sum()))
         share = distributed.local_slice(len(micro), rank, world)
-        out.append((_share(a_all, share, pin), _share(b_all, share, pin), counts, len(micro)))
+        out.append((_share(a_all, share, device), _share(b_all, share, device), counts, len(micro)))
     return out
 
 
@@ -419,8 +420,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
     def prepare(item):  # on a thread, one step ahead: the next step's micro-batches masked (and pinned)
         step, batch = item
         micro_batches = [batch[i:i + cfg.batch_size] for i in range(0, len(batch), cfg.batch_size)]
-        return step_batches(tokenizer, train, micro_batches, step, cfg, max_len, rank, world,
-                            pin=torch.device(device).type == "cuda")
+        return step_batches(tokenizer, train, micro_batches, step, cfg, max_len, rank, world, device)
 
     log_ = TrainingLog(total_steps, start, name, progress and main, cfg.log_every, resumed, scaler)
     model.train()

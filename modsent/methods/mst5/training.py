@@ -357,10 +357,11 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
     start = resumed["step"] if resumed else 0
     mono_before, cross_before = resumed["accuracy_before"] if resumed else evaluate()
 
-    log_ = TrainingLog(total_steps, start, name, progress, cfg.log_every, resumed, scaler)
-    model.train()
     def prepare(batch):  # on a thread, one step ahead: the next batch tokenised (and pinned)
         return batch_features(model, data.rows.iloc[batch])
+
+    log_ = TrainingLog(total_steps, start, name, progress, cfg.log_every, resumed, scaler)
+    model.train()
 
     for step, (batch, features) in enumerate(ahead(bl.iter_steps(data, total_steps, start), prepare), start=start):
         lr = set_learning_rate(optimizer, schedules.warmup_linear(step, total_steps, warmup_steps, cfg.learning_rate))
