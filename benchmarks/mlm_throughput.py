@@ -146,9 +146,9 @@ def main() -> None:
                 fastpath.restore(model)
             low_precision_residual(model, name.endswith("bf16 residual"))
             if name.endswith("compiled"):
-                # the encoder itself (mlm_loss calls it directly, then the head on the masked
-                # positions); a torch.compile wrapper around the whole model would be bypassed
-                mlm_parts(model)[0].compile(dynamic=False)
+                # as the LA trains with language_adapter.compile: the encoder itself (mlm_loss
+                # calls it directly, then the head on the masked positions)
+                fastpath.compile_in_place(mlm_parts(model)[0], args.device, "--compile")
             net = model
             optimizer = torch.optim.AdamW(params, lr=1e-4, **(fused_options(params) if fused else {}))
             autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and cuda

@@ -234,3 +234,50 @@ def test_checkpoint_of_changed_inputs_is_not_resumed(inputs, tmp_path):
     other.write_text(inputs["corpus"].read_text(encoding="utf-8") + "noch ein Satz\n", encoding="utf-8")
     assert CFG.fingerprint(inputs["tok"] / "tokenizer.json", other) != a
     assert CFG.fingerprint(inputs["tok"] / "tokenizer.json", inputs["corpus"]) == a
+
+
+def test_a_compiled_encoder_trains_as_the_eager_one(inputs, tmp_path, monkeypatch):
+    """language_adapter.compile: the same losses and adapter (Inductor drawing dropout as eager
+    does), one compiled graph, and the same checkpoint fingerprint (a runtime setting)."""
+    import torch._dynamo
+    import torch._inductor.config
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    cfg = la.LanguageAdapterConfig(**{**CFG.__dict__, "steps": 3, "head_warmup_steps": 0, "eval_sentences": 0})
+    compiled_cfg = la.LanguageAdapterConfig(**{**cfg.__dict__, "compile": True})
+    assert compiled_cfg.fingerprint(inputs["corpus"]) == cfg.fingerprint(inputs["corpus"])
+    eager = la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
+                                      tmp_path / "eager", cfg, progress=False)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        compiled = la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
+                                             tmp_path / "compiled", compiled_cfg, progress=False)
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # the encoder, whole
+    finally:
+        torch._dynamo.reset()
+    assert compiled["config"]["compile"] and not eager["config"]["compile"]
+    assert eager["steps"] == compiled["steps"] == 3
+    losses = [[float(line.split("\t")[1]) for line in (tmp_path / name / "loss.tsv").read_text().splitlines()[1:]]
+              for name in ("eager", "compiled")]
+    assert len(losses[0]) == 3 and losses[0] == pytest.approx(losses[1], rel=1e-4)
+    for name in ("adapter/adapter_model.safetensors", la.EMBEDDINGS_NAME):
+        x, y = (load_file(str(tmp_path / run / name)) for run in ("eager", "compiled"))
+        assert x.keys() == y.keys()
+        assert all(torch.allclose(x[k], y[k], atol=1e-5) for k in x), name
+
+
+def test_compile_without_a_compiler_is_refused_before_training(inputs, tmp_path, monkeypatch):
+    from torch._inductor import cpp_builder
+
+    def no_compiler():
+        raise RuntimeError("no C++ compiler found (looked for g++)")
+
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
+    monkeypatch.setattr(la, "pack_sequences", lambda *a, **k: pytest.fail("tokenised before the check"))
+    cfg = la.LanguageAdapterConfig(**{**CFG.__dict__, "compile": True})
+    with pytest.raises(InputError, match=r"language_adapter.compile: true, but torch.compile on the CPU "
+                                         r"needs a C\+\+ compiler .*set language_adapter.compile: false"):
+        la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
+                                  tmp_path / "de", cfg, device="cpu", progress=False)

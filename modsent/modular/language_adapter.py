@@ -79,6 +79,7 @@ class LanguageAdapterConfig:
     seed: int = 0
     precision: str = "auto"  # modsent.training.precision: auto, fp16 or fp32
     tracking: str = "none"  # none | tensorboard | wandb
+    compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place)
 
     @classmethod
     def from_config(cls, section: dict) -> "LanguageAdapterConfig":
@@ -93,14 +94,15 @@ class LanguageAdapterConfig:
             eval_sentences=section["eval_sentences"], checkpoint_every=section["checkpoint_every"],
             log_every=section["log_every"], head_warmup_steps=section["head_warmup_steps"],
             seed=section["seed"], precision=section["precision"], tracking=section["tracking"],
+            compile=section["compile"],
         )
 
     def fingerprint(self, *inputs: str | Path) -> str:
         """What a checkpoint must match to be resumed: the hyperparameters (log/checkpoint
-        cadence may change) and the content of the input files (a retrained tokenizer or new
+        cadence, tracking and compiling may change) and the content of the input files (a retrained tokenizer or new
         embeddings of the same shape must not resume a stale checkpoint)."""
         relevant = {k: v for k, v in dataclasses.asdict(self).items()
-                    if k not in ("checkpoint_every", "log_every", "tracking")}
+                    if k not in ("checkpoint_every", "log_every", "tracking", "compile")}
         digest = hashlib.sha256(json.dumps(relevant, sort_keys=True).encode())
         for path in inputs:
             with open(path, "rb") as handle:
@@ -411,6 +413,8 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
     rank, world = distributed.rank(), distributed.world_size()
     main = rank == 0
     torch.manual_seed(cfg.seed)
+    if cfg.compile:  # before the corpus is tokenised: a missing compiler is an input error
+        fastpath.check_compilable(device, "language_adapter.compile")
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
     train_lines, heldout_lines = split_heldout(read_corpus(corpus_path), cfg.eval_sentences)
@@ -428,6 +432,9 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
 
     model = build_model(base_model_dir, tokenizer, Path(embeddings_dir) / EMBEDDINGS_NAME, cfg).to(device)
     fastpath.speed_up(model)  # same parameters and results, fewer kernels under autocast
+    if cfg.compile:  # the encoder body; the head runs on the masked positions, a varying count
+        fastpath.compile_in_place(mlm_parts(model)[0], device, "language_adapter.compile")
+        log.info("the encoder is compiled (torch.compile) at its first forward of each shape and mode")
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in {id(p): p for p in trainable}.values())
     n_total = sum(p.numel() for p in model.parameters())

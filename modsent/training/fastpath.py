@@ -25,9 +25,10 @@ other variant or LoRA bias, no extra forward arguments; anything else goes throu
 forward. The parameters, their names and the saved adapters are untouched; :func:`restore`
 removes the fast forwards (before pickling a module: the forwards are bound methods of this
 module's functions). Under ``torch.compile`` the frozen layers call ``F.linear`` as they are
-and leave the casts to the compiler, so a sped-up model traces into one graph. A frozen weight changed through ``.data`` (which keeps its version) needs
-:func:`forget_casts`; PEFT's merge and unmerge of a sped-up layer call it. Used by the LA, SE,
-CLA and m-ST5 LoRA stages on every device.
+and leave the casts to the compiler, so a sped-up model traces into one graph
+(:func:`compile_in_place`, the LA's ``compile`` setting). A frozen weight changed through
+``.data`` (which keeps its version) needs :func:`forget_casts`; PEFT's merge and unmerge of a
+sped-up layer call it. Used by the LA, SE, CLA and m-ST5 LoRA stages on every device.
 """
 
 from __future__ import annotations
@@ -160,3 +161,44 @@ def restore(model: nn.Module) -> None:
         if module.__dict__.pop(_FAST, False):
             for name in ("forward", "merge", "unmerge", "_modsent_cast"):
                 module.__dict__.pop(name, None)
+
+
+def check_compilable(device: str | torch.device, key: str) -> None:
+    """Raise :class:`modsent.io.InputError` naming the config ``key`` unless ``torch.compile``
+    can generate code for ``device`` here: Triton for CUDA (in PyTorch's CUDA wheels), a C++
+    compiler for the CPU. Called before any training work, not at the first forward."""
+    from modsent.io import InputError
+
+    kind = torch.device(device).type
+    problem = None
+    if not torch._dynamo.is_dynamo_supported():
+        problem = f"torch.compile does not support this Python ({torch.__version__})"
+    elif kind == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            problem = "torch.compile on CUDA needs Triton, which this PyTorch install lacks"
+    elif kind == "cpu":
+        from torch._inductor import cpp_builder
+
+        try:
+            cpp_builder.get_cpp_compiler()
+        except Exception as error:  # noqa: BLE001 - its message says what it looked for
+            problem = f"torch.compile on the CPU needs a C++ compiler ({error})"
+    else:
+        problem = f"modsent does not compile for {kind} devices"
+    if problem:
+        raise InputError(f"{key}: true, but {problem}; set {key}: false")
+
+
+def compile_in_place(module: nn.Module, device: str | torch.device, key: str) -> None:
+    """``torch.compile`` ``module`` in place (``nn.Module.compile``: its parameters, their names,
+    its state dict and so the checkpoints and saved adapters are unchanged), for static shapes
+    (``dynamic=False``: one graph per batch shape, train and eval mode; the LA's packed
+    sequences have one). After :func:`speed_up`: the fast path traces into one graph. Inductor
+    fuses the element-wise work around the matrix products (the LA's autocast residual stream,
+    LayerNorm, GELU, dropout) into fewer kernels; its dropout draws from its own generator, so
+    a compiled run equals an eager one up to float rounding and dropout draws (with
+    ``torch._inductor.config.fallback_random`` it draws as eager: the tests compare so)."""
+    check_compilable(device, key)
+    module.compile(dynamic=False)
