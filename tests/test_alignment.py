@@ -171,6 +171,7 @@ def test_pp_batches_hold_no_text_twice(inputs):
 def test_training_raises_heldout_crosslingual_retrieval(inputs, trained, kind):
     directory, metrics = trained[kind]
     assert metrics["steps"] == CFG.max_steps and metrics["kind"] == kind
+    assert 0 < metrics["padding_fraction"] < 1  # of L's side, counted from the batches' host masks
     assert metrics["heldout_pairs"] >= 10
     assert metrics["heldout_retrieval_accuracy_after"] > metrics["heldout_retrieval_accuracy_before"], metrics
     assert metrics["loss_last"] < metrics["loss_first"]

@@ -324,6 +324,7 @@ def test_a_tiny_encoder_trains_every_weight_and_reloads_with_sentence_transforme
     inputs = {**data["inputs"], "wmd": [tmp_path / "wmd.parquet"]}
     metrics = methods.get("DuEAM-weak").train(inputs, tmp_path / "out", SETTINGS, device="cpu", progress=False)
     assert metrics["steps"] == 3 and metrics["objective"] == "joint" and metrics["lambda"] == 0.003
+    assert 0 < metrics["padding_fraction"] < 1
     assert metrics["trainable_parameters"] == metrics["total_parameters"]
     assert metrics["wmd"]["pairs"] == metrics["train_pairs"] and metrics["anchor_truncated_texts"] == 0
     assert metrics["loss_components"]["columns"] == ["step", "L_A", "L_B"]

@@ -238,6 +238,7 @@ def test_the_three_stages_train_what_they_should_and_reload_to_the_same_vectors(
     # ST and DT: only the adapters train (2 sites x 2 layers x (32*2 + 2 + 2*32 + 32)); before = the backbone
     assert st["trainable_parameters"] == dt["trainable_parameters"] == 4 * (32 * 2 + 2 + 2 * 32 + 32)
     assert st["steps"] == 3 and st["loss"] == "InfoNCE" and st["languages"] == sorted(LANGS)
+    assert 0 < st["padding_fraction"] < 1  # every micro-batch counted
     assert fused["trainable_parameters"] == 4 * 3 * 32 * 32 and fused["loss"] == "MNRL"
     by_system = fused["heldout_translation_retrieval_accuracy_by_system"]
     assert by_system["backbone"] == st["heldout_translation_retrieval_accuracy_before"]  # fresh = the backbone

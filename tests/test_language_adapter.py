@@ -140,6 +140,7 @@ def test_training_lowers_heldout_loss_and_reloads(inputs, tmp_path):
     assert loss == pytest.approx(metrics["heldout_mlm_loss_after"], abs=1e-4)
     curve = (out / "loss.tsv").read_text().splitlines()
     assert curve[0] == "step\tloss\tlr" and len(curve) == 31
+    assert metrics["padding_fraction"] == 0.0  # packed sequences
 
 
 def _train_and_die(inputs, out, die_at):

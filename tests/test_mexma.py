@@ -250,6 +250,7 @@ def test_a_tiny_encoder_trains_and_reloads_with_sentence_transformers(data, tmp_
     assert method.data_parallel and method.uses == ("base", "translations")
     metrics = method.train(data["inputs"], tmp_path / "out", SETTINGS, device="cpu", progress=False)
     assert metrics["steps"] == 3 and metrics["alignment"] == "mse"
+    assert 0 <= metrics["padding_fraction"] < 1  # of the shares, each trimmed to its longest sentence
     assert metrics["weights"] == {"align": 1.0, "unmasking": 0.5, "koleo": 0.005}
     assert metrics["languages"] == LANGS and metrics["heldout_sentences"] == 10
     assert metrics["loss_components"]["columns"] == ["step", "align", "unmasking", "koleo"]

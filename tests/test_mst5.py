@@ -178,6 +178,7 @@ def test_a_tiny_mt5_trains_and_reloads_with_sentence_transformers_to_the_same_ve
     settings = {**SETTINGS, "model": str(data["mt5"])}
     metrics = method.train(data["inputs"], tmp_path / "out", settings, device="cpu", progress=False)
     assert metrics["steps"] == 3 and metrics["lora_targets"] == ["q", "v"]
+    assert 0 < metrics["padding_fraction"] < 1  # anchors, positives and negatives
     assert metrics["languages"] == sorted(LANGS) and metrics["source_model"] == str(data["mt5"])
     assert metrics["trainable_parameters"] == 2 * 2 * 8 * (32 + 32)  # q, v of 2 blocks: A [8, 32], B [32, 8]
     assert not (tmp_path / "out.checkpoint").exists()

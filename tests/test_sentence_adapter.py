@@ -22,6 +22,7 @@ from modsent.data.paraphrase import align_provided, translate_pairs, translation
 from modsent.sources.builtin import builtin_corpus, builtin_paraphrases, builtin_translations
 from modsent.testing import make_tiny_bert, make_tiny_xlmr, sample_texts
 from modsent.modular.tokenizer_training import train_tokenizer
+from modsent.training.pairs import batches_of_steps
 from tiny_modules import assert_resumed_equals_straight
 
 LA_CFG = la.LanguageAdapterConfig(steps=4, batch_size=4, seq_len=32, learning_rate=2e-3,
@@ -224,6 +225,14 @@ def test_training_raises_heldout_retrieval_and_reloads(inputs, tmp_path):
     assert metrics["heldout_pairs"] >= 10
     assert metrics["heldout_retrieval_accuracy_after"] > metrics["heldout_retrieval_accuracy_before"]
     assert metrics["loss_last"] < metrics["loss_first"]
+    # the padding of the training batches, counted again through transformers' tokenizer call
+    train, _ = sa.split_heldout(sa.read_pairs(inputs["pairs"]), CFG.eval_pairs)
+    tokenizer = sa.load_sentence_encoder(inputs["base"], inputs["la"], None, device="cpu").tokenizer
+    masks = [tokenizer(sa.batch_texts(train.iloc[batch]), padding=True, truncation=True, max_length=CFG.seq_len,
+                       return_tensors="pt")["attention_mask"]
+             for batch in batches_of_steps(train, CFG.batch_size, CFG.seed, CFG.max_steps)]
+    padded = sum(int((m == 0).sum()) for m in masks) / sum(m.numel() for m in masks)
+    assert 0 < metrics["padding_fraction"] == pytest.approx(padded)
     assert _digest(inputs["la"]) == la_before  # the LA directory is untouched
     files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
     assert {"adapter/adapter_config.json", "adapter/adapter_model.safetensors", "metrics.json",

@@ -100,6 +100,26 @@ def test_a_checkpoint_between_logged_steps_holds_every_loss():
     assert history == [[1, 0.0, 1e-3], [5, 4.0, 1e-3], [10, 9.0, 1e-3]]
 
 
+def test_padding_is_counted_from_the_host_masks_of_every_shape_of_inputs(caplog):
+    training = TrainingLog(3, 0, "SE de", progress=False, log_every=3)
+    assert training.padding_fraction is None  # nothing counted yet
+    features = {"input_ids": torch.ones(2, 4, dtype=torch.long),
+                "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])}  # 2 of 8 padding
+    vectors = torch.zeros(2, 8)  # the CLA's English vectors beside its features: no mask
+    training.record(0, 1.0, 1e-3, 2, (vectors, features))
+    training.record(1, 1.0, 1e-3, 2, [features, {"attention_mask": torch.ones(3, 2)}])  # m-ST5's three parts
+    training.count_padding(torch.tensor([[1, 0, 0]]), torch.tensor([[1, 1, 0]]))  # MEXMA's bare masks
+    training.record(2, 1.0, 1e-3, 2)
+    assert (training.positions, training.padded) == (8 + 8 + 6 + 6, 2 + 2 + 0 + 3)
+    assert training.padding_fraction == pytest.approx(7 / 28)
+    with caplog.at_level("INFO", logger="modsent.training.loop"):
+        training.close()
+    assert "SE de: 25.0% of the 28 encoded positions were padding" in caplog.text
+    if torch.cuda.is_available():  # counting a GPU's mask would wait for the GPU: refused
+        with pytest.raises(ValueError, match="host's masks"):
+            training.count_padding({"attention_mask": torch.ones(1, 2, device="cuda")})
+
+
 def test_host_copies_give_every_batch_in_order_as_the_plain_copies_do():
     generator = torch.Generator().manual_seed(1)
     results = [torch.randn(n, 5, generator=generator) for n in (4, 1, 7, 3)]

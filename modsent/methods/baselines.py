@@ -469,7 +469,7 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
             scaler.scale(loss * world).backward()
         distributed.average_gradients(trainable)
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
-        log_.record(step, loss, lr, len(batch))  # read back at the logged steps: no GPU wait here
+        log_.record(step, loss, lr, len(batch), features)  # read back at the logged steps: no GPU wait here
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
                                         log_.state(accuracy_before=[mono_before, cross_before]), scaler)
@@ -496,6 +496,7 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
         "train_rows": len(data.rows), "steps": step, "batches_per_epoch": epoch_batches,
         "resumed_from_step": start, "processes": world,
         "pairs_per_second": pairs_seen / elapsed if elapsed > 0 and pairs_seen else None,
+        "padding_fraction": log_.padding_fraction,  # of the encoded positions: this run's steps
         "trainable_parameters": n_trainable, "total_parameters": sum(p.numel() for p in model.parameters()),
         "device": str(device), "config": dataclasses.asdict(cfg),
     }

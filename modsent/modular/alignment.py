@@ -491,7 +491,7 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
             loss = batch_loss(kind, model, english, train.iloc[batch], cfg.scale, inputs)
         scaler.scale(loss).backward()
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
-        log_.record(step, loss, lr, len(batch))  # read back at the logged steps: no GPU wait here
+        log_.record(step, loss, lr, len(batch), inputs)  # read back at the logged steps: no GPU wait here
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
                                         log_.state(heldout_before=before), scaler)
@@ -512,6 +512,7 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
         "heldout_pairs": len(heldout), "train_pairs": len(train), "steps": len(losses),
         "resumed_from_step": start,
         "batches_per_epoch": epoch_batches, "pairs_per_second": pairs_seen / elapsed if elapsed > 0 else None,
+        "padding_fraction": log_.padding_fraction,  # of the encoded positions: this run's steps
         "trainable_parameters": n_trainable, "total_parameters": n_total,
         "language_adapter": None if la_dir is None else str(la_dir),
         "sentence_adapter": None if se_dir is None else str(se_dir),

@@ -15,7 +15,7 @@ modsent.training.precision.
             loss = batch_loss(batch, features)  # features: tokenised by ahead's thread
         scaler.scale(loss).backward()
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
-        log.record(step, loss, lr, len(batch))  # a tensor: read back at logged steps only
+        log.record(step, loss, lr, len(batch), features)  # a tensor: read back at logged steps only
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint, log.state(...), scaler)
     losses, history, pairs_seen, seconds = log.close()
@@ -27,6 +27,7 @@ import concurrent.futures
 import logging
 import math
 import time
+from collections.abc import Mapping
 from typing import Callable, Iterable, Iterator, TypeVar
 
 import torch
@@ -269,7 +270,12 @@ class TrainingLog:
     not one per step, so the host can queue the next step while the GPU finishes this one).
     ``losses`` is complete after :meth:`state` and :meth:`close`.
 
-    ``scaler``: fp16's loss scaler, watched at the logged steps (:class:`LossScaleWatch`)."""
+    ``scaler``: fp16's loss scaler, watched at the logged steps (:class:`LossScaleWatch`).
+
+    The step's tokenised inputs, given to :meth:`record` (or :meth:`count_padding`), are counted
+    for :attr:`padding_fraction`: the share of the encoded positions that were padding, this
+    run's steps (this process's share of each batch under data parallelism). The masks are the
+    host's copies, so counting never waits for the GPU."""
 
     def __init__(self, total_steps: int, start_step: int, desc: str, progress: bool, log_every: int,
                  resumed: dict | None = None, scaler: torch.amp.GradScaler | None = None):
@@ -285,6 +291,7 @@ class TrainingLog:
         self.losses: list[float] = list(resumed["losses"]) if resumed else []
         self.history: list[list[float]] = [list(row) for row in resumed["history"]] if resumed else []
         self.pairs_seen, self.start_time = 0, time.perf_counter()
+        self.positions, self.padded = 0, 0  # encoded positions of this run's steps, and padding among them
         self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, disable=not progress, unit="step")
         self._pending: list[tuple[int, torch.Tensor]] = []  # (index in losses, loss not yet read)
         self.scale_watch = LossScaleWatch(scaler if self.main else None, desc, start_step)
@@ -297,10 +304,29 @@ class TrainingLog:
                 self.losses[index] = value
             self._pending.clear()
 
-    def record(self, step: int, loss: float | torch.Tensor, lr: float, pairs: int) -> None:
+    def count_padding(self, *inputs) -> None:
+        """Count the positions and padding of tokenised inputs: each an attention mask on the host
+        (1: a token, 0: padding), or features (a mapping holding one under ``attention_mask``, or
+        lists and tuples of such), whose other tensors (vectors, labels) are passed over."""
+        for item in inputs:
+            for mask in [item] if isinstance(item, torch.Tensor) else _feature_masks(item):
+                if mask.device.type != "cpu":  # counting it would make the host wait for the GPU
+                    raise ValueError(f"padding is counted on the host's masks, got one on {mask.device}")
+                self.positions += mask.numel()
+                self.padded += mask.numel() - int(mask.count_nonzero())
+
+    @property
+    def padding_fraction(self) -> float | None:
+        """Padding among the counted positions (None: nothing counted)."""
+        return self.padded / self.positions if self.positions else None
+
+    def record(self, step: int, loss: float | torch.Tensor, lr: float, pairs: int, inputs=None) -> None:
         """Step ``step`` (0-based) is done: its loss (a number, or the loss tensor to be read
-        later), rate and number of pairs."""
+        later), rate, number of pairs and, for :attr:`padding_fraction`, its tokenised inputs
+        (:meth:`count_padding`)."""
         self.pairs_seen += pairs
+        if inputs is not None:
+            self.count_padding(inputs)
         if isinstance(loss, torch.Tensor):
             self._pending.append((len(self.losses), loss.detach().double().reshape(())))  # .item()'s value
             self.losses.append(math.nan)
@@ -328,4 +354,19 @@ class TrainingLog:
         if self.tracker is not None:
             self.tracker.close()
         self.scale_watch.close()
+        if self.positions:
+            log.info("%s: %.1f%% of the %d encoded positions were padding", self.desc,
+                     100 * self.padding_fraction, self.positions)
         return self.losses, self.history, self.pairs_seen, time.perf_counter() - self.start_time
+
+
+def _feature_masks(value) -> Iterator[torch.Tensor]:
+    """The attention masks of features (:meth:`TrainingLog.count_padding`): a mapping's
+    ``attention_mask``, through lists and tuples; any other tensor is passed over."""
+    if isinstance(value, Mapping):
+        mask = value.get("attention_mask")
+        if isinstance(mask, torch.Tensor):
+            yield mask
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _feature_masks(item)

@@ -317,7 +317,7 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
         distributed.average_gradients(trainable)
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
         reduced = distributed.all_reduce_mean(parts) * world  # the shares' sums: loss, L_A, L_B
-        log_.record(step, reduced[0], lr, len(batch))  # read back at the logged steps only
+        log_.record(step, reduced[0], lr, len(batch), features)  # read back at the logged steps only
         if logged:
             value, la, lb = reduced.tolist()
             components.append([step + 1, la, lb])
@@ -368,6 +368,7 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
         "steps": len(losses), "batches_per_epoch": steps_per_epoch, "resumed_from_step": start,
         "processes": world,
         "pairs_per_second": pairs_seen / elapsed if elapsed > 0 and pairs_seen else None,
+        "padding_fraction": log_.padding_fraction,  # of the encoded positions: this run's steps
         "trainable_parameters": n_trainable, "total_parameters": sum(p.numel() for p in model.parameters()),
         "max_seq_length": model.max_seq_length, "device": str(device),
         "config": {("lambda" if k == "lambda_" else k): v for k, v in dataclasses.asdict(cfg).items()},

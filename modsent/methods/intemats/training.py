@@ -533,6 +533,7 @@ def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str
                 with autocast(device, cfg.precision):
                     loss = batch_loss(data.rows.iloc[batch], features) / accumulation
                 scaler.scale(loss).backward()
+                log_.count_padding(features)
                 value = value + loss.detach().double()  # a tensor: no GPU wait per micro-batch
                 seen += len(batch)
             optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
@@ -556,6 +557,7 @@ def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str
         "train_rows": len(data.rows), **stats,
         "steps": len(losses), "batches_per_epoch": epoch_batches, "resumed_from_step": start,
         "rows_per_second": rows_seen / elapsed if elapsed > 0 and rows_seen else None,
+        "padding_fraction": log_.padding_fraction,  # of the encoded positions: this run's steps
         "trainable_parameters": n_trainable, "total_parameters": n_total,
         "max_seq_length": model.max_seq_length, "pooling_layers": list(model.encoder.pooling_layers),
         "device": str(device), "config": dataclasses.asdict(cfg),

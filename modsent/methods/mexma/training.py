@@ -440,6 +440,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
         distributed.average_gradients(trainable)
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
         reduced = distributed.all_reduce_mean(values) * world  # [total, mlm, align, koleo]
+        log_.count_padding(*(side[3] for a, b, *_ in prepared for side in (a, b)))  # the shares' host masks
         log_.record(step, reduced[0], lr, len(batch))  # read back at the logged steps only
         if (step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == total_steps:
             total, mlm, align, koleo = reduced.tolist()
@@ -483,6 +484,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
                                                                 train["lang"].value_counts().sort_index().items()},
         "steps": len(losses), "batches_per_epoch": steps_per_epoch, "resumed_from_step": start, "processes": world,
         "pairs_per_second": pairs_seen / elapsed if elapsed > 0 and pairs_seen else None,
+        "padding_fraction": log_.padding_fraction,  # of the encoded positions: this run's steps
         "encoder_parameters": n_encoder, "head_parameters": sum(p.numel() for p in model.head.parameters()),
         "max_seq_length": max_len, "device": str(device), "config": dataclasses.asdict(cfg),
     }

@@ -370,7 +370,7 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
             loss = batch_loss(model, loss_fn, data.rows.iloc[batch], features)
         scaler.scale(loss).backward()
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
-        log_.record(step, loss, lr, len(batch))  # read back and logged at the logged steps
+        log_.record(step, loss, lr, len(batch), features)  # read back and logged at the logged steps
         if checkpoint_due(step + 1, cfg.checkpoint_every, total_steps, checkpoint_dir):
             checkpoints.save_checkpoint(checkpoint_dir, model, optimizer, step + 1, fingerprint,
                                         log_.state(accuracy_before=[mono_before, cross_before]), scaler)
@@ -396,6 +396,7 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
         "crosslingual_negative_share": float((rows["negative_lang"] != rows["anchor_lang"]).mean()),
         "steps": len(losses), "batches_per_epoch": epoch_batches, "resumed_from_step": start,
         "pairs_per_second": triplets_seen / elapsed if elapsed > 0 and triplets_seen else None,
+        "padding_fraction": log_.padding_fraction,  # of the encoded positions: this run's steps
         "trainable_parameters": n_trainable, "total_parameters": n_total, "max_seq_length": model.max_seq_length,
         "device": str(device), "config": dataclasses.asdict(cfg),
     }
