@@ -466,13 +466,14 @@ def write_summary(se_dirs: list[str], table_path: str | Path, plot_path: str | P
     lines = ["# Sentence-encoding adapters: held-out retrieval accuracy (%)", "",
              "Each held-out anchor's nearest neighbour among the held-out positives (cosine); "
              "before = the language's model without the SE adapter.", "",
-             "| language | LA | held-out pairs | before | after | steps | loss first → last | pairs/s |",
-             "|---|---|---:|---:|---:|---:|---|---:|"]
+             "| language | LA | held-out pairs | before | after | steps | loss first → last | pairs/s | padding % |",
+             "|---|---|---:|---:|---:|---:|---|---:|---:|"]
     for lang, m in rows:
         lines.append(
             f"| {lang} | {'yes' if m['language_adapter'] else 'no'} | {m['heldout_pairs']} | "
             f"{pct(m['heldout_retrieval_accuracy_before'])} | {pct(m['heldout_retrieval_accuracy_after'])} | "
-            f"{m['steps']} | {m['loss_first'] or 0:.3f} → {m['loss_last'] or 0:.3f} | {m['pairs_per_second'] or 0:.1f} |")
+            f"{m['steps']} | {m['loss_first'] or 0:.3f} → {m['loss_last'] or 0:.3f} | {m['pairs_per_second'] or 0:.1f} | "
+            f"{pct(m.get('padding_fraction'))} |")  # (no padding_fraction in an adapter of an earlier version)
     with atomic_open(table_path) as handle:
         handle.write("\n".join(lines) + "\n")
     def percent(value):
