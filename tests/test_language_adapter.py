@@ -238,8 +238,8 @@ def test_checkpoint_of_changed_inputs_is_not_resumed(inputs, tmp_path):
 
 
 def test_a_compiled_encoder_trains_as_the_eager_one(inputs, tmp_path, monkeypatch):
-    """language_adapter.compile: the same losses and adapter (Inductor drawing dropout as eager
-    does), one compiled graph, and the same checkpoint fingerprint (a runtime setting)."""
+    """language_adapter.compile: the same losses and adapter in fp32 on the CPU (Inductor drawing
+    dropout as eager does), one compiled graph, and the same checkpoint fingerprint (a runtime setting)."""
     import torch._dynamo
     import torch._inductor.config
     from safetensors.torch import load_file
@@ -249,12 +249,12 @@ def test_a_compiled_encoder_trains_as_the_eager_one(inputs, tmp_path, monkeypatc
     compiled_cfg = la.LanguageAdapterConfig(**{**cfg.__dict__, "compile": True})
     assert compiled_cfg.fingerprint(inputs["corpus"]) == cfg.fingerprint(inputs["corpus"])
     eager = la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
-                                      tmp_path / "eager", cfg, progress=False)
+                                      tmp_path / "eager", cfg, device="cpu", progress=False)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     try:
         compiled = la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
-                                             tmp_path / "compiled", compiled_cfg, progress=False)
+                                             tmp_path / "compiled", compiled_cfg, device="cpu", progress=False)
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # the encoder, whole
     finally:
         torch._dynamo.reset()
