@@ -387,3 +387,34 @@ def test_the_workflow_leaves_the_same_data_keys_out_of_pp_params():
     expected = "ALIGNMENT_DATA_KEYS = (" + ", ".join(f'"{key}"' for key in al.DATA_KEYS) + ")"
     assert expected in (REPO / "rules" / "common.smk").read_text()
     assert al.AlignmentConfig.from_config({"provided_translations": True, "max_provided": 5}) == al.AlignmentConfig()
+
+
+def test_a_compiled_encoder_trains_the_parallel_adapter_as_the_eager_one(inputs, tmp_path, monkeypatch):
+    """alignment.compile: the frozen encoder with its parallel adapters under torch.compile
+    (dynamic sizes after the first batch) gives the eager run's losses, held-out figures and
+    adapter (fp32, the CPU, Inductor drawing the dropout as eager draws it)."""
+    import dataclasses
+
+    import torch._dynamo
+    import torch._inductor.config
+
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    cfg = dataclasses.replace(CFG, max_steps=3, log_every=1)
+    runs = {}
+    try:
+        for name, compiled in (("eager", False), ("compiled", True)):
+            torch._dynamo.reset()
+            runs[name] = al.train_alignment_adapter(
+                "pp", inputs["base"], None, inputs["de_se_nola"], inputs["pp"], inputs["embeddings_nola"],
+                tmp_path / name, dataclasses.replace(cfg, compile=compiled), language="de", device="cpu",
+                progress=False)
+    finally:
+        torch._dynamo.reset()
+    assert runs["compiled"]["config"]["compile"] and not runs["eager"]["config"]["compile"]
+    losses = [[float(line.split("\t")[1]) for line in (tmp_path / name / "loss.tsv").read_text().splitlines()[1:]]
+              for name in ("eager", "compiled")]
+    assert len(losses[0]) == 3 and losses[0] == pytest.approx(losses[1], rel=1e-4)
+    for key in ("heldout_retrieval_accuracy_before", "heldout_retrieval_accuracy_after"):
+        assert runs["compiled"][key] == pytest.approx(runs["eager"][key]), key
+    x, y = (load_file(str(tmp_path / run / "adapter" / pa.WEIGHTS_NAME)) for run in ("eager", "compiled"))
+    assert x.keys() == y.keys() and all(torch.allclose(x[k], y[k], atol=1e-5) for k in x)

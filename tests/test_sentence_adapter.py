@@ -410,3 +410,36 @@ def test_checkpoint_of_other_settings_or_inputs_is_not_resumed(inputs, tmp_path)
     data = (la_copy / la.EMBEDDINGS_NAME).read_bytes()
     (la_copy / la.EMBEDDINGS_NAME).write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     assert RESUME_CFG.fingerprint(inputs["base"], la_copy, pairs) != fingerprint
+
+
+def test_a_compiled_encoder_trains_as_the_eager_one_over_batches_of_every_width(inputs, tmp_path, monkeypatch):
+    """sentence_adapter.compile: batches of varying width, padded and unpadded, through the
+    compiled encoder (torch.compile's dynamic sizes after the first), in training and in the
+    held-out evaluation: the losses, accuracies and adapter of the eager run (fp32, the CPU; the
+    base's dropout drawn by Inductor as eager draws it), and the same checkpoint fingerprint (a
+    runtime setting)."""
+    import torch._dynamo
+    import torch._inductor.config
+
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    cfg = sa.SentenceAdapterConfig(**{**CFG.__dict__, "max_steps": 4, "log_every": 1})
+    compiled_cfg = sa.SentenceAdapterConfig(**{**cfg.__dict__, "compile": True})
+    assert compiled_cfg.fingerprint(inputs["pairs"]) == cfg.fingerprint(inputs["pairs"])
+    eager = sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], tmp_path / "eager", cfg,
+                                      device="cpu", progress=False)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        compiled = sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], tmp_path / "compiled",
+                                             compiled_cfg, device="cpu", progress=False)
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+    finally:
+        torch._dynamo.reset()
+    assert compiled["config"]["compile"]
+    losses = [[float(line.split("\t")[1]) for line in (tmp_path / name / "loss.tsv").read_text().splitlines()[1:]]
+              for name in ("eager", "compiled")]
+    assert len(losses[0]) == 4 and losses[0] == pytest.approx(losses[1], rel=1e-4)
+    for key in ("heldout_retrieval_accuracy_before", "heldout_retrieval_accuracy_after", "padding_fraction"):
+        assert compiled[key] == pytest.approx(eager[key]), key
+    x, y = (load_file(str(tmp_path / run / sa.ADAPTER_DIR / "adapter_model.safetensors")) for run in ("eager", "compiled"))
+    assert x.keys() == y.keys() and all(torch.allclose(x[k], y[k], atol=1e-5) for k in x)

@@ -110,6 +110,7 @@ class AlignmentConfig:
     log_every: int = 10
     checkpoint_every: int = 500  # optimizer steps between resumable checkpoints
     precision: str = "auto"  # modsent.training.precision: auto, fp16 or fp32
+    compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place)
     adapter: pa.ParallelAdapterConfig = dataclasses.field(default_factory=pa.ParallelAdapterConfig)
 
     @classmethod
@@ -437,6 +438,8 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else checkpoints.checkpoint_path(out_dir)
     language = language or out_dir.name
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if cfg.compile:  # before any work: a missing compiler is an input error
+        fastpath.check_compilable(device, "alignment.compile")
 
     english_files = [str(english_embeddings_path)] if isinstance(english_embeddings_path, (str, Path)) \
         else [str(path) for path in english_embeddings_path]
@@ -461,6 +464,8 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
                          f"{base_model_dir}: {'; '.join(mismatch)}")
     if english.vectors.shape[1] != model.encode(data["positive"].tolist()[:1]).shape[1]:
         raise InputError(f"{english_embeddings_path}: dimension {english.vectors.shape[1]} differs from the model's")
+    if cfg.compile:  # batches padded to their longest sentence: shapes vary, so dynamic sizes
+        fastpath.compile_in_place(model.encoder, device, "alignment.compile", dynamic=None)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
     n_total = sum(p.numel() for p in model.parameters())

@@ -96,6 +96,7 @@ class SentenceAdapterConfig:
     log_every: int = 10
     checkpoint_every: int = 500  # optimizer steps between resumable checkpoints
     precision: str = "auto"  # modsent.training.precision: auto, fp16 or fp32
+    compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place)
 
     @classmethod
     def from_config(cls, section: dict) -> "SentenceAdapterConfig":
@@ -378,6 +379,8 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else checkpoints.checkpoint_path(out_dir)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(cfg.seed)  # LoRA A initialisation
+    if cfg.compile:  # before any work: a missing compiler is an input error
+        fastpath.check_compilable(device, "sentence_adapter.compile")
 
     pairs = read_pairs(pairs_path)
     train, heldout = split_heldout(pairs, cfg.eval_pairs)
@@ -388,6 +391,8 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
 
     model = build_model(base_model_dir, la_dir, cfg).to(device)
     fastpath.speed_up(model)  # same parameters and results, fewer kernels under autocast
+    if cfg.compile:  # batches padded to their longest sentence: shapes vary, so dynamic sizes
+        fastpath.compile_in_place(model.encoder, device, "sentence_adapter.compile", dynamic=None)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
     n_total = sum(p.numel() for p in model.parameters())

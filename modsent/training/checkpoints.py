@@ -27,7 +27,7 @@ STATE = "state.safetensors"
 META = "meta.json"
 # Settings that say how a run goes, not what it trains: left out of fingerprints (the
 # workflow's runtime keys, modsent.config's `x-role: runtime`, are not passed to trainers)
-CADENCE_SETTINGS = ("checkpoint_every", "log_every")
+RUNTIME_SETTINGS = ("checkpoint_every", "log_every", "compile")  # how a run goes, not what it computes
 
 
 def checkpoint_path(out_dir: str | Path) -> Path:
@@ -124,9 +124,9 @@ def resume(checkpoint_dir: Path, model, optimizer, fingerprint: str, scaler=None
 
 def fingerprint(settings: dict, *inputs) -> str:
     """What a checkpoint must match to be resumed: the settings (but how often to log and
-    checkpoint) and the content of the inputs: a file's bytes, a directory's files (names and
+    checkpoint, and whether the encoder is compiled) and the content of the inputs: a file's bytes, a directory's files (names and
     bytes, hidden files aside), a data frame's values, or None (an absent input)."""
-    relevant = {k: v for k, v in settings.items() if k not in CADENCE_SETTINGS}
+    relevant = {k: v for k, v in settings.items() if k not in RUNTIME_SETTINGS}
     digest = hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode())
     for item in inputs:
         if item is None:

@@ -26,7 +26,7 @@ forward. The parameters, their names and the saved adapters are untouched; :func
 removes the fast forwards (before pickling a module: the forwards are bound methods of this
 module's functions). Under ``torch.compile`` the frozen layers call ``F.linear`` as they are
 and leave the casts to the compiler, so a sped-up model traces into one graph
-(:func:`compile_in_place`, the LA's ``compile`` setting). A frozen weight changed through
+(:func:`compile_in_place`, the LA's, SE's and CLA's ``compile`` setting). A frozen weight changed through
 ``.data`` (which keeps its version) needs :func:`forget_casts`; PEFT's merge and unmerge of a
 sped-up layer call it. Used by the LA, SE, CLA and m-ST5 LoRA stages on every device.
 """
@@ -191,14 +191,17 @@ def check_compilable(device: str | torch.device, key: str) -> None:
         raise InputError(f"{key}: true, but {problem}; set {key}: false")
 
 
-def compile_in_place(module: nn.Module, device: str | torch.device, key: str) -> None:
+def compile_in_place(module: nn.Module, device: str | torch.device, key: str, *,
+                     dynamic: bool | None = False) -> None:
     """``torch.compile`` ``module`` in place (``nn.Module.compile``: its parameters, their names,
-    its state dict and so the checkpoints and saved adapters are unchanged), for static shapes
-    (``dynamic=False``: one graph per batch shape, train and eval mode; the LA's packed
-    sequences have one). After :func:`speed_up`: the fast path traces into one graph. Inductor
+    its state dict and so the checkpoints and saved adapters are unchanged). ``dynamic=False``
+    (static shapes: one graph per batch shape and mode; the LA's packed sequences have one
+    shape) or None (torch.compile's default: a second shape recompiles the graph with symbolic
+    sizes, so the pair stages' batches, padded to their longest sentence, share it). After
+    :func:`speed_up`: the fast path traces into one graph. Inductor
     fuses the element-wise work around the matrix products (the LA's autocast residual stream,
     LayerNorm, GELU, dropout) into fewer kernels; its dropout draws from its own generator, so
     a compiled run equals an eager one up to float rounding and dropout draws (with
     ``torch._inductor.config.fallback_random`` it draws as eager: the tests compare so)."""
     check_compilable(device, key)
-    module.compile(dynamic=False)
+    module.compile(dynamic=dynamic)
