@@ -19,7 +19,7 @@ from modsent.data.paraphrase import (align_provided, crosslingual_paraphrase_pai
                                      provided_sample, translate_pairs)
 from modsent.sources.builtin import builtin_translations
 from modsent.testing import make_tiny_xlmr, sample_texts
-from tiny_modules import assert_resumed_equals_straight, language_modules, tiny_base_and_data
+from tiny_modules import assert_resumed_equals_straight, language_modules, needs_cpu_compiler, tiny_base_and_data
 
 SE_CFG = sa.SentenceAdapterConfig(batch_size=16, seq_len=32, learning_rate=5e-3, max_steps=60,
                                   lora_dropout=0.0, eval_pairs=20, log_every=4, seed=0)
@@ -389,6 +389,7 @@ def test_the_workflow_leaves_the_same_data_keys_out_of_pp_params():
     assert al.AlignmentConfig.from_config({"provided_translations": True, "max_provided": 5}) == al.AlignmentConfig()
 
 
+@needs_cpu_compiler
 def test_a_compiled_encoder_trains_the_parallel_adapter_as_the_eager_one(inputs, tmp_path, monkeypatch):
     """alignment.compile: the frozen encoder with its parallel adapters under torch.compile
     (dynamic sizes after the first batch) gives the eager run's losses, held-out figures and

@@ -15,6 +15,7 @@ from modsent.io import InputError
 from modsent.sources.builtin import builtin_corpus
 from modsent.testing import make_tiny_xlmr, sample_texts
 from modsent.modular.tokenizer_training import train_tokenizer
+from tiny_modules import needs_cpu_compiler
 
 CFG = la.LanguageAdapterConfig(steps=6, batch_size=4, seq_len=32, learning_rate=2e-3,
                                warmup_steps=1, eval_sentences=60, checkpoint_every=3, log_every=1,
@@ -237,6 +238,7 @@ def test_checkpoint_of_changed_inputs_is_not_resumed(inputs, tmp_path):
     assert CFG.fingerprint(inputs["tok"] / "tokenizer.json", inputs["corpus"]) == a
 
 
+@needs_cpu_compiler
 def test_a_compiled_encoder_trains_as_the_eager_one(inputs, tmp_path, monkeypatch):
     """language_adapter.compile: the same losses and adapter in fp32 on the CPU (Inductor drawing
     dropout as eager does), one compiled graph, and the same checkpoint fingerprint (a runtime setting)."""

@@ -23,7 +23,7 @@ from modsent.sources.builtin import builtin_corpus, builtin_paraphrases, builtin
 from modsent.testing import make_tiny_bert, make_tiny_xlmr, sample_texts
 from modsent.modular.tokenizer_training import train_tokenizer
 from modsent.training.pairs import batches_of_steps
-from tiny_modules import assert_resumed_equals_straight
+from tiny_modules import assert_resumed_equals_straight, needs_cpu_compiler
 
 LA_CFG = la.LanguageAdapterConfig(steps=4, batch_size=4, seq_len=32, learning_rate=2e-3,
                                   warmup_steps=1, eval_sentences=30, checkpoint_every=100, log_every=1,
@@ -412,6 +412,7 @@ def test_checkpoint_of_other_settings_or_inputs_is_not_resumed(inputs, tmp_path)
     assert RESUME_CFG.fingerprint(inputs["base"], la_copy, pairs) != fingerprint
 
 
+@needs_cpu_compiler
 def test_a_compiled_encoder_trains_as_the_eager_one_over_batches_of_every_width(inputs, tmp_path, monkeypatch):
     """sentence_adapter.compile: batches of varying width, padded and unpadded, through the
     compiled encoder (torch.compile's dynamic sizes after the first), in training and in the

@@ -341,6 +341,7 @@ RUNTIME_CHANGES = {
     "sentence_adapter.log_every": 3, "sentence_adapter.checkpoint_every": 5, "alignment.log_every": 3,
     "alignment.checkpoint_every": 5, "baselines.log_every": 3, "baselines.checkpoint_every": 5,
     "baselines.gpus": 2, "tracking": {"report_to": "tensorboard"},
+    "language_adapter.compile": True, "sentence_adapter.compile": True, "alignment.compile": True,
 }
 
 

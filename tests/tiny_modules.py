@@ -1,5 +1,6 @@
 """Tiny per-language modules (LA + SE) for the tests of later stages: seconds, not quality."""
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -74,3 +75,18 @@ def assert_resumed_equals_straight(straight, resumed, expected: dict, metrics: d
                 "heldout_retrieval_accuracy_after"):
         assert metrics[key] == expected[key], key
     assert (resumed / "loss.tsv").read_text() == (straight / "loss.tsv").read_text()
+
+
+def _cpu_compiles() -> bool:
+    from modsent.io import InputError
+    from modsent.training import fastpath
+
+    try:
+        fastpath.check_compilable("cpu", "compile")
+    except InputError:
+        return False
+    return True
+
+
+# the compile tests need torch.compile's CPU code generation: a C++ compiler (.ci/run installs g++)
+needs_cpu_compiler = pytest.mark.skipif(not _cpu_compiles(), reason="torch.compile on the CPU needs a C++ compiler")

@@ -525,8 +525,9 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
         "heldout_lines": len(heldout_lines), "train_lines": len(train_lines),
         "train_sequences": len(train), "steps": cfg.steps, "resumed_from_step": resumed[0] if resumed else 0,
         "tokens_per_second": tokens_seen / elapsed if elapsed > 0 else None,
-        # packed: padding only where the corpus is shorter than one sequence
-        "padding_fraction": float((train == tokenizer.pad_token_id).float().mean()) if len(train) else None,
+        # packed: only the last sequence can hold padding (a corpus shorter than one sequence)
+        "padding_fraction": int((train[-1] == tokenizer.pad_token_id).sum()) / train.numel()
+        if len(train) and tokenizer.pad_token_id is not None else 0.0,
         "trainable_parameters": n_trainable, "total_parameters": n_total,
         "device": str(device), "config": dataclasses.asdict(cfg),
     }

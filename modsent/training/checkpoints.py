@@ -25,9 +25,9 @@ log = logging.getLogger(__name__)
 
 STATE = "state.safetensors"
 META = "meta.json"
-# Settings that say how a run goes, not what it trains: left out of fingerprints (the
-# workflow's runtime keys, modsent.config's `x-role: runtime`, are not passed to trainers)
-RUNTIME_SETTINGS = ("checkpoint_every", "log_every", "compile")  # how a run goes, not what it computes
+# The trainers' settings that say how a run goes, not what it trains (modsent.config's
+# `x-role: runtime` among them): left out of fingerprints, so a checkpoint resumes whatever they are
+RUNTIME_SETTINGS = ("checkpoint_every", "log_every", "compile")
 
 
 def checkpoint_path(out_dir: str | Path) -> Path:

@@ -305,9 +305,11 @@ class TrainingLog:
             self._pending.clear()
 
     def count_padding(self, *inputs) -> None:
-        """Count the positions and padding of tokenised inputs: each an attention mask on the host
-        (1: a token, 0: padding), or features (a mapping holding one under ``attention_mask``, or
-        lists and tuples of such), whose other tensors (vectors, labels) are passed over."""
+        """Count the positions and padding of tokenised inputs: each argument an attention mask
+        on the host (1: a token, 0: padding), or features (a mapping holding one under
+        ``attention_mask``, or lists and tuples of such). Only an argument itself is taken as a
+        bare mask: tensors inside features, lists and tuples (the CLA's English vectors beside
+        its features, labels) are passed over."""
         for item in inputs:
             for mask in [item] if isinstance(item, torch.Tensor) else _feature_masks(item):
                 if mask.device.type != "cpu":  # counting it would make the host wait for the GPU
