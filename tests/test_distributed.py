@@ -78,15 +78,18 @@ def _assert_same_loss_curve(a, b, steps: int) -> None:
         assert float(loss_b) == pytest.approx(float(loss_a), rel=1e-5)
 
 
-def _assert_close_but_for_sign_flips(y: torch.Tensor, x: torch.Tensor, what: str) -> None:
+def _assert_close_but_for_sign_flips(y: torch.Tensor, x: torch.Tensor, what: str, *, lr: float = CFG.learning_rate,
+                                     steps: int = CFG.steps, rtol: float = 1e-5, atol: float = 1e-6) -> None:
     """Within float-addition order, but for a few elements that one Adam step apart: the tied MLM
     head gives every embedding row a gradient, a sum of many small terms of both signs, and where
     that sum is below its rounding noise the two summation orders can give it opposite signs,
     which Adam turns into steps of +lr and -lr (a new tokenizer each run makes this rare, not
-    never). A wrong data-parallel step moves far more than a few elements."""
+    never). A wrong data-parallel step moves far more than a few elements. ``x`` and ``y`` may be
+    a whole model's tensors flattened into one (at most one element in a thousand, and at least
+    one, may be off)."""
     diff = (y - x).abs()
-    off = diff > 1e-6 + 1e-5 * x.abs()
-    assert off.float().mean() <= 1e-3 and diff.max() <= 2 * CFG.learning_rate * CFG.steps, (
+    off = diff > atol + rtol * x.abs()
+    assert int(off.sum()) <= max(1, off.numel() // 1000) and diff.max() <= 2 * lr * steps, (
         f"{what}: {int(off.sum())} of {off.numel()} elements differ, by up to {float(diff.max()):.3g}")
 
 
@@ -314,8 +317,11 @@ def test_a_data_parallel_method_trains_on_two_processes_what_it_trains_on_one(ba
     assert sorted(p.relative_to(one) for p in one.rglob("*")) == sorted(p.relative_to(two) for p in two.rglob("*"))
     x, y = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
     assert x.keys() == y.keys()
-    for key in x:  # Adam divides by the gradients' own size: rounding of near-zero gradients shows
-        torch.testing.assert_close(y[key], x[key], rtol=1e-4, atol=2e-5, msg=key)
+    # every weight trains: Adam divides by the gradients' own size, so rounding of near-zero
+    # gradients shows, and a gradient below its rounding noise can flip sign (one element in 33K did)
+    _assert_close_but_for_sign_flips(torch.cat([y[key].flatten() for key in x]), torch.cat([x[key].flatten() for key in x]),
+                                     "DuEAM's model", lr=DUEAM["learning_rate"], steps=DUEAM["max_steps"],
+                                     rtol=1e-4, atol=2e-5)
     ma, mb = (json.loads((d / "metrics.json").read_text()) for d in (one, two))
     assert (ma["processes"], mb["processes"]) == (1, 2)
     for key in ("steps", "train_pairs", "heldout_retrieval_accuracy_after", "heldout_crosslingual_retrieval_accuracy_after"):
