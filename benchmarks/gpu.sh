@@ -27,7 +27,7 @@ GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za
 
 # BENCHMARKS="name ..." runs only those (default: all, in this order); DEADLINE=SECONDS stops
 # starting benchmarks that would outlast it (each one's limit is cut to what is left).
-WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_compiled mlm_throughput_b64 pair_throughput pair_throughput_b256 pair_pipeline pair_throughput_graphs profile_steps mexma_throughput translation_speed translation_batching translation_speed_3.3B} "
+WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_compiled mlm_throughput_b64 pair_throughput pair_throughput_b256 pair_pipeline pair_throughput_compiled pair_throughput_graphs profile_steps mexma_throughput translation_speed translation_batching translation_speed_3.3B} "
 DEADLINE="${DEADLINE:-100000}"
 
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever happens
@@ -61,6 +61,10 @@ bench pair_throughput_b256 120 benchmarks/pair_throughput.py --labse-random --de
 # loss read at logged steps only, the padding mask decided on the host, results copied back without waiting
 bench pair_pipeline 150 benchmarks/pair_pipeline.py --labse-random --device cuda --batch-size 128 --steps 40 \
     --repeats 3 --encode-sentences 16384 --encode-batch 512
+# sentence_adapter.compile / alignment.compile: the pair steps' encoder under plain torch.compile (fewer,
+# fused kernels for the launch-bound step at 128 pairs), beside the eager step of the same run
+bench pair_throughput_compiled 200 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
+    --batch-size 128 --steps 40 --warmup 20 --compile
 # CUDA graphs for the launch-bound pair steps at 128 pairs: torch.compile's reduce-overhead mode, one graph per
 # padded width (multiples of 16 keep them few), beside the eager step of the same run
 bench pair_throughput_graphs 240 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
