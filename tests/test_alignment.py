@@ -19,7 +19,8 @@ from modsent.data.paraphrase import (align_provided, crosslingual_paraphrase_pai
                                      provided_sample, translate_pairs)
 from modsent.sources.builtin import builtin_translations
 from modsent.testing import make_tiny_xlmr, sample_texts
-from tiny_modules import assert_resumed_equals_straight, language_modules, needs_cpu_compiler, tiny_base_and_data
+from tiny_modules import (assert_resumed_equals_straight, inductor_draws_as_eager, language_modules, needs_cpu_compiler,
+                          tiny_base_and_data)
 
 SE_CFG = sa.SentenceAdapterConfig(batch_size=16, seq_len=32, learning_rate=5e-3, max_steps=60,
                                   lora_dropout=0.0, eval_pairs=20, log_every=4, seed=0)
@@ -390,16 +391,15 @@ def test_the_workflow_leaves_the_same_data_keys_out_of_pp_params():
 
 
 @needs_cpu_compiler
-def test_a_compiled_encoder_trains_the_parallel_adapter_as_the_eager_one(inputs, tmp_path, monkeypatch):
+@inductor_draws_as_eager()
+def test_a_compiled_encoder_trains_the_parallel_adapter_as_the_eager_one(inputs, tmp_path):
     """alignment.compile: the frozen encoder with its parallel adapters under torch.compile
     (dynamic sizes after the first batch) gives the eager run's losses, held-out figures and
     adapter (fp32, the CPU, Inductor drawing the dropout as eager draws it)."""
     import dataclasses
 
     import torch._dynamo
-    import torch._inductor.config
 
-    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     cfg = dataclasses.replace(CFG, max_steps=3, log_every=1)
     runs = {}
     try:

@@ -15,7 +15,7 @@ from modsent.io import InputError
 from modsent.sources.builtin import builtin_corpus
 from modsent.testing import make_tiny_xlmr, sample_texts
 from modsent.modular.tokenizer_training import train_tokenizer
-from tiny_modules import needs_cpu_compiler
+from tiny_modules import inductor_draws_as_eager, needs_cpu_compiler
 
 CFG = la.LanguageAdapterConfig(steps=6, batch_size=4, seq_len=32, learning_rate=2e-3,
                                warmup_steps=1, eval_sentences=60, checkpoint_every=3, log_every=1,
@@ -239,14 +239,13 @@ def test_checkpoint_of_changed_inputs_is_not_resumed(inputs, tmp_path):
 
 
 @needs_cpu_compiler
-def test_a_compiled_encoder_trains_as_the_eager_one(inputs, tmp_path, monkeypatch):
+@inductor_draws_as_eager()
+def test_a_compiled_encoder_trains_as_the_eager_one(inputs, tmp_path):
     """language_adapter.compile: the same losses and adapter in fp32 on the CPU (Inductor drawing
     dropout as eager does), one compiled graph, and the same checkpoint fingerprint (a runtime setting)."""
     import torch._dynamo
-    import torch._inductor.config
     from safetensors.torch import load_file
 
-    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     cfg = la.LanguageAdapterConfig(**{**CFG.__dict__, "steps": 3, "head_warmup_steps": 0, "eval_sentences": 0})
     compiled_cfg = la.LanguageAdapterConfig(**{**cfg.__dict__, "compile": True})
     assert compiled_cfg.fingerprint(inputs["corpus"]) == cfg.fingerprint(inputs["corpus"])

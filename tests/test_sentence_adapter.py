@@ -23,7 +23,7 @@ from modsent.sources.builtin import builtin_corpus, builtin_paraphrases, builtin
 from modsent.testing import make_tiny_bert, make_tiny_xlmr, sample_texts
 from modsent.modular.tokenizer_training import train_tokenizer
 from modsent.training.pairs import batches_of_steps
-from tiny_modules import assert_resumed_equals_straight, needs_cpu_compiler
+from tiny_modules import assert_resumed_equals_straight, inductor_draws_as_eager, needs_cpu_compiler
 
 LA_CFG = la.LanguageAdapterConfig(steps=4, batch_size=4, seq_len=32, learning_rate=2e-3,
                                   warmup_steps=1, eval_sentences=30, checkpoint_every=100, log_every=1,
@@ -413,16 +413,15 @@ def test_checkpoint_of_other_settings_or_inputs_is_not_resumed(inputs, tmp_path)
 
 
 @needs_cpu_compiler
-def test_a_compiled_encoder_trains_as_the_eager_one_over_batches_of_every_width(inputs, tmp_path, monkeypatch):
+@inductor_draws_as_eager()
+def test_a_compiled_encoder_trains_as_the_eager_one_over_batches_of_every_width(inputs, tmp_path):
     """sentence_adapter.compile: batches of varying width, padded and unpadded, through the
     compiled encoder (torch.compile's dynamic sizes after the first), in training and in the
     held-out evaluation: the losses, accuracies and adapter of the eager run (fp32, the CPU; the
     base's dropout drawn by Inductor as eager draws it), and the same checkpoint fingerprint (a
     runtime setting)."""
     import torch._dynamo
-    import torch._inductor.config
 
-    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     cfg = sa.SentenceAdapterConfig(**{**CFG.__dict__, "max_steps": 4, "log_every": 1})
     compiled_cfg = sa.SentenceAdapterConfig(**{**cfg.__dict__, "compile": True})
     assert compiled_cfg.fingerprint(inputs["pairs"]) == cfg.fingerprint(inputs["pairs"])

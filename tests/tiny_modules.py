@@ -90,3 +90,12 @@ def _cpu_compiles() -> bool:
 
 # the compile tests need torch.compile's CPU code generation: a C++ compiler (.ci/run installs g++)
 needs_cpu_compiler = pytest.mark.skipif(not _cpu_compiles(), reason="torch.compile on the CPU needs a C++ compiler")
+
+
+def inductor_draws_as_eager():
+    """A decorator (or context) under which Inductor's compiled code draws random numbers (dropout)
+    as eager PyTorch does, so a compiled run can be compared with an eager one. torch's own
+    config patch: setting the option by monkeypatch would not be restored right."""
+    import torch._inductor.config
+
+    return torch._inductor.config.patch(fallback_random=True)
