@@ -42,7 +42,7 @@ from modsent import distributed
 from modsent.io import InputError, atomic_path, check_model_files, iter_utf8_lines, read_safetensors
 from modsent.losses import MaskedLanguageModelingLoss, mlm_parts
 from modsent.training import fastpath, schedules, tracking
-from modsent.training.checkpoints import load_checkpoint, save_checkpoint
+from modsent.training.checkpoints import RUNTIME_SETTINGS, load_checkpoint, save_checkpoint
 from modsent.training.loop import LossScaleWatch, optimizer_step, report_step, to_device
 from modsent.training.optim import adamw, fused_options
 from modsent.training.precision import autocast, grad_scaler
@@ -102,7 +102,7 @@ class LanguageAdapterConfig:
         cadence, tracking and compiling may change) and the content of the input files (a retrained tokenizer or new
         embeddings of the same shape must not resume a stale checkpoint)."""
         relevant = {k: v for k, v in dataclasses.asdict(self).items()
-                    if k not in ("checkpoint_every", "log_every", "tracking", "compile")}
+                    if k not in (*RUNTIME_SETTINGS, "tracking")}
         digest = hashlib.sha256(json.dumps(relevant, sort_keys=True).encode())
         for path in inputs:
             with open(path, "rb") as handle:
