@@ -41,6 +41,12 @@ def precision_property() -> dict:
     return {**copy.deepcopy(load_schema()["$defs"]["precision"]), "default": "auto"}
 
 
+def compile_property() -> dict:
+    """A method's ``compile`` key (modsent.methods): the workflow schema's ``$defs/compile``
+    (modsent.training.fastpath.compile_in_place), default false, a runtime setting."""
+    return {**copy.deepcopy(load_schema()["$defs"]["compile"]), "default": False, ROLE_KEY: RUNTIME}
+
+
 def resolve(node: dict, schema: dict) -> dict:
     """``node`` with a local ``$ref`` (``#/$defs/...``) replaced by its target (siblings kept)."""
     while isinstance(node, dict) and "$ref" in node:

@@ -35,3 +35,32 @@ def reversed_keys(value):
     if isinstance(value, list):
         return [reversed_keys(item) for item in value]
     return value
+
+
+@pytest.fixture
+def traced_compile(monkeypatch):
+    """``nn.Module.compile`` (what ``fastpath.compile_in_place`` calls) with torch.compile's
+    ``eager`` backend: Dynamo captures the module's forwards into graphs as it does for Inductor,
+    and the graphs run as eager PyTorch, with no code generation (seconds, not the minute an
+    Inductor compile of each test model costs). A training with ``compile: true`` then routes
+    every forward of the compiled module through Dynamo's graphs and trains what the eager one
+    does, up to float rounding: the tests of the methods' ``compile`` settings compare so, and
+    the LA's, SE's and CLA's tests compile with Inductor itself. Yields ``(modules, graphs)``:
+    the modules compiled, in order, and a callable giving the number of graphs captured."""
+    import torch
+    import torch._dynamo
+
+    compiled = []
+    original = torch.nn.Module.compile
+
+    def compile_traced(module, *args, **kwargs):
+        compiled.append(module)
+        return original(module, *args, **{**kwargs, "backend": "eager"})
+
+    monkeypatch.setattr(torch.nn.Module, "compile", compile_traced)
+    torch._dynamo.reset()  # no graph or recompile limit carried over from an earlier test
+    torch._dynamo.utils.counters.clear()
+    try:
+        yield compiled, lambda: torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    finally:
+        torch._dynamo.reset()

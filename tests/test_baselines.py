@@ -173,6 +173,25 @@ def test_every_weight_of_the_full_model_changes_the_se_adapter_leaves_the_base_a
     assert any(not torch.all(p == 0) for n, p in params.items() if "lora_B" in n)  # the LoRA did train
 
 
+def test_compile_routes_the_encoder_through_dynamo_and_trains_what_eager_trains(data, traced_compile):
+    """baselines.compile: the encoder is compiled in place (Dynamo graphs, run eagerly here: the
+    traced_compile fixture) and trains the eager run's weights and losses; the checkpoint
+    fingerprint leaves the setting out (a checkpoint resumes with it on or off)."""
+    modules, graphs = traced_compile
+    paths = {"en": data["paths"]["en"]}
+    eager = bl.run_full_training("Full_en", data["base"], paths, CFG, device="cpu", progress=False)
+    assert modules == [] and graphs() == 0
+    cfg = dataclasses.replace(CFG, compile=True)
+    compiled = bl.run_full_training("Full_en", data["base"], paths, cfg, device="cpu", progress=False)
+    assert len(modules) == 1 and modules[0] is compiled.model.encoder and graphs() >= 1
+    assert [row[1] for row in compiled.history] == pytest.approx([row[1] for row in eager.history], rel=1e-5)
+    a, b = eager.model.state_dict(), compiled.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert compiled.metrics["heldout_retrieval_accuracy_after"] == eager.metrics["heldout_retrieval_accuracy_after"]
+    assert bl.training_fingerprint("Full_en", cfg, data["base"], paths) == \
+        bl.training_fingerprint("Full_en", CFG, data["base"], paths)
+
+
 @pytest.mark.parametrize("kind", ["xlmr-mean", "bert-cls-dense"])
 def test_saved_directory_reloads_with_sentence_transformers_and_encodes_the_same(data, tmp_path, kind):
     from sentence_transformers import SentenceTransformer

@@ -408,6 +408,26 @@ def test_steps_tokenised_ahead_on_a_thread_train_what_tokenising_in_the_step_tra
     assert_same_model(tmp_path / "threaded", tmp_path / "serial", threaded, serial)
 
 
+def test_compile_routes_the_learner_through_dynamo_and_trains_what_eager_trains(data, tmp_path, traced_compile):
+    """methods.DuEAM-*.compile: the learner's encoder is compiled in place (Dynamo graphs run
+    eagerly: the traced_compile fixture) and trains the eager run's weights, losses and loss
+    components; the WMD targets and the checkpoint fingerprint do not depend on the setting."""
+    modules, graphs = traced_compile
+    dw.run_shard(data["paths"], None, config(), data["base"], 0, 1, tmp_path / "wmd.parquet", cache_dir=None)
+    inputs = {**data["inputs"], "wmd": [tmp_path / "wmd.parquet"]}
+    eager = dt.run_training("DuEAM-weak", inputs, config(), device="cpu", progress=False)
+    assert modules == [] and graphs() == 0
+    compiled = dt.run_training("DuEAM-weak", inputs, config(compile=True), device="cpu", progress=False)
+    assert len(modules) == 1 and modules[0] is compiled.model.encoder and graphs() >= 1
+    assert [row[1] for row in compiled.history] == pytest.approx([row[1] for row in eager.history], rel=1e-5)
+    assert np.allclose(compiled.metrics["loss_components"]["rows"], eager.metrics["loss_components"]["rows"],
+                       rtol=1e-5)
+    a, b = eager.model.state_dict(), compiled.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert dt.training_fingerprint("DuEAM-weak", config(compile=True), str(data["base"]), inputs) == \
+        dt.training_fingerprint("DuEAM-weak", config(), str(data["base"]), inputs)
+
+
 def test_the_workflow_plans_one_wmd_job_per_shard_and_distinct_pairs(tmp_path):
     """DuEAM-weak and its loss ablation share their WMD jobs (the same pairs and anchor); other
     pairs get their own; training reads the shards. A dry run of the tests' tiny config."""

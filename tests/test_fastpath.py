@@ -236,3 +236,41 @@ def test_a_sped_up_model_compiles_into_one_graph_and_computes_what_autocast_comp
         compiled = torch.compile(model, backend="aot_eager")(input_ids=ids, attention_mask=mask).last_hidden_state
     torch.testing.assert_close(compiled.float(), eager, rtol=2e-2, atol=2e-2)
     dynamo.reset()
+
+
+def test_every_methods_compile_is_refused_without_a_compiler_before_it_reads_anything(tmp_path, monkeypatch):
+    """Every training method of modsent (the recipes, the full-parameter methods) and the full
+    baselines offer ``compile`` as a runtime setting; asked to compile where no compiler exists,
+    each stops with an InputError naming its key before it reads an input (none exists here: a
+    read would fail otherwise)."""
+    import re
+
+    from torch._inductor import cpp_builder
+
+    from modsent import methods
+    from modsent.io import InputError
+    from modsent.methods import baselines as bl
+    from modsent.schema import ROLE_KEY, RUNTIME
+
+    def no_compiler():
+        raise RuntimeError("no C++ compiler found (looked for g++)")
+
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
+    registry = methods.load()
+    names = sorted(registry)
+    assert {"mST5-xnli", "DuEAM-weak", "MEXMA", "InteMATs", "InteMATs-ST"} <= set(names)
+    for name in names:
+        setting = registry[name].schema()["properties"].get("compile")
+        assert setting is not None and setting["default"] is False and setting[ROLE_KEY] == RUNTIME, name
+    missing = tmp_path / "missing"
+    inputs = {"base": missing / "base", "pairs": {lang: missing / f"{lang}.parquet" for lang in ("en", "de")},
+              "translations": {"de": missing / "de.tsv"}, "st": missing / "st", "dt": missing / "dt",
+              "wmd": [missing / "wmd.parquet"]}
+    for name in names:
+        with pytest.raises(InputError, match=rf"^methods\.{re.escape(name)}\.compile: true, but torch.compile on the "
+                                             r"CPU needs a C\+\+ compiler"):
+            registry[name].train(inputs, tmp_path / name, {"compile": True}, device="cpu", progress=False)
+    with pytest.raises(InputError, match=r"^baselines\.compile: true, but .*set baselines\.compile: false"):
+        bl.run_full_training("Full_en", missing / "base", inputs["pairs"], bl.FullTrainingConfig(compile=True),
+                             device="cpu", progress=False)
+    assert not missing.exists()

@@ -20,7 +20,7 @@ from modsent.io import InputError
 from modsent.methods import intemats
 from modsent.methods.intemats import training as it
 from modsent.modular import serial_adapter as sad
-from tiny_modules import pairs_in, tiny_base_and_data
+from tiny_modules import assert_close_model, pairs_in, tiny_base_and_data
 
 LANGS = ["en", "de", "ky"]
 # a tiny random model moves only with a large learning rate; few steps, short texts
@@ -330,6 +330,24 @@ def test_a_killed_run_resumes_to_the_weights_of_an_unbroken_one(data, trained, t
     other = it.train_intemats(intemats.ST, data["inputs"], tmp_path / "other", {**settings, "temperature": 0.2},
                               device="cpu", progress=False)
     assert other["resumed_from_step"] == 0
+
+
+def test_compile_routes_the_encoder_through_dynamo_and_trains_what_eager_trains(data, trained, tmp_path,
+                                                                                traced_compile):
+    """methods.InteMATs*.compile: the adapter-carrying encoder is compiled in place, Dynamo's
+    graphs run eagerly (the traced_compile fixture), and the written system is the eager one's
+    (the fixture's): its adapters, weights and losses. InteMATs-ST here; the fusion compiles the
+    same module with the fusion's hooks, at twice this test's cost (transformers records the
+    hidden states with hooks, each a graph break)."""
+    modules, graphs = traced_compile
+    name = intemats.ST
+    compiled = methods.get(name).train(data["inputs"], tmp_path / name, {**SETTINGS, "compile": True}, device="cpu",
+                                       progress=False)
+    assert len(modules) == 1 and isinstance(modules[0], ie.InteMATsBody) and graphs() >= 1
+    eager_dir, eager = trained[name]
+    assert_close_model(eager_dir, tmp_path / name, eager, compiled)
+    a, b = (load_file(str(run / sad.WEIGHTS_NAME)) for run in (eager_dir, tmp_path / name))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
 def test_micro_batches_tokenised_ahead_train_what_tokenising_in_the_step_trains(data, monkeypatch):

@@ -17,7 +17,7 @@ from modsent.io import InputError
 from modsent.methods.mexma import model as mm
 from modsent.methods.mexma import training as mt
 from modsent.training import schedules
-from tiny_modules import assert_same_model, tiny_base_and_data
+from tiny_modules import assert_close_model, assert_same_model, tiny_base_and_data
 
 LANGS = ["de", "ky"]
 # a tiny head; the tiny random model moves only with a large learning rate
@@ -316,6 +316,23 @@ def test_steps_masked_ahead_on_a_thread_train_what_masking_in_the_step_trains(da
     monkeypatch.setattr(mt, "ahead", lambda items, prepare: loop.ahead(items, prepare, enabled=False))
     serial = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "serial", settings, device="cpu", progress=False)
     assert_same_model(tmp_path / "threaded", tmp_path / "serial", threaded, serial)
+
+
+def test_compile_routes_the_encoder_through_dynamo_and_trains_what_eager_trains(data, tmp_path, traced_compile):
+    """methods.MEXMA*.compile: the encoder body (every pass of a step: the clean and masked
+    sequences of both sides) is compiled in place, Dynamo's graphs run eagerly (the
+    traced_compile fixture); the saved model, losses and loss components are the eager run's."""
+    from transformers import PreTrainedModel
+
+    modules, graphs = traced_compile
+    settings = {**SETTINGS, "max_steps": 2}
+    eager = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "eager", settings, device="cpu", progress=False)
+    assert modules == [] and graphs() == 0
+    compiled = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "compiled", {**settings, "compile": True},
+                              device="cpu", progress=False)
+    assert len(modules) == 1 and isinstance(modules[0], PreTrainedModel) and graphs() >= 1
+    assert_close_model(tmp_path / "eager", tmp_path / "compiled", eager, compiled)
+    assert np.allclose(eager["loss_components"]["rows"], compiled["loss_components"]["rows"], rtol=1e-5)
 
 
 @pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),

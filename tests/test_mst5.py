@@ -270,6 +270,27 @@ def test_batches_tokenised_ahead_train_what_tokenising_in_the_step_trains(data, 
     assert torch.equal(prepared, by_hand)
 
 
+def test_compile_routes_the_lora_encoder_through_dynamo_and_trains_what_eager_trains(data, traced_compile):
+    """methods.mST5-*.compile: the LoRA-wrapped T5 encoder is compiled in place (Dynamo graphs run
+    eagerly: the traced_compile fixture) and trains the eager run's LoRA and losses; the merged
+    output is a plain encoder again; the checkpoint fingerprint leaves the setting out."""
+    modules, graphs = traced_compile
+    settings = {**SETTINGS, "model": str(data["mt5"])}
+    run = dict(english_only=False, device="cpu", progress=False)
+    eager = mt.run_training("mST5-xnli", data["inputs"], mt.MST5Config.from_settings("mST5-xnli", settings), **run)
+    cfg = mt.MST5Config.from_settings("mST5-xnli", {**settings, "compile": True})
+    compiled = mt.run_training("mST5-xnli", data["inputs"], cfg, **run)
+    assert len(modules) == 1 and modules[0] is compiled.model.encoder and graphs() >= 1
+    assert [row[1] for row in compiled.history] == pytest.approx([row[1] for row in eager.history], rel=1e-5)
+    a, b = eager.model.state_dict(), compiled.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert compiled.metrics["config"]["compile"] and not eager.metrics["config"]["compile"]
+    langs, source = sorted(data["inputs"]["pairs"]), str(data["mt5"])
+    assert mt.training_fingerprint("mST5-xnli", cfg, source, langs, data["inputs"]["pairs"]) == \
+        mt.training_fingerprint("mST5-xnli", mt.MST5Config.from_settings("mST5-xnli", settings), source, langs,
+                                data["inputs"]["pairs"])
+
+
 @pytest.mark.parametrize("kind", ["xlmr-mean-normalize", "bert-cls-dense"])
 def test_encoder_only_bases_train_keep_their_head_and_reload(data, tmp_path, kind):
     """model: null trains the workflow's base (a sentence-transformers directory, its own

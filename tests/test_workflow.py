@@ -342,6 +342,7 @@ RUNTIME_CHANGES = {
     "alignment.checkpoint_every": 5, "baselines.log_every": 3, "baselines.checkpoint_every": 5,
     "baselines.gpus": 2, "tracking": {"report_to": "tensorboard"},
     "language_adapter.compile": True, "sentence_adapter.compile": True, "alignment.compile": True,
+    "baselines.compile": True,
 }
 
 
@@ -362,7 +363,7 @@ def test_changing_how_jobs_run_retrains_nothing(run, tmp_path):
     config = workflow_config()
     for key, value in RUNTIME_CHANGES.items():
         _set(config, key, value)
-    config["methods"]["Toy-cos"].update(log_every=2, checkpoint_every=7)  # a method's runtime keys
+    config["methods"]["Toy-cos"].update(log_every=2, checkpoint_every=7, compile=True)  # a method's runtime keys
     output = _dry_run(run, config, tmp_path / "runtime.yaml")
     assert "Nothing to be done" in output, output[-3000:]
     config["sentence_adapter"]["learning_rate"] = 0.002

@@ -65,6 +65,20 @@ def assert_same_model(first, second, first_metrics: dict, second_metrics: dict,
     assert (first / "loss.tsv").read_text() == (second / "loss.tsv").read_text()
 
 
+def assert_close_model(first, second, first_metrics: dict, second_metrics: dict,
+                       keys=("loss_first", "loss_last", "steps")) -> None:
+    """Two trainings of a whole model wrote the same thing up to float rounding (one compiled):
+    the tensors of ``model.safetensors`` (the same names), the metrics of ``keys`` and the losses."""
+    a = load_file(str(first / "model.safetensors"))
+    b = load_file(str(second / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    for key in keys:
+        assert first_metrics[key] == pytest.approx(second_metrics[key], rel=1e-5), key
+    curves = [[float(line.split("\t")[1]) for line in (run / "loss.tsv").read_text().splitlines()[1:]]
+              for run in (first, second)]
+    assert curves[0] and curves[0] == pytest.approx(curves[1], rel=1e-5)
+
+
 def assert_resumed_equals_straight(straight, resumed, expected: dict, metrics: dict, weights_name: str) -> None:
     """An adapter trained after a kill and resume equals the one trained without a break: its
     weights bit for bit, its metrics and its loss curve (``expected``/``metrics``: their metrics)."""

@@ -74,7 +74,7 @@ from modsent.losses import MultipleNegativesRankingLoss
 from modsent.methods import Method, PairTraining
 from modsent.data.paraphrase import crosslingual_mix
 from modsent.evaluation.plots import write_loss_curve
-from modsent.training import checkpoints, schedules
+from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import no_duplicate_batches, read_pairs, split_heldout, steps_of_epochs
@@ -108,6 +108,7 @@ class FullTrainingConfig:
     log_every: int = 10
     checkpoint_every: int = 2000
     precision: str = "auto"  # modsent.training.precision: auto, fp16 or fp32
+    compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place); a runtime setting
     storage_dtype: str = "float32"  # the saved weights: float32, or float16/bfloat16 (half the disk)
 
     @classmethod
@@ -400,13 +401,16 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
         recipe = variants.FULL_BASELINES.get(name)
     if recipe is None:
         raise InputError(f"unknown full baseline {name!r}; baselines: {', '.join(variants.FULL_BASELINES)}")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    compile_key = f"{'baselines' if name in variants.FULL_BASELINES else f'methods.{name}'}.compile"
+    if cfg.compile:  # before any work: a missing compiler is an input error
+        fastpath.check_compilable(device, compile_key)
     start_dir = Path(start_dir)
     _check_start(name, start_dir, recipe.init)
     langs = recipe.training_languages(list(pairs_paths))
     missing = [lang for lang in langs if lang not in pairs_paths]
     if missing:
         raise InputError(f"{name}: no pairs for {', '.join(missing)}")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     rank, world = distributed.rank(), distributed.world_size()
     main = rank == 0
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
@@ -428,6 +432,8 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
                  "loss ranks every anchor against the whole batch", world)
 
     model = build_full_model(start_dir, cfg).to(device)
+    if cfg.compile:  # batches padded to their longest sentence: shapes vary, so dynamic sizes
+        fastpath.compile_in_place(model.encoder, device, compile_key, dynamic=None)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
     optimizer = adamw(trainable, cfg.learning_rate, cfg.weight_decay)

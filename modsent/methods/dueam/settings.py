@@ -66,6 +66,7 @@ class DuEAMConfig:
     seq_len: int = 128
     seed: int = 0
     precision: str = "auto"
+    compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place); a runtime setting
     wmd_shards: int = 1
     wmd_batch_size: int = 64
     log_every: int = 10

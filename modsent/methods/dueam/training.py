@@ -64,7 +64,7 @@ from modsent.methods.dueam.pairs import PairSet, build_pairs
 from modsent.methods.dueam.settings import DuEAMConfig, uses_translations
 from modsent.methods.dueam.wmd import anchor_for, compute_wmd, pair_idf, read_wmd
 from modsent.modular import sentence_adapter as sa
-from modsent.training import checkpoints, schedules
+from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.optim import adamw
 from modsent.training.loop import (TrainingLog, ahead, checkpoint_due, optimizer_step, pinned, set_learning_rate,
                                    to_device)
@@ -243,6 +243,8 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
     key = f"methods.{name}"
     source = tf.model_source(cfg.model, inputs.get("base"), key)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if cfg.compile:  # before any work: a missing compiler is an input error
+        fastpath.check_compilable(device, f"{key}.compile")
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
     rank, world = distributed.rank(), distributed.world_size()
     main = rank == 0
@@ -254,6 +256,8 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
     total_steps = cfg.max_steps or cfg.epochs * steps_per_epoch
 
     model = build_learner(source, cfg).to(device)
+    if cfg.compile:  # batches padded to their longest sentence: shapes vary, so dynamic sizes
+        fastpath.compile_in_place(model.encoder, device, f"{key}.compile", dynamic=None)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
     learner_truncated = truncated_texts(model, pd.concat([rows["text_a"], rows["text_b"]]))

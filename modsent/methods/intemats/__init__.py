@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from modsent import layout
 from modsent.methods import Method, register
 from modsent.methods.intemats.settings import DT, FUSED, FUSION_PAIRS, SITES, ST
-from modsent.schema import ROLE_KEY, RUNTIME, precision_property
+from modsent.schema import ROLE_KEY, RUNTIME, compile_property, precision_property
 
 __all__ = ["DT", "FUSED", "FUSION_PAIRS", "SITES", "ST", "adapter_schema", "fusion_schema"]
 
@@ -86,6 +86,7 @@ def _training_schema(*, epochs: int, warmup_steps: int) -> dict[str, dict]:
         "seed": {"type": "integer", "minimum": 0, "default": 0,
                  "description": "initialisation, batches and dropout"},
         "precision": precision_property(),
+        "compile": compile_property(),
         "log_every": {**_COUNT, "default": 10, ROLE_KEY: RUNTIME, "description": "steps between logged losses"},
         "checkpoint_every": {**_COUNT, "default": 500, ROLE_KEY: RUNTIME,
                              "description": "optimizer steps between resumable checkpoints ({out}.checkpoint/: the "

@@ -72,7 +72,7 @@ from modsent.methods import baselines as bl
 from modsent.methods.intemats.settings import DT, FUSED, FUSION_PAIRS, SITES, ST
 from modsent.modular import sentence_adapter as sa
 from modsent.modular import serial_adapter as sad
-from modsent.training import checkpoints, schedules
+from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.optim import adamw
 from modsent.training.pairs import no_duplicate_batches, steps_of_epochs
@@ -113,6 +113,7 @@ class InteMATsConfig:
     eval_pairs: int = 500
     seed: int = 0
     precision: str = "auto"
+    compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place); a runtime setting
     log_every: int = 10
     checkpoint_every: int = 500
 
@@ -478,10 +479,14 @@ def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str
     step and checkpoint (the tests stop a run there)."""
     key = f"methods.{name}"
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if cfg.compile:  # before any work: a missing compiler is an input error
+        fastpath.check_compilable(device, f"{key}.compile")
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
     model, data, heldout, stats, source, fingerprint_inputs = _prepare(name, inputs, cfg, key)
     langs = sorted(inputs["pairs"])
     model = model.to(device)
+    if cfg.compile:  # batches padded to their longest text: shapes vary, so dynamic sizes
+        fastpath.compile_in_place(model.encoder, device, f"{key}.compile", dynamic=None)
     accumulation = cfg.gradient_accumulation
     epoch_batches = len(data.epoch_batches(0))
     total_steps = cfg.max_steps or max(1, cfg.epochs * epoch_batches // accumulation)

@@ -68,7 +68,7 @@ from modsent.methods import baselines as bl
 from modsent.methods.mexma import model as mm
 from modsent.methods.mexma.model import MEXMAModel, build_model
 from modsent.modular import sentence_adapter as sa
-from modsent.training import checkpoints, schedules
+from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.optim import fused_options
 from modsent.tokenizing import encoder_attention_mask
 from modsent.training.loop import (TrainingLog, ahead, checkpoint_due, optimizer_step, pinned, set_learning_rate,
@@ -111,6 +111,7 @@ class MEXMAConfig:
     seq_len: int = 200
     seed: int = 0
     precision: str = "auto"
+    compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place); a runtime setting
     log_every: int = 10
     checkpoint_every: int = 2000
 
@@ -358,6 +359,8 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
     key = f"methods.{name}"
     source = tf.model_source(cfg.model, inputs.get("base"), key)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if cfg.compile:  # before any work: a missing compiler is an input error
+        fastpath.check_compilable(device, f"{key}.compile")
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
     rank, world = distributed.rank(), distributed.world_size()
     main = rank == 0
@@ -389,6 +392,8 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
                                    head_heads=cfg.head_heads, head_intermediate_size=cfg.head_intermediate_size,
                                    detach_tokens=cfg.detach_tokens, seed=cfg.seed, key=key)
     model.to(device)
+    if cfg.compile:  # sequences padded to each share's longest: shapes vary, so dynamic sizes
+        fastpath.compile_in_place(model.body, device, f"{key}.compile", dynamic=None)
     _, source_limit = tf.sentence_head(source, model.body)
     limit = tf.max_sequence_length(tokenizer, model.body, source_limit)
     max_len = min(cfg.seq_len, limit or cfg.seq_len)

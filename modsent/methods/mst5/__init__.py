@@ -34,7 +34,7 @@ the training code.
 from __future__ import annotations
 
 from modsent.methods import Method, register
-from modsent.schema import ROLE_KEY, RUNTIME, precision_property
+from modsent.schema import ROLE_KEY, RUNTIME, compile_property, precision_property
 
 TARGETS = ("qv", "all-linear")
 DATASETS = ["mnli"]
@@ -92,6 +92,7 @@ def settings_schema(*, learning_rate: float, targets: str) -> dict[str, dict]:
         "seed": {"type": "integer", "minimum": 0, "default": 0,
                  "description": "the triplets' languages, batches, LoRA initialisation and dropout"},
         "precision": precision_property(),
+        "compile": compile_property(),
         "log_every": {**_COUNT, "default": 10, ROLE_KEY: RUNTIME, "description": "steps between logged losses"},
         "checkpoint_every": {**_COUNT, "default": 500, ROLE_KEY: RUNTIME,
                              "description": "optimizer steps between resumable checkpoints ({out}.checkpoint/: "

@@ -105,6 +105,7 @@ class MST5Config:
     gradient_checkpointing: bool = False
     seed: int = 0
     precision: str = "auto"
+    compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place); a runtime setting
     log_every: int = 10
     checkpoint_every: int = 500
 
@@ -316,6 +317,8 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
         raise InputError(f"{name}: no paraphrase pairs for {', '.join(missing)}")
     source = tf.model_source(cfg.model, inputs.get("base"), key)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if cfg.compile:  # before any work: a missing compiler is an input error
+        fastpath.check_compilable(device, f"{key}.compile")
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
 
     frames = read_frames({lang: pairs_paths[lang] for lang in langs}, cfg.datasets, f"{key}.datasets")
@@ -334,6 +337,8 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
     built = build_model(source, cfg, key)
     model = built.model.to(device)
     fastpath.speed_up(model)  # same parameters and results, fewer kernels under autocast
+    if cfg.compile:  # batches padded to their longest sentence: shapes vary, so dynamic sizes
+        fastpath.compile_in_place(model.encoder, device, f"{key}.compile", dynamic=None)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
     n_total = sum(p.numel() for p in model.parameters())
