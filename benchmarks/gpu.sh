@@ -27,7 +27,7 @@ GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za
 
 # BENCHMARKS="name ..." runs only those (default: all, in this order); DEADLINE=SECONDS stops
 # starting benchmarks that would outlast it (each one's limit is cut to what is left).
-WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_compiled mlm_throughput_b64 pair_throughput pair_throughput_b256 pair_pipeline pair_throughput_compiled pair_throughput_graphs profile_steps mexma_throughput translation_speed translation_batching translation_speed_3.3B} "
+WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_compiled mlm_throughput_b64 pair_throughput pair_throughput_b256 pair_pipeline pair_throughput_compiled pair_throughput_graphs profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_speed_3.3B} "
 DEADLINE="${DEADLINE:-100000}"
 
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever happens
@@ -71,6 +71,9 @@ bench pair_throughput_graphs 240 benchmarks/pair_throughput.py --labse-random --
     --batch-size 128 --steps 40 --warmup 20 --pad-multiple 16 --compile --compile-mode reduce-overhead
 bench profile_steps 120 -m benchmarks.profile_steps --device cuda --steps 5 --top 12
 bench mexma_throughput 90 benchmarks/mexma_throughput.py --size base --device cuda --seq-len 128 256 --steps 10
+# methods.MEXMA.compile: the same step with the body compiled (and the eager steps beside it)
+bench mexma_throughput_compiled 240 benchmarks/mexma_throughput.py --size base --device cuda --seq-len 128 \
+    --steps 10 --compile
 # CTranslate2's wheels are built for CUDA 12; where only CUDA 13's cuBLAS is present the script
 # points CTranslate2 at it (same C API for what it calls), and says so in the output.
 if ! "$PY" -c 'import ctypes; ctypes.CDLL("libcublas.so.12")' 2>/dev/null; then

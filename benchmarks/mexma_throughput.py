@@ -14,7 +14,9 @@ and 2 head passes of 6N + 12·L·d·s FLOPs per token (N: the non-embedding para
 width d, sequence s) plus the vocabulary projection (6·d·V per projected position), and the peak
 memory. Random weights of the MEXMA-base (XLM-R base: 12 x 768, 250,002 tokens) or MEXMA (XLM-R
 large: 24 x 1024) shape with a 6-layer, 8-head head; nothing is downloaded. Sentences are
-random ids of exactly ``seq_len`` tokens (no padding), 40% masked.
+random ids of exactly ``seq_len`` tokens (no padding), 40% masked. ``--compile`` adds a third
+run, last: modsent's step with the encoder body compiled in place as ``methods.MEXMA.compile:
+true`` compiles it (``fastpath.compile_in_place``), and its speed-up over the eager step.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import statistics
 import time
 
 import torch
+
+from modsent.training import fastpath
 
 SIZES = {  # hidden, layers, heads, intermediate
     "small": (256, 4, 4, 1024),
@@ -134,12 +138,16 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=None, help="vocabulary (default: 250,002; 32,000 for small)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--compile", action="store_true",
+                        help="also time modsent's step with the encoder body compiled as methods.MEXMA.compile: true "
+                             "compiles it (fastpath.compile_in_place, dynamic sizes; needs Triton or a C++ compiler)")
     args = parser.parse_args()
     device = args.device
     pairs = args.pairs or (64 if device.startswith("cuda") else 8)
     vocab = args.vocab or (32_000 if args.size == "small" else VOCAB)
     torch.manual_seed(0)
     model = build(args.size, vocab, device)
+    compiled = False
     n = sum(p.numel() for p in model.parameters())
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "CPU"
     print(f"MEXMA step, random {args.size} encoder ({n / 1e6:.0f}M parameters with the head), {pairs} pairs, "
@@ -149,7 +157,11 @@ def main() -> None:
         batches = [(batch(pairs, seq_len, vocab, device, generator), batch(pairs, seq_len, vocab, device, generator))
                    for _ in range(3)]
         results = {}
-        for label, loss_fn in (("modsent", modsent_loss), ("plain", plain_loss)):
+        runs = [("modsent", modsent_loss), ("plain", plain_loss)] + ([("compiled", modsent_loss)] if args.compile else [])
+        for label, loss_fn in runs:
+            if label == "compiled" and not compiled:  # last: the eager runs above use the same model
+                fastpath.compile_in_place(model.body, device, "--compile", dynamic=None)
+                compiled = True
             try:
                 results[label] = measure(model, loss_fn, batches, device, args.steps)
             except torch.OutOfMemoryError:
@@ -164,6 +176,9 @@ def main() -> None:
             print(line)
         print(f"seq {seq_len:4d} speed-up of modsent's step over the plain one: "
               f"{results['plain'][0] / results['modsent'][0]:.2f}x")
+        if "compiled" in results:
+            print(f"seq {seq_len:4d} speed-up of the compiled body (methods.MEXMA.compile) over modsent's eager step: "
+                  f"{results['modsent'][0] / results['compiled'][0]:.2f}x (first step of a size, compiling, not timed)")
 
 
 if __name__ == "__main__":
