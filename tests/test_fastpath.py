@@ -248,6 +248,8 @@ def test_every_methods_compile_is_refused_without_a_compiler_before_it_reads_any
     from torch._inductor import cpp_builder
 
     from modsent import methods
+    from modsent.config import fill_defaults
+    from modsent.methods.launch import training_settings
     from modsent.io import InputError
     from modsent.methods import baselines as bl
     from modsent.schema import ROLE_KEY, RUNTIME
@@ -269,7 +271,8 @@ def test_every_methods_compile_is_refused_without_a_compiler_before_it_reads_any
     for name in names:
         with pytest.raises(InputError, match=rf"^methods\.{re.escape(name)}\.compile: true, but torch.compile on the "
                                              r"CPU needs a C\+\+ compiler"):
-            registry[name].train(inputs, tmp_path / name, {"compile": True}, device="cpu", progress=False)
+            settings = training_settings(fill_defaults({"compile": True}, registry[name].schema()))  # the workflow's
+            registry[name].train(inputs, tmp_path / name, settings, device="cpu", progress=False)
     with pytest.raises(InputError, match=r"^baselines\.compile: true, but .*set baselines\.compile: false"):
         bl.run_full_training("Full_en", missing / "base", inputs["pairs"], bl.FullTrainingConfig(compile=True),
                              device="cpu", progress=False)
