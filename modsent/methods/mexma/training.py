@@ -79,7 +79,6 @@ from modsent.training.seeding import dropout_seed, step_generator
 log = logging.getLogger(__name__)
 
 ALIGNMENTS = ("mse", "contrastive")
-RUNTIME_FIELDS = ("log_every", "checkpoint_every")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,7 +345,7 @@ class TrainingResult:
 
 
 def training_fingerprint(name: str, cfg: MEXMAConfig, source: str, files: list) -> str:
-    settings = {"method": name, **{k: v for k, v in dataclasses.asdict(cfg).items() if k not in RUNTIME_FIELDS}}
+    settings = {"method": name, **dataclasses.asdict(cfg)}  # checkpoints.fingerprint drops the runtime keys
     return checkpoints.fingerprint(settings, source if Path(source).is_dir() else None, *files)
 
 
