@@ -71,11 +71,12 @@ def test_no_import_cycles():
 
 def test_loading_the_methods_imports_no_torch():
     """The workflow registers the methods while planning: a method subpackage's __init__ must
-    not import torch (or transformers), or every dry run pays for it."""
+    not import torch (or transformers), or every dry run pays for it; nor may the helper that
+    makes a full-parameter method (modsent.methods.full), which method modules import."""
     import subprocess
     import sys
 
-    code = ("import sys; from modsent import methods; registry = methods.load(); "
+    code = ("import sys; from modsent import methods; import modsent.methods.full; registry = methods.load(); "
             "print(len(registry), sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(None, 1)
     assert int(out[0]) >= 4 and out[1].strip() == "[]", out

@@ -25,6 +25,7 @@ from modsent.sources.builtin import (
     clean_text,
     overlap_key,
 )
+from modsent.sources import builtin_catalogs
 from modsent.sources.builtin_catalogs import read_mo
 
 
@@ -53,6 +54,32 @@ def test_demo_languages_shape():
     assert set(DEMO_LANGUAGES) <= set(available_languages())
     # one non-Latin script (zh: Han) and one lower-resource language (ky: Kyrgyz, Cyrillic)
     assert "zh" in DEMO_LANGUAGES and "ky" in DEMO_LANGUAGES
+
+
+def test_available_languages_are_those_with_text_in_a_prepared_corpus(monkeypatch):
+    """The quick answer the workflow asks while parsing equals its definition on every prepared
+    unit; and a language only a later source has is still found (the sources are read in order
+    until every language has text)."""
+    have = {lang for item in builtin._items() for lang in item.corpus}
+    assert available_languages() == tuple(lang for lang in builtin.SUPPORTED_LANGUAGES if lang in have)
+    assert len(available_languages()) > len(DEMO_LANGUAGES)
+
+    def first(languages):  # every language but Kyrgyz, and a Kyrgyz line that is only noise
+        return [unit for unit in builtin_catalogs.cldr_units(languages) if unit.translation("ky") is None] + [
+            builtin_catalogs.Unit("test", "test", "k", "", "test", "Bonjour world", (("ky", "--- 12 ---"),))]
+
+    def second(languages):
+        return [builtin_catalogs.Unit("test", "test", "k2", "", "test", "Hello world", (("ky", "Салам дүйнө"),))]
+
+    monkeypatch.setattr(builtin, "UNIT_SOURCES", (first,))
+    builtin.available_languages.cache_clear()
+    try:
+        assert "ky" not in available_languages() and "de" in available_languages()
+        monkeypatch.setattr(builtin, "UNIT_SOURCES", (first, second))
+        builtin.available_languages.cache_clear()
+        assert "ky" in available_languages()
+    finally:
+        builtin.available_languages.cache_clear()
 
 
 def test_paraphrases_shape():

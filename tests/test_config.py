@@ -1,6 +1,5 @@
 import copy
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
@@ -271,10 +270,11 @@ def test_a_key_added_later_at_its_default_is_not_in_the_params():
     config["baselines"]["storage_dtype"] = "float16"
     assert job_settings(config, "baselines")["storage_dtype"] == "float16"
     from modsent import methods as registry
-    from modsent.methods import baselines
 
-    method = baselines.full_parameter_method("Omit-test", "a full-parameter method of this test",
-                                             objective=lambda settings: None)
+    from modsent.methods.full import full_parameter_method
+
+    method = full_parameter_method("Omit-test", "a full-parameter method of this test",
+                                   objective=lambda settings: None)
     assert method.schema()["properties"]["storage_dtype"]["x-omit-default"] is True
     registry.REGISTRY[method.name] = method
     try:

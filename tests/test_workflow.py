@@ -164,6 +164,39 @@ def test_alignment_adapters_and_merges(run):
     assert "| ky | pl |" in (run / "results/tiny/alignment/summary.md").read_text()
 
 
+def test_full_baselines_and_ablations_train_and_reload(run):
+    """The full baselines (Full_mc from Full_m's weights) and the ablations' adapters of the run:
+    their steps and languages, logs and timings, checkpoints removed once written, the summary."""
+    from sentence_transformers import SentenceTransformer
+
+    config = yaml.safe_load(CONFIG.read_text())
+    languages, baselines = config["languages"], run / "results/tiny/baselines"
+    for name in ("Full_en", "Full_m", "Full_c", "Full_mc"):
+        metrics = json.loads((baselines / name / "metrics.json").read_text())
+        assert metrics["steps"] == config["baselines"]["max_steps"]
+        assert metrics["languages"] == (["en"] if name == "Full_en" else languages)
+        assert SentenceTransformer(str(baselines / name), device="cpu").encode(["a"]).shape == (1, 32)
+        assert (run / f"logs/tiny/baselines/{name}.log").stat().st_size > 0
+        assert (run / f"logs/tiny/benchmarks/baselines/{name}.tsv").is_file()
+    assert json.loads((baselines / "Full_mc/metrics.json").read_text())["initialised_from"] == "results/tiny/baselines/Full_m"
+    assert "| Full_c |" in (baselines / "summary.md").read_text()
+    assert not list(baselines.glob("*.checkpoint"))  # written (checkpoint_every: 1), then removed
+    for lang in languages:  # Mod_m-LA: the sentence adapter on the base model, no LA
+        metrics = json.loads((run / f"results/tiny/ablations/sentence_adapters_base/{lang}/metrics.json").read_text())
+        assert metrics["language_adapter"] is None
+
+
+def test_selecting_fewer_baselines_retrains_none(run, tmp_path):
+    """baselines.full without Full_en: no baseline retrains; only what lists the systems (the
+    summaries, the full group's evaluation) is planned again."""
+    config = workflow_config()
+    config["baselines"]["full"] = ["Full_m", "Full_c", "Full_mc"]
+    planned = _planned(_dry_run(run, config, tmp_path / "fewer.yaml"))
+    assert "full_baseline_summary" in planned and "evaluation_summary" in planned
+    assert set(planned) <= {"full_baseline_summary", "evaluation_embeddings", "evaluation_scores", "mteb_results",
+                            "evaluation_summary", "all"}, planned
+
+
 def test_encode_command_line(run, tmp_path):
     import sys
 
@@ -275,9 +308,22 @@ def test_export_writes_a_model_card_and_push_uses_the_hub_s_upload(run, tmp_path
     assert main(["push", str(out), "--repo-id", "org/ky-encoder"]) == 2 and len(calls) == 2  # no card, no upload
 
 
-def test_rerun_has_nothing_to_do(run):
-    proc = snakemake(run, "-n")
+HEAVY_MODULES = ("torch", "transformers", "sentence_transformers", "peft", "scipy", "sklearn")
+
+
+def test_rerun_has_nothing_to_do_and_planning_imports_nothing_heavy(run):
+    """Nothing to do after the run; and planning it (every snakemake start, every job of a
+    cluster run) imports no training or scoring library, also with a method module of the
+    config (the toy method) registered."""
+    proc = subprocess.run(
+        [snakemake_exe(), "--snakefile", str(REPO / "Snakefile"), "--directory", str(run),
+         "--configfile", str(run / "workflow.yaml"), "--cores", "2", "-n"],
+        capture_output=True, text=True, env={**environment(), "PYTHONPROFILEIMPORTTIME": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Nothing to be done" in proc.stdout + proc.stderr
+    imported = set(re.findall(r"^import time:.*\| (\S+)$", proc.stderr, flags=re.M))
+    assert "modsent.methods" in imported and "toy_method" in imported  # the imports were recorded
+    assert sorted(imported & set(HEAVY_MODULES)) == []
 
 
 def _planned(output: str) -> dict[str, int]:

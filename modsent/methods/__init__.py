@@ -5,15 +5,20 @@ multi-parallel paraphrase pairs, the translations) and writes a sentence-transfo
 directory, ``results/{base}/methods/{name}``; the evaluation suite scores it beside the modular
 systems and it is one more row of ``summary.md``. Adding one is one module:
 
-    from modsent import losses, methods
-    from modsent.methods import baselines
+    from modsent import methods
+    from modsent.methods.full import full_parameter_method
 
-    class SymmetricMNRL(losses.MultipleNegativesRankingLoss):
-        def forward(self, anchors, positives, negatives=None):
-            return (super().forward(anchors, positives, negatives) + super().forward(positives, anchors)) / 2
+    def symmetric_mnrl(settings):
+        from modsent import losses  # torch: imported when the method trains, not while planning
 
-    methods.register(baselines.full_parameter_method(
-        "Sym-MNRL", "every weight, MNRL in both directions", objective=lambda settings: SymmetricMNRL(settings["scale"])))
+        class SymmetricMNRL(losses.MultipleNegativesRankingLoss):
+            def forward(self, anchors, positives, negatives=None):
+                return (super().forward(anchors, positives, negatives) + super().forward(positives, anchors)) / 2
+
+        return SymmetricMNRL(settings["scale"])
+
+    methods.register(full_parameter_method(
+        "Sym-MNRL", "every weight, MNRL in both directions", objective=symmetric_mnrl))
 
 and the config names it: ``method_modules: [my_module]`` (importable module names; the
 methods of ``modsent.methods``' own submodules are always there) and ``methods: {Sym-MNRL: {}}``

@@ -71,7 +71,6 @@ from modsent.encoders import systems as variants
 from modsent.languages import PIVOT_LANGUAGE
 from modsent.io import InputError, atomic_open, atomic_path
 from modsent.losses import MultipleNegativesRankingLoss
-from modsent.methods import Method, PairTraining
 from modsent.data.paraphrase import crosslingual_mix
 from modsent.evaluation.plots import write_loss_curve
 from modsent.training import checkpoints, fastpath, schedules
@@ -542,42 +541,6 @@ def train_full_baseline(name: str, start_dir: str | Path, pairs_paths: Mapping[s
              metrics["pairs_per_second"] or 0)
     distributed.barrier()
     return metrics
-
-
-# ---- training methods of this kind (modsent.methods): every weight, a new objective -----------
-
-
-def full_training_schema() -> dict[str, dict]:
-    """The settings every full-parameter method shares: the ``baselines`` section's training
-    keys (schemas/config.schema.yaml), with their defaults and roles."""
-    from modsent.schema import ROLE_KEY, SELECTION, inline_refs, load_schema
-
-    schema = load_schema()
-    properties = schema["properties"]["baselines"]["properties"]
-    return {key: inline_refs(value, schema) for key, value in properties.items()
-            if value.get(ROLE_KEY) != SELECTION and key != "gpus"}  # Method.data_parallel adds its own
-
-
-def full_parameter_method(name: str, description: str, *, objective: Callable[[dict], object],
-                          data: str = "monolingual", english_only: bool = False,
-                          settings_schema: Mapping[str, dict] | None = None) -> Method:
-    """A method that trains every weight of the base model like the full baselines (the same
-    batches: ``monolingual`` or ``crosslingual`` pairs; the same schedule, checkpoints and
-    resumption, data-parallel on several GPUs like them: the method's ``gpus``) with
-    ``objective(settings)``: a loss over a batch's (anchors, positives, negatives or None)
-    embeddings (:mod:`modsent.losses`)."""
-    if data not in ("monolingual", "crosslingual"):
-        raise ValueError(f"method {name}: data must be 'monolingual' or 'crosslingual', got {data!r}")
-    recipe = PairTraining(name, description, data, english_only=english_only)
-
-    def train(inputs: dict, out_dir, settings: dict, *, device=None, progress=True) -> dict:
-        own = set(settings_schema or {})
-        cfg = FullTrainingConfig.from_config({k: v for k, v in settings.items() if k not in own})
-        return train_full_baseline(name, inputs["base"], inputs["pairs"], out_dir, cfg, device=device,
-                                   progress=progress, recipe=recipe, objective=objective(settings))
-
-    schema = {**full_training_schema(), **dict(settings_schema or {})}
-    return Method(name, description, train, ("base", "pairs"), schema, english_only, data_parallel=True)
 
 
 def write_summary(baseline_dirs: list[str | Path], out_path: str | Path) -> None:

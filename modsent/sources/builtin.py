@@ -40,7 +40,7 @@ import pandas as pd
 
 from modsent.io import InputError
 from modsent.sources import builtin_catalogs
-from modsent.sources.builtin_catalogs import (DEBIAN_CATALOGS, SUPPORTED_LANGUAGES, Unit, all_units,
+from modsent.sources.builtin_catalogs import (DEBIAN_CATALOGS, SUPPORTED_LANGUAGES, UNIT_SOURCES, Unit, all_units,
                                               debian_catalog_files, debian_units, debian_versions,
                                               package_version)
 
@@ -319,8 +319,23 @@ def _concepts() -> tuple[_Concept, ...]:
 
 @lru_cache(maxsize=1)
 def available_languages() -> tuple[str, ...]:
-    """Languages with any built-in text (a subset of the paper's languages)."""
-    have = {lang for item in _items() for lang in item.corpus}
+    """Languages with any built-in text (a subset of the paper's languages): those with a line
+    that :func:`_prepare` keeps in some unit's corpus.
+
+    The workflow asks this while it parses (the built-in evaluation sets' subsets), so it does
+    not prepare every unit as :func:`_items` does: it cleans a language's lines only until one
+    is kept, and reads the sources in order only until every language has text.
+    """
+    wanted, have = set(SUPPORTED_LANGUAGES), set()
+    for source in UNIT_SOURCES:
+        for unit in source(SUPPORTED_LANGUAGES):
+            if "en" not in have and _keep(clean_text(unit.english)):
+                have.add("en")
+            for lang, raw in unit.translations + unit.variants:
+                if lang not in have and _keep(clean_text(raw)):
+                    have.add(lang)
+        if have >= wanted:
+            break
     return tuple(lang for lang in SUPPORTED_LANGUAGES if lang in have)
 
 

@@ -357,6 +357,9 @@ def cldr_units(languages: Iterable[str] = SUPPORTED_LANGUAGES) -> list[Unit]:
 
 # --------------------------------------------------------------------------------------------
 
+#: The sources of :func:`all_units`, by preference (each maps languages to its units).
+UNIT_SOURCES = (cldr_units, pycountry_units, django_units, allauth_units)
+
 
 def all_units(languages: Iterable[str] = SUPPORTED_LANGUAGES) -> list[Unit]:
     """Every unit of every source, in a fixed order (sources by preference, then file order).
@@ -365,8 +368,7 @@ def all_units(languages: Iterable[str] = SUPPORTED_LANGUAGES) -> list[Unit]:
     earlier unit's translation is the one aligned products use.
     """
     languages = tuple(languages)
-    return (cldr_units(languages) + pycountry_units(languages) + django_units(languages)
-            + allauth_units(languages))
+    return [unit for source in UNIT_SOURCES for unit in source(languages)]
 
 
 def package_version(package: str) -> str:
