@@ -39,14 +39,16 @@ def snakemake(*args: str, cwd: Path, tree: Path = REPO) -> tuple[float, str]:
     return elapsed, proc.stdout
 
 
-def plan_times(trees: dict[str, Path], config: str, repeat: int) -> tuple[dict[str, list[float]], dict[str, int]]:
-    """Each tree plans ``config`` (its own copy of it) ``repeat`` times, the trees alternating."""
+def plan_times(trees: dict[str, Path], config: Path, repeat: int) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Each tree plans ``config`` ``repeat`` times, the trees alternating: a config of this
+    repository as each tree's own copy of it, any other file as it is."""
     times: dict[str, list[float]] = {name: [] for name in trees}
     jobs: dict[str, int] = {}
     for _ in range(repeat):
         for name, tree in trees.items():
+            own = tree / config.relative_to(REPO) if config.is_relative_to(REPO) else config
             with tempfile.TemporaryDirectory() as work:
-                elapsed, out = snakemake("-n", "--configfile", str(tree / config), cwd=Path(work), tree=tree)
+                elapsed, out = snakemake("-n", "--configfile", str(own), cwd=Path(work), tree=tree)
             times[name].append(elapsed)
             jobs[name] = job_count(out)
     return times, jobs
@@ -65,7 +67,7 @@ def main() -> None:
     parser.add_argument("--against", metavar="REV", help="also plan with git revision REV's workflow and package")
     args = parser.parse_args()
 
-    config = str((REPO / args.config).resolve().relative_to(REPO))
+    config = (REPO / args.config).resolve()
     trees = {"this tree": REPO}
     with tempfile.TemporaryDirectory() as other:
         if args.against:

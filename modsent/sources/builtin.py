@@ -227,24 +227,29 @@ def _keep(text: str) -> bool:
     return False
 
 
+def _kept(raw: str) -> str:
+    """``raw`` cleaned, or "" where the cleaned line is noise: what a corpus keeps of a line."""
+    text = clean_text(raw)
+    return text if _keep(text) else ""
+
+
 def _prepare(unit: Unit) -> _Item:
-    english = clean_text(unit.english)
-    english = english if _keep(english) else ""
+    english = _kept(unit.english)
     english_ok = bool(english) and not has_markup(unit.english) and not unit.plural
     translations, corpus, aligned = {}, defaultdict(list), set()
     if english:
         corpus["en"].append(english)
     for lang, raw in unit.translations:
-        text = clean_text(raw)
-        if not _keep(text):
+        text = _kept(raw)
+        if not text:
             continue
         translations[lang] = text
         corpus[lang].append(text)
         if english_ok and not has_markup(raw):
             aligned.add(lang)
     for lang, raw in unit.variants:
-        text = clean_text(raw)
-        if _keep(text):
+        text = _kept(raw)
+        if text:
             corpus[lang].append(text)
     if english_ok:
         aligned.add("en")
@@ -329,10 +334,10 @@ def available_languages() -> tuple[str, ...]:
     wanted, have = set(SUPPORTED_LANGUAGES), set()
     for source in UNIT_SOURCES:
         for unit in source(SUPPORTED_LANGUAGES):
-            if "en" not in have and _keep(clean_text(unit.english)):
+            if "en" not in have and _kept(unit.english):
                 have.add("en")
             for lang, raw in unit.translations + unit.variants:
-                if lang not in have and _keep(clean_text(raw)):
+                if lang not in have and _kept(raw):
                     have.add(lang)
         if have >= wanted:
             break
