@@ -6,7 +6,9 @@
 Compares, in one run and on the same batches, a training step as modsent runs it
 (:class:`modsent.methods.mexma.model.MEXMAModel`: the four passes as two forward calls, clean and
 masked of one side stacked; the vocabulary projection on the masked positions only,
-``losses.CrossUnmaskingLoss``) with the plain way (four forward calls; the projection over every
+``losses.CrossUnmaskingLoss``; the trainer's own ``Objective``, and its batches sent as it sends
+them: ids from pinned memory without blocking, labels kept on the host, no attention mask where
+nothing is padded) with the plain way (four forward calls; the projection over every
 position, transformers' usual MLM loss), both with AdamW over every weight and the same loss
 weights, and prints their ratio. On a GPU it runs under bf16 autocast and prints MFU against the
 GPU's bf16 peak (--peak-tflops, default 989 for an H100 SXM), counting per pair 4 encoder passes
@@ -52,7 +54,9 @@ def build(size: str, vocab: int, device: str):
     return MEXMAModel(body, head).to(device)
 
 
-def batch(pairs: int, seq_len: int, vocab: int, device: str, generator: torch.Generator):
+def batch(pairs: int, seq_len: int, vocab: int, generator: torch.Generator):
+    """One side (ids, masked ids, labels, attention mask) on the host, as the trainer's data
+    preparation leaves it (:func:`modsent.methods.mexma.training.step_batches`)."""
     ids = torch.randint(5, vocab, (pairs, seq_len), generator=generator)
     ids[:, 0], ids[:, -1] = 0, 2
     chosen = torch.rand(ids.shape, generator=generator) < 0.4
@@ -60,22 +64,33 @@ def batch(pairs: int, seq_len: int, vocab: int, device: str, generator: torch.Ge
     labels = torch.where(chosen, ids, torch.full_like(ids, -100))
     masked = torch.where(chosen, torch.full_like(ids, 3), ids)
     mask = torch.ones_like(ids)
-    return [t.to(device) for t in (ids, masked, labels, mask)]
+    return [ids, masked, labels, mask]
 
 
 def modsent_loss(model, a, b):
-    from modsent.losses import CrossUnmaskingLoss, KoLeoLoss
+    """The trainer's own step: each side sent by ``_on_device`` (ids without blocking, labels left
+    on the host, the attention mask decided from the host's copy: none when there is no padding)
+    and the loss of its ``Objective`` with the default weights."""
+    from modsent.methods.mexma.training import MEXMAConfig, Objective, _on_device, _share
 
-    out = model(a[0], a[1], a[3], b[0], b[1], b[3])
-    ce = CrossUnmaskingLoss()
-    mlm = ce(model.head.logits, out["head_a"], a[2]) + ce(model.head.logits, out["head_b"], b[2])
-    s_a, s_b = out["s_a"].float(), out["s_b"].float()
-    return torch.nn.functional.mse_loss(s_a, s_b) + 0.5 * mlm + 0.005 * (KoLeoLoss()(s_a) + KoLeoLoss()(s_b))
+    device = next(model.parameters()).device
+    config = model.body.config
+    sides = []
+    for side in (a, b):
+        share = _share(side, slice(None), device)  # pinned for a GPU, as prepared ahead on a thread
+        sides.append(_on_device(share, device, config))
+    counts = (int((a[2] != -100).sum()), int((b[2] != -100).sum()))
+    backward, _ = Objective(MEXMAConfig())(model, sides[0], sides[1], counts, len(a[0]), 1)
+    return backward
 
 
 def plain_loss(model, a, b):
+    """The plain way: every tensor copied to the device as it is, four forward calls, the
+    projection over every position."""
     from modsent.losses import KoLeoLoss
 
+    device = next(model.parameters()).device
+    a, b = [t.to(device) for t in a], [t.to(device) for t in b]
     body = model.body
     s_a = body(input_ids=a[0], attention_mask=a[3]).last_hidden_state[:, 0]
     s_b = body(input_ids=b[0], attention_mask=b[3]).last_hidden_state[:, 0]
@@ -142,6 +157,9 @@ def main() -> None:
                         help="also time modsent's step with the encoder body compiled as methods.MEXMA.compile: true "
                              "compiles it (fastpath.compile_in_place, dynamic sizes; needs Triton or a C++ compiler)")
     args = parser.parse_args()
+    if args.compile and len(args.seq_len) > 1:
+        parser.error("--compile compiles the body in place: give one --seq-len (the eager runs of a "
+                     "second length would be compiled)")
     device = args.device
     pairs = args.pairs or (64 if device.startswith("cuda") else 8)
     vocab = args.vocab or (32_000 if args.size == "small" else VOCAB)
@@ -154,7 +172,7 @@ def main() -> None:
           f"{device} ({name}), torch {torch.__version__}")
     for seq_len in args.seq_len:
         generator = torch.Generator().manual_seed(seq_len)
-        batches = [(batch(pairs, seq_len, vocab, device, generator), batch(pairs, seq_len, vocab, device, generator))
+        batches = [(batch(pairs, seq_len, vocab, generator), batch(pairs, seq_len, vocab, generator))
                    for _ in range(3)]
         results = {}
         runs = [("modsent", modsent_loss), ("plain", plain_loss)] + ([("compiled", modsent_loss)] if args.compile else [])

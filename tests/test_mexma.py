@@ -458,3 +458,25 @@ def test_provided_translations_need_a_provided_source():
     config["translation"]["provided"] = None
     with pytest.raises(ConfigError, match="methods.MEXMA.provided_translations"):
         check_config(config)
+
+
+def test_throughput_benchmark_times_the_trainers_objective_against_an_equal_plain_one():
+    """benchmarks/mexma_throughput.py compares the trainer's step (its Objective, its batches sent
+    by _on_device) with the plain four-pass step: both must compute the same loss, else the
+    ratio it prints compares different work."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("mexma_throughput", REPO / "benchmarks" / "mexma_throughput.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    torch.manual_seed(0)
+    model = bench.build("small", 500, "cpu").eval()
+    generator = torch.Generator().manual_seed(1)
+    a, b = bench.batch(4, 16, 500, generator), bench.batch(4, 16, 500, generator)
+    assert all(t.device.type == "cpu" for t in a + b)  # host batches, as the trainer prepares them
+    with torch.no_grad():
+        ours, plain = bench.modsent_loss(model, a, b), bench.plain_loss(model, a, b)
+    assert torch.isfinite(ours) and ours.item() > 1.0
+    assert ours.item() == pytest.approx(plain.item(), rel=1e-5)
