@@ -3,7 +3,7 @@ working directory, as Snakemake patterns (``{lang}``, ``{base}``, ... are wildca
 
 The rules name their outputs with these patterns, their input functions build paths with the
 functions below, the systems (:mod:`modsent.encoders.systems`) find their modules with the
-``*_DIR`` names, and ``modsent outputs``/``modsent clean`` find a language's outputs with
+``*_DIR`` names, and ``modsent outputs`` finds a language's outputs with
 :func:`language_outputs`; so no code rebuilds another stage's paths by hand. Moving an output is
 an edit here (and a rerun).
 
@@ -103,7 +103,7 @@ SUMMARY_PLOT = _tree("eval/summary.png")
 XSIM_HEATMAPS = _tree("eval/xsim_heatmaps.png")
 PER_LANGUAGE = _tree("eval/per_language")  # {name}.csv, .md and .html per dataset
 
-# Everything one language owns: what ``modsent clean --lang`` removes and ``modsent outputs``
+# Everything one language owns: what ``modsent outputs --lang``
 # lists. Downstream outputs shared by every language (summaries, evaluation scores) are not
 # listed: Snakemake reruns them when their inputs go.
 LANGUAGE_OUTPUTS = (

@@ -318,18 +318,25 @@ def test_export_encodes_as_evaluated_when_the_base_has_a_default_prompt(inputs, 
 
 def test_merged_lora_encodes_as_unmerged_and_as_the_export(inputs, modular, tmp_path):
     """``merge_lora`` (the evaluation's mode): each layer's active LoRA terms are merged into its
-    weight once per activation, so the forward pass is the export's; the vectors equal the
-    unmerged encoder's to float rounding and the export's more closely, and switching
-    languages re-merges (no language's weights leak into another's)."""
+    weight once per activation, so the forward pass is the export's; the vectors equal those of
+    the terms added unmerged (and the default encoder's) to float rounding and the export's more
+    closely, and switching languages re-merges (no language's
+    weights leak into another's)."""
     from sentence_transformers import SentenceTransformer
 
     merged = ModularEncoder(inputs["base"], device="cpu", merge_lora=True)
     merged.add_language("ky", language_adapter=inputs["ky"][0], sentence_adapter=inputs["ky"][1])
     merged.add_language("zh", sentence_adapter=inputs["zh"][1])
+    terms = ModularEncoder(inputs["base"], device="cpu")  # the terms added at every call
+    terms.add_language("ky", language_adapter=inputs["ky"][0], sentence_adapter=inputs["ky"][1])
+    terms.add_language("zh", sentence_adapter=inputs["zh"][1])
+    for module in terms._routed.values():
+        module.merges_per_call = lambda x: False
     for lang in ("ky", "zh", "ky"):
         mine = merged.encode(TEXTS[lang], lang=lang, normalize=False)
-        plain = modular.encode(TEXTS[lang], lang=lang, normalize=False)
-        assert np.abs(mine - plain).max() < 1e-4 and np.abs(mine - plain).max() > 0, lang
+        added = terms.encode(TEXTS[lang], lang=lang, normalize=False)
+        assert np.abs(mine - added).max() < 1e-4 and np.abs(mine - added).max() > 0, lang
+        assert np.abs(mine - modular.encode(TEXTS[lang], lang=lang, normalize=False)).max() < 1e-4, lang
     query = merged.body.encoder.layer[0].attention.self.query
     assert query.merge and query._merged is not None  # the active language's merged weight is held
     expected = query.base.weight + sum((b @ a) * s for a, b, s in query.active)
@@ -337,8 +344,41 @@ def test_merged_lora_encodes_as_unmerged_and_as_the_export(inputs, modular, tmp_
     exported = SentenceTransformer(str(modular.export("ky", tmp_path / "ky")), device="cpu")
     theirs = exported.encode(KYRGYZ, normalize_embeddings=True)
     from_merged = merged.encode(KYRGYZ, lang="ky")
-    from_unmerged = modular.encode(KYRGYZ, lang="ky")
+    from_unmerged = terms.encode(KYRGYZ, lang="ky")
     assert np.abs(from_merged - theirs).max() <= np.abs(from_unmerged - theirs).max()
+
+
+def test_the_default_encoder_merges_for_one_large_call_and_holds_nothing_after(inputs):
+    """By default a call's LoRA terms are merged once, at its first batch where the merge costs
+    fewer products than the terms (RoutedLoRALinear.merges_per_call), and the copy is dropped
+    when the call ends: a large call encodes exactly as merge_lora=True, a call of one short
+    sentence adds the terms, and nothing merged is held between calls."""
+    default = ModularEncoder(inputs["base"], device="cpu")
+    cached = ModularEncoder(inputs["base"], device="cpu", merge_lora=True)
+    for encoder in (default, cached):
+        encoder.add_language("ky", language_adapter=inputs["ky"][0], sentence_adapter=inputs["ky"][1])
+    query = default.body.encoder.layer[0].attention.self.query
+    n_in, n_out = query.base.in_features, query.base.out_features
+    threshold = n_in * n_out / (n_in + n_out)
+    assert not query.merges_per_call(torch.zeros(1, int(threshold) - 1, n_in))
+    assert query.merges_per_call(torch.zeros(2, int(threshold // 2) + 1, n_in))
+    merges = []
+    merged_weight = query.merged_weight
+    query.merged_weight = lambda: merges.append(1) or merged_weight()
+    many = KYRGYZ * 8
+    out = default.encode(many, lang="ky", batch_size=4)
+    assert len(merges) == 1  # once for the call, not once per batch
+    assert query._merged is None and not query.hold
+    assert np.array_equal(out, cached.encode(many, lang="ky", batch_size=4))
+    merges.clear()
+    one = default.encode(["Саламатсызбы"], lang="ky")
+    assert merges == [] and query._merged is None
+    unmerged = ModularEncoder(inputs["base"], device="cpu")
+    unmerged.add_language("ky", language_adapter=inputs["ky"][0], sentence_adapter=inputs["ky"][1])
+    for module in unmerged._routed.values():  # terms added at every call: the same vectors to rounding
+        module.merges_per_call = lambda x: False
+    assert np.abs(unmerged.encode(many, lang="ky", batch_size=4) - out).max() < 1e-4
+    assert np.abs(unmerged.encode(["Саламатсызбы"], lang="ky") - one).max() == 0
 
 
 def test_the_evaluation_batch_size_follows_the_device():

@@ -34,6 +34,7 @@ unit. The export is then an ordinary BERT/XLM-R checkpoint: no custom code, no
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -65,12 +66,16 @@ class RoutedLoRALinear(nn.Module):
     With ``merge=True`` the forward pass uses ``W + Σ s·B A``, computed once per activation (by
     the formula :meth:`merged` writes into an export), instead of adding each term to the output:
     one matrix product per layer instead of three per term, at the cost of a merged copy of the
-    weight while a language is active. With gradients enabled the terms are added as usual."""
+    weight while a language is active. ``hold=True`` (what :meth:`ModularEncoder.encode` sets for
+    one call) merges likewise from the first input large enough for the merge to cost fewer
+    products than the terms (:meth:`merges_per_call`) and keeps the copy until :meth:`release`.
+    With gradients enabled the terms are added as usual."""
 
     def __init__(self, base: nn.Linear, merge: bool = False):
         super().__init__()
         self.base = base
         self.merge = merge
+        self.hold = False
         self._active: list[tuple[torch.Tensor, torch.Tensor, float]] = []
         self._merged: torch.Tensor | None = None
 
@@ -91,23 +96,41 @@ class RoutedLoRALinear(nn.Module):
         return self.base.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.merge and self._active and not torch.is_grad_enabled():  # inference only
-            if self._merged is None:
+        if self._active and not torch.is_grad_enabled():  # inference only
+            if self._merged is None and (self.merge or (self.hold and self.merges_per_call(x))):
                 self._merged = self.merged_weight()
-            return nn.functional.linear(x, self._merged, self.base.bias)
+            if self._merged is not None:
+                return nn.functional.linear(x, self._merged, self.base.bias)
         out = self.base(x)
         for a, b, scaling in self._active:
             out = out + (x.to(a.dtype) @ a.T @ b.T).to(out.dtype) * scaling
         return out
 
+    def merges_per_call(self, x: torch.Tensor) -> bool:
+        """Whether merging costs fewer multiply-adds (``out·r·in`` per term, once) than adding the
+        terms to the output for ``x`` (``tokens·r·(in + out)`` per term): from ``in·out / (in +
+        out)`` tokens on (192 for a 384-wide layer, 10-20 sentences)."""
+        tokens = x.numel() // max(x.shape[-1], 1)
+        n_in, n_out = self.base.in_features, self.base.out_features
+        return tokens * (n_in + n_out) >= n_in * n_out
+
+    def release(self) -> None:
+        """Drop a merged copy held for one encode call (``hold``); a ``merge=True`` layer keeps its own."""
+        self.hold = False
+        if not self.merge:
+            self._merged = None
+
     def merged_weight(self) -> torch.Tensor:
         """``W + Σ s·B A`` over the active terms (a new tensor), in the weight's dtype whatever
-        autocast is active around the first forward pass (the export's merge runs without one)."""
-        with torch.no_grad(), torch.autocast(self.base.weight.device.type, enabled=False):
-            weight = self.base.weight.detach().clone()
+        autocast is active around the first forward pass (the export's merge runs without one).
+        Each term is one fused ``addmm`` (no separate product, scaling and sum over the weight)."""
+        base = self.base.weight.detach()
+        with torch.no_grad(), torch.autocast(base.device.type, enabled=False):
+            weight = None
             for a, b, scaling in self._active:
-                weight += (b @ a).to(weight.dtype) * scaling
-        return weight
+                a, b = a.to(base.dtype), b.to(base.dtype)
+                weight = torch.addmm(base, b, a, alpha=scaling) if weight is None else weight.addmm_(b, a, alpha=scaling)
+        return base.clone() if weight is None else weight
 
     def merged(self) -> nn.Linear:
         """A plain ``nn.Linear`` with the active LoRA terms added to its weight (a new module)."""
@@ -276,10 +299,13 @@ def _read_lora(adapter_dir: Path, body: nn.Module, prefix: str, what: str,
 class ModularEncoder:
     """One base body, many languages: ``add_language(...)`` then ``encode(sentences, lang=...)``.
 
-    ``merge_lora``: encode with each layer's LoRA terms merged into its weight while a language
-    is active (:class:`RoutedLoRALinear`), as the export computes it: faster (the evaluation's
-    choice: 1.2x per modular system on the CPU, 2.0x on an H100), but it holds a merged copy of the
-    body's linear weights, so the default keeps only the small per-language parts."""
+    Each layer computes with the active language's LoRA terms merged into its weight, as the
+    export computes it (:class:`RoutedLoRALinear`; one product per layer instead of three per term:
+    1.2x per modular system on the CPU, 2.0x on an H100). By default the merged copy of the body's
+    linear weights exists during an ``encode`` call only, from its first batch large enough for the
+    merge to pay (a call of a sentence or two adds the terms instead), so that between calls the
+    encoder holds only the small per-language parts. ``merge_lora=True`` (the evaluation's choice)
+    keeps the copy while a language is active, sparing the merge at each call."""
 
     def __init__(self, base_model_dir: str | Path, device: str | None = None, *, merge_lora: bool = False):
         import transformers
@@ -498,7 +524,8 @@ class ModularEncoder:
             model = self._model(lang)  # an unknown language is an error, with sentences or without
             if not sentences:
                 return np.zeros((0, self.embedding_dimension), dtype=np.float32)
-            return model.encode(sentences, batch_size, normalize=normalize)
+            with self._merged_for_the_call():
+                return model.encode(sentences, batch_size, normalize=normalize)
         if not sentences:
             return np.zeros((0, self.embedding_dimension), dtype=np.float32)
         return self.encode_by_language(sentences, self.route(sentences, fallback)[0], batch_size, normalize)
@@ -511,8 +538,24 @@ class ModularEncoder:
         out = np.zeros((len(sentences), self.embedding_dimension), dtype=np.float32)
         for group in dict.fromkeys(langs):
             rows = [i for i, g in enumerate(langs) if g == group]
-            out[rows] = self._model(group).encode([sentences[i] for i in rows], batch_size, normalize=normalize)
+            model = self._model(group)
+            with self._merged_for_the_call():
+                out[rows] = model.encode([sentences[i] for i in rows], batch_size, normalize=normalize)
         return out
+
+    @contextlib.contextmanager
+    def _merged_for_the_call(self):
+        """The active language's LoRA terms merged into each layer's weight from the call's first
+        batch that makes it pay (:meth:`RoutedLoRALinear.merges_per_call`) to its end: the
+        speed of ``merge_lora=True`` (one product per layer) for a call of many sentences,
+        without keeping a merged copy of the body's weights between calls."""
+        for module in self._routed.values():
+            module.hold = True
+        try:
+            yield
+        finally:
+            for module in self._routed.values():
+                module.release()
 
     @property
     def embedding_dimension(self) -> int:
