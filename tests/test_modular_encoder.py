@@ -316,22 +316,28 @@ def test_export_encodes_as_evaluated_when_the_base_has_a_default_prompt(inputs, 
     assert np.load(tmp_path / "none.npy").shape == (0, mine.shape[1])
 
 
+def terms_added_encoder(inputs) -> ModularEncoder:
+    """A default ModularEncoder with Kyrgyz's LA and SE that never merges: every layer adds the
+    LoRA terms to its output at every call (the reference the merged forms are held to)."""
+    encoder = ModularEncoder(inputs["base"], device="cpu")
+    encoder.add_language("ky", language_adapter=inputs["ky"][0], sentence_adapter=inputs["ky"][1])
+    for module in encoder._routed.values():
+        module.merges_per_call = lambda x: False
+    return encoder
+
+
 def test_merged_lora_encodes_as_unmerged_and_as_the_export(inputs, modular, tmp_path):
     """``merge_lora`` (the evaluation's mode): each layer's active LoRA terms are merged into its
     weight once per activation, so the forward pass is the export's; the vectors equal those of
     the terms added unmerged (and the default encoder's) to float rounding and the export's more
-    closely, and switching languages re-merges (no language's
-    weights leak into another's)."""
+    closely, and switching languages re-merges (no language's weights leak into another's)."""
     from sentence_transformers import SentenceTransformer
 
     merged = ModularEncoder(inputs["base"], device="cpu", merge_lora=True)
     merged.add_language("ky", language_adapter=inputs["ky"][0], sentence_adapter=inputs["ky"][1])
     merged.add_language("zh", sentence_adapter=inputs["zh"][1])
-    terms = ModularEncoder(inputs["base"], device="cpu")  # the terms added at every call
-    terms.add_language("ky", language_adapter=inputs["ky"][0], sentence_adapter=inputs["ky"][1])
+    terms = terms_added_encoder(inputs)
     terms.add_language("zh", sentence_adapter=inputs["zh"][1])
-    for module in terms._routed.values():
-        module.merges_per_call = lambda x: False
     for lang in ("ky", "zh", "ky"):
         mine = merged.encode(TEXTS[lang], lang=lang, normalize=False)
         added = terms.encode(TEXTS[lang], lang=lang, normalize=False)
@@ -373,10 +379,7 @@ def test_the_default_encoder_merges_for_one_large_call_and_holds_nothing_after(i
     merges.clear()
     one = default.encode(["Саламатсызбы"], lang="ky")
     assert merges == [] and query._merged is None
-    unmerged = ModularEncoder(inputs["base"], device="cpu")
-    unmerged.add_language("ky", language_adapter=inputs["ky"][0], sentence_adapter=inputs["ky"][1])
-    for module in unmerged._routed.values():  # terms added at every call: the same vectors to rounding
-        module.merges_per_call = lambda x: False
+    unmerged = terms_added_encoder(inputs)  # the same vectors to rounding
     assert np.abs(unmerged.encode(many, lang="ky", batch_size=4) - out).max() < 1e-4
     assert np.abs(unmerged.encode(["Саламатсызбы"], lang="ky") - one).max() == 0
 
