@@ -12,8 +12,10 @@ downloaded.
 
 Sentence lengths are real: the word counts of modsent.testing.sample_texts (English prose of
 5-40 words) times 1.3 pieces per word, plus [CLS] and [SEP], capped at --seq-len. Batches are
-padded to their longest sentence rounded up to --pad-multiple, as the tokenizer pads them in
-training. Variants:
+padded to their longest sentence, as modsent's pair stages pad them (--pad-multiple N rounds
+the width up to a multiple of N: fewer distinct shapes, which CUDA graphs need), and the encoder
+gets the padding mask the stages give it (modsent.tokenizing.encoder_attention_mask: decided
+from the host's copy, so the forward never asks the GPU whether there is padding). Variants:
 
 - ``fp32, random``: the step without mixed precision or fused AdamW (the unoptimised path);
 - ``bf16, random``: bf16 autocast and fused AdamW, batches drawn at random, PEFT's LoRA forward;
@@ -23,7 +25,9 @@ training. Variants:
   drawn at random, sorted by length, cut into batches, the batches shuffled): less padding,
   at the price of in-batch negatives of similar length (and ``bf16, grouped, fast``).
 
-Each prints pairs/s (timed steps over their total time, after --warmup untimed ones), the share
+Each prints pairs/s (timed steps over their total time, after --warmup untimed ones and one
+untimed step for each padded width the timed steps meet that the warm-up did not: a new shape is
+slow once, while cuDNN's attention builds its plan or a CUDA graph is recorded), the share
 of padding, the ratio against ``fp32, random`` and, on a GPU, the
 model FLOPs utilisation against --peak-tflops (bf16 dense peak, default 989 for an H100/H200
 SXM; "6N": 6N + 12·L·d·s FLOPs per real token, s its sentence's length; "4N": 4N + 12·L·d·s, the
@@ -85,15 +89,43 @@ def make_batches(lengths: list[int], pairs: int, batch_size: int, group: int, se
     return [batches[i] for i in order]
 
 
-def padded(lengths: list[int], vocab: int, device: str, generator: torch.Generator, multiple: int):
+def padded(lengths: list[int], config, device: str, generator: torch.Generator, multiple: int):
     """Random ids for sentences of these lengths, padded to the longest rounded up to ``multiple``
-    (the tokenizer's ``pad_to_multiple_of``: fewer distinct shapes, tensor-core-friendly widths);
-    (ids, mask)."""
-    width = -(-max(lengths) // multiple) * multiple
-    ids = torch.randint(5, vocab, (len(lengths), width), generator=generator)
-    mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
+    (1: as modsent pads), on ``device``: (ids, the 2D mask, the mask the encoder gets, as
+    modsent.modular.sentence_adapter gives it: None without padding, else 4D boolean)."""
+    from modsent.tokenizing import encoder_attention_mask
+
+    cols = -(-max(lengths) // multiple) * multiple
+    ids = torch.randint(5, config.vocab_size, (len(lengths), cols), generator=generator)
+    mask = (torch.arange(cols)[None, :] < torch.tensor(lengths)[:, None]).long()
     ids = ids * mask
-    return ids.to(device), mask.to(device)
+    device_mask = mask.to(device)
+    return ids.to(device), device_mask, encoder_attention_mask(config, mask, device_mask)
+
+
+def sentences(batch: list[tuple[int, int]], stage: str) -> list[int]:
+    """The lengths one step encodes: both sides of each pair (SE), L's side only (CLA)."""
+    return [a for a, _ in batch] + [b for _, b in batch] if stage == "SE" else [b for _, b in batch]
+
+
+def width(batch: list[tuple[int, int]], stage: str, multiple: int) -> int:
+    """The padded width of a step's batch (as :func:`padded` pads it)."""
+    return -(-max(sentences(batch, stage)) // multiple) * multiple
+
+
+def warm_schedule(widths: list[int], warmup: int) -> tuple[list[int], int]:
+    """The order to run batches of these padded widths in, and how many of its first steps go
+    untimed: the first ``warmup`` batches, then the first batch of each width that the timed
+    ones (the rest) meet and the warm-up did not, then the timed ones. A new shape is slow once
+    (cuDNN's attention builds a plan for it; CUDA graphs record one), so no timed step is a
+    first."""
+    warmed = set(widths[:warmup])
+    extra = {}
+    for k in range(warmup, len(widths)):
+        if widths[k] not in warmed:
+            extra.setdefault(widths[k], k)
+    schedule = list(range(warmup)) + list(extra.values()) + list(range(warmup, len(widths)))
+    return schedule, warmup + len(extra)
 
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -115,7 +147,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, nargs="+", default=[128], help="the longest a sentence may be")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (after --warmup steps)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (each new shape is slow once)")
-    parser.add_argument("--pad-multiple", type=int, default=8, help="pad each batch to a multiple of this")
+    parser.add_argument("--pad-multiple", type=int, default=1,
+                        help="pad each batch to a multiple of this (1: to its longest sentence, as modsent does)")
     parser.add_argument("--group", type=int, default=8, help="batches per length-sorted pool")
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--bf16-residual", action="store_true",
@@ -177,18 +210,17 @@ def main() -> None:
                 generator = torch.Generator().manual_seed(2)
                 english = nn.functional.normalize(torch.randn(args.batch_size, config.hidden_size,
                                                               generator=generator), dim=-1).to(args.device)
+                schedule, untimed = warm_schedule([width(b, stage, args.pad_multiple) for b in batches],
+                                                  args.warmup)
                 times, real, total, flops, flops_frozen = [], 0, 0, 0.0, 0.0
-                for i, batch in enumerate(batches):
-                    if stage == "SE":
-                        sent = [a for a, _ in batch] + [b for _, b in batch]
-                    else:
-                        sent = [b for _, b in batch]
-                    ids, mask = padded(sent, config.vocab_size, args.device, generator, args.pad_multiple)
+                for i, batch in enumerate(batches[k] for k in schedule):
+                    sent = sentences(batch, stage)
+                    ids, mask, attention = padded(sent, config, args.device, generator, args.pad_multiple)
                     if cuda:
                         torch.cuda.synchronize()
                     start = time.perf_counter()
                     with autocast:
-                        emb = mean_pool(net(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
+                        emb = mean_pool(net(input_ids=ids, attention_mask=attention).last_hidden_state, mask)
                         n = len(batch)
                         loss = (loss_fn(emb[:n], emb[n:]) if stage == "SE" else loss_fn(english, emb))
                     loss.backward()
@@ -197,9 +229,9 @@ def main() -> None:
                     optimizer.zero_grad(set_to_none=True)
                     if cuda:
                         torch.cuda.synchronize()
-                    if i == args.warmup - 1 and cuda:
+                    if i == untimed - 1 and cuda:
                         torch.cuda.reset_peak_memory_stats()
-                    if i >= args.warmup:
+                    if i >= untimed:
                         times.append(time.perf_counter() - start)
                         real += sum(sent)
                         total += ids.numel()

@@ -5,10 +5,13 @@ pair_throughput.py run them (with modsent.training.fastpath's forwards, as modse
 
     python -m benchmarks.profile_steps --device cuda
 
-Prints, per stage, the wall time per step, the GPU's busy time per step (the sum of its kernels'
-times: their share of the wall time says whether the step is bound by the GPU or by the Python
-and launch overhead that feeds it), the number of kernel launches per step, and the kernels that
-take the most GPU time.
+Every batch shape the profiled steps meet is run once before the profiler starts: a new shape is
+slow once (PyTorch's cuDNN attention builds an execution plan per shape), and the first SE profile
+(profile_steps_fast_h200.txt) met one width unwarmed, which put ~1 ms of host time on each of its
+attention calls against ~0.05 ms in the LA's one-shape step. Prints, per stage, the wall time per
+step, the GPU's busy time per step (the sum of its kernels' times: their share of the wall time
+says whether the step is bound by the GPU or by the Python and launch overhead that feeds it),
+the number of kernel launches per step, and the kernels that take the most GPU time.
 """
 
 from __future__ import annotations
@@ -24,11 +27,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def profile(name: str, step, steps: int, cuda: bool, top: int) -> None:
+def profile(name: str, step, steps: int, cuda: bool, top: int, warm: tuple[int, ...] = ()) -> None:
+    """Profile ``step(1)`` .. ``step(steps)`` after three untimed ``step(0)`` and one untimed
+    ``step(i)`` for each ``i`` in ``warm`` (a step of each batch shape the profiled steps meet:
+    a new shape is slow once, while cuDNN's attention builds its plan for it, and would be
+    profiled as the step's cost)."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    for _ in range(3):
-        step(0)
+    for i in (0, 0, 0, *warm):
+        step(i)
     if cuda:
         torch.cuda.synchronize()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -103,7 +110,7 @@ def main() -> None:
     profile(f"LA step, {args.la_batch} x {args.la_seq_len} tokens", la_step, args.steps, cuda, args.top)
     model = optimizer = None  # free the LA's memory before the SE model
 
-    # SE: 2 x batch sentences of real lengths, padded to a multiple of 8, MNRL
+    # SE: 2 x batch sentences of real lengths, padded to the longest with the stage's mask, MNRL
     encoder, config = pair_throughput.build("labse", args.device)
     speed_up(encoder)
     trainable = [p for p in encoder.parameters() if p.requires_grad]
@@ -113,13 +120,13 @@ def main() -> None:
     prepared = []
     for batch in batches:
         sent = [a for a, _ in batch] + [b for _, b in batch]
-        prepared.append(pair_throughput.padded(sent, config.vocab_size, args.device, generator, 8))
+        prepared.append(pair_throughput.padded(sent, config, args.device, generator, 1))
     loss_fn = MultipleNegativesRankingLoss(20.0)
 
     def se_step(i):
-        ids, mask = prepared[i]
+        ids, mask, attention = prepared[i]
         with autocast():
-            hidden = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+            hidden = encoder(input_ids=ids, attention_mask=attention).last_hidden_state
             emb = pair_throughput.mean_pool(hidden, mask)
             n = len(ids) // 2
             loss = loss_fn(emb[:n], emb[n:])
@@ -128,7 +135,11 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    profile(f"SE step, {args.se_batch} pairs", se_step, args.steps, cuda, args.top)
+    first_of_width = {}
+    for i in range(1, args.steps + 1):
+        first_of_width.setdefault(prepared[i][0].shape, i)
+    profile(f"SE step, {args.se_batch} pairs", se_step, args.steps, cuda, args.top,
+            warm=tuple(first_of_width.values()))
 
 
 if __name__ == "__main__":

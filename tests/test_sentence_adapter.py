@@ -443,3 +443,44 @@ def test_a_compiled_encoder_trains_as_the_eager_one_over_batches_of_every_width(
         assert compiled[key] == pytest.approx(eager[key]), key
     x, y = (load_file(str(tmp_path / run / sa.ADAPTER_DIR / "adapter_model.safetensors")) for run in ("eager", "compiled"))
     assert x.keys() == y.keys() and all(torch.allclose(x[k], y[k], atol=1e-5) for k in x)
+
+
+def _pair_benchmark():
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("pair_throughput", REPO / "benchmarks" / "pair_throughput.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_throughput_benchmark_warms_every_width_and_masks_as_the_stage_does():
+    """benchmarks/pair_throughput.py (the SE/CLA goal's figures) times no step of a width it has
+    not run before (a new shape is slow once on a GPU), and gives the encoder the stage's mask."""
+    bench = _pair_benchmark()
+    widths = [48, 56, 48, 40, 56, 24, 40, 48]
+    schedule, untimed = bench.warm_schedule(widths, 2)
+    assert schedule == [0, 1, 3, 5, 2, 3, 4, 5, 6, 7] and untimed == 4
+    generator = torch.Generator().manual_seed(0)
+    for warmup in (0, 1, 3):
+        widths = torch.randint(1, 6, (30,), generator=generator).tolist()
+        schedule, untimed = bench.warm_schedule(widths, warmup)
+        assert schedule[untimed:] == list(range(warmup, 30))  # every batch timed once, in order
+        assert {widths[k] for k in schedule[untimed:]} <= {widths[k] for k in schedule[:untimed]}
+        assert len(schedule[:untimed]) == warmup + len(set(widths[warmup:]) - set(widths[:warmup]))
+
+    torch.manual_seed(0)
+    model, config = bench.build("small", "cpu")
+    model.eval()
+    ids, mask, attention = bench.padded([5, 9, 3], config, "cpu", generator, 1)
+    assert ids.shape == mask.shape == (3, 9) and mask.sum(1).tolist() == [5, 9, 3]
+    assert attention.dtype == torch.bool and attention.shape == (3, 1, 1, 9)  # sentence_adapter's form
+    with torch.no_grad():
+        ours = bench.mean_pool(model(input_ids=ids, attention_mask=attention).last_hidden_state, mask)
+        reference = bench.mean_pool(model(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
+    assert torch.allclose(ours, reference, atol=1e-6)
+    ids, mask, attention = bench.padded([4, 4], config, "cpu", generator, 8)
+    assert ids.shape == (2, 8) and attention is not None  # rounded up: padding
+    assert bench.padded([6, 6], config, "cpu", generator, 1)[2] is None  # no padding: no mask
