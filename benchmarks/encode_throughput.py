@@ -8,7 +8,11 @@ The forward pass the evaluation runs for every system and sentence
 on every linear layer, mean pooling, no gradients. Random weights of a LaBSE-sized BERT with
 --labse-random (the model of pair_throughput.py); sentence lengths are those of
 modsent.testing.sample_texts (English prose of 5-40 words, 1.3 pieces a word), --sentences of
-them. Tokenisation is not timed (it runs on the CPU, the same in every variant). Variants:
+them. Tokenisation is not timed (it runs on the CPU, the same in every variant). Every variant
+runs the evaluation's loop (modsent.training.loop.encode_in_batches): each batch padded to its
+longest sentence, the encoder given the mask decided on the host
+(modsent.tokenizing.encoder_attention_mask), the vectors normalised and copied back without
+waiting (loop.HostCopies). Variants:
 
 - ``fp32, given order``: full precision, batches in the order the sentences come (the
   unoptimised path);
@@ -37,6 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.pair_throughput import SIZES, build, mean_pool, padded, sentence_lengths  # noqa: E402
+from modsent.training.loop import HostCopies  # noqa: E402
 
 
 def batches(lengths: list[int], batch_size: int, by_length: bool) -> list[list[int]]:
@@ -83,8 +88,8 @@ def main() -> None:
                 model.merge_adapter()
             plan = batches(lengths, batch_size, by_length)
             generator = torch.Generator().manual_seed(1)
-            inputs = [padded(rows, vocab, args.device, generator, 8) for rows in plan]
-            padding = 1 - real / sum(ids.numel() for ids, _ in inputs)
+            inputs = [padded(rows, config, args.device, generator, 1) for rows in plan]
+            padding = 1 - real / sum(ids.numel() for ids, _, _ in inputs)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(args.device)
             times = []
@@ -92,11 +97,13 @@ def main() -> None:
                 if cuda:
                     torch.cuda.synchronize(args.device)
                 start = time.perf_counter()
+                copies = HostCopies()
                 with torch.no_grad():
-                    for ids, mask in inputs:
+                    for ids, mask, attention in inputs:
                         with autocast(args.device, precision):
-                            out = mean_pool(model(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
-                        out.float().cpu()
+                            out = mean_pool(model(input_ids=ids, attention_mask=attention).last_hidden_state, mask)
+                        copies.add(torch.nn.functional.normalize(out.float(), dim=-1))
+                copies.numpy()
                 if cuda:
                     torch.cuda.synchronize(args.device)
                 if rep:

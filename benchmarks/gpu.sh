@@ -27,7 +27,7 @@ GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za
 
 # BENCHMARKS="name ..." runs only those (default: all, in this order); DEADLINE=SECONDS stops
 # starting benchmarks that would outlast it (each one's limit is cut to what is left).
-WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_compiled mlm_throughput_b64 pair_throughput pair_throughput_b256 pair_pipeline pair_throughput_compiled pair_throughput_graphs profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_speed_3.3B} "
+WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_compiled mlm_throughput_b64 pair_throughput pair_throughput_b256 pair_pipeline pair_throughput_compiled pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_speed_3.3B} "
 DEADLINE="${DEADLINE:-100000}"
 
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever happens
@@ -66,9 +66,12 @@ bench pair_pipeline 150 benchmarks/pair_pipeline.py --labse-random --device cuda
 bench pair_throughput_compiled 200 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
     --batch-size 128 --steps 40 --warmup 20 --compile
 # CUDA graphs for the launch-bound pair steps at 128 pairs: torch.compile's reduce-overhead mode, one graph per
-# padded width (multiples of 16 keep them few), beside the eager step of the same run
+# padded width (multiples of 16 keep them few), beside the eager step of the same run (padded the same way)
 bench pair_throughput_graphs 240 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
     --batch-size 128 --steps 40 --warmup 20 --pad-multiple 16 --compile --compile-mode reduce-overhead
+# evaluation encoding by batch size through the evaluation's loop (no waits: host mask, copies behind the kernels)
+bench encode_throughput 120 benchmarks/encode_throughput.py --labse-random --device cuda --batch-size 64 512 \
+    --sentences 8000
 bench profile_steps 120 -m benchmarks.profile_steps --device cuda --steps 5 --top 12
 bench mexma_throughput 90 benchmarks/mexma_throughput.py --size base --device cuda --seq-len 128 256 --steps 10
 # methods.MEXMA.compile: the same step with the body compiled (and the eager steps beside it)

@@ -445,12 +445,13 @@ def test_a_compiled_encoder_trains_as_the_eager_one_over_batches_of_every_width(
     assert x.keys() == y.keys() and all(torch.allclose(x[k], y[k], atol=1e-5) for k in x)
 
 
-def _pair_benchmark():
+def _benchmark(name: str):
+    """benchmarks/<name>.py as a module."""
     import importlib.util
 
     from conftest import REPO
 
-    spec = importlib.util.spec_from_file_location("pair_throughput", REPO / "benchmarks" / "pair_throughput.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench
@@ -459,7 +460,7 @@ def _pair_benchmark():
 def test_throughput_benchmark_warms_every_width_and_masks_as_the_stage_does():
     """benchmarks/pair_throughput.py (the SE/CLA goal's figures) times no step of a width it has
     not run before (a new shape is slow once on a GPU), and gives the encoder the stage's mask."""
-    bench = _pair_benchmark()
+    bench = _benchmark("pair_throughput")
     widths = [48, 56, 48, 40, 56, 24, 40, 48]
     schedule, untimed = bench.warm_schedule(widths, 2)
     assert schedule == [0, 1, 3, 5, 2, 3, 4, 5, 6, 7] and untimed == 4
@@ -484,3 +485,17 @@ def test_throughput_benchmark_warms_every_width_and_masks_as_the_stage_does():
     ids, mask, attention = bench.padded([4, 4], config, "cpu", generator, 8)
     assert ids.shape == (2, 8) and attention is not None  # rounded up: padding
     assert bench.padded([6, 6], config, "cpu", generator, 1)[2] is None  # no padding: no mask
+
+
+def test_encoding_benchmark_runs_the_evaluations_loop_and_prints_every_variant(monkeypatch, capsys):
+    """benchmarks/encode_throughput.py (the evaluation batch size's figures) runs, through the
+    stage's padding and mask, and prints a positive rate for each variant."""
+    bench = _benchmark("encode_throughput")
+    monkeypatch.setattr("sys.argv", ["encode_throughput.py", "--sentences", "40", "--repeat", "1",
+                                     "--batch-size", "16"])
+    bench.main()
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("   16")]
+    assert [" ".join(row[1:-5]) for row in rows] == ["fp32, given order", "fp32, by length", "bf16, by length",
+                                                     "bf16, by length, merged"]
+    assert all(float(row[-5]) > 0 for row in rows)
+    assert float(rows[1][-4].rstrip("%")) < float(rows[0][-4].rstrip("%"))  # sorted: less padding
