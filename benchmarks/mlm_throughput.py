@@ -7,7 +7,9 @@
 Compares, in one run and on the same batches, the LA step as modsent runs it (MLM head on the
 masked positions only; "fast": modsent.training.fastpath's LoRA and frozen-Linear forwards) with
 PEFT's own LoRA forward and the usual full-sequence head (transformers' own MLM loss), and prints
-tokens/s and their ratio. On a GPU (--device cuda) it also prints the model FLOPs utilisation
+tokens/s and their ratio. Every variant trains what the LA trains (language_adapter.build_model:
+LoRA r 8 on query, key and value, the embeddings tied to the decoder, the MLM head) in training
+mode, and steps as its loop does (loop.optimizer_step: gradients clipped to norm 1). On a GPU (--device cuda) it also prints the model FLOPs utilisation
 (MFU) against the GPU's bf16 peak (--peak-tflops, default 989 for an H100 SXM) in two
 conventions: "6N" counts 6N + 12·L·d·s FLOPs per token (N: non-embedding parameters, L layers,
 width d, sequence s: the usual dense estimate of training plus attention scores); "4N" counts
@@ -51,8 +53,14 @@ def build(args):
         model.resize_token_embeddings(vocab, mean_resizing=False)
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1,
                                              target_modules=["query", "key", "value"]))
+    # what the LA trains besides LoRA (language_adapter.build_model): the embeddings (tied to
+    # the decoder) and the MLM head; in training mode (dropout), as the LA's loop runs it
+    from modsent.losses import mlm_parts
+
     model.get_input_embeddings().weight.requires_grad_(True)
-    return model.to(args.device), vocab
+    for param in mlm_parts(model)[1].parameters():
+        param.requires_grad_(True)
+    return model.to(args.device).train(), vocab
 
 
 def _layer_norm_in_autocast_dtype(self, x):
@@ -93,6 +101,7 @@ def main() -> None:
     from modsent.losses import mlm_parts
     from modsent.modular.language_adapter import mlm_loss
     from modsent.training import fastpath
+    from modsent.training.loop import optimizer_step
     from modsent.training.optim import fused_options
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -159,8 +168,7 @@ def main() -> None:
                     loss = (mlm_loss(net, inputs, host_labels) if masked
                             else net(input_ids=inputs, labels=labels).loss)
                 loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                optimizer_step(optimizer, params, 1.0)  # the LA's: clip to norm 1, step, clear
 
             for _ in range(2 if not name.endswith("compiled") else 3):  # warm-up (and compilation)
                 step()
