@@ -29,9 +29,12 @@ host does between the device's kernels counts. Variants:
 
 Each variant runs ``--repeats`` times, in turn with the others (this machine's load changes);
 the median run is printed, with the ratio against the first variant, and the time the host
-takes to tokenise one batch on its own. Last, evaluation encoding (``SentenceEncoderModel.encode``
-of ``--encode-sentences`` sentences in batches of ``--encode-batch``, bf16/fp16 or fp32 as in
-training): tokenised by the call in the loop, the mask checked on the device and each batch's
+takes to tokenise one batch on its own. Pairs carry no hard negatives here (the stage tokenises
+them with the rest: ~18% more sentences per step in the paper's data). Last, encoding
+(``SentenceEncoderModel.encode``, the SE model with its LoRA unmerged, as the stages' held-out
+retrieval encodes; the evaluation's ModularEncoder merges the LoRA into the weights, the same
+host work on less GPU work) of ``--encode-sentences`` sentences in batches of ``--encode-batch``,
+bf16/fp16 or fp32 as in training: tokenised by the call in the loop, the mask checked on the device and each batch's
 vectors waited for (``.cpu()``), against lean tokenising ahead, then also the host's mask and the
 copies back without waiting (modsent.training.loop.HostCopies); and a monolithic system (the
 base saved as a sentence-transformers model, fp32) through sentence-transformers' ``encode``

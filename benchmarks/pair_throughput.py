@@ -5,8 +5,13 @@
 
 The step as the SE stage runs it (modsent.modular.sentence_adapter): a BERT encoder, frozen, with
 LoRA (r 8) on every linear layer, mean pooling, MNRL (scale 20) over a batch of pairs with both
-sides encoded in one forward pass; the CLA's pp step (modsent.modular.alignment) encodes only
-L's side and scores it against English vectors computed once. Random weights of a LaBSE-sized
+sides and the hard negatives encoded in one forward pass, gradients clipped to norm 1
+(loop.optimizer_step). The CLA's pp step (modsent.modular.alignment) trains parallel adapters
+(modsent.modular.parallel_adapter, the default shape: 768 -> 384 -> 768 beside every FFN) on
+the same encoder with its LoRA frozen, encodes only L's side (positives and hard negatives) and
+scores it against English vectors computed once. --negative-share of the pairs carry a hard
+negative (default 0.37: the paper's English data, configs/paper-labse.yaml, where MNLI's 128K and
+Quora's ~102K of ~624K pairs are triplets). Random weights of a LaBSE-sized
 BERT (12 x 768; a 50,000-piece per-language vocabulary) with --labse-random; nothing is
 downloaded.
 
@@ -48,9 +53,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 SIZES = {"small": (256, 4, 4, 1024, 8000), "labse": (768, 12, 12, 3072, 50_000)}
+PAPER_NEGATIVE_SHARE = 0.37  # pairs with a hard negative in configs/paper-labse.yaml's English data
 
 
-def build(size: str, device: str):
+def build(size: str, device: str, stage: str = "SE"):
+    """The model a stage trains, random weights: (PEFT model, BertConfig). SE: LoRA r 8 on every
+    linear layer, trained. CLA: the same with its LoRA frozen and parallel adapters (the default
+    shape) beside every FFN, trained (alignment.build_alignment_model)."""
     import transformers
     from peft import LoraConfig, get_peft_model
 
@@ -64,7 +73,12 @@ def build(size: str, device: str):
     encoder = get_peft_model(encoder, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules="all-linear"))
     for name, param in encoder.named_parameters():
         param.requires_grad_("lora_" in name)
-    return encoder.to(device), config
+    if stage == "CLA":
+        from modsent.modular import parallel_adapter as pa
+
+        pa.add_parallel_adapters(encoder, pa.ParallelAdapterConfig())
+        pa.freeze_all_but_adapters(encoder)
+    return encoder.to(device).train(), config
 
 
 def sentence_lengths(seq_len: int) -> list[int]:
@@ -73,11 +87,14 @@ def sentence_lengths(seq_len: int) -> list[int]:
     return [min(seq_len, round(1.3 * len(text.split())) + 2) for text in sample_texts(800)]
 
 
-def make_batches(lengths: list[int], pairs: int, batch_size: int, group: int, seed: int) -> list[list[tuple[int, int]]]:
-    """``pairs`` random (anchor, positive) length pairs, cut into batches at random or grouped by length."""
+def make_batches(lengths: list[int], pairs: int, batch_size: int, group: int, seed: int,
+                 negative_share: float = 0.0) -> list[list[tuple[int, ...]]]:
+    """``pairs`` random (anchor, positive) length pairs, a ``negative_share`` of them with a hard
+    negative's length as a third, cut into batches at random or grouped by length."""
     generator = torch.Generator().manual_seed(seed)
-    pick = torch.randint(len(lengths), (pairs, 2), generator=generator).tolist()
-    rows = [(lengths[a], lengths[b]) for a, b in pick]
+    pick = torch.randint(len(lengths), (pairs, 3), generator=generator).tolist()
+    negative = (torch.rand(pairs, generator=generator) < negative_share).tolist()
+    rows = [tuple(lengths[i] for i in (ids if has else ids[:2])) for ids, has in zip(pick, negative)]
     if group <= 1:
         return [rows[k:k + batch_size] for k in range(0, len(rows) - batch_size + 1, batch_size)]
     batches = []
@@ -103,12 +120,15 @@ def padded(lengths: list[int], config, device: str, generator: torch.Generator, 
     return ids.to(device), device_mask, encoder_attention_mask(config, mask, device_mask)
 
 
-def sentences(batch: list[tuple[int, int]], stage: str) -> list[int]:
-    """The lengths one step encodes: both sides of each pair (SE), L's side only (CLA)."""
-    return [a for a, _ in batch] + [b for _, b in batch] if stage == "SE" else [b for _, b in batch]
+def sentences(batch: list[tuple[int, ...]], stage: str) -> list[int]:
+    """The lengths one step encodes, in the order the stages encode them: anchors, positives,
+    then the hard negatives (SE: sentence_adapter.batch_texts); L's positives, then its hard
+    negatives (CLA: alignment.batch_inputs)."""
+    anchors = [row[0] for row in batch] if stage == "SE" else []
+    return anchors + [row[1] for row in batch] + [row[2] for row in batch if len(row) > 2]
 
 
-def width(batch: list[tuple[int, int]], stage: str, multiple: int) -> int:
+def width(batch: list[tuple[int, ...]], stage: str, multiple: int) -> int:
     """The padded width of a step's batch (as :func:`padded` pads it)."""
     return -(-max(sentences(batch, stage)) // multiple) * multiple
 
@@ -138,6 +158,7 @@ def main() -> None:
     from modsent.training import fastpath
 
     from benchmarks.mlm_throughput import low_precision_residual
+    from modsent.training.loop import optimizer_step
     from modsent.training.optim import fused_options
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -150,6 +171,8 @@ def main() -> None:
     parser.add_argument("--pad-multiple", type=int, default=1,
                         help="pad each batch to a multiple of this (1: to its longest sentence, as modsent does)")
     parser.add_argument("--group", type=int, default=8, help="batches per length-sorted pool")
+    parser.add_argument("--negative-share", type=float, default=PAPER_NEGATIVE_SHARE,
+                        help="the share of pairs with a hard negative (the paper's data: 0.37)")
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--bf16-residual", action="store_true",
                         help="also time 'bf16, random, fast' with the residual stream in bf16 (an experiment: "
@@ -163,14 +186,15 @@ def main() -> None:
     args = parser.parse_args()
 
     cuda = args.device.startswith("cuda")
-    model, config = build("labse" if args.labse_random else "small", args.device)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    n_body = sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n)
+    size = "labse" if args.labse_random else "small"
+    models = {stage: build(size, args.device, stage) for stage in ("SE", "CLA")}
+    config = models["SE"][1]
+    n_body = sum(p.numel() for n, p in models["SE"][0].named_parameters() if "embeddings" not in n)
     loss_fn = MultipleNegativesRankingLoss(20.0)
-    print(f"{'LaBSE-sized' if args.labse_random else 'small'} random BERT + LoRA r8 on every linear layer; "
-          f"{n_body / 1e6:.1f}M non-embedding parameters; {args.device} "
-          f"({torch.cuda.get_device_name() if cuda else 'CPU'}); torch {torch.__version__}; "
-          f"{args.batch_size} pairs per batch")
+    print(f"{'LaBSE-sized' if args.labse_random else 'small'} random BERT + LoRA r8 on every linear layer "
+          f"(CLA: frozen, parallel adapters trained); {n_body / 1e6:.1f}M non-embedding parameters; "
+          f"{args.device} ({torch.cuda.get_device_name() if cuda else 'CPU'}); torch {torch.__version__}; "
+          f"{args.batch_size} pairs per batch, {args.negative_share:.0%} with a hard negative")
     print("ratio: against 'fp32, random' of the same stage in the same run")
     print(f"{'stage':5} {'seq':>4} {'variant':21} {'pairs/s':>9} {'padding':>8} {'ratio':>6}"
           + (f" {'MFU 6N':>6} {'MFU 4N':>6} {'peak GiB':>9}" if cuda else ""))
@@ -189,10 +213,15 @@ def main() -> None:
         name = ("bf16" if cuda else "fp32") + (", fast, graphs" if args.compile_mode == "reduce-overhead"
                                                else ", fast, compiled")
         variants[name] = (cuda, 1, True)
-        compiled = torch.compile(model, dynamic=True, mode=args.compile_mode)  # a wrapper: `model` stays eager
+        # wrappers: the models stay eager
+        compiled = {stage: torch.compile(model, dynamic=True, mode=args.compile_mode)
+                    for stage, (model, _) in models.items()}
     for seq_len in args.seq_len:
         lengths = sentence_lengths(seq_len)
         for stage in ("SE", "CLA"):
+            model = models[stage][0]
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            n_model = sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n)
             results = {}
             for name, (bf16, group, fast) in variants.items():
                 if fast:
@@ -200,13 +229,14 @@ def main() -> None:
                 else:
                     fastpath.restore(model)
                 low_precision_residual(model, name.endswith("bf16 res."))
-                net = compiled if name.endswith(("compiled", "graphs")) else model
+                net = compiled[stage] if name.endswith(("compiled", "graphs")) else model
                 optimizer = torch.optim.AdamW(trainable, lr=2e-5, **(fused_options(trainable) if bf16 else {}))
                 autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and cuda
                             else torch.autocast(args.device.split(":")[0], enabled=False))
                 pool = max(group, 1) * args.batch_size
                 n_pairs = ((args.steps + args.warmup) * args.batch_size + pool - 1) // pool * pool
-                batches = make_batches(lengths, n_pairs, args.batch_size, group, seed=1)[:args.steps + args.warmup]
+                batches = make_batches(lengths, n_pairs, args.batch_size, group, seed=1,
+                                       negative_share=args.negative_share)[:args.steps + args.warmup]
                 generator = torch.Generator().manual_seed(2)
                 english = nn.functional.normalize(torch.randn(args.batch_size, config.hidden_size,
                                                               generator=generator), dim=-1).to(args.device)
@@ -222,11 +252,12 @@ def main() -> None:
                     with autocast:
                         emb = mean_pool(net(input_ids=ids, attention_mask=attention).last_hidden_state, mask)
                         n = len(batch)
-                        loss = (loss_fn(emb[:n], emb[n:]) if stage == "SE" else loss_fn(english, emb))
+                        if stage == "SE":
+                            loss = loss_fn(emb[:n], emb[n:2 * n], emb[2 * n:] if len(emb) > 2 * n else None)
+                        else:
+                            loss = loss_fn(english[:n], emb[:n], emb[n:] if len(emb) > n else None)
                     loss.backward()
-                    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
+                    optimizer_step(optimizer, trainable, 1.0)  # the stages': clip to norm 1, step, clear
                     if cuda:
                         torch.cuda.synchronize()
                     if i == untimed - 1 and cuda:
@@ -235,9 +266,9 @@ def main() -> None:
                         times.append(time.perf_counter() - start)
                         real += sum(sent)
                         total += ids.numel()
-                        attention = sum(12 * config.num_hidden_layers * config.hidden_size * s * s for s in sent)
-                        flops += 6 * n_body * sum(sent) + attention
-                        flops_frozen += 4 * n_body * sum(sent) + attention
+                        attn_flops = sum(12 * config.num_hidden_layers * config.hidden_size * s * s for s in sent)
+                        flops += 6 * n_model * sum(sent) + attn_flops
+                        flops_frozen += 4 * n_model * sum(sent) + attn_flops
                 seconds = sum(times)
                 peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
                 results[name] = (args.batch_size * len(times) / seconds, 1 - real / total, flops / seconds,

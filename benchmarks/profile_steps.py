@@ -69,7 +69,7 @@ def main() -> None:
     from benchmarks import mlm_throughput, pair_throughput
     from modsent.losses import MultipleNegativesRankingLoss
     from modsent.modular.language_adapter import mlm_loss
-    from modsent.training.loop import to_device
+    from modsent.training.loop import optimizer_step, to_device
     from modsent.training import fastpath
     from modsent.training.optim import fused_options
 
@@ -103,24 +103,22 @@ def main() -> None:
         with autocast():
             loss = mlm_loss(model, to_device(inputs, args.device), labels)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(optimizer, params, 1.0)
 
     profile(f"LA step, {args.la_batch} x {args.la_seq_len} tokens", la_step, args.steps, cuda, args.top)
     model = optimizer = None  # free the LA's memory before the SE model
 
-    # SE: 2 x batch sentences of real lengths, padded to the longest with the stage's mask, MNRL
+    # SE: anchors, positives and the paper's share of hard negatives, sentences of real lengths,
+    # padded to the longest with the stage's mask, MNRL
     encoder, config = pair_throughput.build("labse", args.device)
     speed_up(encoder)
     trainable = [p for p in encoder.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=2e-5, **fused_options(trainable))
     lengths = pair_throughput.sentence_lengths(128)
-    batches = pair_throughput.make_batches(lengths, (args.steps + 4) * args.se_batch, args.se_batch, 1, seed=1)
-    prepared = []
-    for batch in batches:
-        sent = [a for a, _ in batch] + [b for _, b in batch]
-        prepared.append(pair_throughput.padded(sent, config, args.device, generator, 1))
+    batches = pair_throughput.make_batches(lengths, (args.steps + 4) * args.se_batch, args.se_batch, 1, seed=1,
+                                           negative_share=pair_throughput.PAPER_NEGATIVE_SHARE)
+    prepared = [pair_throughput.padded(pair_throughput.sentences(batch, "SE"), config, args.device, generator, 1)
+                for batch in batches]
     loss_fn = MultipleNegativesRankingLoss(20.0)
 
     def se_step(i):
@@ -128,12 +126,10 @@ def main() -> None:
         with autocast():
             hidden = encoder(input_ids=ids, attention_mask=attention).last_hidden_state
             emb = pair_throughput.mean_pool(hidden, mask)
-            n = len(ids) // 2
-            loss = loss_fn(emb[:n], emb[n:])
+            n = args.se_batch
+            loss = loss_fn(emb[:n], emb[n:2 * n], emb[2 * n:] if len(emb) > 2 * n else None)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(optimizer, trainable, 1.0)
 
     first_of_width = {}
     for i in range(1, args.steps + 1):

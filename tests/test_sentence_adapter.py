@@ -487,6 +487,36 @@ def test_throughput_benchmark_warms_every_width_and_masks_as_the_stage_does():
     assert bench.padded([6, 6], config, "cpu", generator, 1)[2] is None  # no padding: no mask
 
 
+def test_throughput_benchmark_trains_what_each_stage_trains_on_its_batches():
+    """benchmarks/pair_throughput.py: SE trains the LoRA; CLA trains parallel adapters on the
+    same encoder with its LoRA frozen (alignment.build_alignment_model); a step encodes what the
+    stage's batch holds (anchors, positives, then the hard negatives; CLA: L's side only)."""
+    from modsent.modular import parallel_adapter as pa
+
+    bench = _benchmark("pair_throughput")
+    se, _ = bench.build("small", "cpu", "SE")
+    cla, _ = bench.build("small", "cpu", "CLA")
+    assert se.training and cla.training  # dropout on, as the stages train
+    se_trained = {n for n, p in se.named_parameters() if p.requires_grad}
+    cla_trained = {n for n, p in cla.named_parameters() if p.requires_grad}
+    assert se_trained and all("lora_" in n for n in se_trained)
+    adapters = pa.parallel_adapters(cla)
+    assert len(adapters) == 4 and cla_trained == {n for n, _ in cla.named_parameters() if "parallel_adapter" in n}
+    assert any("lora_" in n for n, _ in cla.named_parameters())  # there, frozen
+
+    batches = bench.make_batches(list(range(5, 45)), 4000, 100, 1, seed=3, negative_share=0.37)
+    rows = [row for batch in batches for row in batch]
+    assert len(batches) == 40 and all(len(batch) == 100 for batch in batches)
+    share = sum(len(row) == 3 for row in rows) / len(rows)
+    assert 0.34 < share < 0.40 and {len(row) for row in rows} == {2, 3}
+    batch = [(7, 9), (11, 13, 15), (17, 19)]
+    assert bench.sentences(batch, "SE") == [7, 11, 17, 9, 13, 19, 15]
+    assert bench.sentences(batch, "CLA") == [9, 13, 19, 15]
+    assert bench.width(batch, "SE", 8) == 24 and bench.width(batch, "CLA", 1) == 19
+    assert all(len(row) == 2 for batch in bench.make_batches(list(range(5, 45)), 400, 100, 4, seed=3)
+               for row in batch)  # no share: pairs only
+
+
 def test_encoding_benchmark_runs_the_evaluations_loop_and_prints_every_variant(monkeypatch, capsys):
     """benchmarks/encode_throughput.py (the evaluation batch size's figures) runs, through the
     stage's padding and mask, and prints a positive rate for each variant."""
