@@ -9,11 +9,12 @@ sides and the hard negatives encoded in one forward pass, gradients clipped to n
 (loop.optimizer_step). The CLA's pp step (modsent.modular.alignment) trains parallel adapters
 (modsent.modular.parallel_adapter, the default shape: 768 -> 384 -> 768 beside every FFN) on
 the same encoder with its LoRA frozen, encodes only L's side (positives and hard negatives) and
-scores it against English vectors computed once. --negative-share of the pairs carry a hard
-negative (default 0.37: the paper's English data, configs/paper-labse.yaml, where MNLI's 128K and
-Quora's ~102K of ~624K pairs are triplets). Random weights of a LaBSE-sized
-BERT (12 x 768; a 50,000-piece per-language vocabulary) with --labse-random; nothing is
-downloaded.
+scores it against English vectors computed once. --negative-share of each batch's pairs carry a
+hard negative (default 0.37: the paper's English data, configs/paper-labse.yaml, where MNLI's
+128K and Quora's ~102K of ~624K pairs are triplets; the same count in every batch, where the
+stages' count varies with the draw: the same work on average, fewer batch shapes). Random
+weights of a LaBSE-sized BERT (12 x 768; a 50,000-piece per-language vocabulary; the adapters
+768 -> 384 -> 768) with --labse-random, a small one (4 x 256) without; nothing is downloaded.
 
 Sentence lengths are real: the word counts of modsent.testing.sample_texts (English prose of
 5-40 words) times 1.3 pieces per word, plus [CLS] and [SEP], capped at --seq-len. Batches are
@@ -30,10 +31,14 @@ from the host's copy, so the forward never asks the GPU whether there is padding
   drawn at random, sorted by length, cut into batches, the batches shuffled): less padding,
   at the price of in-batch negatives of similar length (and ``bf16, grouped, fast``).
 
-Each prints pairs/s (timed steps over their total time, after --warmup untimed ones and one
-untimed step for each padded width the timed steps meet that the warm-up did not: a new shape is
-slow once, while cuDNN's attention builds its plan or a CUDA graph is recorded), the share
-of padding, the ratio against ``fp32, random`` and, on a GPU, the
+Each prints pairs/s (timed steps over their total time, after --warmup untimed ones and an
+untimed step of each batch shape, sentences x padded width, the timed steps meet that the
+warm-up did not, two under CUDA graphs: a new shape is slow once, while PyTorch's cuDNN
+attention builds its plan or a CUDA graph is recorded), the share of padding, the ratio against
+``fp32, random``, what a step of a new shape takes more than the median step (the untimed
+first steps of their shape, the very first excepted: the stages meet many shapes, since their
+batches vary in width and in the number of hard negatives, and pay this once for each) and, on
+a GPU, the
 model FLOPs utilisation against --peak-tflops (bf16 dense peak, default 989 for an H100/H200
 SXM; "6N": 6N + 12·L·d·s FLOPs per real token, s its sentence's length; "4N": 4N + 12·L·d·s, the
 work of a frozen body with LoRA, as in mlm_throughput.py) and the peak memory.
@@ -42,6 +47,7 @@ work of a frozen body with LoRA, as in mlm_throughput.py) and the peak memory.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -89,21 +95,29 @@ def sentence_lengths(seq_len: int) -> list[int]:
 
 def make_batches(lengths: list[int], pairs: int, batch_size: int, group: int, seed: int,
                  negative_share: float = 0.0) -> list[list[tuple[int, ...]]]:
-    """``pairs`` random (anchor, positive) length pairs, a ``negative_share`` of them with a hard
-    negative's length as a third, cut into batches at random or grouped by length."""
+    """``pairs`` random (anchor, positive) length pairs cut into batches at random or grouped by
+    length, ``round(negative_share * batch_size)`` pairs of each batch (drawn at random) with a
+    hard negative's length as a third. A fixed count per batch is the stages' share on average
+    and keeps the number of sentences a step encodes, so the number of batch shapes, small."""
     generator = torch.Generator().manual_seed(seed)
     pick = torch.randint(len(lengths), (pairs, 3), generator=generator).tolist()
-    negative = (torch.rand(pairs, generator=generator) < negative_share).tolist()
-    rows = [tuple(lengths[i] for i in (ids if has else ids[:2])) for ids, has in zip(pick, negative)]
+    rows = [tuple(lengths[i] for i in ids) for ids in pick]
     if group <= 1:
-        return [rows[k:k + batch_size] for k in range(0, len(rows) - batch_size + 1, batch_size)]
-    batches = []
-    pool = group * batch_size
-    for k in range(0, len(rows) - pool + 1, pool):
-        chunk = sorted(rows[k:k + pool], key=max)
-        batches += [chunk[i:i + batch_size] for i in range(0, pool, batch_size)]
-    order = torch.randperm(len(batches), generator=generator).tolist()
-    return [batches[i] for i in order]
+        batches = [rows[k:k + batch_size] for k in range(0, len(rows) - batch_size + 1, batch_size)]
+    else:
+        batches = []
+        pool = group * batch_size
+        for k in range(0, len(rows) - pool + 1, pool):
+            chunk = sorted(rows[k:k + pool], key=lambda row: max(row[:2]))
+            batches += [chunk[i:i + batch_size] for i in range(0, pool, batch_size)]
+        order = torch.randperm(len(batches), generator=generator).tolist()
+        batches = [batches[i] for i in order]
+    negatives = round(negative_share * batch_size)
+    out = []
+    for batch in batches:
+        keep = set(torch.randperm(len(batch), generator=generator)[:negatives].tolist())
+        out.append([row if i in keep else row[:2] for i, row in enumerate(batch)])
+    return out
 
 
 def padded(lengths: list[int], config, device: str, generator: torch.Generator, multiple: int):
@@ -128,24 +142,37 @@ def sentences(batch: list[tuple[int, ...]], stage: str) -> list[int]:
     return anchors + [row[1] for row in batch] + [row[2] for row in batch if len(row) > 2]
 
 
-def width(batch: list[tuple[int, ...]], stage: str, multiple: int) -> int:
-    """The padded width of a step's batch (as :func:`padded` pads it)."""
-    return -(-max(sentences(batch, stage)) // multiple) * multiple
+def shape(batch: list[tuple[int, ...]], stage: str, multiple: int) -> tuple[int, int]:
+    """The shape of a step's batch as :func:`padded` makes it: (sentences, padded width)."""
+    lengths = sentences(batch, stage)
+    return len(lengths), -(-max(lengths) // multiple) * multiple
 
 
-def warm_schedule(widths: list[int], warmup: int) -> tuple[list[int], int]:
-    """The order to run batches of these padded widths in, and how many of its first steps go
-    untimed: the first ``warmup`` batches, then the first batch of each width that the timed
-    ones (the rest) meet and the warm-up did not, then the timed ones. A new shape is slow once
-    (cuDNN's attention builds a plan for it; CUDA graphs record one), so no timed step is a
-    first."""
-    warmed = set(widths[:warmup])
+def warm_schedule(shapes: list, warmup: int, repeats: int = 1) -> tuple[list[int], int]:
+    """The order to run batches of these shapes in, and how many of its first steps go untimed:
+    the first ``warmup`` batches, then ``repeats`` times the first batch of each shape that the
+    timed ones (the rest) meet and the warm-up did not, then the timed ones. A new shape is slow
+    once (PyTorch's cuDNN attention builds a plan per shape; CUDA graphs run a new shape once
+    and record it at the second call: ``repeats=2``), so no timed step is a first."""
+    warmed = set(shapes[:warmup])
     extra = {}
-    for k in range(warmup, len(widths)):
-        if widths[k] not in warmed:
-            extra.setdefault(widths[k], k)
-    schedule = list(range(warmup)) + list(extra.values()) + list(range(warmup, len(widths)))
-    return schedule, warmup + len(extra)
+    for k in range(warmup, len(shapes)):
+        if shapes[k] not in warmed:
+            extra.setdefault(shapes[k], k)
+    schedule = list(range(warmup)) + [k for k in extra.values() for _ in range(repeats)]
+    return schedule + list(range(warmup, len(shapes))), warmup + repeats * len(extra)
+
+
+def first_of_shape(shapes: list, schedule: list[int]) -> list[int]:
+    """The positions in ``schedule`` (past the first) that run a shape for the first time: their
+    steps, less a step of a shape met before, are what a new shape costs."""
+    seen, firsts = set(), []
+    for i, k in enumerate(schedule):
+        if shapes[k] not in seen:
+            seen.add(shapes[k])
+            if i:
+                firsts.append(i)
+    return firsts
 
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -187,16 +214,16 @@ def main() -> None:
 
     cuda = args.device.startswith("cuda")
     size = "labse" if args.labse_random else "small"
-    models = {stage: build(size, args.device, stage) for stage in ("SE", "CLA")}
-    config = models["SE"][1]
-    n_body = sum(p.numel() for n, p in models["SE"][0].named_parameters() if "embeddings" not in n)
+    hidden, layers = SIZES[size][:2]
     loss_fn = MultipleNegativesRankingLoss(20.0)
-    print(f"{'LaBSE-sized' if args.labse_random else 'small'} random BERT + LoRA r8 on every linear layer "
-          f"(CLA: frozen, parallel adapters trained); {n_body / 1e6:.1f}M non-embedding parameters; "
-          f"{args.device} ({torch.cuda.get_device_name() if cuda else 'CPU'}); torch {torch.__version__}; "
-          f"{args.batch_size} pairs per batch, {args.negative_share:.0%} with a hard negative")
-    print("ratio: against 'fp32, random' of the same stage in the same run")
-    print(f"{'stage':5} {'seq':>4} {'variant':21} {'pairs/s':>9} {'padding':>8} {'ratio':>6}"
+    print(f"{'LaBSE-sized' if args.labse_random else 'small'} random BERT ({layers} x {hidden}) + LoRA r8 on every "
+          f"linear layer (CLA: frozen, parallel adapters trained); {args.device} "
+          f"({torch.cuda.get_device_name() if cuda else 'CPU'}); torch {torch.__version__}; "
+          f"{args.batch_size} pairs per batch, {round(args.negative_share * args.batch_size)} of them with a "
+          f"hard negative")
+    print("ratio: against 'fp32, random' of the same stage in the same run; new shape: what a step of a "
+          "batch shape not met before takes more than the median step (untimed steps of the warm-up)")
+    print(f"{'stage':5} {'seq':>4} {'variant':21} {'pairs/s':>9} {'padding':>8} {'ratio':>6} {'new shape':>11}"
           + (f" {'MFU 6N':>6} {'MFU 4N':>6} {'peak GiB':>9}" if cuda else ""))
     variants = {"fp32, random": (False, 1, False), "bf16, random": (True, 1, False),
                 "bf16, random, fast": (True, 1, True), "bf16, grouped": (True, args.group, False),
@@ -206,20 +233,19 @@ def main() -> None:
                     "fp32, grouped": (False, args.group, False)}
     if args.bf16_residual and cuda:
         variants["bf16, fast, bf16 res."] = (True, 1, True)
-    compiled = None
     if args.compile:
         # the fast path, as modsent trains (under torch.compile its frozen layers leave the casts
         # to the compiler: one graph, tests/test_fastpath.py)
         name = ("bf16" if cuda else "fp32") + (", fast, graphs" if args.compile_mode == "reduce-overhead"
                                                else ", fast, compiled")
         variants[name] = (cuda, 1, True)
-        # wrappers: the models stay eager
-        compiled = {stage: torch.compile(model, dynamic=True, mode=args.compile_mode)
-                    for stage, (model, _) in models.items()}
     for seq_len in args.seq_len:
         lengths = sentence_lengths(seq_len)
         for stage in ("SE", "CLA"):
-            model = models[stage][0]
+            # one stage's model at a time: the peak memory is the stage's
+            model, config = build(size, args.device, stage)
+            # a wrapper: `model` stays eager
+            compiled = torch.compile(model, dynamic=True, mode=args.compile_mode) if args.compile else None
             trainable = [p for p in model.parameters() if p.requires_grad]
             n_model = sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n)
             results = {}
@@ -229,7 +255,7 @@ def main() -> None:
                 else:
                     fastpath.restore(model)
                 low_precision_residual(model, name.endswith("bf16 res."))
-                net = compiled[stage] if name.endswith(("compiled", "graphs")) else model
+                net = compiled if name.endswith(("compiled", "graphs")) else model
                 optimizer = torch.optim.AdamW(trainable, lr=2e-5, **(fused_options(trainable) if bf16 else {}))
                 autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and cuda
                             else torch.autocast(args.device.split(":")[0], enabled=False))
@@ -240,9 +266,12 @@ def main() -> None:
                 generator = torch.Generator().manual_seed(2)
                 english = nn.functional.normalize(torch.randn(args.batch_size, config.hidden_size,
                                                               generator=generator), dim=-1).to(args.device)
-                schedule, untimed = warm_schedule([width(b, stage, args.pad_multiple) for b in batches],
-                                                  args.warmup)
-                times, real, total, flops, flops_frozen = [], 0, 0, 0.0, 0.0
+                shapes = [shape(b, stage, args.pad_multiple) for b in batches]
+                schedule, untimed = warm_schedule(shapes, args.warmup, 2 if name.endswith("graphs") else 1)
+                firsts = set(first_of_shape(shapes, schedule))
+                times, first_times, real, total, flops, flops_frozen = [], [], 0, 0, 0.0, 0.0
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
                 for i, batch in enumerate(batches[k] for k in schedule):
                     sent = sentences(batch, stage)
                     ids, mask, attention = padded(sent, config, args.device, generator, args.pad_multiple)
@@ -260,7 +289,9 @@ def main() -> None:
                     optimizer_step(optimizer, trainable, 1.0)  # the stages': clip to norm 1, step, clear
                     if cuda:
                         torch.cuda.synchronize()
-                    if i == untimed - 1 and cuda:
+                    if i in firsts:
+                        first_times.append(time.perf_counter() - start)
+                    if i == untimed - 1 and cuda:  # the timed steps' peak
                         torch.cuda.reset_peak_memory_stats()
                     if i >= untimed:
                         times.append(time.perf_counter() - start)
@@ -271,11 +302,17 @@ def main() -> None:
                         flops_frozen += 4 * n_model * sum(sent) + attn_flops
                 seconds = sum(times)
                 peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+                new_shape = (statistics.median(first_times) - statistics.median(times)) if first_times else None
                 results[name] = (args.batch_size * len(times) / seconds, 1 - real / total, flops / seconds,
-                                 flops_frozen / seconds, peak)
+                                 flops_frozen / seconds, peak, new_shape)
+            fastpath.restore(model)
+            model = compiled = net = optimizer = trainable = None  # freed before the next stage's model
+            if cuda:
+                torch.cuda.empty_cache()
             base = results["fp32, random"][0]
-            for name, (pps, pad, fps, fps_frozen, peak) in results.items():
-                line = f"{stage:5} {seq_len:4d} {name:21} {pps:9.1f} {pad:8.1%} {pps / base:6.2f}"
+            for name, (pps, pad, fps, fps_frozen, peak, new_shape) in results.items():
+                extra = "-" if new_shape is None else f"{new_shape * 1e3:+.0f}ms"
+                line = f"{stage:5} {seq_len:4d} {name:21} {pps:9.1f} {pad:8.1%} {pps / base:6.2f} {extra:>11}"
                 if cuda:
                     line += f" {fps / (args.peak_tflops * 1e12):6.1%} {fps_frozen / (args.peak_tflops * 1e12):6.1%} {peak:9.1f}"
                 print(line, flush=True)

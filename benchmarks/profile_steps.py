@@ -131,11 +131,11 @@ def main() -> None:
         loss.backward()
         optimizer_step(optimizer, trainable, 1.0)
 
-    first_of_width = {}
+    first_steps = {}
     for i in range(1, args.steps + 1):
-        first_of_width.setdefault(prepared[i][0].shape, i)
+        first_steps.setdefault(prepared[i][0].shape, i)
     profile(f"SE step, {args.se_batch} pairs", se_step, args.steps, cuda, args.top,
-            warm=tuple(first_of_width.values()))
+            warm=tuple(first_steps.values()))
 
 
 if __name__ == "__main__":

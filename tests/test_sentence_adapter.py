@@ -457,20 +457,26 @@ def _benchmark(name: str):
     return bench
 
 
-def test_throughput_benchmark_warms_every_width_and_masks_as_the_stage_does():
-    """benchmarks/pair_throughput.py (the SE/CLA goal's figures) times no step of a width it has
-    not run before (a new shape is slow once on a GPU), and gives the encoder the stage's mask."""
+def test_throughput_benchmark_warms_every_shape_and_masks_as_the_stage_does():
+    """benchmarks/pair_throughput.py (the SE/CLA goal's figures) times no step of a batch shape it
+    has not run before (a new shape is slow once on a GPU; twice under CUDA graphs), measures
+    what the first step of a shape costs, and gives the encoder the stage's mask."""
     bench = _benchmark("pair_throughput")
-    widths = [48, 56, 48, 40, 56, 24, 40, 48]
-    schedule, untimed = bench.warm_schedule(widths, 2)
+    shapes = [(9, 48), (9, 56), (9, 48), (9, 40), (9, 56), (7, 48), (9, 40), (9, 48)]
+    schedule, untimed = bench.warm_schedule(shapes, 2)
     assert schedule == [0, 1, 3, 5, 2, 3, 4, 5, 6, 7] and untimed == 4
+    assert bench.first_of_shape(shapes, schedule) == [1, 2, 3]  # the very first is not a sample
+    schedule, untimed = bench.warm_schedule(shapes, 2, repeats=2)
+    assert schedule == [0, 1, 3, 3, 5, 5, 2, 3, 4, 5, 6, 7] and untimed == 6
     generator = torch.Generator().manual_seed(0)
     for warmup in (0, 1, 3):
-        widths = torch.randint(1, 6, (30,), generator=generator).tolist()
-        schedule, untimed = bench.warm_schedule(widths, warmup)
+        shapes = [tuple(row) for row in torch.randint(1, 4, (30, 2), generator=generator).tolist()]
+        schedule, untimed = bench.warm_schedule(shapes, warmup)
         assert schedule[untimed:] == list(range(warmup, 30))  # every batch timed once, in order
-        assert {widths[k] for k in schedule[untimed:]} <= {widths[k] for k in schedule[:untimed]}
-        assert len(schedule[:untimed]) == warmup + len(set(widths[warmup:]) - set(widths[:warmup]))
+        assert {shapes[k] for k in schedule[untimed:]} <= {shapes[k] for k in schedule[:untimed]}
+        assert untimed == warmup + len(set(shapes[warmup:]) - set(shapes[:warmup]))
+        firsts = bench.first_of_shape(shapes, schedule)
+        assert all(i < untimed for i in firsts) and len(firsts) == len(set(shapes)) - 1
 
     torch.manual_seed(0)
     model, config = bench.build("small", "cpu")
@@ -487,16 +493,16 @@ def test_throughput_benchmark_warms_every_width_and_masks_as_the_stage_does():
     assert bench.padded([6, 6], config, "cpu", generator, 1)[2] is None  # no padding: no mask
 
 
-def test_throughput_benchmark_trains_what_each_stage_trains_on_its_batches():
+def test_throughput_benchmark_trains_what_each_stage_trains_on_its_batches(monkeypatch, capsys):
     """benchmarks/pair_throughput.py: SE trains the LoRA; CLA trains parallel adapters on the
     same encoder with its LoRA frozen (alignment.build_alignment_model); a step encodes what the
-    stage's batch holds (anchors, positives, then the hard negatives; CLA: L's side only)."""
+    stage's batch holds (anchors, positives, then the hard negatives; CLA: L's side only); the
+    whole benchmark runs and prints every variant of both stages."""
     from modsent.modular import parallel_adapter as pa
 
     bench = _benchmark("pair_throughput")
     se, _ = bench.build("small", "cpu", "SE")
     cla, _ = bench.build("small", "cpu", "CLA")
-    assert se.training and cla.training  # dropout on, as the stages train
     se_trained = {n for n, p in se.named_parameters() if p.requires_grad}
     cla_trained = {n for n, p in cla.named_parameters() if p.requires_grad}
     assert se_trained and all("lora_" in n for n in se_trained)
@@ -505,16 +511,24 @@ def test_throughput_benchmark_trains_what_each_stage_trains_on_its_batches():
     assert any("lora_" in n for n, _ in cla.named_parameters())  # there, frozen
 
     batches = bench.make_batches(list(range(5, 45)), 4000, 100, 1, seed=3, negative_share=0.37)
-    rows = [row for batch in batches for row in batch]
     assert len(batches) == 40 and all(len(batch) == 100 for batch in batches)
-    share = sum(len(row) == 3 for row in rows) / len(rows)
-    assert 0.34 < share < 0.40 and {len(row) for row in rows} == {2, 3}
+    assert all(sum(len(row) == 3 for row in batch) == 37 for batch in batches)  # the share, in each batch
+    assert len({tuple(i for i, row in enumerate(batch) if len(row) == 3) for batch in batches}) == 40  # at random
     batch = [(7, 9), (11, 13, 15), (17, 19)]
     assert bench.sentences(batch, "SE") == [7, 11, 17, 9, 13, 19, 15]
     assert bench.sentences(batch, "CLA") == [9, 13, 19, 15]
-    assert bench.width(batch, "SE", 8) == 24 and bench.width(batch, "CLA", 1) == 19
+    assert bench.shape(batch, "SE", 8) == (7, 24) and bench.shape(batch, "CLA", 1) == (4, 19)
     assert all(len(row) == 2 for batch in bench.make_batches(list(range(5, 45)), 400, 100, 4, seed=3)
                for row in batch)  # no share: pairs only
+
+    monkeypatch.setattr("sys.argv", ["pair_throughput.py", "--batch-size", "4", "--seq-len", "64", "--steps", "2",
+                                     "--warmup", "1"])
+    bench.main()
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("SE ", "CLA "))]
+    assert [(row[0], " ".join(row[2:-4])) for row in rows] == [
+        (stage, name) for stage in ("SE", "CLA") for name in ("fp32, random", "fp32, random, fast", "fp32, grouped")]
+    assert all(float(row[-4]) > 0 for row in rows)
+    assert any(row[-1].endswith("ms") for row in rows)  # widths vary: a new shape's cost is measured
 
 
 def test_encoding_benchmark_runs_the_evaluations_loop_and_prints_every_variant(monkeypatch, capsys):
