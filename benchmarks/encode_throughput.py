@@ -9,8 +9,9 @@ on every linear layer, mean pooling, no gradients. Random weights of a LaBSE-siz
 --labse-random (the model of pair_throughput.py); sentence lengths are those of
 modsent.testing.sample_texts (English prose of 5-40 words, 1.3 pieces a word), --sentences of
 them. Tokenisation is not timed (it runs on the CPU, the same in every variant). Every variant
-runs the evaluation's loop (modsent.training.loop.encode_in_batches): each batch padded to its
-longest sentence, the encoder given the mask decided on the host
+encodes as the evaluation's loop does (modsent.training.loop.encode_in_batches, which always
+sorts by length): each batch padded to its longest sentence, the encoder given the mask decided
+on the host
 (modsent.tokenizing.encoder_attention_mask), the vectors normalised and copied back without
 waiting (loop.HostCopies). Variants:
 
@@ -66,7 +67,7 @@ def main() -> None:
     size = "labse" if args.labse_random else "small"
     model, config = build(size, args.device)
     model.eval()
-    hidden, layers, _, _, vocab = SIZES[size]
+    hidden, layers = SIZES[size][:2]
     non_embedding = sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n)
     base = sentence_lengths(args.seq_len)
     lengths = [base[i % len(base)] for i in range(args.sentences)]
