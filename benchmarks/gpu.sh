@@ -53,7 +53,7 @@ bench mlm_throughput_compiled 180 benchmarks/mlm_throughput.py --labse-random --
     --batch-size 128 --steps 10 --compile
 bench mlm_throughput_b64 90 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
     --batch-size 64 --steps 10
-bench pair_throughput 120 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
+bench pair_throughput 150 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
     --batch-size 128 --steps 40 --warmup 10 --bf16-residual
 bench pair_throughput_b256 120 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
     --batch-size 256 --steps 20 --warmup 5
