@@ -29,7 +29,11 @@ from the host's copy, so the forward never asks the GPU whether there is padding
   forwards (modsent's step);
 - ``bf16, grouped``: the same with length-grouped batches (``--group`` batches' worth of pairs
   drawn at random, sorted by length, cut into batches, the batches shuffled): less padding,
-  at the price of in-batch negatives of similar length (and ``bf16, grouped, fast``).
+  at the price of in-batch negatives of similar length (and ``bf16, grouped, fast``);
+- on a GPU, two answers to the cost of new shapes (below), each beside ``bf16, random, fast``:
+  ``bf16, fast, pad 8`` pads widths to a multiple of 8 (fewer shapes; the same results up to
+  float rounding), ``bf16, fast, no cuDNN`` lets SDPA choose any attention kernel but cuDNN's
+  (the memory-efficient one with a padding mask: no plan per shape).
 
 Each prints pairs/s (timed steps over their total time, after --warmup untimed ones and an
 untimed step of each batch shape, sentences x padded width, the timed steps meet that the
@@ -175,6 +179,18 @@ def first_of_shape(shapes: list, schedule: list[int]) -> list[int]:
     return firsts
 
 
+def attention_kernels(no_cudnn: bool):
+    """A context in which SDPA may choose any attention kernel but cuDNN's (``no_cudnn``), or
+    where it chooses as it does by default."""
+    import contextlib
+
+    if not no_cudnn:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     mask = mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
@@ -231,6 +247,9 @@ def main() -> None:
     if not cuda:
         variants = {"fp32, random": (False, 1, False), "fp32, random, fast": (False, 1, True),
                     "fp32, grouped": (False, args.group, False)}
+    if cuda:
+        variants["bf16, fast, pad 8"] = (True, 1, True)
+        variants["bf16, fast, no cuDNN"] = (True, 1, True)
     if args.bf16_residual and cuda:
         variants["bf16, fast, bf16 res."] = (True, 1, True)
     if args.compile:
@@ -266,7 +285,8 @@ def main() -> None:
                 generator = torch.Generator().manual_seed(2)
                 english = nn.functional.normalize(torch.randn(args.batch_size, config.hidden_size,
                                                               generator=generator), dim=-1).to(args.device)
-                shapes = [shape(b, stage, args.pad_multiple) for b in batches]
+                multiple = 8 if name.endswith("pad 8") else args.pad_multiple
+                shapes = [shape(b, stage, multiple) for b in batches]
                 schedule, untimed = warm_schedule(shapes, args.warmup, 2 if name.endswith("graphs") else 1)
                 firsts = set(first_of_shape(shapes, schedule))
                 times, first_times, real, total, flops, flops_frozen = [], [], 0, 0, 0.0, 0.0
@@ -274,11 +294,11 @@ def main() -> None:
                     torch.cuda.reset_peak_memory_stats()
                 for i, batch in enumerate(batches[k] for k in schedule):
                     sent = sentences(batch, stage)
-                    ids, mask, attention = padded(sent, config, args.device, generator, args.pad_multiple)
+                    ids, mask, attention = padded(sent, config, args.device, generator, multiple)
                     if cuda:
                         torch.cuda.synchronize()
                     start = time.perf_counter()
-                    with autocast:
+                    with autocast, attention_kernels(name.endswith("no cuDNN")):
                         emb = mean_pool(net(input_ids=ids, attention_mask=attention).last_hidden_state, mask)
                         n = len(batch)
                         if stage == "SE":

@@ -488,6 +488,9 @@ def test_throughput_benchmark_warms_every_shape_and_masks_as_the_stage_does():
         ours = bench.mean_pool(model(input_ids=ids, attention_mask=attention).last_hidden_state, mask)
         reference = bench.mean_pool(model(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
     assert torch.allclose(ours, reference, atol=1e-6)
+    with torch.no_grad(), bench.attention_kernels(True):  # the GPU variant without cuDNN's attention
+        other = bench.mean_pool(model(input_ids=ids, attention_mask=attention).last_hidden_state, mask)
+    assert torch.allclose(other, reference, atol=1e-6)
     ids, mask, attention = bench.padded([4, 4], config, "cpu", generator, 8)
     assert ids.shape == (2, 8) and attention is not None  # rounded up: padding
     assert bench.padded([6, 6], config, "cpu", generator, 1)[2] is None  # no padding: no mask
