@@ -124,7 +124,9 @@ def read_embeddings(path: str | Path) -> EmbeddingTable:
 def encoding_batch_size(setting: int | None, device: str | None = None) -> int:
     """``evaluation.batch_size``, or with ``None`` the device's: 512 sentences on a GPU, where
     smaller batches leave it waiting for the CPU to launch kernels (an H100 encodes 6.2x the
-    sentences/s at 512 than at 64, benchmarks/results/encode_throughput*_h100.txt), 64 on the
+    sentences/s at 512 than at 64, benchmarks/results/encode_throughput*_h100.txt, measured
+    with a loop that waited for every batch, which costs small batches most: the loop that
+    encodes now does not wait, and gpu.sh's encode_throughput re-measures the ratio), 64 on the
     CPU, where the longer padding of a large batch costs more than it saves (3x slower at 512)."""
     if setting is not None:
         return int(setting)
