@@ -48,7 +48,7 @@ class Rates:
 RATES = {
     "a100-paper": Rates("a100-paper", "the paper's Table 5 (A100 40G)", 200_000 * 128 * 256 / (20 * 3600),
                         PAPER_PAIRS / (20 * 60), PAPER_PAIRS / (20 * 60)),
-    # modsent's own steps (bf16, fast LoRA, modsent.training.fastpath; 128 x 256 tokens, 128
+    # modsent's own steps (bf16, fused AdamW, modsent.training.fastpath; 128 x 256 tokens, 128
     # random pairs), benchmarks/results/*_fast_*.txt; SE and CLA: the mean of the runs there.
     # Those SE and CLA runs had no hard negatives and timed a LoRA step for CLA (the CLA trains
     # parallel adapters): at 128 pairs, bound by the host, likely close; the next GPU run of
