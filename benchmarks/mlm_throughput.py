@@ -9,8 +9,8 @@ masked positions only; "fast": modsent.training.fastpath's LoRA and frozen-Linea
 PEFT's own LoRA forward and the usual full-sequence head (transformers' own MLM loss), and prints
 tokens/s and their ratio. Every variant trains what the LA trains (language_adapter.build_model:
 LoRA r 8 on query, key and value, the embeddings tied to the decoder, the MLM head) in training
-mode, and steps as its loop does (loop.optimizer_step: gradients clipped to norm 1). On a GPU (--device cuda) it also prints the model FLOPs utilisation
-(MFU) against the GPU's bf16 peak (--peak-tflops, default 989 for an H100 SXM) in two
+mode, and steps as its loop does (loop.optimizer_step: gradients clipped to norm 1). On a GPU
+(--device cuda) it also prints the model FLOPs utilisation (MFU) against the GPU's bf16 peak (--peak-tflops, default 989 for an H100 SXM) in two
 conventions: "6N" counts 6N + 12·L·d·s FLOPs per token (N: non-embedding parameters, L layers,
 width d, sequence s: the usual dense estimate of training plus attention scores); "4N" counts
 4N + 12·L·d·s, the work a frozen body really needs (forward, and the backward through the
