@@ -28,6 +28,16 @@ def snakemake_exe() -> str:
     return exe
 
 
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module (its tests hold what the script times)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
 def reversed_keys(value):
     """``value`` with every mapping's keys in reverse order: the same configuration, spelled otherwise."""
     if isinstance(value, dict):

@@ -464,13 +464,9 @@ def test_throughput_benchmark_times_the_trainers_objective_against_an_equal_plai
     """benchmarks/mexma_throughput.py compares the trainer's step (its Objective, its batches sent
     by _on_device) with the plain four-pass step: both must compute the same loss, else the
     ratio it prints compares different work."""
-    import importlib.util
+    from conftest import load_benchmark
 
-    from conftest import REPO
-
-    spec = importlib.util.spec_from_file_location("mexma_throughput", REPO / "benchmarks" / "mexma_throughput.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("mexma_throughput")
     torch.manual_seed(0)
     model = bench.build("small", 500, "cpu").eval()
     generator = torch.Generator().manual_seed(1)

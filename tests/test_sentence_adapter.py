@@ -23,6 +23,7 @@ from modsent.sources.builtin import builtin_corpus, builtin_paraphrases, builtin
 from modsent.testing import make_tiny_bert, make_tiny_xlmr, sample_texts
 from modsent.modular.tokenizer_training import train_tokenizer
 from modsent.training.pairs import batches_of_steps
+from conftest import load_benchmark
 from tiny_modules import assert_resumed_equals_straight, inductor_draws_as_eager, needs_cpu_compiler
 
 LA_CFG = la.LanguageAdapterConfig(steps=4, batch_size=4, seq_len=32, learning_rate=2e-3,
@@ -445,23 +446,11 @@ def test_a_compiled_encoder_trains_as_the_eager_one_over_batches_of_every_width(
     assert x.keys() == y.keys() and all(torch.allclose(x[k], y[k], atol=1e-5) for k in x)
 
 
-def _benchmark(name: str):
-    """benchmarks/<name>.py as a module."""
-    import importlib.util
-
-    from conftest import REPO
-
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
 def test_throughput_benchmark_warms_every_shape_and_masks_as_the_stage_does():
     """benchmarks/pair_throughput.py (the SE/CLA goal's figures) times no step of a batch shape it
     has not run before (a new shape is slow once on a GPU; twice under CUDA graphs), measures
     what the first step of a shape costs, and gives the encoder the stage's mask."""
-    bench = _benchmark("pair_throughput")
+    bench = load_benchmark("pair_throughput")
     shapes = [(9, 48), (9, 56), (9, 48), (9, 40), (9, 56), (7, 48), (9, 40), (9, 48)]
     schedule, untimed = bench.warm_schedule(shapes, 2)
     assert schedule == [0, 1, 3, 5, 2, 3, 4, 5, 6, 7] and untimed == 4
@@ -503,7 +492,7 @@ def test_throughput_benchmark_trains_what_each_stage_trains_on_its_batches(monke
     whole benchmark runs and prints every variant of both stages."""
     from modsent.modular import parallel_adapter as pa
 
-    bench = _benchmark("pair_throughput")
+    bench = load_benchmark("pair_throughput")
     se, _ = bench.build("small", "cpu", "SE")
     cla, _ = bench.build("small", "cpu", "CLA")
     se_trained = {n for n, p in se.named_parameters() if p.requires_grad}
@@ -537,7 +526,7 @@ def test_throughput_benchmark_trains_what_each_stage_trains_on_its_batches(monke
 def test_encoding_benchmark_runs_the_evaluations_loop_and_prints_every_variant(monkeypatch, capsys):
     """benchmarks/encode_throughput.py (the evaluation batch size's figures) runs, through the
     stage's padding and mask, and prints a positive rate for each variant."""
-    bench = _benchmark("encode_throughput")
+    bench = load_benchmark("encode_throughput")
     monkeypatch.setattr("sys.argv", ["encode_throughput.py", "--sentences", "40", "--repeat", "1",
                                      "--batch-size", "16"])
     bench.main()
