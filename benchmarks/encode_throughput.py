@@ -11,9 +11,8 @@ modsent.testing.sample_texts (English prose of 5-40 words, 1.3 pieces a word), -
 them. Tokenisation is not timed (it runs on the CPU, the same in every variant). Every variant
 encodes as the evaluation's loop does (modsent.training.loop.encode_in_batches, which always
 sorts by length): each batch padded to its longest sentence, the encoder given the mask decided
-on the host
-(modsent.tokenizing.encoder_attention_mask), the vectors normalised and copied back without
-waiting (loop.HostCopies). Variants:
+on the host (modsent.tokenizing.encoder_attention_mask), the vectors normalised and copied back
+without waiting (loop.HostCopies). Variants:
 
 - ``fp32, given order``: full precision, batches in the order the sentences come (the
   unoptimised path);

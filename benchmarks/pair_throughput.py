@@ -124,13 +124,18 @@ def make_batches(lengths: list[int], pairs: int, batch_size: int, group: int, se
     return out
 
 
+def padded_width(lengths: list[int], multiple: int) -> int:
+    """The longest of ``lengths`` rounded up to a multiple of ``multiple``."""
+    return -(-max(lengths) // multiple) * multiple
+
+
 def padded(lengths: list[int], config, device: str, generator: torch.Generator, multiple: int):
     """Random ids for sentences of these lengths, padded to the longest rounded up to ``multiple``
     (1: as modsent pads), on ``device``: (ids, the 2D mask, the mask the encoder gets, as
     modsent.modular.sentence_adapter gives it: None without padding, else 4D boolean)."""
     from modsent.tokenizing import encoder_attention_mask
 
-    cols = -(-max(lengths) // multiple) * multiple
+    cols = padded_width(lengths, multiple)
     ids = torch.randint(5, config.vocab_size, (len(lengths), cols), generator=generator)
     mask = (torch.arange(cols)[None, :] < torch.tensor(lengths)[:, None]).long()
     ids = ids * mask
@@ -149,7 +154,7 @@ def sentences(batch: list[tuple[int, ...]], stage: str) -> list[int]:
 def shape(batch: list[tuple[int, ...]], stage: str, multiple: int) -> tuple[int, int]:
     """The shape of a step's batch as :func:`padded` makes it: (sentences, padded width)."""
     lengths = sentences(batch, stage)
-    return len(lengths), -(-max(lengths) // multiple) * multiple
+    return len(lengths), padded_width(lengths, multiple)
 
 
 def warm_schedule(shapes: list, warmup: int, repeats: int = 1) -> tuple[list[int], int]:
