@@ -131,11 +131,10 @@ def main() -> None:
         loss.backward()
         optimizer_step(optimizer, trainable, 1.0)
 
-    first_steps = {}
-    for i in range(1, args.steps + 1):
-        first_steps.setdefault(prepared[i][0].shape, i)
+    # step(0) warms the first batch's shape; the profiled steps' other shapes are warmed once each
+    schedule, untimed = pair_throughput.warm_schedule([ids.shape for ids, _, _ in prepared[:args.steps + 1]], 1)
     profile(f"SE step, {args.se_batch} pairs", se_step, args.steps, cuda, args.top,
-            warm=tuple(first_steps.values()))
+            warm=tuple(schedule[1:untimed]))
 
 
 if __name__ == "__main__":
