@@ -24,7 +24,8 @@ from modsent.testing import make_tiny_bert, make_tiny_xlmr, sample_texts
 from modsent.modular.tokenizer_training import train_tokenizer
 from modsent.training.pairs import batches_of_steps
 from conftest import load_benchmark
-from tiny_modules import assert_resumed_equals_straight, inductor_draws_as_eager, needs_cpu_compiler
+from tiny_modules import (assert_resumed_equals_straight, assert_same_adamw_training, inductor_draws_as_eager,
+                          needs_cpu_compiler)
 
 LA_CFG = la.LanguageAdapterConfig(steps=4, batch_size=4, seq_len=32, learning_rate=2e-3,
                                   warmup_steps=1, eval_sentences=30, checkpoint_every=100, log_every=1,
@@ -443,7 +444,7 @@ def test_a_compiled_encoder_trains_as_the_eager_one_over_batches_of_every_width(
     for key in ("heldout_retrieval_accuracy_before", "heldout_retrieval_accuracy_after", "padding_fraction"):
         assert compiled[key] == pytest.approx(eager[key]), key
     x, y = (load_file(str(tmp_path / run / sa.ADAPTER_DIR / "adapter_model.safetensors")) for run in ("eager", "compiled"))
-    assert x.keys() == y.keys() and all(torch.allclose(x[k], y[k], atol=1e-5) for k in x)
+    assert_same_adamw_training(x, y, cfg.learning_rate)
 
 
 def test_throughput_benchmark_warms_every_shape_and_masks_as_the_stage_does():
