@@ -203,6 +203,7 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def main() -> None:
     from modsent.losses import MultipleNegativesRankingLoss
+    from modsent.modular import alignment as al, sentence_adapter as sa
     from modsent.training import fastpath
 
     from benchmarks.mlm_throughput import low_precision_residual
@@ -305,11 +306,8 @@ def main() -> None:
                     start = time.perf_counter()
                     with autocast, attention_kernels(name.endswith("no cuDNN")):
                         emb = mean_pool(net(input_ids=ids, attention_mask=attention).last_hidden_state, mask)
-                        n = len(batch)
-                        if stage == "SE":
-                            loss = loss_fn(emb[:n], emb[n:2 * n], emb[2 * n:] if len(emb) > 2 * n else None)
-                        else:
-                            loss = loss_fn(english[:n], emb[:n], emb[n:] if len(emb) > n else None)
+                        loss = (sa.pass_loss(loss_fn, emb, len(batch)) if stage == "SE"
+                                else al.pp_pass_loss(loss_fn, english[:len(batch)], emb))
                     loss.backward()
                     optimizer_step(optimizer, trainable, 1.0)  # the stages': clip to norm 1, step, clear
                     if cuda:

@@ -69,6 +69,7 @@ def main() -> None:
     from benchmarks import mlm_throughput, pair_throughput
     from modsent.losses import MultipleNegativesRankingLoss
     from modsent.modular.language_adapter import mlm_loss
+    from modsent.modular.sentence_adapter import pass_loss
     from modsent.training.loop import optimizer_step, to_device
     from modsent.training import fastpath
     from modsent.training.optim import fused_options
@@ -126,8 +127,7 @@ def main() -> None:
         with autocast():
             hidden = encoder(input_ids=ids, attention_mask=attention).last_hidden_state
             emb = pair_throughput.mean_pool(hidden, mask)
-            n = args.se_batch
-            loss = loss_fn(emb[:n], emb[n:2 * n], emb[2 * n:] if len(emb) > 2 * n else None)
+            loss = pass_loss(loss_fn, emb, args.se_batch)
         loss.backward()
         optimizer_step(optimizer, trainable, 1.0)
 

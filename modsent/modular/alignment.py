@@ -376,9 +376,15 @@ def batch_loss(kind: str, model: sa.SentenceEncoderModel, english: EnglishEmbedd
     anchors = to_device(anchors, device)
     if kind == "pl":
         return losses.CosineSimilarityLoss()(anchors, model(features))
-    emb = model(features).float()
-    n = len(rows)
-    return losses.MultipleNegativesRankingLoss(scale)(anchors, emb[:n], emb[n:] if len(emb) > n else None)
+    return pp_pass_loss(losses.MultipleNegativesRankingLoss(scale), anchors, model(features).float())
+
+
+def pp_pass_loss(loss_fn: losses.MultipleNegativesRankingLoss, anchors: torch.Tensor,
+                 emb: torch.Tensor) -> torch.Tensor:
+    """pp's MNRL of one forward pass over L's side, its rows in :func:`batch_inputs`' order:
+    the positives of the ``len(anchors)`` pairs, then the hard negatives present."""
+    n = len(anchors)
+    return loss_fn(anchors, emb[:n], emb[n:] if len(emb) > n else None)
 
 
 def retrieval_accuracy(model: sa.SentenceEncoderModel, english: EnglishEmbeddings, anchors: Sequence[str],

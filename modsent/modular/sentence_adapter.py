@@ -355,8 +355,12 @@ def batch_loss(model: SentenceEncoderModel, loss_fn: MultipleNegativesRankingLos
                rows: pd.DataFrame, features: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
     """MNRL of one batch; all its texts are encoded in one forward pass. ``features``: the
     batch's texts (:func:`batch_texts`) already tokenised (``model.features``)."""
-    n = len(rows)
-    emb = model(features if features is not None else batch_texts(rows))
+    return pass_loss(loss_fn, model(features if features is not None else batch_texts(rows)), len(rows))
+
+
+def pass_loss(loss_fn: MultipleNegativesRankingLoss, emb: torch.Tensor, n: int) -> torch.Tensor:
+    """MNRL of one forward pass over a batch of ``n`` pairs, its rows in :func:`batch_texts`'
+    order: anchors, positives, then the hard negatives present."""
     return loss_fn(emb[:n], emb[n:2 * n], emb[2 * n:] if len(emb) > 2 * n else None)
 
 
