@@ -30,6 +30,11 @@ from the host's copy, so the forward never asks the GPU whether there is padding
 - ``bf16, grouped``: the same with length-grouped batches (``--group`` batches' worth of pairs
   drawn at random, sorted by length, cut into batches, the batches shuffled): less padding,
   at the price of in-batch negatives of similar length (and ``bf16, grouped, fast``);
+- ``fp32, fast, chunks 16`` (``bf16, ...`` on a GPU): the stages' step on the CPU
+  (``SentenceEncoderModel.step_features``): each step's pass in sub-passes of up to 16
+  sentences sorted by length, each padded to its own longest (modsent.training.loop.split_by_length;
+  the same batches and loss, less padding); on a GPU the candidate to measure (its chunks'
+  shapes are not warmed: the new-shape cost falls in its timed steps);
 - on a GPU, two answers to the cost of new shapes (below), each beside ``bf16, random, fast``:
   ``bf16, fast, pad 8`` pads widths to a multiple of 8 (fewer shapes; the same results up to
   float rounding), ``bf16, fast, no cuDNN`` lets SDPA choose any attention kernel but cuDNN's
@@ -196,6 +201,17 @@ def attention_kernels(no_cudnn: bool):
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
+def chunk_embeddings(net, config, chunk: dict, device: str) -> torch.Tensor:
+    """Mean-pooled vectors of one chunk of a pass split by length (on the host), as
+    SentenceEncoderModel.forward encodes it: the chunk sent to ``device``, its own mask."""
+    from modsent.tokenizing import encoder_attention_mask
+
+    ids, mask = chunk["input_ids"].to(device), chunk["attention_mask"]
+    device_mask = mask.to(device)
+    attention = encoder_attention_mask(config, mask, device_mask)
+    return mean_pool(net(input_ids=ids, attention_mask=attention).last_hidden_state, device_mask)
+
+
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     mask = mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
@@ -207,7 +223,7 @@ def main() -> None:
     from modsent.training import fastpath
 
     from benchmarks.mlm_throughput import low_precision_residual
-    from modsent.training.loop import optimizer_step
+    from modsent.training.loop import CPU_CHUNK_SENTENCES, LengthChunks, optimizer_step, split_by_length
     from modsent.training.optim import fused_options
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -253,6 +269,8 @@ def main() -> None:
     if not cuda:
         variants = {"fp32, random": (False, 1, False), "fp32, random, fast": (False, 1, True),
                     "fp32, grouped": (False, args.group, False)}
+    # the stages' CPU step (and a candidate for GPUs): the pass in sub-passes by length
+    variants[("bf16" if cuda else "fp32") + f", fast, chunks {CPU_CHUNK_SENTENCES}"] = (cuda, 1, True)
     if cuda:
         variants["bf16, fast, pad 8"] = (True, 1, True)
         variants["bf16, fast, no cuDNN"] = (True, 1, True)
@@ -300,12 +318,21 @@ def main() -> None:
                     torch.cuda.reset_peak_memory_stats()
                 for i, batch in enumerate(batches[k] for k in schedule):
                     sent = sentences(batch, stage)
-                    ids, mask, attention = padded(sent, config, args.device, generator, multiple)
+                    chunked = "chunks" in name
+                    ids, mask, attention = padded(sent, config, "cpu" if chunked else args.device, generator, multiple)
                     if cuda:
                         torch.cuda.synchronize()
                     start = time.perf_counter()
                     with autocast, attention_kernels(name.endswith("no cuDNN")):
-                        emb = mean_pool(net(input_ids=ids, attention_mask=attention).last_hidden_state, mask)
+                        if chunked:  # the stages' step on the CPU: SentenceEncoderModel.step_features
+                            parts = split_by_length({"input_ids": ids, "attention_mask": mask})
+                            parts = parts if isinstance(parts, LengthChunks) else [parts]
+                            outputs = [chunk_embeddings(net, config, chunk, args.device) for chunk in parts]
+                            emb = parts.restore(outputs) if isinstance(parts, LengthChunks) else outputs[0]
+                            padded_positions = sum(chunk["input_ids"].numel() for chunk in parts)
+                        else:
+                            emb = mean_pool(net(input_ids=ids, attention_mask=attention).last_hidden_state, mask)
+                            padded_positions = ids.numel()
                         loss = (sa.pass_loss(loss_fn, emb, len(batch)) if stage == "SE"
                                 else al.pp_pass_loss(loss_fn, english[:len(batch)], emb))
                     loss.backward()
@@ -319,7 +346,7 @@ def main() -> None:
                     if i >= untimed:
                         times.append(time.perf_counter() - start)
                         real += sum(sent)
-                        total += ids.numel()
+                        total += padded_positions
                         attn_flops = sum(12 * config.num_hidden_layers * config.hidden_size * s * s for s in sent)
                         flops += 6 * n_model * sum(sent) + attn_flops
                         flops_frozen += 4 * n_model * sum(sent) + attn_flops

@@ -218,6 +218,36 @@ def test_a_batch_tokenised_ahead_on_a_thread_has_the_mnrl_of_its_texts(inputs):
     assert [x.item() for x in prepared] == [x.item() for x in direct]
 
 
+def test_a_step_in_chunks_by_length_computes_the_one_pass_loss_and_gradients(inputs):
+    """On the CPU a step's texts are encoded in sub-passes of similar length (step_features):
+    the same embeddings, MNRL and LoRA gradients as one pass over the batch padded to its
+    longest, with less padding. Dropout off (eval mode), where its draws would differ."""
+    from modsent.training.loop import LengthChunks
+
+    model = sa.build_model(inputs["base"], inputs["la"], CFG).eval()
+    pairs = sa.read_pairs(inputs["pairs"])
+    rows = pairs.iloc[sa.no_duplicate_batches(pairs, 20, 0)[0]]
+    texts = sa.batch_texts(rows)
+    one, chunks = model.features(texts), model.step_features(texts)
+    assert isinstance(chunks, LengthChunks) and len(chunks) == -(-len(texts) // 16) >= 3
+    assert sum(c["attention_mask"].numel() for c in chunks) < one["attention_mask"].numel()
+    loss_fn = MultipleNegativesRankingLoss(20.0)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    results = []
+    for features in (one, chunks):
+        model.zero_grad()
+        emb = model(features)
+        loss = sa.pass_loss(loss_fn, emb, len(rows))
+        loss.backward()
+        results.append((emb.detach(), loss.detach(), [p.grad.clone() for p in trainable]))
+    (emb_one, loss_one, grads_one), (emb_chunks, loss_chunks, grads_chunks) = results
+    assert torch.allclose(emb_chunks, emb_one, atol=1e-5)
+    assert torch.allclose(loss_chunks, loss_one, rtol=1e-5)
+    assert any(g.abs().max() > 0 for g in grads_one)
+    for g_chunks, g_one in zip(grads_chunks, grads_one):
+        assert torch.allclose(g_chunks, g_one, atol=1e-6, rtol=1e-4)
+
+
 def test_training_raises_heldout_retrieval_and_reloads(inputs, tmp_path):
     la_before = _digest(inputs["la"])
     out = tmp_path / "de"
@@ -234,7 +264,16 @@ def test_training_raises_heldout_retrieval_and_reloads(inputs, tmp_path):
                        return_tensors="pt")["attention_mask"]
              for batch in batches_of_steps(train, CFG.batch_size, CFG.seed, CFG.max_steps)]
     padded = sum(int((m == 0).sum()) for m in masks) / sum(m.numel() for m in masks)
-    assert 0 < metrics["padding_fraction"] == pytest.approx(padded)
+    # on the CPU each step's pass runs in chunks of up to 16 sentences sorted by length, each
+    # padded to its own longest (modsent.training.loop.split_by_length)
+    chunk_positions = chunk_tokens = 0
+    for m in masks:
+        for lengths in np.array_split(np.sort(m.sum(dim=1).numpy()), -(-len(m) // 16)):
+            chunk_positions += len(lengths) * int(lengths.max())
+            chunk_tokens += int(lengths.sum())
+    chunk_padded = 1 - chunk_tokens / chunk_positions
+    assert 0 < metrics["padding_fraction"] == pytest.approx(chunk_padded)
+    assert chunk_padded < padded
     assert _digest(inputs["la"]) == la_before  # the LA directory is untouched
     files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
     assert {"adapter/adapter_config.json", "adapter/adapter_model.safetensors", "metrics.json",
@@ -514,13 +553,16 @@ def test_throughput_benchmark_trains_what_each_stage_trains_on_its_batches(monke
     assert all(len(row) == 2 for batch in bench.make_batches(list(range(5, 45)), 400, 100, 4, seed=3)
                for row in batch)  # no share: pairs only
 
-    monkeypatch.setattr("sys.argv", ["pair_throughput.py", "--batch-size", "4", "--seq-len", "64", "--steps", "2",
+    monkeypatch.setattr("sys.argv", ["pair_throughput.py", "--batch-size", "12", "--seq-len", "64", "--steps", "2",
                                      "--warmup", "1"])
     bench.main()
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("SE ", "CLA "))]
-    assert [(row[0], " ".join(row[2:-4])) for row in rows] == [
-        (stage, name) for stage in ("SE", "CLA") for name in ("fp32, random", "fp32, random, fast", "fp32, grouped")]
+    names = ("fp32, random", "fp32, random, fast", "fp32, grouped", "fp32, fast, chunks 16")
+    assert [(row[0], " ".join(row[2:-4])) for row in rows] == [(stage, name) for stage in ("SE", "CLA") for name in names]
     assert all(float(row[-4]) > 0 for row in rows)
+    padding = {(row[0], " ".join(row[2:-4])): float(row[-3].rstrip("%")) for row in rows}
+    # the same batches as 'random', SE's ~28 sentences in two passes by length: less padding
+    assert padding["SE", "fp32, fast, chunks 16"] < padding["SE", "fp32, random"]
     assert any(row[-1].endswith("ms") for row in rows)  # widths vary: a new shape's cost is measured
 
 

@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from modsent.training.loop import HostCopies, TrainingLog, ahead
+from modsent.training.loop import HostCopies, LengthChunks, TrainingLog, ahead, split_by_length
 
 
 def test_ahead_gives_what_preparing_in_the_loop_gives_in_order():
@@ -118,6 +118,37 @@ def test_padding_is_counted_from_the_host_masks_of_every_shape_of_inputs(caplog)
     if torch.cuda.is_available():  # counting a GPU's mask would wait for the GPU: refused
         with pytest.raises(ValueError, match="host's masks"):
             training.count_padding({"attention_mask": torch.ones(1, 2, device="cuda")})
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_split_by_length_cuts_a_pass_into_sorted_chunks_that_restore_its_order(side):
+    """Each chunk keeps its sentences' tokens, in order, and only the positions one of them
+    fills (padding on either side); restore() gives every row back at its place."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 30, (37,), generator=generator)
+    width = int(lengths.max())
+    mask = (torch.arange(width) < lengths[:, None]).long()
+    if side == "left":
+        mask = mask.flip(1)
+    ids = torch.randint(5, 100, (37, width), generator=generator) * mask
+    features = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    chunks = split_by_length(features, size=16)
+    assert isinstance(chunks, LengthChunks) and [len(c["input_ids"]) for c in chunks] == [13, 12, 12]
+    assert sorted(chunks.order.tolist()) == list(range(37))
+    seen = []
+    for chunk, rows in zip(chunks, torch.tensor_split(chunks.order, 3)):
+        assert chunk["attention_mask"].shape[1] == int(lengths[rows].max())  # its own longest
+        for row, chunk_ids, chunk_mask in zip(rows.tolist(), chunk["input_ids"], chunk["attention_mask"]):
+            assert chunk_ids[chunk_mask.bool()].tolist() == ids[row][mask[row].bool()].tolist()
+            seen.append(int(lengths[row]))
+    assert seen == sorted(seen)  # shortest first: each chunk holds sentences of similar length
+    assert sum(c["attention_mask"].numel() for c in chunks) < mask.numel()  # less padding
+    # outputs computed chunk by chunk come back in the batch's order
+    outputs = [chunk["attention_mask"].sum(dim=1, keepdim=True).float() for chunk in chunks]
+    assert torch.equal(chunks.restore(outputs)[:, 0], lengths.float())
+    # a pass of at most one chunk stays as it is
+    small = {k: v[:16] for k, v in features.items()}
+    assert split_by_length(small, size=16) is small
 
 
 def test_host_copies_give_every_batch_in_order_as_the_plain_copies_do():

@@ -461,7 +461,7 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
 
     def prepare(batch):  # on a thread, one step ahead: this process's texts of the next batch tokenised
         share = share_texts(data.rows.iloc[batch], rank, world)
-        return model.features(share) if share else None
+        return model.step_features(share) if share else None
 
     for step, (batch, features) in enumerate(ahead(iter_steps(data, total_steps, start=start), prepare),
                                              start=start):

@@ -364,7 +364,7 @@ def batch_inputs(kind: str, model: sa.SentenceEncoderModel, english: EnglishEmbe
     texts = rows["positive"].tolist()
     if kind != "pl":
         texts += [t for t in rows["negative"] if isinstance(t, str)]
-    return pinned(anchors, next(model.encoder.parameters()).device), model.features(texts)
+    return pinned(anchors, next(model.encoder.parameters()).device), model.step_features(texts)
 
 
 def batch_loss(kind: str, model: sa.SentenceEncoderModel, english: EnglishEmbeddings, rows: pd.DataFrame,

@@ -61,8 +61,8 @@ from modsent.tokenizing import BatchTokenizer, encoder_attention_mask
 from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.pairs import batches_of_steps, no_duplicate_batches, read_pairs, split_heldout  # noqa: F401
 from modsent.training.optim import adamw
-from modsent.training.loop import (TrainingLog, ahead, checkpoint_due, encode_in_batches, optimizer_step, pinned,
-                                   set_learning_rate, to_device)
+from modsent.training.loop import (LengthChunks, TrainingLog, ahead, checkpoint_due, encode_in_batches,
+                                   optimizer_step, pinned, set_learning_rate, split_by_length, to_device)
 from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed
 from modsent.evaluation.plots import write_before_after_bars, write_loss_curve
@@ -233,8 +233,20 @@ class SentenceEncoderModel(nn.Module):
         device = next(self.encoder.parameters()).device
         return {k: pinned(v, device) for k, v in self.tokenize(texts).items()}
 
-    def forward(self, texts: Sequence[str] | Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Embeddings of ``texts``, or of texts already tokenised (:meth:`features`)."""
+    def step_features(self, texts: Sequence[str]) -> dict[str, torch.Tensor] | LengthChunks:
+        """``texts`` tokenised for one training step's forward pass: :meth:`features`, which on
+        the CPU are cut into sub-passes of similar length (:func:`modsent.training.loop.split_by_length`:
+        less padding, the same loss but for float rounding and dropout's draws); a GPU keeps one pass."""
+        features = self.features(texts)
+        if next(self.encoder.parameters()).device.type != "cpu":
+            return features
+        return split_by_length(features)
+
+    def forward(self, texts: Sequence[str] | Mapping[str, torch.Tensor] | LengthChunks) -> torch.Tensor:
+        """Embeddings of ``texts``, or of texts already tokenised (:meth:`features`,
+        :meth:`step_features`)."""
+        if isinstance(texts, LengthChunks):
+            return texts.restore([self(chunk) for chunk in texts])
         device = next(self.encoder.parameters()).device
         features = texts if isinstance(texts, Mapping) else self.tokenize(texts)
         host_mask = features.get("attention_mask")
@@ -419,7 +431,7 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
     batches = batches_of_steps(train, cfg.batch_size, cfg.seed, total_steps, start)
 
     def prepare(batch):  # on a thread, one step ahead: the next batch's texts tokenised
-        return model.features(batch_texts(train.iloc[batch]))
+        return model.step_features(batch_texts(train.iloc[batch]))
 
     for step, (batch, features) in enumerate(ahead(batches, prepare), start=start):
         lr = set_learning_rate(optimizer, schedules.warmup_ratio_linear(step, total_steps, cfg.warmup_ratio,

@@ -58,6 +58,54 @@ def to_device(tensor: torch.Tensor, device) -> torch.Tensor:
     return tensor.to(device)
 
 
+# On the CPU a step's forward pass runs in sub-passes of this many sentences of similar length
+# (split_by_length): the demo's German SE batches (16 pairs, multilingual-e5-small with its LA,
+# one thread) were 58% padding in one pass and 26% in chunks of 16, and a step ran 1.4-1.8x as
+# fast (chunks of 8 or 12: no faster; benchmarks/results/pair_throughput_chunks_cpu.txt). A GPU
+# keeps one pass: at the paper's batch its step is bound by kernel launches, not by padded
+# FLOPs (benchmarks/results/pair_throughput*_h200.txt).
+CPU_CHUNK_SENTENCES = 16
+
+
+class LengthChunks(tuple):
+    """One forward pass's tokenised texts as sub-batches of sentences of similar length, each
+    padded only to its own longest (a tuple of feature mappings). ``order[i]`` is the row, in
+    the whole batch, of the i-th row of the chunks taken in turn; :meth:`restore` puts the
+    chunks' outputs back in the batch's order."""
+
+    order: torch.Tensor
+
+    def restore(self, outputs: list[torch.Tensor]) -> torch.Tensor:
+        """The chunks' outputs (one tensor per chunk, a row per sentence) in the batch's order."""
+        stacked = torch.cat(outputs)
+        inverse = torch.empty_like(self.order)
+        inverse[self.order] = torch.arange(len(self.order))
+        return stacked[inverse.to(stacked.device)]
+
+
+def split_by_length(features: Mapping[str, torch.Tensor], size: int = CPU_CHUNK_SENTENCES):
+    """``features`` (tokenised texts on the host: ``attention_mask`` and the other per-token
+    tensors, [sentences, width]) cut into :class:`LengthChunks` of at most about ``size``
+    sentences sorted by length, each keeping only the positions some sentence of it fills
+    (padding on either side); ``features`` themselves when they make one chunk. Each sentence's
+    embedding is the one a single pass gives (the attention masks keep padding out), so a
+    loss over the batch is unchanged but for float rounding and dropout's draws."""
+    mask = features["attention_mask"]
+    count = len(mask)
+    chunks = math.ceil(count / size)
+    if chunks < 2:
+        return features
+    order = torch.sort(mask.sum(dim=1), stable=True).indices
+    parts = []
+    for rows in torch.tensor_split(order, chunks):
+        filled = mask[rows].any(dim=0)
+        parts.append({key: value[rows][:, filled] if value.dim() == 2 and value.shape == mask.shape
+                      else value[rows] for key, value in features.items()})
+    out = LengthChunks(parts)
+    out.order = order
+    return out
+
+
 def ahead(items: Iterable[T], prepare: Callable[[T], R], *, enabled: bool = True) -> Iterator[tuple[T, R]]:
     """``(item, prepare(item))`` for every item, in order, with ``prepare`` of the next item
     running on a worker thread while the caller works on this one: a pair stage tokenises (and

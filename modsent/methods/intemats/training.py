@@ -515,7 +515,7 @@ def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str
             return info_nce(emb[:len(rows)], emb[len(rows):])
 
     def prepare(batch):  # on a thread, one micro-batch ahead: its texts tokenised (and pinned)
-        return model.features(batch_texts(data.rows.iloc[batch]))
+        return model.step_features(batch_texts(data.rows.iloc[batch]))
 
     scaler = grad_scaler(device, cfg.precision)  # fp16: the loss scaler; else a pass-through
     fingerprint = training_fingerprint(name, cfg, langs, fingerprint_inputs)

@@ -268,7 +268,7 @@ TRIPLET = ("anchor", "positive", "negative")
 def batch_features(model: sa.SentenceEncoderModel, rows: pd.DataFrame) -> tuple[dict, dict, dict]:
     """The batch's anchors, positives and negatives tokenised for :func:`batch_loss`
     (``model.features``: pinned on a GPU), what the loop prepares one step ahead on a thread."""
-    return tuple(model.features(rows[column].tolist()) for column in TRIPLET)
+    return tuple(model.step_features(rows[column].tolist()) for column in TRIPLET)
 
 
 def batch_loss(model: sa.SentenceEncoderModel, loss_fn: TripletInfoNCELoss, rows: pd.DataFrame,
