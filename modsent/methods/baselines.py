@@ -461,7 +461,9 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
 
     def prepare(batch):  # on a thread, one step ahead: this process's texts of the next batch tokenised
         share = share_texts(data.rows.iloc[batch], rank, world)
-        return model.step_features(share) if share else None
+        # one pass, also on the CPU: a full baseline trains every weight, and each sub-pass's
+        # backward would write the whole gradient again (SentenceEncoderModel.step_features: no faster)
+        return model.features(share) if share else None
 
     for step, (batch, features) in enumerate(ahead(iter_steps(data, total_steps, start=start), prepare),
                                              start=start):

@@ -236,7 +236,9 @@ class SentenceEncoderModel(nn.Module):
     def step_features(self, texts: Sequence[str]) -> dict[str, torch.Tensor] | LengthChunks:
         """``texts`` tokenised for one training step's forward pass: :meth:`features`, which on
         the CPU are cut into sub-passes of similar length (:func:`modsent.training.loop.split_by_length`:
-        less padding, the same loss but for float rounding and dropout's draws); a GPU keeps one pass."""
+        less padding, the same loss but for float rounding and dropout's draws); a GPU keeps one pass.
+        For steps that train adapters: where every weight trains (Full_*, DuEAM) each sub-pass's
+        backward writes the whole gradient again, and one pass (:meth:`features`) is as fast."""
         features = self.features(texts)
         if next(self.encoder.parameters()).device.type != "cpu":
             return features

@@ -295,7 +295,9 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
         if not local:
             return local, None, None
         wmd = pinned(torch.as_tensor(d_wmd[local], dtype=torch.float32), device)
-        return local, model.step_features(pair_texts(rows.iloc[local])), wmd
+        # one pass, also on the CPU: DuEAM trains every weight, and each sub-pass's backward would
+        # write the whole gradient again (SentenceEncoderModel.step_features: no faster)
+        return local, model.features(pair_texts(rows.iloc[local])), wmd
 
     log_ = TrainingLog(total_steps, start, name, progress and main, cfg.log_every, resumed, scaler)
     model.train()
