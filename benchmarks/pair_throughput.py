@@ -201,15 +201,14 @@ def attention_kernels(no_cudnn: bool):
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
-def chunk_embeddings(net, config, chunk: dict, device: str) -> torch.Tensor:
-    """Mean-pooled vectors of one chunk of a pass split by length (on the host), as
-    SentenceEncoderModel.forward encodes it: the chunk sent to ``device``, its own mask."""
+def chunk_inputs(config, chunk: dict, device: str):
+    """One chunk of a pass split by length (on the host) on ``device``, as
+    SentenceEncoderModel.forward gives it to the encoder: (ids, the 2D mask, the encoder's mask)."""
     from modsent.tokenizing import encoder_attention_mask
 
-    ids, mask = chunk["input_ids"].to(device), chunk["attention_mask"]
-    device_mask = mask.to(device)
-    attention = encoder_attention_mask(config, mask, device_mask)
-    return mean_pool(net(input_ids=ids, attention_mask=attention).last_hidden_state, device_mask)
+    device_mask = chunk["attention_mask"].to(device)
+    return (chunk["input_ids"].to(device), device_mask,
+            encoder_attention_mask(config, chunk["attention_mask"], device_mask))
 
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -320,16 +319,19 @@ def main() -> None:
                     sent = sentences(batch, stage)
                     chunked = "chunks" in name
                     ids, mask, attention = padded(sent, config, "cpu" if chunked else args.device, generator, multiple)
+                    if chunked:  # split and sent before the clock, as the stages prepare it on a thread
+                        parts = split_by_length({"input_ids": ids, "attention_mask": mask})
+                        parts = parts if isinstance(parts, LengthChunks) else [parts]
+                        inputs = [chunk_inputs(config, chunk, args.device) for chunk in parts]
+                        padded_positions = sum(chunk["input_ids"].numel() for chunk in parts)
                     if cuda:
                         torch.cuda.synchronize()
                     start = time.perf_counter()
                     with autocast, attention_kernels(name.endswith("no cuDNN")):
                         if chunked:  # the stages' step on the CPU: SentenceEncoderModel.step_features
-                            parts = split_by_length({"input_ids": ids, "attention_mask": mask})
-                            parts = parts if isinstance(parts, LengthChunks) else [parts]
-                            outputs = [chunk_embeddings(net, config, chunk, args.device) for chunk in parts]
+                            outputs = [mean_pool(net(input_ids=c_ids, attention_mask=c_attention).last_hidden_state,
+                                                 c_mask) for c_ids, c_mask, c_attention in inputs]
                             emb = parts.restore(outputs) if isinstance(parts, LengthChunks) else outputs[0]
-                            padded_positions = sum(chunk["input_ids"].numel() for chunk in parts)
                         else:
                             emb = mean_pool(net(input_ids=ids, attention_mask=attention).last_hidden_state, mask)
                             padded_positions = ids.numel()

@@ -120,16 +120,14 @@ def test_padding_is_counted_from_the_host_masks_of_every_shape_of_inputs(caplog)
             training.count_padding({"attention_mask": torch.ones(1, 2, device="cuda")})
 
 
-@pytest.mark.parametrize("side", ["right", "left"])
-def test_split_by_length_cuts_a_pass_into_sorted_chunks_that_restore_its_order(side):
-    """Each chunk keeps its sentences' tokens, in order, and only the positions one of them
-    fills (padding on either side); restore() gives every row back at its place."""
+def test_split_by_length_cuts_a_pass_into_sorted_chunks_that_restore_its_order():
+    """Each chunk keeps its sentences' tokens, in order, cut to its own longest sentence;
+    restore() gives every row back at its place. Left padding, or no mask, stays one pass
+    (cutting leading columns would move the tokens' positions)."""
     generator = torch.Generator().manual_seed(0)
     lengths = torch.randint(1, 30, (37,), generator=generator)
     width = int(lengths.max())
     mask = (torch.arange(width) < lengths[:, None]).long()
-    if side == "left":
-        mask = mask.flip(1)
     ids = torch.randint(5, 100, (37, width), generator=generator) * mask
     features = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
     chunks = split_by_length(features, size=16)
@@ -149,6 +147,10 @@ def test_split_by_length_cuts_a_pass_into_sorted_chunks_that_restore_its_order(s
     # a pass of at most one chunk stays as it is
     small = {k: v[:16] for k, v in features.items()}
     assert split_by_length(small, size=16) is small
+    left = {**features, "attention_mask": mask.flip(1)}
+    assert split_by_length(left, size=16) is left
+    unmasked = {"input_ids": ids}
+    assert split_by_length(unmasked, size=16) is unmasked
 
 
 def test_host_copies_give_every_batch_in_order_as_the_plain_copies_do():

@@ -358,8 +358,9 @@ def build_alignment_model(base_model_dir, la_dir, se_dir, cfg: AlignmentConfig, 
 def batch_inputs(kind: str, model: sa.SentenceEncoderModel, english: EnglishEmbeddings,
                  rows: pd.DataFrame) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """What a batch needs from the host: the English vectors looked up and L's texts (positives,
-    then pp's hard negatives) tokenised, in pinned memory when the model is on a GPU (a training
-    loop prepares them ahead on a thread: modsent.training.loop.ahead)."""
+    then pp's hard negatives) tokenised for one step (``model.step_features``: in pinned memory
+    when the model is on a GPU, in sub-passes by length on the CPU; a training loop prepares
+    them ahead on a thread: modsent.training.loop.ahead)."""
     anchors = english.lookup(rows["anchor"].tolist())
     texts = rows["positive"].tolist()
     if kind != "pl":
@@ -369,8 +370,9 @@ def batch_inputs(kind: str, model: sa.SentenceEncoderModel, english: EnglishEmbe
 
 def batch_loss(kind: str, model: sa.SentenceEncoderModel, english: EnglishEmbeddings, rows: pd.DataFrame,
                scale: float = 20.0, inputs: tuple[torch.Tensor, dict] | None = None) -> torch.Tensor:
-    """The loss of one batch: the English side looked up, L's texts encoded in one forward pass.
-    ``inputs``: :func:`batch_inputs` of the batch, when prepared already."""
+    """The loss of one batch: the English side looked up, L's texts encoded in one forward pass
+    (on the CPU in sub-passes by length). ``inputs``: :func:`batch_inputs` of the batch, when
+    prepared already."""
     device = next(model.encoder.parameters()).device
     anchors, features = inputs if inputs is not None else batch_inputs(kind, model, english, rows)
     anchors = to_device(anchors, device)

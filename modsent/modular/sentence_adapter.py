@@ -367,8 +367,9 @@ def batch_texts(rows: pd.DataFrame) -> list[str]:
 
 def batch_loss(model: SentenceEncoderModel, loss_fn: MultipleNegativesRankingLoss,
                rows: pd.DataFrame, features: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
-    """MNRL of one batch; all its texts are encoded in one forward pass. ``features``: the
-    batch's texts (:func:`batch_texts`) already tokenised (``model.features``)."""
+    """MNRL of one batch; all its texts are encoded in one forward pass (on the CPU in
+    sub-passes by length). ``features``: the batch's texts (:func:`batch_texts`) already
+    tokenised (``model.step_features``)."""
     return pass_loss(loss_fn, model(features if features is not None else batch_texts(rows)), len(rows))
 
 

@@ -85,21 +85,24 @@ class LengthChunks(tuple):
 
 def split_by_length(features: Mapping[str, torch.Tensor], size: int = CPU_CHUNK_SENTENCES):
     """``features`` (tokenised texts on the host: ``attention_mask`` and the other per-token
-    tensors, [sentences, width]) cut into :class:`LengthChunks` of at most about ``size``
-    sentences sorted by length, each keeping only the positions some sentence of it fills
-    (padding on either side); ``features`` themselves when they make one chunk. Each sentence's
-    embedding is the one a single pass gives (the attention masks keep padding out), so a
-    loss over the batch is unchanged but for float rounding and dropout's draws."""
-    mask = features["attention_mask"]
-    count = len(mask)
-    chunks = math.ceil(count / size)
+    tensors, [sentences, width], padded on the right) cut into :class:`LengthChunks` of at most
+    ``size`` sentences sorted by length, each cut to its own longest sentence; ``features``
+    themselves when they make one chunk, have no mask or are padded on the left (cutting
+    leading columns would move the tokens' absolute positions). Each sentence's embedding is
+    the one a single pass gives (the attention masks keep padding out), so a loss over the
+    batch is unchanged but for float rounding and dropout's draws."""
+    mask = features.get("attention_mask")
+    if mask is None or not len(mask) or not bool(mask[:, 0].all()):
+        return features
+    chunks = math.ceil(len(mask) / size)
     if chunks < 2:
         return features
-    order = torch.sort(mask.sum(dim=1), stable=True).indices
+    lengths = mask.sum(dim=1)
+    order = torch.sort(lengths, stable=True).indices
     parts = []
     for rows in torch.tensor_split(order, chunks):
-        filled = mask[rows].any(dim=0)
-        parts.append({key: value[rows][:, filled] if value.dim() == 2 and value.shape == mask.shape
+        width = int(lengths[rows].max())
+        parts.append({key: value[rows][:, :width] if value.dim() == 2 and value.shape == mask.shape
                       else value[rows] for key, value in features.items()})
     out = LengthChunks(parts)
     out.order = order

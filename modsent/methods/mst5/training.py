@@ -267,7 +267,8 @@ TRIPLET = ("anchor", "positive", "negative")
 
 def batch_features(model: sa.SentenceEncoderModel, rows: pd.DataFrame) -> tuple[dict, dict, dict]:
     """The batch's anchors, positives and negatives tokenised for :func:`batch_loss`
-    (``model.features``: pinned on a GPU), what the loop prepares one step ahead on a thread."""
+    (``model.step_features``: pinned on a GPU, in sub-passes by length on the CPU), what the loop
+    prepares one step ahead on a thread."""
     return tuple(model.step_features(rows[column].tolist()) for column in TRIPLET)
 
 
