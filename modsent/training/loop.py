@@ -78,9 +78,7 @@ class LengthChunks(tuple):
     def restore(self, outputs: list[torch.Tensor]) -> torch.Tensor:
         """The chunks' outputs (one tensor per chunk, a row per sentence) in the batch's order."""
         stacked = torch.cat(outputs)
-        inverse = torch.empty_like(self.order)
-        inverse[self.order] = torch.arange(len(self.order))
-        return stacked[inverse.to(stacked.device)]
+        return stacked[torch.argsort(self.order).to(stacked.device)]  # a permutation's inverse
 
 
 def split_by_length(features: Mapping[str, torch.Tensor], size: int = CPU_CHUNK_SENTENCES):
