@@ -99,6 +99,38 @@ def test_one_body_is_shared(inputs, modular):
     assert not any(p.requires_grad for p in modular.body.parameters())
 
 
+def test_keys_on_one_language_adapter_share_it(inputs):
+    """Systems registered on one LA (Mod_m and Mod_mc-* of a language) read its tokenizer,
+    embeddings and LoRA once; each key still computes its own modules: the LA with its SE and
+    CLA, the LA with its SE alone, the LA alone."""
+    la_dir, se_dir = inputs["de"]
+    encoder = ModularEncoder(inputs["base"], device="cpu")
+    encoder.add_language("cla", language_adapter=la_dir, sentence_adapter=se_dir,
+                         alignment=inputs["root"] / "cla-de")
+    encoder.add_language("se", language_adapter=la_dir, sentence_adapter=se_dir)
+    encoder.add_language("la", language_adapter=str(la_dir))  # another spelling of the same directory
+    parts = [encoder._languages[key] for key in ("cla", "se", "la")]
+    assert len(encoder._language_adapters) == 1
+    assert all(p.tokenizer is parts[0].tokenizer and p.embeddings is parts[0].embeddings for p in parts)
+    # the LA's LoRA terms are the same tensors; the SE's come after them and stay in their keys
+    name = next(iter(parts[2].lora))
+    assert len(parts[0].lora[name]) == len(parts[1].lora[name]) == 2 and len(parts[2].lora[name]) == 1
+    assert parts[0].lora[name][0][0] is parts[2].lora[name][0][0]
+    expected = {
+        "cla": al.load_aligned_encoder(inputs["base"], la_dir, se_dir, inputs["root"] / "cla-de", device="cpu"),
+        "se": sa.load_sentence_encoder(inputs["base"], la_dir, se_dir, device="cpu"),
+        "la": sa.load_sentence_encoder(inputs["base"], la_dir, None, device="cpu"),
+    }
+    vectors = {}
+    for key in ("cla", "se", "la", "cla"):
+        vectors[key] = encoder.encode(GERMAN, lang=key, batch_size=4)
+        assert np.abs(vectors[key] - expected[key].encode(GERMAN, batch_size=4)).max() < 1e-4, key
+    assert min(np.abs(vectors[a] - vectors[b]).max() for a, b in [("cla", "se"), ("se", "la")]) > 1e-3
+    # the embeddings hold the LA's saved rows as they are
+    saved = load_file(str(la_dir / "embeddings.safetensors"))["input_embeddings"]
+    assert torch.equal(parts[0].embeddings.weight, saved.float()) and not parts[0].embeddings.weight.requires_grad
+
+
 def long_lines(lang, start, stop):
     """Built-in lines long enough to identify (single words and names cannot be; the first two
     long Kyrgyz lines use only letters Russian has, and read as Russian)."""

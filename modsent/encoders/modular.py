@@ -216,6 +216,12 @@ class _Language:
         return out
 
 
+def _frozen_embedding(weights: torch.Tensor, padding_idx: int | None) -> nn.Embedding:
+    """A frozen ``nn.Embedding`` holding ``weights`` as they are (no random initialisation
+    drawn first and overwritten: 0.1 s per 10M entries on one core)."""
+    return nn.Embedding.from_pretrained(weights, freeze=True, padding_idx=padding_idx)
+
+
 def _embedding_fingerprint(model_dir: Path) -> str | None:
     """A SHA-256 of the non-word embedding tensors in ``model_dir/model.safetensors`` (position and
     token-type embeddings, embedding LayerNorm: tensors no stage of the method changes, so every
@@ -345,6 +351,10 @@ class ModularEncoder:
             self._base_embeddings = None
             self.body.embeddings.word_embeddings = self._empty
         self._languages: dict[str, _Language] = {}
+        # one language adapter's tokenizer, embeddings and LoRA terms, read once however many
+        # systems use it (an evaluation group registers Mod_en, Mod_m and each Mod_mc-* of a
+        # language on its one LA): {resolved LA directory: (tokenizer, embeddings, LoRA)}
+        self._language_adapters: dict[Path, tuple] = {}
         self._active: str | None = None
         self._identifier = None
 
@@ -379,10 +389,7 @@ class ModularEncoder:
 
             with safe_open(str(self.base_model_dir / "model.safetensors"), "pt") as handle:
                 weights = handle.get_tensor(self._base_embeddings_key).to(torch.float32)
-            embeddings = nn.Embedding(weights.shape[0], weights.shape[1], padding_idx=self._padding_idx)
-            with torch.no_grad():
-                embeddings.weight.copy_(weights)
-            self._base_embeddings = embeddings.requires_grad_(False).to(self.device)
+            self._base_embeddings = _frozen_embedding(weights, self._padding_idx).to(self.device)
         return self._base_embeddings
 
     # ---- languages -------------------------------------------------------------------------------
@@ -398,28 +405,10 @@ class ModularEncoder:
         ``adapter/``), an SE training output (or its ``adapter/``), a CLA output or adapter
         directory; each optional. ``max_seq_length`` defaults as :func:`sa.load_sentence_encoder`'s
         (the SE's training ``seq_len``, else the base's). Adapters of another base are an InputError."""
-        import transformers
-
         self._deactivate()
         if language_adapter is not None:
-            la_dir = Path(language_adapter)
-            tokenizer = transformers.AutoTokenizer.from_pretrained(str(la_dir))
-            embeddings_path = la_dir / la.EMBEDDINGS_NAME
-            if not embeddings_path.is_file():
-                raise InputError(f"{la_dir}: no {la.EMBEDDINGS_NAME}: not a language adapter directory")
-            weights = read_safetensors(embeddings_path)["input_embeddings"]
-            if weights.shape[0] != len(tokenizer) or weights.shape[1] != self._embedding_dim:
-                raise InputError(f"{embeddings_path}: embeddings of shape {list(weights.shape)} do not fit "
-                                 f"the tokenizer ({len(tokenizer)} tokens) and this base model "
-                                 f"(dim {self._embedding_dim}): another base model?")
-            embeddings = nn.Embedding(weights.shape[0], weights.shape[1],
-                                      padding_idx=self._padding_idx)
-            with torch.no_grad():
-                embeddings.weight.copy_(weights)
-            embeddings.requires_grad_(False)
-            embeddings.to(self.device)
-            lora = _read_lora(la_dir / la.ADAPTER_DIR, self.body, self._prefix, "language adapter",
-                              self.base_model_dir)
+            tokenizer, embeddings, la_lora = self._language_adapter(Path(language_adapter))
+            lora = {name: list(terms) for name, terms in la_lora.items()}  # the SE's terms go after
         else:
             tokenizer, embeddings, lora = self.base_tokenizer, self.base_embeddings, {}
         if sentence_adapter is not None:
@@ -446,6 +435,28 @@ class ModularEncoder:
         max_len = min(max_seq_length or self.base_max_seq_length, self.base_max_seq_length)
         self._languages[lang] = _Language(lang, tokenizer, embeddings, lora, adapters, adapter_dir, max_len)
         self._identifier = None
+
+    def _language_adapter(self, la_dir: Path) -> tuple:
+        """An LA directory's tokenizer, word embeddings (on the device) and LoRA terms (on the
+        CPU), read on its first use and shared by every key registered on it."""
+        key = la_dir.resolve()
+        if key not in self._language_adapters:
+            import transformers
+
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(la_dir))
+            embeddings_path = la_dir / la.EMBEDDINGS_NAME
+            if not embeddings_path.is_file():
+                raise InputError(f"{la_dir}: no {la.EMBEDDINGS_NAME}: not a language adapter directory")
+            weights = read_safetensors(embeddings_path)["input_embeddings"]
+            if weights.shape[0] != len(tokenizer) or weights.shape[1] != self._embedding_dim:
+                raise InputError(f"{embeddings_path}: embeddings of shape {list(weights.shape)} do not fit "
+                                 f"the tokenizer ({len(tokenizer)} tokens) and this base model "
+                                 f"(dim {self._embedding_dim}): another base model?")
+            embeddings = _frozen_embedding(weights.to(torch.float32), self._padding_idx).to(self.device)
+            lora = _read_lora(la_dir / la.ADAPTER_DIR, self.body, self._prefix, "language adapter",
+                              self.base_model_dir)
+            self._language_adapters[key] = (tokenizer, embeddings, lora)
+        return self._language_adapters[key]
 
     def _deactivate(self) -> None:
         if self._active is None:
