@@ -131,6 +131,28 @@ def test_keys_on_one_language_adapter_share_it(inputs):
     assert torch.equal(parts[0].embeddings.weight, saved.float()) and not parts[0].embeddings.weight.requires_grad
 
 
+def test_a_language_adapter_changed_in_place_is_read_again(inputs, tmp_path):
+    """A key added after its LA directory was rewritten (retrained in place) gets the new files,
+    not the parts read before; keys added earlier keep what they were given."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    la_dir = tmp_path / "la"
+    shutil.copytree(inputs["de"][0], la_dir)
+    encoder = ModularEncoder(inputs["base"], device="cpu")
+    encoder.add_language("old", language_adapter=la_dir)
+    before = encoder.encode(GERMAN, lang="old")
+    path = la_dir / "embeddings.safetensors"
+    saved = load_file(str(path))
+    save_file({"input_embeddings": saved["input_embeddings"] * 2.0}, str(path))
+    encoder.add_language("new", language_adapter=la_dir)
+    assert len(encoder._language_adapters) == 2
+    assert torch.equal(encoder._languages["new"].embeddings.weight, saved["input_embeddings"].float() * 2.0)
+    assert np.abs(encoder.encode(GERMAN, lang="new") - before).max() > 1e-3
+    assert np.array_equal(encoder.encode(GERMAN, lang="old"), before)
+
+
 def long_lines(lang, start, stop):
     """Built-in lines long enough to identify (single words and names cannot be; the first two
     long Kyrgyz lines use only letters Russian has, and read as Russian)."""

@@ -353,7 +353,8 @@ class ModularEncoder:
         self._languages: dict[str, _Language] = {}
         # one language adapter's tokenizer, embeddings and LoRA terms, read once however many
         # systems use it (an evaluation group registers Mod_en, Mod_m and each Mod_mc-* of a
-        # language on its one LA): {resolved LA directory: (tokenizer, embeddings, LoRA)}
+        # language on its one LA): {(resolved LA directory, its files' times and sizes):
+        # (tokenizer, embeddings, LoRA)}
         self._language_adapters: dict[Path, tuple] = {}
         self._active: str | None = None
         self._identifier = None
@@ -438,8 +439,12 @@ class ModularEncoder:
 
     def _language_adapter(self, la_dir: Path) -> tuple:
         """An LA directory's tokenizer, word embeddings (on the device) and LoRA terms (on the
-        CPU), read on its first use and shared by every key registered on it."""
-        key = la_dir.resolve()
+        CPU), read on its first use and shared by every key registered on it; read again when
+        its files changed since (a language adapter retrained in place)."""
+        key = (la_dir.resolve(),) + tuple(
+            (path.name, path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else (path.name,)
+            for path in (la_dir / la.EMBEDDINGS_NAME, la_dir / la.ADAPTER_DIR / "adapter_model.safetensors",
+                         la_dir / "tokenizer.json"))
         if key not in self._language_adapters:
             import transformers
 
