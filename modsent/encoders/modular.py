@@ -222,6 +222,17 @@ def _frozen_embedding(weights: torch.Tensor, padding_idx: int | None) -> nn.Embe
     return nn.Embedding.from_pretrained(weights, freeze=True, padding_idx=padding_idx)
 
 
+def _file_stamps(folder: Path) -> tuple:
+    """(relative path, modification time, size) of every file under ``folder``: what changes
+    when the folder's contents are rewritten."""
+    stamps = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            stat = path.stat()
+            stamps.append((str(path.relative_to(folder)), stat.st_mtime_ns, stat.st_size))
+    return tuple(stamps)
+
+
 def _embedding_fingerprint(model_dir: Path) -> str | None:
     """A SHA-256 of the non-word embedding tensors in ``model_dir/model.safetensors`` (position and
     token-type embeddings, embedding LayerNorm: tensors no stage of the method changes, so every
@@ -355,7 +366,7 @@ class ModularEncoder:
         # systems use it (an evaluation group registers Mod_en, Mod_m and each Mod_mc-* of a
         # language on its one LA): {(resolved LA directory, its files' times and sizes):
         # (tokenizer, embeddings, LoRA)}
-        self._language_adapters: dict[Path, tuple] = {}
+        self._language_adapters: dict[tuple, tuple] = {}
         self._active: str | None = None
         self._identifier = None
 
@@ -441,10 +452,7 @@ class ModularEncoder:
         """An LA directory's tokenizer, word embeddings (on the device) and LoRA terms (on the
         CPU), read on its first use and shared by every key registered on it; read again when
         its files changed since (a language adapter retrained in place)."""
-        key = (la_dir.resolve(),) + tuple(
-            (path.name, path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else (path.name,)
-            for path in (la_dir / la.EMBEDDINGS_NAME, la_dir / la.ADAPTER_DIR / "adapter_model.safetensors",
-                         la_dir / "tokenizer.json"))
+        key = (la_dir.resolve(), _file_stamps(la_dir))
         if key not in self._language_adapters:
             import transformers
 
