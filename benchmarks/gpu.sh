@@ -49,8 +49,8 @@ bench mlm_throughput 150 benchmarks/mlm_throughput.py --labse-random --device cu
     --batch-size 128 --steps 10 --bf16-residual
 # the LA under torch.compile (the fast path traces into one graph): Inductor fusing the element-wise
 # residual stream the LA step is bound by, against the eager step in the same run
-bench mlm_throughput_compiled 180 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 \
-    --batch-size 128 --steps 10 --compile
+bench mlm_throughput_compiled 240 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 \
+    --batch-size 128 --steps 10 --compile --bf16-residual
 bench mlm_throughput_b64 90 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
     --batch-size 64 --steps 10
 bench pair_throughput 150 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
@@ -67,8 +67,9 @@ bench pair_throughput_compiled 200 benchmarks/pair_throughput.py --labse-random 
     --batch-size 128 --steps 40 --warmup 20 --compile
 # CUDA graphs for the launch-bound pair steps at 128 pairs: torch.compile's reduce-overhead mode, one graph per
 # padded width (multiples of 16 keep them few), beside the eager step of the same run (padded the same way)
-bench pair_throughput_graphs 240 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
-    --batch-size 128 --steps 40 --warmup 20 --pad-multiple 16 --compile --compile-mode reduce-overhead
+bench pair_throughput_graphs 300 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
+    --batch-size 128 --steps 40 --warmup 20 --pad-multiple 16 --compile --compile-mode reduce-overhead \
+    --bf16-residual --only "bf16, random, fast" "bf16, fast, bf16 res." "bf16, fast, graphs"
 # evaluation encoding by batch size through the evaluation's loop (no waits: host mask, copies behind the kernels)
 bench encode_throughput 120 benchmarks/encode_throughput.py --labse-random --device cuda --batch-size 64 512 \
     --sentences 8000

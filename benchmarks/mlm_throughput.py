@@ -112,7 +112,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, nargs="+", default=[64])
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per run, back to back")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs of --steps (their median)")
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--compile", action="store_true",
                         help="also time modsent's step with the encoder under torch.compile (GPU)")
@@ -133,6 +134,8 @@ def main() -> None:
         variants["masked, bf16, fused, fast, bf16 residual"] = (True, True, True, True)
     if args.compile and cuda:  # last: it compiles the encoder in place
         variants["masked, bf16, fused, fast, compiled"] = (True, True, True, True)
+        if args.bf16_residual:  # both: Inductor fusing a residual stream held in bf16
+            variants["masked, bf16, fused, fast, compiled, bf16 residual"] = (True, True, True, True)
     name_gpu = torch.cuda.get_device_name() if cuda else "CPU"
     print(f"model: {'LaBSE-sized random BERT' if args.labse_random else args.base}; "
           f"{encoder_params / 1e6:.1f}M non-embedding parameters; vocabulary {vocab}; device {args.device} "
@@ -154,7 +157,8 @@ def main() -> None:
             else:
                 fastpath.restore(model)
             low_precision_residual(model, name.endswith("bf16 residual"))
-            if name.endswith("compiled"):
+            if "compiled" in name:
+                torch._dynamo.reset()  # a compiled variant after another traces the model as it is now
                 # as the LA trains with language_adapter.compile: the encoder itself (mlm_loss
                 # calls it directly, then the head on the masked positions)
                 fastpath.compile_in_place(mlm_parts(model)[0], args.device, "--compile")
@@ -170,18 +174,22 @@ def main() -> None:
                 loss.backward()
                 optimizer_step(optimizer, params, 1.0)  # the LA's: clip to norm 1, step, clear
 
-            for _ in range(2 if not name.endswith("compiled") else 3):  # warm-up (and compilation)
+            for _ in range(2 if "compiled" not in name else 3):  # warm-up (and compilation)
                 step()
             if cuda:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
+            # the timed steps back to back with one wait at the end, as the LA's loop runs them
+            # (it never waits for the GPU between steps): the host queues a step while the GPU
+            # runs the one before; the median of --repeats such runs
             times = []
-            for _ in range(args.steps):
+            for _ in range(args.repeats):
                 start = time.perf_counter()
-                step()
+                for _ in range(args.steps):
+                    step()
                 if cuda:
                     torch.cuda.synchronize()
-                times.append(time.perf_counter() - start)
+                times.append((time.perf_counter() - start) / args.steps)
             peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
             results[name] = (args.batch_size * seq_len / statistics.median(times), peak)
         base = results["full head, fp32"][0]

@@ -40,11 +40,12 @@ from the host's copy, so the forward never asks the GPU whether there is padding
   float rounding), ``bf16, fast, no cuDNN`` lets SDPA choose any attention kernel but cuDNN's
   (the memory-efficient one with a padding mask: no plan per shape).
 
-Each prints pairs/s (timed steps over their total time, after --warmup untimed ones and an
+Each prints pairs/s (timed steps run back to back with one wait at the end, as the stages run
+them, over their total time, after --warmup untimed ones and an
 untimed step of each batch shape, sentences x padded width, the timed steps meet that the
 warm-up did not, two under CUDA graphs: a new shape is slow once, while PyTorch's cuDNN
 attention builds its plan or a CUDA graph is recorded), the share of padding, the ratio against
-``fp32, random``, what a step of a new shape takes more than the median step (the untimed
+``fp32, random``, what a step of a new shape takes more than a steady step (the untimed
 first steps of their shape, the very first excepted: the stages meet many shapes, since their
 batches vary in width and in the number of hard negatives, and pay this once for each) and, on
 a GPU, the
@@ -247,6 +248,9 @@ def main() -> None:
                         help="torch.compile's mode: reduce-overhead replays CUDA graphs (one per padded "
                              "width: --pad-multiple keeps them few), the launch cost the SE and CLA steps "
                              "at 128 pairs are bound by")
+    parser.add_argument("--only", nargs="+", metavar="VARIANT",
+                        help="time only these variants (their names as printed) besides 'fp32, random'")
+    parser.add_argument("--stages", nargs="+", choices=("SE", "CLA"), default=["SE", "CLA"])
     args = parser.parse_args()
 
     cuda = args.device.startswith("cuda")
@@ -259,7 +263,7 @@ def main() -> None:
           f"{args.batch_size} pairs per batch, {round(args.negative_share * args.batch_size)} of them with a "
           f"hard negative")
     print("ratio: against 'fp32, random' of the same stage in the same run; new shape: what a step of a "
-          "batch shape not met before takes more than the median step (untimed steps of the warm-up)")
+          "batch shape not met before takes more than a steady step (untimed steps of the warm-up)")
     print(f"{'stage':5} {'seq':>4} {'variant':21} {'pairs/s':>9} {'padding':>8} {'ratio':>6} {'new shape':>11}"
           + (f" {'MFU 6N':>6} {'MFU 4N':>6} {'peak GiB':>9}" if cuda else ""))
     variants = {"fp32, random": (False, 1, False), "bf16, random": (True, 1, False),
@@ -281,9 +285,14 @@ def main() -> None:
         name = ("bf16" if cuda else "fp32") + (", fast, graphs" if args.compile_mode == "reduce-overhead"
                                                else ", fast, compiled")
         variants[name] = (cuda, 1, True)
+    if args.only:
+        unknown = set(args.only) - set(variants)
+        if unknown:
+            parser.error(f"--only: no variant {sorted(unknown)}; the variants: {list(variants)}")
+        variants = {name: spec for name, spec in variants.items() if name == "fp32, random" or name in args.only}
     for seq_len in args.seq_len:
         lengths = sentence_lengths(seq_len)
-        for stage in ("SE", "CLA"):
+        for stage in args.stages:
             # one stage's model at a time: the peak memory is the stage's
             model, config = build(size, args.device, stage)
             # a wrapper: `model` stays eager
@@ -312,50 +321,73 @@ def main() -> None:
                 shapes = [shape(b, stage, multiple) for b in batches]
                 schedule, untimed = warm_schedule(shapes, args.warmup, 2 if name.endswith("graphs") else 1)
                 firsts = set(first_of_shape(shapes, schedule))
-                times, first_times, real, total, flops, flops_frozen = [], [], 0, 0, 0.0, 0.0
-                if cuda:
-                    torch.cuda.reset_peak_memory_stats()
-                for i, batch in enumerate(batches[k] for k in schedule):
+                first_times, step_times, real, total, flops, flops_frozen = [], [], 0, 0, 0.0, 0.0
+                chunked = "chunks" in name
+
+                def prepare(batch):
+                    """A step's inputs on the device, as the stages prepare them on a thread:
+                    (lengths, inputs, padded positions)."""
                     sent = sentences(batch, stage)
-                    chunked = "chunks" in name
-                    ids, mask, attention = padded(sent, config, "cpu" if chunked else args.device, generator, multiple)
-                    if chunked:  # split and sent before the clock, as the stages prepare it on a thread
-                        parts = split_by_length({"input_ids": ids, "attention_mask": mask})
-                        parts = parts if isinstance(parts, LengthChunks) else [parts]
-                        inputs = [chunk_inputs(config, chunk, args.device) for chunk in parts]
-                        padded_positions = sum(chunk["input_ids"].numel() for chunk in parts)
+                    ids, mask, attention = padded(sent, config, "cpu" if chunked else args.device, generator,
+                                                  multiple)
+                    if not chunked:
+                        return sent, (ids, mask, attention), ids.numel()
+                    # split and sent before the clock, as the stages prepare it on a thread
+                    parts = split_by_length({"input_ids": ids, "attention_mask": mask})
+                    parts = parts if isinstance(parts, LengthChunks) else [parts]
+                    inputs = [chunk_inputs(config, chunk, args.device) for chunk in parts]
+                    return sent, (parts, inputs), sum(chunk["input_ids"].numel() for chunk in parts)
+
+                def run(n_pairs, inputs):
+                    with autocast, attention_kernels(name.endswith("no cuDNN")):
+                        if chunked:  # the stages' step on the CPU: SentenceEncoderModel.step_features
+                            parts, chunks = inputs
+                            outputs = [mean_pool(net(input_ids=c_ids, attention_mask=c_attention).last_hidden_state,
+                                                 c_mask) for c_ids, c_mask, c_attention in chunks]
+                            emb = parts.restore(outputs) if isinstance(parts, LengthChunks) else outputs[0]
+                        else:
+                            ids, mask, attention = inputs
+                            emb = mean_pool(net(input_ids=ids, attention_mask=attention).last_hidden_state, mask)
+                        loss = (sa.pass_loss(loss_fn, emb, n_pairs) if stage == "SE"
+                                else al.pp_pass_loss(loss_fn, english[:n_pairs], emb))
+                    loss.backward()
+                    optimizer_step(optimizer, trainable, 1.0)  # the stages': clip to norm 1, step, clear
+
+                # the untimed steps one by one, each timed up to a wait (what a new shape costs)
+                for i, k in enumerate(schedule[:untimed]):
+                    sent, inputs, _ = prepare(batches[k])
                     if cuda:
                         torch.cuda.synchronize()
                     start = time.perf_counter()
-                    with autocast, attention_kernels(name.endswith("no cuDNN")):
-                        if chunked:  # the stages' step on the CPU: SentenceEncoderModel.step_features
-                            outputs = [mean_pool(net(input_ids=c_ids, attention_mask=c_attention).last_hidden_state,
-                                                 c_mask) for c_ids, c_mask, c_attention in inputs]
-                            emb = parts.restore(outputs) if isinstance(parts, LengthChunks) else outputs[0]
-                        else:
-                            emb = mean_pool(net(input_ids=ids, attention_mask=attention).last_hidden_state, mask)
-                            padded_positions = ids.numel()
-                        loss = (sa.pass_loss(loss_fn, emb, len(batch)) if stage == "SE"
-                                else al.pp_pass_loss(loss_fn, english[:len(batch)], emb))
-                    loss.backward()
-                    optimizer_step(optimizer, trainable, 1.0)  # the stages': clip to norm 1, step, clear
+                    run(len(batches[k]), inputs)
                     if cuda:
                         torch.cuda.synchronize()
+                    step_times.append(time.perf_counter() - start)
                     if i in firsts:
-                        first_times.append(time.perf_counter() - start)
-                    if i == untimed - 1 and cuda:  # the timed steps' peak
-                        torch.cuda.reset_peak_memory_stats()
-                    if i >= untimed:
-                        times.append(time.perf_counter() - start)
-                        real += sum(sent)
-                        total += padded_positions
-                        attn_flops = sum(12 * config.num_hidden_layers * config.hidden_size * s * s for s in sent)
-                        flops += 6 * n_model * sum(sent) + attn_flops
-                        flops_frozen += 4 * n_model * sum(sent) + attn_flops
-                seconds = sum(times)
+                        first_times.append(step_times[-1])
+                # the timed steps back to back, with one wait at the end, as the stages run them (they
+                # never wait for the GPU between steps: the host queues a step while the GPU runs the last)
+                timed = [(len(batches[k]), *prepare(batches[k])) for k in schedule[untimed:]]
+                for _, sent, _, positions in timed:
+                    real += sum(sent)
+                    total += positions
+                    attn_flops = sum(12 * config.num_hidden_layers * config.hidden_size * s * s for s in sent)
+                    flops += 6 * n_model * sum(sent) + attn_flops
+                    flops_frozen += 4 * n_model * sum(sent) + attn_flops
+                if cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()  # the timed steps' peak
+                start = time.perf_counter()
+                for n_pairs, _, inputs, _ in timed:
+                    run(n_pairs, inputs)
+                if cuda:
+                    torch.cuda.synchronize()
+                seconds = time.perf_counter() - start
+                timed = None
                 peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
-                new_shape = (statistics.median(first_times) - statistics.median(times)) if first_times else None
-                results[name] = (args.batch_size * len(times) / seconds, 1 - real / total, flops / seconds,
+                steady = seconds / args.steps
+                new_shape = (statistics.median(first_times) - steady) if first_times else None
+                results[name] = (args.batch_size * args.steps / seconds, 1 - real / total, flops / seconds,
                                  flops_frozen / seconds, peak, new_shape)
             fastpath.restore(model)
             model = compiled = net = optimizer = trainable = None  # freed before the next stage's model
