@@ -63,29 +63,6 @@ def build(args):
     return model.to(args.device).train(), vocab
 
 
-def _layer_norm_in_autocast_dtype(self, x):
-    kind = x.device.type
-    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
-    with torch.autocast(kind, enabled=False):
-        return torch.nn.functional.layer_norm(x.to(dtype), self.normalized_shape, self.weight.to(dtype),
-                                              self.bias.to(dtype), self.eps)
-
-
-def low_precision_residual(model, on: bool) -> None:
-    """An experiment, not what modsent trains with: every LayerNorm returns autocast's dtype (bf16)
-    instead of fp32, so the residual stream, its adds, dropouts and casts run in bf16 (the
-    statistics are still accumulated in fp32 by the kernel). This is how a body held in bf16
-    runs; it changes the numerics. ``on=False`` undoes it."""
-    import types
-
-    for module in model.modules():
-        if isinstance(module, torch.nn.LayerNorm):
-            if on:
-                module.forward = types.MethodType(_layer_norm_in_autocast_dtype, module)
-            else:
-                module.__dict__.pop("forward", None)
-
-
 VARIANTS = {  # name: (MLM head on the masked positions only, bf16 autocast, fused AdamW, fast LoRA)
     "masked, bf16, fused, fast": (True, True, True, True),
     "masked, bf16, fused": (True, True, True, False),
@@ -118,8 +95,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true",
                         help="also time modsent's step with the encoder under torch.compile (GPU)")
     parser.add_argument("--bf16-residual", action="store_true",
-                        help="also time modsent's step with the residual stream in bf16 (an experiment: "
-                             "other numerics; see low_precision_residual)")
+                        help="also time modsent's step with the residual stream in bf16 (language_adapter."
+                             "residual_stream: bf16; other numerics: fastpath.bf16_residual_stream)")
     args = parser.parse_args()
     if args.compile and len(args.seq_len) > 1:
         parser.error("--compile compiles the encoder in place: give one --seq-len")
@@ -156,7 +133,7 @@ def main() -> None:
                 fastpath.speed_up(model)
             else:
                 fastpath.restore(model)
-            low_precision_residual(model, name.endswith("bf16 residual"))
+            fastpath.bf16_residual_stream(model, name.endswith("bf16 residual"))  # language_adapter.residual_stream
             if "compiled" in name:
                 torch._dynamo.reset()  # a compiled variant after another traces the model as it is now
                 # as the LA trains with language_adapter.compile: the encoder itself (mlm_loss

@@ -37,8 +37,11 @@ from the host's copy, so the forward never asks the GPU whether there is padding
   shapes are not warmed: the new-shape cost falls in its timed steps);
 - on a GPU, two answers to the cost of new shapes (below), each beside ``bf16, random, fast``:
   ``bf16, fast, pad 8`` pads widths to a multiple of 8 (fewer shapes; the same results up to
-  float rounding), ``bf16, fast, no cuDNN`` lets SDPA choose any attention kernel but cuDNN's
-  (the memory-efficient one with a padding mask: no plan per shape).
+  float rounding), and the one the stages take: every variant but ``bf16, fast, cuDNN`` runs
+  SDPA without cuDNN's attention kernel, as the stages do
+  (modsent.training.fastpath.attention_for_varying_shapes: the memory-efficient kernel with a
+  padding mask, no plan per shape); ``bf16, fast, cuDNN`` lets PyTorch choose, which on Hopper
+  GPUs is cuDNN's kernel with a plan built for each new shape.
 
 Each prints pairs/s (timed steps run back to back with one wait at the end, as the stages run
 them, over their total time, after --warmup untimed ones and an
@@ -190,16 +193,15 @@ def first_of_shape(shapes: list, schedule: list[int]) -> list[int]:
     return firsts
 
 
-def attention_kernels(no_cudnn: bool):
-    """A context in which SDPA may choose any attention kernel but cuDNN's (``no_cudnn``), or
-    where it chooses as it does by default."""
+def attention_kernels(cudnn: bool):
+    """A context in which SDPA chooses its kernel as PyTorch does by default (``cudnn``: on Hopper
+    GPUs, cuDNN's), or as the stages run it: without cuDNN's kernel
+    (fastpath.attention_for_varying_shapes)."""
     import contextlib
 
-    if not no_cudnn:
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from modsent.training import fastpath
 
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+    return contextlib.nullcontext() if cudnn else fastpath.attention_for_varying_shapes()
 
 
 def chunk_inputs(config, chunk: dict, device: str):
@@ -222,7 +224,6 @@ def main() -> None:
     from modsent.modular import alignment as al, sentence_adapter as sa
     from modsent.training import fastpath
 
-    from benchmarks.mlm_throughput import low_precision_residual
     from modsent.training.loop import CPU_CHUNK_SENTENCES, LengthChunks, optimizer_step, split_by_length
     from modsent.training.optim import fused_options
 
@@ -241,7 +242,7 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--bf16-residual", action="store_true",
                         help="also time 'bf16, random, fast' with the residual stream in bf16 (an experiment: "
-                             "other numerics; mlm_throughput.low_precision_residual)")
+                             "other numerics; fastpath.bf16_residual_stream)")
     parser.add_argument("--compile", action="store_true",
                         help="also time 'bf16, random' with the encoder under torch.compile")
     parser.add_argument("--compile-mode", default=None,
@@ -276,7 +277,7 @@ def main() -> None:
     variants[("bf16" if cuda else "fp32") + f", fast, chunks {CPU_CHUNK_SENTENCES}"] = (cuda, 1, True)
     if cuda:
         variants["bf16, fast, pad 8"] = (True, 1, True)
-        variants["bf16, fast, no cuDNN"] = (True, 1, True)
+        variants["bf16, fast, cuDNN"] = (True, 1, True)
     if args.bf16_residual and cuda:
         variants["bf16, fast, bf16 res."] = (True, 1, True)
     if args.compile:
@@ -305,7 +306,7 @@ def main() -> None:
                     fastpath.speed_up(model)
                 else:
                     fastpath.restore(model)
-                low_precision_residual(model, name.endswith("bf16 res."))
+                fastpath.bf16_residual_stream(model, name.endswith("bf16 res."))
                 net = compiled if name.endswith(("compiled", "graphs")) else model
                 optimizer = torch.optim.AdamW(trainable, lr=2e-5, **(fused_options(trainable) if bf16 else {}))
                 autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and cuda
@@ -339,7 +340,7 @@ def main() -> None:
                     return sent, (parts, inputs), sum(chunk["input_ids"].numel() for chunk in parts)
 
                 def run(n_pairs, inputs):
-                    with autocast, attention_kernels(name.endswith("no cuDNN")):
+                    with autocast, attention_kernels(cudnn=name.endswith("cuDNN")):
                         if chunked:  # the stages' step on the CPU: SentenceEncoderModel.step_features
                             parts, chunks = inputs
                             outputs = [mean_pool(net(input_ids=c_ids, attention_mask=c_attention).last_hidden_state,

@@ -124,7 +124,7 @@ def main() -> None:
 
     def se_step(i):
         ids, mask, attention = prepared[i]
-        with autocast():
+        with autocast(), pair_throughput.attention_kernels(cudnn=False):  # as the stage: no cuDNN attention
             hidden = encoder(input_ids=ids, attention_mask=attention).last_hidden_state
             emb = pair_throughput.mean_pool(hidden, mask)
             loss = pass_loss(loss_fn, emb, args.se_batch)

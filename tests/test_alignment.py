@@ -357,7 +357,10 @@ def _kill_midway(inputs, kind, out, die_at):
 @pytest.mark.parametrize("kind", ["pp", "pl"])
 def test_killed_job_resumes_from_its_last_checkpoint(inputs, kind, tmp_path):
     straight = tmp_path / "straight"
-    expected = _train(inputs, kind, straight)
+    cudnn_attention = []  # whether SDPA may take cuDNN's kernel, at each step (a plan per batch shape)
+    expected = _train(inputs, kind, straight,
+                      on_step=lambda step: cudnn_attention.append(torch.backends.cuda.cudnn_sdp_enabled()))
+    assert cudnn_attention == [False] * RESUME_CFG.max_steps and torch.backends.cuda.cudnn_sdp_enabled()
     assert not Path(f"{straight}.checkpoint").exists()  # removed once the output is complete
     resumed = tmp_path / "resumed"
     _kill_midway(inputs, kind, resumed, die_at=5)

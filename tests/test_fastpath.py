@@ -277,3 +277,84 @@ def test_every_methods_compile_is_refused_without_a_compiler_before_it_reads_any
         bl.run_full_training("Full_en", missing / "base", inputs["pairs"], bl.FullTrainingConfig(compile=True),
                              device="cpu", progress=False)
     assert not missing.exists()
+
+
+def test_attention_for_varying_shapes_leaves_cudnn_out_while_it_runs_and_gives_it_back():
+    """PyTorch's cuDNN attention builds a plan per batch shape (about a second each on an H200):
+    the stages whose shapes vary run SDPA without it, encoding passes too, and restore the
+    process's setting afterwards, also when the work fails."""
+    import numpy as np
+
+    from modsent.training.loop import encode_in_batches
+
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with fastpath.attention_for_varying_shapes():
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        with fastpath.attention_for_varying_shapes():  # nested: the outer block's setting stays
+            pass
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with pytest.raises(RuntimeError, match="boom"):
+        with fastpath.attention_for_varying_shapes():
+            raise RuntimeError("boom")
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
+    seen = []
+
+    def forward(texts):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return torch.tensor([[float(len(t)), 1.0] for t in texts])
+
+    sentences = ["a", "ccc", "bb", "dddd", "e"]
+    vectors = encode_in_batches(sentences, 2, lambda texts: texts, forward, normalize=False)
+    np.testing.assert_array_equal(vectors[:, 0], [len(s) for s in sentences])
+    assert seen == [False] * 3 and torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_a_bf16_residual_stream_returns_bf16_layernorms_under_bf16_autocast_only_and_stays_close():
+    """language_adapter.residual_stream: bf16. Under bf16 autocast every LayerNorm returns bf16
+    (autocast's returns fp32), the loss and LoRA's gradients stay within bf16 rounding of
+    autocast's; without bf16 autocast the model computes exactly what it computed, and undoing
+    it restores autocast's own forward."""
+    model = tiny_lora_bert(dropout=0.0)
+    model.eval()  # no dropout draws: the runs differ by their arithmetic alone
+    ids, mask = batch()
+    target = torch.randn(3, 9, 32, generator=torch.Generator().manual_seed(2))  # a loss LayerNorm cannot flatten
+    norms = [m for m in model.modules() if isinstance(m, nn.LayerNorm)]
+    dtypes = []
+    hooks = [m.register_forward_hook(lambda module, args, out: dtypes.append(out.dtype)) for m in norms]
+
+    def run(autocast):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            loss = (out.float() * target).mean()
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for n, p in model.named_parameters() if "lora_" in n])
+        model.zero_grad(set_to_none=True)
+        return out.detach().float(), loss.detach(), grads
+
+    plain_out, plain_loss, plain_grads = run(False)
+    auto_out, auto_loss, auto_grads = run(True)
+    assert set(dtypes) == {torch.float32}
+    dtypes.clear()
+
+    assert fastpath.bf16_residual_stream(model) == len(norms) == 5  # embeddings + 2 per layer
+    low_out, low_loss, low_grads = run(True)
+    assert set(dtypes) == {torch.bfloat16} and len(dtypes) == len(norms)
+    assert torch.allclose(low_loss, auto_loss, rtol=1e-2)
+    assert (low_out - auto_out).norm() / auto_out.norm() < 2e-2  # 0.5% here: bf16 rounding
+    assert torch.nn.functional.cosine_similarity(low_grads, auto_grads, dim=0) > 0.999
+    assert not torch.equal(low_out, auto_out)  # it did change the numerics
+    dtypes.clear()
+    same_out, same_loss, same_grads = run(False)  # fp32: nothing changes
+    assert set(dtypes) == {torch.float32}
+    assert torch.equal(same_out, plain_out) and torch.equal(same_loss, plain_loss)
+    assert torch.equal(same_grads, plain_grads)
+
+    fastpath.bf16_residual_stream(model, on=False)
+    dtypes.clear()
+    back_out, back_loss, back_grads = run(True)
+    assert set(dtypes) == {torch.float32}
+    assert torch.equal(back_out, auto_out) and torch.equal(back_grads, auto_grads)
+    for hook in hooks:
+        hook.remove()

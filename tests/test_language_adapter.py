@@ -282,3 +282,51 @@ def test_compile_without_a_compiler_is_refused_before_training(inputs, tmp_path,
                                          r"needs a C\+\+ compiler .*set language_adapter.compile: false"):
         la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
                                   tmp_path / "de", cfg, device="cpu", progress=False)
+
+
+def test_a_bf16_residual_stream_is_its_own_setting_and_changes_nothing_without_bf16_autocast(inputs, tmp_path,
+                                                                                             monkeypatch):
+    """language_adapter.residual_stream: bf16 makes every LayerNorm of the trained model return bf16
+    under bf16 autocast (fastpath.bf16_residual_stream; its numerics are tested there): other
+    results, so other params and another checkpoint fingerprint. Added after LAs existed, at its
+    default it is in neither, so upgrading retrains and restarts nothing. On the CPU, without
+    autocast, the adapter trained is the fp32 stream's to the bit."""
+    import dataclasses
+    import hashlib
+
+    from modsent.config import fill_defaults, inline_refs, job_settings, load_schema
+    from modsent.training import fastpath
+    from modsent.training.checkpoints import RUNTIME_SETTINGS
+
+    schema = load_schema()
+
+    def filled(section):
+        return fill_defaults({"language_adapter": section}, inline_refs(schema, schema))
+
+    assert la.LanguageAdapterConfig.from_config(filled({})["language_adapter"]).residual_stream == "fp32"
+    assert la.LanguageAdapterConfig.from_config(filled({"residual_stream": "bf16"})["language_adapter"]
+                                                ).residual_stream == "bf16"
+    assert "residual_stream" not in job_settings(filled({}), "language_adapter")
+    assert job_settings(filled({"residual_stream": "bf16"}), "language_adapter")["residual_stream"] == "bf16"
+
+    cfg = la.LanguageAdapterConfig(**{**CFG.__dict__, "steps": 3, "head_warmup_steps": 1})
+    low = la.LanguageAdapterConfig(**{**cfg.__dict__, "residual_stream": "bf16"})
+    assert low.fingerprint(inputs["corpus"]) != cfg.fingerprint(inputs["corpus"])
+    before = {k: v for k, v in dataclasses.asdict(cfg).items()  # the fingerprint as it was before the key
+              if k not in (*RUNTIME_SETTINGS, "tracking", "residual_stream")}
+    digest = hashlib.sha256(json.dumps(before, sort_keys=True).encode())
+    digest.update(Path(inputs["corpus"]).read_bytes())
+    assert cfg.fingerprint(inputs["corpus"]) == digest.hexdigest()[:16]
+
+    changed = []
+    real = fastpath.bf16_residual_stream
+    monkeypatch.setattr(fastpath, "bf16_residual_stream", lambda model, on=True: changed.append(real(model, on)))
+    la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"], tmp_path / "fp32",
+                              cfg, progress=False, device="cpu")
+    assert changed == []
+    la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"], tmp_path / "bf16",
+                              low, progress=False, device="cpu")
+    assert len(changed) == 1 and changed[0] >= 2 * 2 + 1  # two per layer, the embeddings', the head's
+    a = {k: v for f in sorted((tmp_path / "fp32").rglob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    b = {k: v for f in sorted((tmp_path / "bf16").rglob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    assert a.keys() == b.keys() and a and all(torch.equal(a[k], b[k]) for k in a)

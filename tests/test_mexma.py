@@ -288,12 +288,14 @@ def test_a_killed_run_resumes_to_the_weights_of_an_unbroken_one(data, tmp_path):
         pass
 
     def kill(step):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()  # fastpath.attention_for_varying_shapes
         if step == 3:
             raise Killed
 
     with pytest.raises(Killed):
         mt.train_mexma("MEXMA", data["inputs"], tmp_path / "resumed", settings, device="cpu", progress=False,
                        on_step=kill)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # the method trained without it, and gave it back
     assert (tmp_path / "resumed.checkpoint").is_dir() and not (tmp_path / "resumed").exists()
     resumed = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "resumed", settings, device="cpu", progress=False)
     assert resumed["resumed_from_step"] == 2 and straight["resumed_from_step"] == 0

@@ -366,8 +366,11 @@ def _kill_midway(inputs, out, cfg, die_at):
 def test_killed_job_resumes_from_its_last_checkpoint(inputs, tmp_path):
     torch.set_num_threads(1)
     straight = tmp_path / "straight"
+    cudnn_attention = []  # whether SDPA may take cuDNN's kernel, at each step (a plan per batch shape)
     expected = sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], straight, RESUME_CFG,
-                                         device="cpu", progress=False)
+                                         device="cpu", progress=False, on_step=lambda step: cudnn_attention.append(
+                                             torch.backends.cuda.cudnn_sdp_enabled()))
+    assert cudnn_attention == [False] * RESUME_CFG.max_steps and torch.backends.cuda.cudnn_sdp_enabled()
     assert not Path(f"{straight}.checkpoint").exists()  # removed once the output is complete
     resumed = tmp_path / "resumed"
     _kill_midway(inputs, resumed, RESUME_CFG, die_at=5)
@@ -517,7 +520,7 @@ def test_throughput_benchmark_warms_every_shape_and_masks_as_the_stage_does():
         ours = bench.mean_pool(model(input_ids=ids, attention_mask=attention).last_hidden_state, mask)
         reference = bench.mean_pool(model(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
     assert torch.allclose(ours, reference, atol=1e-6)
-    with torch.no_grad(), bench.attention_kernels(True):  # the GPU variant without cuDNN's attention
+    with torch.no_grad(), bench.attention_kernels(cudnn=False):  # the stages' attention: no cuDNN kernel
         other = bench.mean_pool(model(input_ids=ids, attention_mask=attention).last_hidden_state, mask)
     assert torch.allclose(other, reference, atol=1e-6)
     ids, mask, attention = bench.padded([4, 4], config, "cpu", generator, 8)

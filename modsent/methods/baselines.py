@@ -513,6 +513,7 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
     return FullTrainingResult(model, metrics, history)
 
 
+@fastpath.attention_for_varying_shapes()
 def train_full_baseline(name: str, start_dir: str | Path, pairs_paths: Mapping[str, str | Path],
                         out_dir: str | Path, cfg: FullTrainingConfig = FullTrainingConfig(), *,
                         device: str | None = None, progress: bool = True,

@@ -426,6 +426,7 @@ def heldout_diagnostics(model: sa.SentenceEncoderModel, english: EnglishEmbeddin
 # ---- training ------------------------------------------------------------------------------------
 
 
+@fastpath.attention_for_varying_shapes()
 def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str | Path | None,
                             se_dir: str | Path | None, pairs, english_embeddings_path,
                             out_dir: str | Path, cfg: AlignmentConfig = AlignmentConfig(), *,

@@ -45,7 +45,7 @@ from modsent.training import fastpath, schedules, tracking
 from modsent.training.checkpoints import RUNTIME_SETTINGS, load_checkpoint, save_checkpoint
 from modsent.training.loop import LossScaleWatch, optimizer_step, report_step, to_device
 from modsent.training.optim import adamw, fused_options
-from modsent.training.precision import autocast, grad_scaler
+from modsent.training.precision import autocast, grad_scaler, resolve as resolve_precision
 from modsent.training.seeding import dropout_seed, step_generator
 from modsent.training.tracking import Tracker
 from modsent.evaluation.plots import write_before_after_bars, write_loss_curve
@@ -78,6 +78,7 @@ class LanguageAdapterConfig:
     head_warmup_steps: int = 500
     seed: int = 0
     precision: str = "auto"  # modsent.training.precision: auto, fp16 or fp32
+    residual_stream: str = "fp32"  # bf16: fastpath.bf16_residual_stream under bf16 autocast
     tracking: str = "none"  # none | tensorboard | wandb
     compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place)
 
@@ -93,8 +94,8 @@ class LanguageAdapterConfig:
             target_modules=tuple(lora["target_modules"]),
             eval_sentences=section["eval_sentences"], checkpoint_every=section["checkpoint_every"],
             log_every=section["log_every"], head_warmup_steps=section["head_warmup_steps"],
-            seed=section["seed"], precision=section["precision"], tracking=section["tracking"],
-            compile=section["compile"],
+            seed=section["seed"], precision=section["precision"], residual_stream=section["residual_stream"],
+            tracking=section["tracking"], compile=section["compile"],
         )
 
     def fingerprint(self, *inputs: str | Path) -> str:
@@ -103,6 +104,8 @@ class LanguageAdapterConfig:
         embeddings of the same shape must not resume a stale checkpoint)."""
         relevant = {k: v for k, v in dataclasses.asdict(self).items()
                     if k not in (*RUNTIME_SETTINGS, "tracking")}
+        if relevant["residual_stream"] == "fp32":  # added later: checkpoints from before it resume
+            del relevant["residual_stream"]
         digest = hashlib.sha256(json.dumps(relevant, sort_keys=True).encode())
         for path in inputs:
             with open(path, "rb") as handle:
@@ -432,6 +435,11 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
 
     model = build_model(base_model_dir, tokenizer, Path(embeddings_dir) / EMBEDDINGS_NAME, cfg).to(device)
     fastpath.speed_up(model)  # same parameters and results, fewer kernels under autocast
+    if cfg.residual_stream == "bf16":
+        fastpath.bf16_residual_stream(model)
+        if resolve_precision(device, cfg.precision) != "bf16":
+            log.info("language_adapter.residual_stream: bf16 changes nothing here: %s runs without bf16 autocast",
+                     device)
     if cfg.compile:  # the encoder body; the head runs on the masked positions, a varying count
         fastpath.compile_in_place(mlm_parts(model)[0], device, "language_adapter.compile")
         log.info("the encoder is compiled (torch.compile) at its first forward of each shape and mode")

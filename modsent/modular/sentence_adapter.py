@@ -382,6 +382,7 @@ def pass_loss(loss_fn: MultipleNegativesRankingLoss, emb: torch.Tensor, n: int) 
 # ---- checkpoints -----------------------------------------------------------------------------------
 
 
+@fastpath.attention_for_varying_shapes()
 def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None,
                            pairs_path: str | Path, out_dir: str | Path,
                            cfg: SentenceAdapterConfig = SentenceAdapterConfig(), *,

@@ -33,6 +33,7 @@ sped-up layer call it. Used by the LA, SE, CLA and m-ST5 LoRA stages on every de
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import torch
@@ -205,3 +206,62 @@ def compile_in_place(module: nn.Module, device: str | torch.device, key: str, *,
     ``torch._inductor.config.fallback_random`` it draws as eager: the tests compare so)."""
     check_compilable(device, key)
     module.compile(dynamic=dynamic)
+
+
+@contextlib.contextmanager
+def attention_for_varying_shapes():
+    """Scaled dot-product attention without cuDNN's kernel while the block runs (also a decorator),
+    for work whose batch shapes vary: the pair stages, the full baselines, the methods and every
+    encoding pass (:func:`modsent.training.loop.encode_in_batches`).
+
+    PyTorch prefers cuDNN's fused attention on Hopper GPUs (H100, H200), and cuDNN builds an
+    execution plan for each new shape, forward and backward. On an H200 the first step of each
+    new batch shape took 1.0 s (SE) and 2.8 s (CLA) more than a steady step of 60-70 ms
+    (benchmarks/results/pair_throughput_graphs_h200.txt), and these steps meet hundreds of
+    shapes in a run: their batches are padded to their longest sentence and carry a varying
+    number of hard negatives. Without cuDNN, SDPA takes flash attention (no padding) or the
+    memory-efficient kernel (a padding mask), which build no plans: the same attention up to
+    float rounding. The LA's packed sequences have one shape and keep PyTorch's choice. The
+    setting is process-wide (``torch.backends.cuda.enable_cudnn_sdp``) and restored on exit; it
+    changes nothing off CUDA."""
+    previous = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(previous)
+
+
+def _layer_norm_in_bf16(self, x: torch.Tensor) -> torch.Tensor:
+    """LayerNorm that returns bf16 under bf16 autocast (autocast runs it in fp32 and returns fp32);
+    the kernel still accumulates its statistics in fp32. Anything else: the module's own forward."""
+    if _autocast_dtype(x) != torch.bfloat16:
+        return nn.LayerNorm.forward(self, x)
+    with torch.autocast(x.device.type, enabled=False):
+        return F.layer_norm(x.to(torch.bfloat16), self.normalized_shape,
+                            None if self.weight is None else self.weight.to(torch.bfloat16),
+                            None if self.bias is None else self.bias.to(torch.bfloat16), self.eps)
+
+
+def bf16_residual_stream(model: nn.Module, on: bool = True) -> int:
+    """Run ``model``'s residual stream in bf16 under bf16 autocast (``on=False`` undoes it); returns
+    the number of LayerNorms changed.
+
+    Under autocast every LayerNorm computes and returns fp32, so the residual stream between the
+    matrix products (its adds, dropouts and the casts to and from bf16 around every product) moves
+    fp32 tensors: the element-wise traffic that bounds the LA step on a GPU
+    (benchmarks/results/README.md). Each LayerNorm returning bf16 halves those bytes: the LA step
+    ran 1.19x faster on an H200 (626K against 524K tokens/s, mlm_throughput_compiled_h200.txt).
+    The body then runs as one held in bf16 does: other numerics than the method's autocast (the
+    stream's values rounded to bf16 at every layer), which is why it is a setting of its own
+    (``language_adapter.residual_stream``). Without bf16 autocast (fp32, fp16, the CPU) nothing
+    changes. Parameters, state dict and saved adapters are untouched."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, nn.LayerNorm):
+            if on:
+                module.forward = types.MethodType(_layer_norm_in_bf16, module)
+            else:
+                module.__dict__.pop("forward", None)
+            changed += 1
+    return changed

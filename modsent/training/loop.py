@@ -32,6 +32,8 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import torch
 
+from modsent.training.fastpath import attention_for_varying_shapes
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -184,6 +186,7 @@ class HostCopies:
         return np.concatenate(self._done) if self._done else None
 
 
+@attention_for_varying_shapes()
 def encode_in_batches(sentences: list[str], batch_size: int, prepare: Callable, forward: Callable, *,
                       normalize: bool = True):
     """An encoding pass: ``sentences`` in batches of ``batch_size``, longest first (less

@@ -230,6 +230,7 @@ def training_pairs(name: str, inputs: Mapping, cfg: DuEAMConfig, device: str | N
     return pairs, d_wmd, stats
 
 
+@fastpath.attention_for_varying_shapes()
 def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | None = None, progress: bool = True,
                  checkpoint_dir: str | Path | None = None,
                  on_step: Callable[[int], None] | None = None) -> TrainingResult | None:

@@ -469,6 +469,7 @@ def _prepare(name: str, inputs: Mapping, cfg: InteMATsConfig, key: str):
     return model, data, heldout, stats, source, fingerprint_inputs
 
 
+@fastpath.attention_for_varying_shapes()
 def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str | None = None,
                  progress: bool = True, checkpoint_dir: str | Path | None = None,
                  on_step: Callable[[int], None] | None = None) -> TrainingResult:

@@ -349,6 +349,7 @@ def training_fingerprint(name: str, cfg: MEXMAConfig, source: str, files: list) 
     return checkpoints.fingerprint(settings, source if Path(source).is_dir() else None, *files)
 
 
+@fastpath.attention_for_varying_shapes()
 def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | None = None, progress: bool = True,
                  checkpoint_dir: str | Path | None = None,
                  on_step: Callable[[int], None] | None = None) -> TrainingResult | None:

@@ -302,6 +302,7 @@ def training_fingerprint(name: str, cfg: MST5Config, source: str, langs: list[st
     return checkpoints.fingerprint(settings, model_dir, *(pairs_paths[lang] for lang in langs))
 
 
+@fastpath.attention_for_varying_shapes()
 def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: bool, device: str | None = None,
                  progress: bool = True, checkpoint_dir: str | Path | None = None,
                  on_step: Callable[[int], None] | None = None) -> TrainingResult:
