@@ -43,6 +43,8 @@ class Rates:
     se_pairs_per_s: float
     cla_pairs_per_s: float
     translation_sentences_per_s: dict = dataclasses.field(default_factory=dict)
+    # the LA with language_adapter.residual_stream: bf16, where measured (else the fp32 stream's rate)
+    la_bf16_stream_tokens_per_s: float | None = None
 
 
 RATES = {
@@ -52,12 +54,16 @@ RATES = {
     # random pairs), benchmarks/results/*_fast_*.txt; SE and CLA: the mean of the runs there.
     # Those SE and CLA runs had no hard negatives and timed a LoRA step for CLA (the CLA trains
     # parallel adapters): at 128 pairs, bound by the host, likely close; the next GPU run of
-    # benchmarks/pair_throughput.py times the stages' own steps (benchmarks/results/README.md)
+    # benchmarks/pair_throughput.py times the stages' own steps (benchmarks/results/README.md); it did
+    # on 2026-11-28 at 128 pairs with the paper's hard negatives: SE 2,044, CLA 1,889 pairs/s (H200)
     "h200": Rates("h200", "benchmarks/results/*_fast_h200.txt (H200, bf16, fused AdamW, fast LoRA)",
-                  509_700, 1_998, 1_824,
+                  # the LA: mlm_throughput_compiled_h200.txt, its steps back to back as the stage runs them
+                  524_300, 1_998, 1_824,
                   # translation_speed_h200.txt (the later run) and translation_speed_3.3B_h200.txt
                   {("ctranslate2", "600M"): 364.0, ("transformers", "600M"): 82.3,
-                   ("ctranslate2", "3.3B"): 175.2, ("transformers", "3.3B"): 51.2}),
+                   ("ctranslate2", "3.3B"): 175.2, ("transformers", "3.3B"): 51.2},
+                  # the same run: 1.19x the fp32 stream
+                  la_bf16_stream_tokens_per_s=625_900),
     "h100": Rates("h100", "benchmarks/results/*_fast_h100.txt (H100 SXM, bf16, fused AdamW, fast LoRA)",
                   441_800, 1_822, 1_823),
 }
@@ -153,9 +159,14 @@ def estimate(config: dict, jobs: list[tuple[str, dict]], directory: str | Path, 
             la = modsent_config.language_adapter_settings(config, lang)
             tokens = la["steps"] * la["batch_size"] * la["seq_len"]
             vocab = modsent_config.tokenizer_settings(config, lang).get("vocab_size", 50_000)
-            item.gpu_hours = (item.gpu_hours or 0) + scale * tokens / rates.la_tokens_per_s / 3600
+            rate, item.note = rates.la_tokens_per_s, "steps x batch x seq_len tokens"
+            if la.get("residual_stream") == "bf16":
+                if rates.la_bf16_stream_tokens_per_s:
+                    rate, item.note = rates.la_bf16_stream_tokens_per_s, item.note + ", bf16 residual stream"
+                else:
+                    item.note += ", bf16 residual stream priced as fp32 (no rate measured)"
+            item.gpu_hours = (item.gpu_hours or 0) + scale * tokens / rate / 3600
             item.disk_gb = (item.disk_gb or 0) + vocab * hidden * 4 / 1e9  # the trained fp32 embeddings
-            item.note = "steps x batch x seq_len tokens"
         elif rule in PAIR_STAGES and lang:
             section = PAIR_STAGES[rule]
             settings = modsent_config.job_settings(config, section)

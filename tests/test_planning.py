@@ -42,6 +42,18 @@ def test_the_plan_counts_snakemake_s_jobs_and_prices_each_training_job_from_its_
     assert float(total[2]) == pytest.approx(sum(e.gpu_hours or 0 for e in h200), abs=0.01)
     assert main(["plan", "--configfile", str(tmp_path / "missing.yaml")]) == 2
 
+    # language_adapter.residual_stream: bf16 is priced at its own measured rate (H200), and at the
+    # fp32 stream's where none was measured (H100), saying so
+    bf16 = {**config, "language_adapter": {**config["language_adapter"], "residual_stream": "bf16"}}
+    h200_la = {e.rule: e for e in h200}["language_adapter"]
+    faster = {e.rule: e for e in planning.estimate(bf16, jobs, tmp_path / "work", planning.RATES["h200"])}
+    assert faster["language_adapter"].gpu_hours == pytest.approx(h200_la.gpu_hours * 524_300 / 625_900)
+    assert "bf16 residual stream" in faster["language_adapter"].note
+    h100 = {e.rule: e for e in planning.estimate(config, jobs, tmp_path / "work", planning.RATES["h100"])}
+    h100_bf16 = {e.rule: e for e in planning.estimate(bf16, jobs, tmp_path / "work", planning.RATES["h100"])}
+    assert h100_bf16["language_adapter"].gpu_hours == h100["language_adapter"].gpu_hours
+    assert "no rate measured" in h100_bf16["language_adapter"].note
+
 
 def test_translation_is_priced_from_the_units_and_the_measured_rate_of_its_engine_and_size(tmp_path):
     import pandas as pd
