@@ -296,8 +296,13 @@ def test_real_model_output_matches_unit_by_unit_translation(nllb, units, referen
     _, frame = units
     assert list(reference["unit_id"]) == list(frame["unit_id"])
     translator = T.load_translator("transformers", nllb, src_lang="en", tgt_lang="de", **OPTIONS)
+    cudnn_attention = []  # generate runs without cuDNN's attention (a plan per decoding length on Hopper)
+    generate = translator.model.generate
+    translator.model.generate = lambda **kw: cudnn_attention.append(torch.backends.cuda.cudnn_sdp_enabled()) or \
+        generate(**kw)
     one_by_one = [translator.translate([text])[0] for text in frame["text"]]
     assert list(reference["translation"]) == one_by_one
+    assert cudnn_attention == [False] * len(frame) and torch.backends.cuda.cudnn_sdp_enabled()
     assert reference["translation"].nunique() > len(frame) // 2  # the noise depends on the input
 
 

@@ -364,11 +364,15 @@ class TransformersTranslator(Translator):
     def generate(self, sources):
         import torch
 
+        from modsent.training.fastpath import attention_for_varying_shapes
+
         if not sources:
             return []
         batch = self.tokenizer.pad({"input_ids": [list(s) for s in sources]}, return_tensors="pt")
         batch = {key: value.to(self.model.device) for key, value in batch.items()}
-        with torch.inference_mode():
+        # every decoding step attends over one more position: without cuDNN's attention kernel,
+        # which would build a plan for each of those shapes on Hopper GPUs
+        with torch.inference_mode(), attention_for_varying_shapes():
             output = self.model.generate(
                 **batch, forced_bos_token_id=self.forced_bos_token_id, num_beams=self.beam_size,
                 do_sample=False, max_new_tokens=self.max_length,

@@ -211,8 +211,9 @@ def compile_in_place(module: nn.Module, device: str | torch.device, key: str, *,
 @contextlib.contextmanager
 def attention_for_varying_shapes():
     """Scaled dot-product attention without cuDNN's kernel while the block runs (also a decorator),
-    for work whose batch shapes vary: the pair stages, the full baselines, the methods and every
-    encoding pass (:func:`modsent.training.loop.encode_in_batches`).
+    for work whose batch shapes vary: the pair stages, the full baselines, the methods, every
+    encoding pass (:func:`modsent.training.loop.encode_in_batches`) and the transformers
+    translation engine (each decoding step attends over one more position).
 
     PyTorch prefers cuDNN's fused attention on Hopper GPUs (H100, H200), and cuDNN builds an
     execution plan for each new shape, forward and backward. On an H200 the first step of each
