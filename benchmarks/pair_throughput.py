@@ -322,7 +322,7 @@ def main() -> None:
                 shapes = [shape(b, stage, multiple) for b in batches]
                 schedule, untimed = warm_schedule(shapes, args.warmup, 2 if name.endswith("graphs") else 1)
                 firsts = set(first_of_shape(shapes, schedule))
-                first_times, step_times, real, total, flops, flops_frozen = [], [], 0, 0, 0.0, 0.0
+                first_times, real, total, flops, flops_frozen = [], 0, 0, 0.0, 0.0
                 chunked = "chunks" in name
 
                 def prepare(batch):
@@ -363,9 +363,8 @@ def main() -> None:
                     run(len(batches[k]), inputs)
                     if cuda:
                         torch.cuda.synchronize()
-                    step_times.append(time.perf_counter() - start)
                     if i in firsts:
-                        first_times.append(step_times[-1])
+                        first_times.append(time.perf_counter() - start)
                 # the timed steps back to back, with one wait at the end, as the stages run them (they
                 # never wait for the GPU between steps: the host queues a step while the GPU runs the last)
                 timed = [(len(batches[k]), *prepare(batches[k])) for k in schedule[untimed:]]
