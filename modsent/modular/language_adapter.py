@@ -84,7 +84,8 @@ class LanguageAdapterConfig:
 
     @classmethod
     def from_config(cls, section: dict) -> "LanguageAdapterConfig":
-        """From the validated config section (the schema filled in every default)."""
+        """From the validated config section (the schema filled in every default; a job's params
+        leave out ``residual_stream`` at its default, ``x-omit-default``)."""
         lora = section["lora"]
         return cls(
             steps=section["steps"], batch_size=section["batch_size"], seq_len=section["seq_len"],
@@ -94,7 +95,7 @@ class LanguageAdapterConfig:
             target_modules=tuple(lora["target_modules"]),
             eval_sentences=section["eval_sentences"], checkpoint_every=section["checkpoint_every"],
             log_every=section["log_every"], head_warmup_steps=section["head_warmup_steps"],
-            seed=section["seed"], precision=section["precision"], residual_stream=section["residual_stream"],
+            seed=section["seed"], precision=section["precision"], residual_stream=section.get("residual_stream", cls.residual_stream),
             tracking=section["tracking"], compile=section["compile"],
         )
 
