@@ -95,7 +95,8 @@ class LanguageAdapterConfig:
             target_modules=tuple(lora["target_modules"]),
             eval_sentences=section["eval_sentences"], checkpoint_every=section["checkpoint_every"],
             log_every=section["log_every"], head_warmup_steps=section["head_warmup_steps"],
-            seed=section["seed"], precision=section["precision"], residual_stream=section.get("residual_stream", cls.residual_stream),
+            seed=section["seed"], precision=section["precision"],
+            residual_stream=section.get("residual_stream", cls.residual_stream),
             tracking=section["tracking"], compile=section["compile"],
         )
 
