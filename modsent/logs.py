@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import sys
+import warnings
 from pathlib import Path
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ATTEMPT = "==== attempt"
+# Warnings that say nothing about a job, kept out of its log: (category, message start). PEFT
+# 0.21 asks every model it wraps through a transformers method renamed in 5.x (the tests filter
+# it too: pyproject.toml's filterwarnings).
+LIBRARY_NOISE = [(FutureWarning, "`is_gradient_checkpointing` is deprecated")]
 
 
 def attempts_log(log_path: str | Path) -> Path:
@@ -27,7 +33,8 @@ def setup_logging(log_path: str | None = None, level: int = logging.INFO) -> log
     starts with a line naming it, and is also appended to :func:`attempts_log` (Snakemake
     removes the log itself before a retry or a resumed run: the history keeps the earlier
     attempts' records), and an exception that ends the script is written to the log with its
-    traceback, not only to stderr."""
+    traceback, not only to stderr. Python's warnings are logged too, but for
+    :data:`LIBRARY_NOISE`."""
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_path:
         path = Path(log_path)
@@ -42,6 +49,8 @@ def setup_logging(log_path: str | None = None, level: int = logging.INFO) -> log
             handlers.append(logging.FileHandler(target, mode="a", encoding="utf-8"))
     logging.basicConfig(level=level, format=FORMAT, handlers=handlers, force=True)
     logging.captureWarnings(True)
+    for category, message in LIBRARY_NOISE:
+        warnings.filterwarnings("ignore", message=re.escape(message), category=category)
     logger = logging.getLogger("modsent")
     previous_hook = sys.excepthook
 
