@@ -45,7 +45,6 @@ import math
 from collections.abc import Iterator, Mapping
 
 import numpy as np
-from scipy.stats import rankdata
 
 from modsent.io import InputError
 
@@ -143,6 +142,8 @@ def _spearman(pred: np.ndarray, gold: np.ndarray, what: str) -> float:
         raise InputError(f"{what}: {len(pred)} predicted scores but {len(gold)} gold scores")
     if np.all(gold == gold[0]):
         raise InputError(f"{what}: all gold scores are equal; a correlation is undefined")
+    from scipy.stats import rankdata  # SciPy's import is ~1 s: only the STS tasks rank
+
     return _pearson(rankdata(pred), rankdata(gold))
 
 
