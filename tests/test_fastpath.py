@@ -311,6 +311,40 @@ def test_attention_for_varying_shapes_leaves_cudnn_out_while_it_runs_and_gives_i
     assert seen == [False] * 3 and torch.backends.cuda.cudnn_sdp_enabled()
 
 
+def test_attention_for_varying_shapes_overlapping_on_two_threads_gives_the_setting_back():
+    """The setting is process-wide: A enters, B enters, A leaves (B still runs: still off), B
+    leaves (back on). Saving and restoring per block would leave it off for good."""
+    import threading
+
+    entered, a_left, b_may_leave = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def b():
+        with fastpath.attention_for_varying_shapes():
+            entered.set()
+            assert a_left.wait(timeout=10)
+            seen["B, after A left"] = torch.backends.cuda.cudnn_sdp_enabled()
+            assert b_may_leave.wait(timeout=10)
+
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    thread = threading.Thread(target=b)
+    with fastpath.attention_for_varying_shapes():
+        thread.start()
+        assert entered.wait(timeout=10)
+    a_left.set()
+    b_may_leave.set()
+    thread.join(timeout=10)
+    assert seen == {"B, after A left": False}
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)  # a process that had it off keeps it off
+    try:
+        with fastpath.attention_for_varying_shapes():
+            pass
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
 def test_a_bf16_residual_stream_returns_bf16_layernorms_under_bf16_autocast_only_and_stays_close():
     """language_adapter.residual_stream: bf16. Under bf16 autocast every LayerNorm returns bf16
     (autocast's returns fp32), the loss and LoRA's gradients stay within bf16 rounding of
@@ -339,6 +373,7 @@ def test_a_bf16_residual_stream_returns_bf16_layernorms_under_bf16_autocast_only
     dtypes.clear()
 
     assert fastpath.bf16_residual_stream(model) == len(norms) == 5  # embeddings + 2 per layer
+    assert fastpath.bf16_residual_stream(model) == 0  # already so: nothing changed
     low_out, low_loss, low_grads = run(True)
     assert set(dtypes) == {torch.bfloat16} and len(dtypes) == len(norms)
     assert torch.allclose(low_loss, auto_loss, rtol=1e-2)
@@ -351,7 +386,8 @@ def test_a_bf16_residual_stream_returns_bf16_layernorms_under_bf16_autocast_only
     assert torch.equal(same_out, plain_out) and torch.equal(same_loss, plain_loss)
     assert torch.equal(same_grads, plain_grads)
 
-    fastpath.bf16_residual_stream(model, on=False)
+    assert fastpath.bf16_residual_stream(model, on=False) == 5
+    assert fastpath.bf16_residual_stream(model, on=False) == 0
     dtypes.clear()
     back_out, back_loss, back_grads = run(True)
     assert set(dtypes) == {torch.float32}

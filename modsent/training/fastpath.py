@@ -28,12 +28,14 @@ module's functions). Under ``torch.compile`` the frozen layers call ``F.linear``
 and leave the casts to the compiler, so a sped-up model traces into one graph
 (:func:`compile_in_place`, the LA's, SE's and CLA's ``compile`` setting). A frozen weight changed through
 ``.data`` (which keeps its version) needs :func:`forget_casts`; PEFT's merge and unmerge of a
-sped-up layer call it. Used by the LA, SE, CLA and m-ST5 LoRA stages on every device.
+sped-up layer call it. Used by the LA, SE, CLA and m-ST5 LoRA stages and InteMATs' frozen body, on every
+device.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import types
 
 import torch
@@ -134,7 +136,10 @@ def _unmerge(self, *args, **kwargs):
 def speed_up(model: nn.Module) -> int:
     """Give every PEFT LoRA ``Linear`` in ``model`` the fast forward and every frozen
     ``nn.Linear`` the cached-cast forward (module docstring); return how many modules changed.
-    Idempotent."""
+    Idempotent. Call it once the model has every adapter it will have: a LoRA layer that PEFT
+    puts around a sped-up ``Linear`` later merges through PEFT's own ``merge``, which changes
+    the weight through ``.data`` without dropping its cached cast (call it again after adding
+    adapters: each LoRA layer then gets the merge that does)."""
     from peft.tuners.lora import Linear as LoraLinear
 
     changed = 0
@@ -157,7 +162,8 @@ def speed_up(model: nn.Module) -> int:
 
 
 def restore(model: nn.Module) -> None:
-    """Undo :func:`speed_up`: every module runs its class's forward again."""
+    """Undo :func:`speed_up`: every module it changed runs its class's forward again (what
+    :func:`bf16_residual_stream` changed stays: ``bf16_residual_stream(model, False)`` undoes it)."""
     for module in model.modules():
         if module.__dict__.pop(_FAST, False):
             for name in ("forward", "merge", "unmerge", "_modsent_cast"):
@@ -208,12 +214,18 @@ def compile_in_place(module: nn.Module, device: str | torch.device, key: str, *,
     module.compile(dynamic=dynamic)
 
 
+_CUDNN_LOCK = threading.Lock()
+_cudnn_holders = 0  # blocks inside attention_for_varying_shapes, on every thread
+_cudnn_before = True  # the setting the first of them found
+
+
 @contextlib.contextmanager
 def attention_for_varying_shapes():
-    """Scaled dot-product attention without cuDNN's kernel while the block runs (also a decorator),
-    for work whose batch shapes vary: the pair stages, the full baselines, the methods, every
-    encoding pass (:func:`modsent.training.loop.encode_in_batches`) and the transformers
-    translation engine (each decoding step attends over one more position).
+    """Scaled dot-product attention without cuDNN's kernel while the block runs (also a decorator,
+    of functions, not generators, whose body would run after the setting came back), for work
+    whose batch shapes vary: the pair stages, the full baselines, the methods, every encoding
+    pass (:func:`modsent.training.loop.encode_in_batches`), DuEAM's word mover's distance pass
+    and the transformers translation engine (each decoding step attends over one more position).
 
     PyTorch prefers cuDNN's fused attention on Hopper GPUs (H100, H200), and cuDNN builds an
     execution plan for each new shape, forward and backward. On an H200 the first step of each
@@ -223,14 +235,22 @@ def attention_for_varying_shapes():
     number of hard negatives. Without cuDNN, SDPA takes flash attention (no padding) or the
     memory-efficient kernel (a padding mask), which build no plans: the same attention up to
     float rounding. The LA's packed sequences have one shape and keep PyTorch's choice. The
-    setting is process-wide (``torch.backends.cuda.enable_cudnn_sdp``) and restored on exit; it
-    changes nothing off CUDA."""
-    previous = torch.backends.cuda.cudnn_sdp_enabled()
-    torch.backends.cuda.enable_cudnn_sdp(False)
+    setting is process-wide (``torch.backends.cuda.enable_cudnn_sdp``): it is off while any
+    thread is inside such a block, and the last block to end, nested or on another thread,
+    gives back what the first found, also when the work fails. It changes nothing off CUDA."""
+    global _cudnn_holders, _cudnn_before
+    with _CUDNN_LOCK:
+        if _cudnn_holders == 0:
+            _cudnn_before = torch.backends.cuda.cudnn_sdp_enabled()
+            torch.backends.cuda.enable_cudnn_sdp(False)
+        _cudnn_holders += 1
     try:
         yield
     finally:
-        torch.backends.cuda.enable_cudnn_sdp(previous)
+        with _CUDNN_LOCK:
+            _cudnn_holders -= 1
+            if _cudnn_holders == 0:
+                torch.backends.cuda.enable_cudnn_sdp(_cudnn_before)
 
 
 def _layer_norm_in_bf16(self, x: torch.Tensor) -> torch.Tensor:
@@ -246,7 +266,7 @@ def _layer_norm_in_bf16(self, x: torch.Tensor) -> torch.Tensor:
 
 def bf16_residual_stream(model: nn.Module, on: bool = True) -> int:
     """Run ``model``'s residual stream in bf16 under bf16 autocast (``on=False`` undoes it); returns
-    the number of LayerNorms changed.
+    the number of LayerNorms changed (0 when they already were as asked).
 
     Under autocast every LayerNorm computes and returns fp32, so the residual stream between the
     matrix products (its adds, dropouts and the casts to and from bf16 around every product) moves
@@ -259,10 +279,14 @@ def bf16_residual_stream(model: nn.Module, on: bool = True) -> int:
     changes. Parameters, state dict and saved adapters are untouched."""
     changed = 0
     for module in model.modules():
-        if isinstance(module, nn.LayerNorm):
-            if on:
-                module.forward = types.MethodType(_layer_norm_in_bf16, module)
-            else:
-                module.__dict__.pop("forward", None)
+        if not isinstance(module, nn.LayerNorm):
+            continue
+        forward = module.__dict__.get("forward")
+        ours = getattr(forward, "__func__", None) is _layer_norm_in_bf16
+        if on and not ours:
+            module.forward = types.MethodType(_layer_norm_in_bf16, module)
+            changed += 1
+        elif not on and ours:
+            del module.__dict__["forward"]  # only the forward set here; another one stays
             changed += 1
     return changed
