@@ -195,3 +195,59 @@ def test_on_a_gpu_batches_pinned_on_the_thread_arrive_intact_and_losses_read_lat
         training.record(step, on_gpu.sum().double(), 1e-3, len(batch))  # exact in float64
     losses = training.close()[0]
     assert losses == [float(batch.sum()) for batch in batches]
+
+
+def test_encoding_order_puts_the_most_tokens_first_then_the_most_characters_then_the_given_order():
+    from modsent.training.loop import encoding_order
+
+    sentences = ["Donaudampfschiff", "a b c d e f", "x y", "ab cd", "z w", "一二三四五六七"]
+    words = lambda texts: [len(text.split()) for text in texts]  # noqa: E731 - a tokenizer of words
+    expected = sorted(range(len(sentences)), key=lambda i: (-len(sentences[i].split()), -len(sentences[i]), i))
+    assert encoding_order(sentences, words).tolist() == expected == [1, 3, 2, 4, 0, 5]
+    assert encoding_order(sentences).tolist() == sorted(range(6), key=lambda i: (-len(sentences[i]), i))
+    # counted a chunk at a time, the same order
+    assert encoding_order(sentences, words, chunk=4).tolist() == expected
+    assert encoding_order([], words).tolist() == []
+    with pytest.raises(ValueError, match="2 token counts for 6 sentences"):
+        encoding_order(sentences, lambda texts: [1, 2])
+
+
+def test_encoding_by_token_counts_pads_less_and_gives_each_sentence_its_own_vector():
+    """A batch is padded to its longest sentence in tokens: sorted by characters, long words and
+    Chinese characters land beside many short words; sorted by tokens, batches hold like counts.
+    The vectors come back in the caller's order, each the one its text alone gives."""
+    import numpy as np
+
+    from modsent.training.loop import encode_in_batches, token_counts
+
+    rng = np.random.default_rng(0)
+    vocabulary = ["Donaudampfschiffahrt", "a", "bc", "Kraftfahrzeug", "中文字", "x"]
+    sentences = [" ".join(rng.choice(vocabulary, size=rng.integers(1, 12))) for _ in range(40)]
+
+    def prepare(texts):
+        width = max(len(text.split()) for text in texts)
+        mask = torch.tensor([[1] * len(text.split()) + [0] * (width - len(text.split())) for text in texts])
+        return {"attention_mask": mask, "texts": list(texts)}
+
+    def vector(text):
+        return torch.tensor([len(text), len(text.split()), sum(map(ord, text)) % 97, 1.0])
+
+    def run(count):
+        batches = []
+
+        def forward(features):
+            batches.append(features["attention_mask"])
+            return torch.stack([vector(text) for text in features["texts"]])
+
+        out = encode_in_batches(sentences, 8, prepare, forward, normalize=False, count=count)
+        return out, sum(mask.numel() for mask in batches), batches
+
+    by_tokens, padded_tokens, batches = run(lambda texts: token_counts(prepare(texts)))
+    by_chars, padded_chars, _ = run(None)
+    expected = torch.stack([vector(text) for text in sentences]).numpy()
+    assert np.array_equal(by_tokens, expected) and np.array_equal(by_chars, expected)
+    real = sum(len(text.split()) for text in sentences)
+    assert real <= padded_tokens < padded_chars
+    longest = [int(mask.sum(dim=1).max()) for mask in batches]
+    assert longest == sorted(longest, reverse=True)  # the most tokens first
+    assert token_counts({"input_ids": torch.zeros(3, 5, dtype=torch.long)}).tolist() == [5, 5, 5]

@@ -311,15 +311,15 @@ def encode_sentence_transformer(model, sentences: Sequence[str], batch_size: int
     (``loop.ahead``) and each batch's vectors come back without the loop waiting
     (``loop.HostCopies``); the transformer module gets the padding mask decided from the host's
     copy (modsent.tokenizing.encoder_attention_mask), the following modules the 2D mask. The
-    same batches (longest sentences first; ties in the caller's order, which
-    sentence-transformers' unstable sort leaves to chance), the same module calls and
-    normalisation: equal vectors up to the float rounding of another padding width."""
+    batches hold the most tokens first (sentence-transformers sorts by characters, which pads
+    more: loop.encoding_order); the same module calls and normalisation: equal vectors up to the
+    float rounding of another padding width."""
     import numpy as np
     import torch
     from sentence_transformers.sentence_transformer.modules import Transformer
 
     from modsent.tokenizing import encoder_attention_mask
-    from modsent.training.loop import encode_in_batches, pinned, to_device
+    from modsent.training.loop import encode_in_batches, pinned, to_device, token_counts
 
     device = model.device
     modules = list(model)
@@ -346,7 +346,8 @@ def encode_sentence_transformer(model, sentences: Sequence[str], batch_size: int
     model.eval()
     try:
         with torch.inference_mode():
-            out = encode_in_batches(list(sentences), batch_size, prepare, forward, normalize=normalize)
+            out = encode_in_batches(list(sentences), batch_size, prepare, forward, normalize=normalize,
+                                    count=lambda texts: token_counts(model.preprocess(texts, prompt=None)))
     finally:
         model.train(was_training)
     if out is None:

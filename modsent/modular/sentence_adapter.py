@@ -62,7 +62,8 @@ from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.pairs import batches_of_steps, no_duplicate_batches, read_pairs, split_heldout  # noqa: F401
 from modsent.training.optim import adamw
 from modsent.training.loop import (LengthChunks, TrainingLog, ahead, checkpoint_due, encode_in_batches,
-                                   optimizer_step, pinned, set_learning_rate, split_by_length, to_device)
+                                   optimizer_step, pinned, set_learning_rate, split_by_length, to_device,
+                                   token_counts)
 from modsent.training.precision import autocast, grad_scaler
 from modsent.training.seeding import dropout_seed
 from modsent.evaluation.plots import write_before_after_bars, write_loss_curve
@@ -278,7 +279,8 @@ class SentenceEncoderModel(nn.Module):
                 return self(features)
 
         try:
-            out = encode_in_batches(list(sentences), batch_size, self.features, forward, normalize=normalize)
+            out = encode_in_batches(list(sentences), batch_size, self.features, forward, normalize=normalize,
+                                    count=lambda texts: token_counts(self.tokenize(texts)))
         finally:
             self.train(was_training)
         return np.zeros((0, 0), dtype=np.float32) if out is None else out
