@@ -51,6 +51,8 @@ from modsent.encoders import transformer as tf
 from modsent.io import InputError, atomic_path
 from modsent.methods.dueam.pairs import PairSet, build_pairs, pair_digest, shard_of
 from modsent.training import checkpoints
+from modsent.training.fastpath import attention_for_varying_shapes
+from modsent.training.loop import encoding_order
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +119,14 @@ class Anchor:
         return kept, truncated
 
     @torch.no_grad()
+    @attention_for_varying_shapes()  # batches padded to their longest: shapes vary
     def token_vectors(self, texts: Sequence[str], batch_size: int = 64) -> list[np.ndarray]:
         """Each text's token vectors [tokens, dim] (float64): the layer's hidden states of its
-        kept tokens, L2-normalised if so set. Texts are batched by length."""
+        kept tokens, L2-normalised if so set. Texts are batched by their token count
+        (modsent.training.loop.encoding_order: the least padding)."""
         texts = list(texts)
-        order = np.argsort([-len(t) for t in texts], kind="stable")
+        order = encoding_order(texts, lambda chunk: [len(ids) for ids in self.tokenizer(
+            list(chunk), truncation=True, max_length=self.max_length)["input_ids"]])
         out: list[np.ndarray | None] = [None] * len(texts)
         for start in range(0, len(texts), batch_size):
             chosen = [texts[i] for i in order[start:start + batch_size]]

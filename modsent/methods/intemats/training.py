@@ -486,6 +486,7 @@ def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str
     model, data, heldout, stats, source, fingerprint_inputs = _prepare(name, inputs, cfg, key)
     langs = sorted(inputs["pairs"])
     model = model.to(device)
+    fastpath.speed_up(model)  # the frozen body's casts kept under autocast: the same results, fewer kernels
     if cfg.compile:  # batches padded to their longest text: shapes vary, so dynamic sizes
         fastpath.compile_in_place(model.encoder, device, f"{key}.compile", dynamic=None)
     accumulation = cfg.gradient_accumulation
