@@ -441,9 +441,9 @@ def test_the_default_encoder_merges_for_one_large_call_and_holds_nothing_after(i
 def test_the_evaluation_batch_size_follows_the_device():
     from modsent.evaluation.suite import encoding_batch_size
 
-    assert encoding_batch_size(None, "cpu") == 64 and encoding_batch_size(None, "cuda:0") == 512
+    assert encoding_batch_size(None, "cpu") == 32 and encoding_batch_size(None, "cuda:0") == 512
     assert encoding_batch_size(16, "cuda") == 16
-    assert encoding_batch_size(None) == (512 if torch.cuda.is_available() else 64)
+    assert encoding_batch_size(None) == (512 if torch.cuda.is_available() else 32)
 
 
 def test_the_merged_weight_is_fp32_under_autocast_and_frees_with_the_language(inputs):

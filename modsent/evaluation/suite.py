@@ -126,8 +126,11 @@ def encoding_batch_size(setting: int | None, device: str | None = None) -> int:
     smaller batches leave it waiting for the CPU to launch kernels (an H100 encodes 6.2x the
     sentences/s at 512 than at 64, benchmarks/results/encode_throughput*_h100.txt, measured
     with a loop that waited for every batch, which costs small batches most: the loop that
-    encodes now does not wait, and gpu.sh's encode_throughput re-measures the ratio), 64 on the
-    CPU, where the longer padding of a large batch costs more than it saves (3x slower at 512)."""
+    encodes now does not wait, and gpu.sh's encode_throughput re-measures the ratio), 32 on the
+    CPU, where the longer padding of a large batch costs more than it saves (3x slower at 512;
+    sorted by tokens, batches of 32 encoded the demo's languages 1.33-1.73x as fast as the 64
+    sorted by characters of before, 64 sorted by tokens 0.98-1.51x:
+    benchmarks/results/encode_order_cpu.txt)."""
     if setting is not None:
         return int(setting)
     import torch
@@ -136,7 +139,7 @@ def encoding_batch_size(setting: int | None, device: str | None = None) -> int:
     return GPU_ENCODING_BATCH if on_gpu else CPU_ENCODING_BATCH
 
 
-GPU_ENCODING_BATCH, CPU_ENCODING_BATCH = 512, 64
+GPU_ENCODING_BATCH, CPU_ENCODING_BATCH = 512, 32
 
 
 def embed_language(encoders: dict, lang: str, datasets: dict[str, list[str | Path]], out_dir: str | Path, *,
