@@ -35,8 +35,10 @@ Facts to know:
   ties). Measured on 15,000 English sentences at 8,000 tokens: Unigram gave the same set of
   pieces in every run but ~2,000 ids permuted among equal-score pieces (scores differing by
   <1e-10); WordPiece differed in 16 tokens (0.2%, equal-count merges at the cut-off) and most
-  ids. Reruns of this step are therefore not byte-identical; everything downstream is rebuilt
-  from the tokenizer it gets, so results stay consistent within one run of the workflow.
+  ids. A Unigram tokenizer is therefore written canonically (:func:`canonical_unigram_file`):
+  every run on the same text writes the same bytes, and so does everything built on it. A
+  WordPiece rerun is not byte-identical; everything downstream is rebuilt from the tokenizer it
+  gets, so results stay consistent within one run of the workflow.
 """
 
 from __future__ import annotations
@@ -152,6 +154,46 @@ def _first_nonempty_line(path: Path) -> int | None:
     return None
 
 
+#: Decimals a Unigram piece's score keeps (:func:`canonical_unigram_file`): runs differ by ~1e-15.
+UNIGRAM_SCORE_DECIMALS = 8
+_REQUIRED_CHAR_STEP = 1e-4  # tokenizers' Unigram trainer: the score step between appended characters
+
+
+def canonical_unigram_file(path: str | Path) -> None:
+    """Rewrite a trained Unigram ``tokenizer.json`` so that every training on the same text
+    writes the same bytes. The trainer sums scores in the order of Rust hash maps, which differs
+    from process to process and from call to call: the same pieces come out, their log
+    probabilities ~1e-15 apart, and pieces of equal score in any order, so their ids move (the
+    demo's German tokenizer: 162 of 4,000 ids moved between two runs, and with them the
+    embeddings, the adapters and the scores built on it). Here each score is rounded to
+    :data:`UNIGRAM_SCORE_DECIMALS` decimals and the pieces are ordered by score, highest first,
+    then by their text (the characters the trainer appends last, numbered by their scores in hash
+    order, by their text); the added tokens (``<s>``, ``<pad>``, ``</s>``, ``<unk>``, ``<mask>``)
+    keep their ids. Segmentation is the trainer's but where two segmentations' scores were
+    within the rounding of each other."""
+    path = Path(path)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    vocab = data["model"]["vocab"]
+    fixed = {token["id"] for token in data.get("added_tokens", [])}
+    free = [i for i in range(len(vocab)) if i not in fixed]
+    pieces = sorted(([piece, round(float(score), UNIGRAM_SCORE_DECIMALS)] for piece, score in (vocab[i] for i in free)),
+                    key=lambda entry: (-entry[1], entry[0]))
+    # The characters the corpus needs but training dropped come last, each a penalty step
+    # (1e-4) below the one before down to a floor, in hash order: their scores only number them.
+    # Ordered by text, they take the same scores in turn.
+    start = len(pieces) - 1
+    while start > 0 and min(abs(pieces[start - 1][1] - pieces[start][1] - step)
+                            for step in (0.0, _REQUIRED_CHAR_STEP)) < 1e-6:
+        start -= 1
+    if len(pieces) - start > 1:
+        tail = pieces[start:]
+        scores = [entry[1] for entry in tail]
+        pieces[start:] = [[piece, score] for (piece, _), score in zip(sorted(tail), scores)]
+    for i, entry in zip(free, pieces):
+        vocab[i] = entry
+    path.write_text(json.dumps(data, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+
+
 def train_tokenizer(
     corpus_path: str | Path,
     base_tokenizer_dir: str | Path,
@@ -242,6 +284,8 @@ def train_tokenizer(
     }
     with atomic_path(out_dir, directory=True) as tmp:
         new.save_pretrained(str(tmp))
+        if kind == "unigram":
+            canonical_unigram_file(tmp / "tokenizer.json")
         (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     log.info("tokenizer: %d tokens from %d sentences in %.1f s -> %s", obtained, batches.sentences, seconds, out_dir)
     return report
