@@ -49,6 +49,8 @@ def load_model(model_dir: str | None):
 def encoder_for(model, tokenizer):
     """(prepare, forward, count) for encode_in_batches: ``tokenizer``'s padded batches through
     ``model``'s modules (its transformer, pooling and normalisation)."""
+    from modsent.training.loop import token_counts
+
     max_length = model.max_seq_length
 
     def prepare(texts):
@@ -59,7 +61,7 @@ def encoder_for(model, tokenizer):
         return model(dict(features))["sentence_embedding"]
 
     def count(texts):
-        return prepare(texts)["attention_mask"].sum(dim=1)
+        return token_counts(prepare(texts))
 
     return prepare, forward, count
 
