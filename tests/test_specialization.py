@@ -31,7 +31,12 @@ from modsent.modular.focus import (
 )
 from modsent.io import InputError
 from modsent.testing import make_tiny_bert, make_tiny_xlmr, sample_texts
-from modsent.modular.tokenizer_training import load_tokenizer, tokenizer_kind, train_tokenizer
+from modsent.modular.tokenizer_training import (
+    canonical_unigram_file,
+    load_tokenizer,
+    tokenizer_kind,
+    train_tokenizer,
+)
 
 KINDS = ("bert", "xlmr")
 NEW_VOCAB = 600
@@ -151,6 +156,44 @@ def test_a_unigram_tokenizer_trained_again_is_the_same_file(bases, tokenizers, c
     new = load_tokenizer(tmp_path / "again")
     assert new.convert_tokens_to_ids(["<s>", "<pad>", "</s>", "<unk>"]) == [0, 1, 2, 3]
     assert new.unk_token_id not in new("Geheimes Token")["input_ids"]
+
+
+def test_unigram_appended_characters_are_ordered_around_learned_pieces(tmp_path):
+    """The characters tokenizers' Unigram trainer appends get the scores min, min + 1e-4, ...
+    in hash order, and learned pieces can score between those rungs (the demo's Chinese
+    tokenizer: one learned piece among 72 appended characters, and every training wrote another
+    file). Two hash orders of the same training give the same canonical file; the learned
+    pieces keep their scores, the appended characters take the ladder's scores in text order."""
+    lowest = -11.71537523407750  # the lowest learned score, where the ladder starts
+    # "斯泰" between the ladder's fifth and sixth rungs
+    learned = [["▁der", -3.25], ["en", -4.5], ["▁坦", -11.66776490118166], ["斯泰", lowest + 4.31234e-4]]
+    chars = ["钟", "准", "绝", "逗", "巽", "申", "箭", "够", "进", "素"]
+    rng = np.random.default_rng(0)
+    files = []
+    for run in range(2):
+        order = rng.permutation(len(chars))
+        # the trainer's float error: scores ~1e-15 apart between runs
+        ladder = [[chars[j], lowest + k * 1e-4 + run * 1e-15] for k, j in enumerate(order)]
+        vocab = [["<s>", 0.0], ["<pad>", 0.0], ["</s>", 0.0], ["<unk>", 0.0]]
+        vocab += sorted(learned + [["鲜", lowest]] + ladder, key=lambda entry: -entry[1])
+        data = {"added_tokens": [{"id": i, "content": vocab[i][0]} for i in range(4)],
+                "model": {"type": "Unigram", "unk_id": 3, "vocab": vocab}}
+        path = tmp_path / f"run{run}.json"
+        path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+        canonical_unigram_file(path)
+        files.append(path.read_bytes())
+    assert files[0] == files[1]
+    vocab = json.loads(files[0])["model"]["vocab"]
+    assert vocab[:4] == [["<s>", 0.0], ["<pad>", 0.0], ["</s>", 0.0], ["<unk>", 0.0]]
+    scores = dict(vocab)
+    for piece, score in learned:
+        assert scores[piece] == round(score, 8)
+    # the ladder, "鲜" on its lowest rung with the first appended character: texts in order,
+    # scores from the top rung down
+    rungs = sorted([round(lowest + k * 1e-4, 8) for k in range(len(chars))] + [round(lowest, 8)], reverse=True)
+    on_ladder = sorted(chars + ["鲜"])
+    assert [scores[c] for c in on_ladder] == rungs
+    assert [score for _, score in vocab[4:]] == sorted((score for _, score in vocab[4:]), reverse=True)
 
 
 def test_max_sentences(bases, corpus, tmp_path):

@@ -157,6 +157,9 @@ def _first_nonempty_line(path: Path) -> int | None:
 #: Decimals a Unigram piece's score keeps (:func:`canonical_unigram_file`): runs differ by ~1e-15.
 UNIGRAM_SCORE_DECIMALS = 8
 _REQUIRED_CHAR_STEP = 1e-4  # tokenizers' Unigram trainer: the score step between appended characters
+#: How far from a rung of that ladder a rounded score may be and still be on it (the rounding's half
+#: unit and the trainer's accumulated float error, ~1e-15 a step).
+_LADDER_TOLERANCE = 2e-8
 
 
 def canonical_unigram_file(path: str | Path) -> None:
@@ -178,17 +181,28 @@ def canonical_unigram_file(path: str | Path) -> None:
     free = [i for i in range(len(vocab)) if i not in fixed]
     pieces = sorted(([piece, round(float(score), UNIGRAM_SCORE_DECIMALS)] for piece, score in (vocab[i] for i in free)),
                     key=lambda entry: (-entry[1], entry[0]))
-    # The characters the corpus needs but training dropped come last, each a penalty step
-    # (1e-4) below the one before down to a floor, in hash order: their scores only number them.
-    # Ordered by text, they take the same scores in turn.
-    start = len(pieces) - 1
-    while start > 0 and min(abs(pieces[start - 1][1] - pieces[start][1] - step)
-                            for step in (0.0, _REQUIRED_CHAR_STEP)) < 1e-6:
-        start -= 1
-    if len(pieces) - start > 1:
-        tail = pieces[start:]
-        scores = [entry[1] for entry in tail]
-        pieces[start:] = [[piece, score] for (piece, _), score in zip(sorted(tail), scores)]
+    # The characters the corpus needs but training dropped are appended by the trainer with the
+    # scores min, min + 1e-4, min + 2e-4, ... (min: the lowest learned score) in hash order:
+    # their scores only number them. They are found by their scores on that ladder (learned
+    # pieces whose scores fall between its rungs stay where they are: the demo's Chinese had one
+    # among 72 appended characters) and, ordered by text, take the ladder's scores in turn.
+    lowest = min(entry[1] for entry in pieces)
+    rungs: dict[int, list[int]] = {}
+    for i, (_, score) in enumerate(pieces):
+        k = round((score - lowest) / _REQUIRED_CHAR_STEP)
+        if abs(score - lowest - k * _REQUIRED_CHAR_STEP) <= _LADDER_TOLERANCE:
+            rungs.setdefault(k, []).append(i)
+    ladder = []
+    k = 0
+    while k in rungs:  # the rungs are consecutive from the lowest score up
+        ladder += rungs[k]
+        k += 1
+    if len(ladder) > 1:
+        scores = sorted((pieces[i][1] for i in ladder), reverse=True)
+        texts = sorted(pieces[i][0] for i in ladder)
+        for i, text, score in zip(sorted(ladder), texts, scores):
+            pieces[i] = [text, score]
+        pieces.sort(key=lambda entry: (-entry[1], entry[0]))
     for i, entry in zip(free, pieces):
         vocab[i] = entry
     path.write_text(json.dumps(data, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
