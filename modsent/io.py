@@ -7,8 +7,10 @@ complete, so an interrupted job never leaves a file or directory that a rerun wo
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import struct
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,6 +149,39 @@ def read_safetensors(path: str | os.PathLike) -> dict:
         return load_file(str(path))
     except (SafetensorError, OSError) as err:
         raise _unreadable_safetensors(path, err) from None
+
+
+def canonical_safetensors_header(path: str | os.PathLike) -> None:
+    """Rewrite the header of the safetensors file ``path`` with its metadata keys sorted. The
+    library writes them in the order of a Rust hash map, which differs from save to save, so
+    two saves of the same tensors and metadata differed in their bytes (two demo runs: every
+    file whose metadata has more than one key). The header keeps its length (the same JSON,
+    reordered, in the library's compact form), so the tensors' offsets do not move; a header
+    that would not keep it is left as it is."""
+    path = Path(path)
+    with open(path, "r+b") as handle:
+        (size,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(size))
+        metadata = header.get("__metadata__")
+        if not metadata or len(metadata) < 2:
+            return
+        header["__metadata__"] = dict(sorted(metadata.items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if len(text) > size:
+            return
+        handle.seek(8)
+        handle.write(text + b" " * (size - len(text)))  # the library pads with spaces
+
+
+def canonical_adapter_config(adapter_dir: str | os.PathLike) -> None:
+    """Sort the ``target_modules`` list of a saved PEFT ``adapter_config.json``: PEFT keeps the
+    names in a Python set, written in string-hash order, which differs from process to process
+    (two demo runs wrote the same adapters with the list in other orders)."""
+    path = Path(adapter_dir) / "adapter_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _unreadable_safetensors(path: Path, err: Exception) -> InputError:

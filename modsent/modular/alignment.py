@@ -65,7 +65,7 @@ from modsent.modular import parallel_adapter as pa
 from modsent import losses
 from modsent.modular import sentence_adapter as sa
 from modsent.evaluation.plots import write_loss_curve
-from modsent.io import InputError, atomic_path, write_parquet
+from modsent.io import InputError, atomic_path, canonical_safetensors_header, write_parquet
 from modsent.data.translation import make_units, unit_id
 from modsent.training import checkpoints, fastpath
 from modsent.training.optim import adamw
@@ -214,6 +214,7 @@ def embed_english(base_model_dir: str | Path, en_la_dir: str | Path | None, en_s
     with atomic_path(out_path) as tmp:
         save_file({EMBEDDINGS_KEY: torch.from_numpy(np.ascontiguousarray(embeddings))}, str(tmp),
                   metadata=metadata)
+        canonical_safetensors_header(tmp)
     log.info("English embeddings: %d sentences, dim %d, %.1f sentences/s -> %s", len(units),
              embeddings.shape[1], len(units) / elapsed if elapsed > 0 else 0.0, out_path)
     return out_path

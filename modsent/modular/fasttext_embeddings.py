@@ -72,7 +72,7 @@ from pathlib import Path
 
 import numpy as np
 
-from modsent.io import InputError, atomic_path, iter_utf8_lines
+from modsent.io import InputError, atomic_path, canonical_safetensors_header, iter_utf8_lines
 from modsent.modular.tokenizer_training import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -247,6 +247,7 @@ def _child_main(job_path: str) -> None:
     else:
         vectors, mask = token_vectors(ft, job["vocab"], job["rows"])
         save_file({"vectors": vectors, "mask": mask}, str(out_dir / VECTORS_NAME), metadata=job["metadata"])
+        canonical_safetensors_header(out_dir / VECTORS_NAME)
         ft.save_model(str(out_dir / MODEL_NAME))
         result = {"fasttext_words": len(ft.words), "tokens_with_vector": int(mask.sum())}
     Path(job["result"]).write_text(json.dumps(result), encoding="utf-8")

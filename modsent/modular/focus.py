@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from modsent.io import InputError, atomic_path
+from modsent.io import InputError, atomic_path, canonical_safetensors_header
 from modsent.modular.tokenizer_training import SPECIAL_ROLES, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -447,6 +447,7 @@ def initialize_embeddings(
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / EMBEDDINGS_NAME), metadata={
             "format": "pt", "tied": tied, "vocab_sha256": vocab_fingerprint(new_tokenizer),
         })
+        canonical_safetensors_header(tmp / EMBEDDINGS_NAME)
         (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     log.info("FOCUS: %d copied, %d combined, %d random (%.1f s) -> %s", report["copied"],
              report["combined"], report["random"], report["seconds"], out_dir)

@@ -39,7 +39,14 @@ from pathlib import Path
 import torch
 
 from modsent import distributed
-from modsent.io import InputError, atomic_path, check_model_files, iter_utf8_lines, read_safetensors
+from modsent.io import (
+    InputError,
+    atomic_path,
+    canonical_adapter_config,
+    check_model_files,
+    iter_utf8_lines,
+    read_safetensors,
+)
 from modsent.losses import MaskedLanguageModelingLoss, mlm_parts
 from modsent.training import fastpath, schedules, tracking
 from modsent.training.checkpoints import RUNTIME_SETTINGS, load_checkpoint, save_checkpoint
@@ -283,6 +290,7 @@ def save_language_adapter(model, tokenizer, out_dir: Path) -> None:
             tensors[f"mlm_head.{name}"] = value.detach().clone()
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / EMBEDDINGS_NAME))
     model.save_pretrained(str(out_dir / ADAPTER_DIR), save_embedding_layers=False)
+    canonical_adapter_config(out_dir / ADAPTER_DIR)
 
 
 def load_language_model(base_model_dir: str | Path, la_dir: str | Path, *, mlm: bool = True):

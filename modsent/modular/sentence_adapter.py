@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from modsent.modular import language_adapter as la
-from modsent.io import InputError, atomic_path, check_model_files
+from modsent.io import InputError, atomic_path, canonical_adapter_config, check_model_files
 from modsent.losses import MultipleNegativesRankingLoss, mlm_parts
 from modsent.tokenizing import BatchTokenizer, encoder_attention_mask
 from modsent.training import checkpoints, fastpath, schedules
@@ -471,6 +471,7 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
     }
     with atomic_path(out_dir, directory=True) as tmp:
         model.encoder.save_pretrained(str(tmp / ADAPTER_DIR), save_embedding_layers=False)
+        canonical_adapter_config(tmp / ADAPTER_DIR)
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
         write_loss_curve(history, tmp, title=f"sentence adapter {out_dir.name}", ylabel="MNRL loss")
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
