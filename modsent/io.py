@@ -173,6 +173,20 @@ def canonical_safetensors_header(path: str | os.PathLike) -> None:
         handle.write(text + b" " * (size - len(text)))  # the library pads with spaces
 
 
+def write_safetensors(tensors: dict, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
+    """Save ``tensors`` (all torch tensors or all numpy arrays) to ``path`` with ``metadata``,
+    the metadata keys in one order (:func:`canonical_safetensors_header`), so that the same
+    tensors and metadata always make the same bytes."""
+    import numpy as np
+
+    if all(isinstance(value, np.ndarray) for value in tensors.values()):
+        from safetensors.numpy import save_file
+    else:
+        from safetensors.torch import save_file
+    save_file(tensors, str(path), metadata=metadata)
+    canonical_safetensors_header(path)
+
+
 def canonical_adapter_config(adapter_dir: str | os.PathLike) -> None:
     """Sort the ``target_modules`` list of a saved PEFT ``adapter_config.json``: PEFT keeps the
     names in a Python set, written in string-hash order, which differs from process to process

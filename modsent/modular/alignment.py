@@ -65,7 +65,7 @@ from modsent.modular import parallel_adapter as pa
 from modsent import losses
 from modsent.modular import sentence_adapter as sa
 from modsent.evaluation.plots import write_loss_curve
-from modsent.io import InputError, atomic_path, canonical_safetensors_header, write_parquet
+from modsent.io import InputError, atomic_path, write_parquet, write_safetensors
 from modsent.data.translation import make_units, unit_id
 from modsent.training import checkpoints, fastpath
 from modsent.training.optim import adamw
@@ -193,8 +193,6 @@ def embed_english(base_model_dir: str | Path, en_la_dir: str | Path | None, en_s
     write ``out_path`` (safetensors: ``embeddings`` [N, d] float32, rows sorted by unit id) and
     :func:`units_path` (unit_id, text), both atomically. ``sentences``: a list of texts or parquet
     path(s) (see :func:`_english_sentences`). Returns ``out_path``."""
-    from safetensors.torch import save_file
-
     units = make_units(_english_sentences(sentences))
     if units.empty:
         raise InputError("embed_english: no English sentences")
@@ -212,9 +210,7 @@ def embed_english(base_model_dir: str | Path, en_la_dir: str | Path | None, en_s
     out_path = Path(out_path)
     write_parquet(units, units_path(out_path))
     with atomic_path(out_path) as tmp:
-        save_file({EMBEDDINGS_KEY: torch.from_numpy(np.ascontiguousarray(embeddings))}, str(tmp),
-                  metadata=metadata)
-        canonical_safetensors_header(tmp)
+        write_safetensors({EMBEDDINGS_KEY: torch.from_numpy(np.ascontiguousarray(embeddings))}, tmp, metadata)
     log.info("English embeddings: %d sentences, dim %d, %.1f sentences/s -> %s", len(units),
              embeddings.shape[1], len(units) / elapsed if elapsed > 0 else 0.0, out_path)
     return out_path

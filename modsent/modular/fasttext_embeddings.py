@@ -72,7 +72,7 @@ from pathlib import Path
 
 import numpy as np
 
-from modsent.io import InputError, atomic_path, canonical_safetensors_header, iter_utf8_lines
+from modsent.io import InputError, atomic_path, iter_utf8_lines, write_safetensors
 from modsent.modular.tokenizer_training import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -233,7 +233,6 @@ def _run_child(work_dir: Path, job: dict) -> dict:
 def _child_main(job_path: str) -> None:
     """In the fresh process: train fastText, save the .bin and the vectors, write the result."""
     import fasttext
-    from safetensors.numpy import save_file
 
     job = json.loads(Path(job_path).read_text(encoding="utf-8"))
     out_dir = Path(job["out_dir"])
@@ -246,8 +245,7 @@ def _child_main(job_path: str) -> None:
         result = {"error": kind, "message": message}
     else:
         vectors, mask = token_vectors(ft, job["vocab"], job["rows"])
-        save_file({"vectors": vectors, "mask": mask}, str(out_dir / VECTORS_NAME), metadata=job["metadata"])
-        canonical_safetensors_header(out_dir / VECTORS_NAME)
+        write_safetensors({"vectors": vectors, "mask": mask}, out_dir / VECTORS_NAME, job["metadata"])
         ft.save_model(str(out_dir / MODEL_NAME))
         result = {"fasttext_words": len(ft.words), "tokens_with_vector": int(mask.sum())}
     Path(job["result"]).write_text(json.dumps(result), encoding="utf-8")

@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from modsent.io import InputError, atomic_path, canonical_safetensors_header
+from modsent.io import InputError, atomic_path, write_safetensors
 from modsent.modular.tokenizer_training import SPECIAL_ROLES, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -411,8 +411,6 @@ def initialize_embeddings(
     random stream; random rows of the bias get the base bias' mean. ``out_dir/report.json``: the
     counts and settings, also returned.
     """
-    from safetensors.torch import save_file
-
     from modsent.modular.fasttext_embeddings import load_token_vectors, vocab_fingerprint
 
     start = time.perf_counter()
@@ -444,10 +442,9 @@ def initialize_embeddings(
         "seconds": round(time.perf_counter() - start, 3),
     }
     with atomic_path(out_dir, directory=True) as tmp:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / EMBEDDINGS_NAME), metadata={
+        write_safetensors({k: v.contiguous() for k, v in tensors.items()}, tmp / EMBEDDINGS_NAME, {
             "format": "pt", "tied": tied, "vocab_sha256": vocab_fingerprint(new_tokenizer),
         })
-        canonical_safetensors_header(tmp / EMBEDDINGS_NAME)
         (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     log.info("FOCUS: %d copied, %d combined, %d random (%.1f s) -> %s", report["copied"],
              report["combined"], report["random"], report["seconds"], out_dir)
