@@ -161,7 +161,7 @@ def test_a_unigram_tokenizer_trained_again_is_the_same_file(bases, tokenizers, c
 def test_unigram_appended_characters_are_ordered_around_learned_pieces(tmp_path):
     """The characters tokenizers' Unigram trainer appends get the scores min, min + 1e-4, ...
     in hash order, and learned pieces can score between those rungs (the demo's Chinese
-    tokenizer: one learned piece among 72 appended characters, and every training wrote another
+    tokenizer: one learned piece among 256 appended characters, and every training wrote another
     file). Two hash orders of the same training give the same canonical file; the learned
     pieces keep their scores, the appended characters take the ladder's scores in text order."""
     lowest = -11.71537523407750  # the lowest learned score, where the ladder starts

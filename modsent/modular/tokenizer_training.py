@@ -185,7 +185,7 @@ def canonical_unigram_file(path: str | Path) -> None:
     # scores min, min + 1e-4, min + 2e-4, ... (min: the lowest learned score) in hash order:
     # their scores only number them. They are found by their scores on that ladder (learned
     # pieces whose scores fall between its rungs stay where they are: the demo's Chinese had one
-    # among 72 appended characters) and, ordered by text, take the ladder's scores in turn.
+    # among 256 appended characters) and, ordered by text, take the ladder's scores in turn.
     lowest = min(entry[1] for entry in pieces)
     rungs: dict[int, list[int]] = {}
     for i, (_, score) in enumerate(pieces):
