@@ -27,7 +27,7 @@ GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za
 
 # BENCHMARKS="name ..." runs only those (default: all, in this order); DEADLINE=SECONDS stops
 # starting benchmarks that would outlast it (each one's limit is cut to what is left).
-WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_compiled mlm_throughput_b64 pair_throughput pair_throughput_b256 pair_pipeline pair_throughput_compiled pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_speed_3.3B} "
+WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled pair_throughput pair_throughput_b256 pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_speed_3.3B} "
 DEADLINE="${DEADLINE:-100000}"
 
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever happens
@@ -53,18 +53,22 @@ bench mlm_throughput_compiled 240 benchmarks/mlm_throughput.py --labse-random --
     --batch-size 128 --steps 10 --compile --bf16-residual
 bench mlm_throughput_b64 90 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
     --batch-size 64 --steps 10
-bench pair_throughput 150 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
-    --batch-size 128 --steps 40 --warmup 10 --bf16-residual
+# sentence_adapter.compile / alignment.compile: the pair steps' encoder under plain torch.compile (fewer,
+# fused kernels for the launch-bound step at 128 pairs), beside the eager step of the same run
+# (SE alone with every variant took up to 195 s on an H200: here the ones to compare, SE and CLA)
+bench pair_throughput_compiled 260 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
+    --batch-size 128 --steps 40 --warmup 20 --compile --rounds 3 \
+    --only "bf16, random, fast" "bf16, grouped, fast" "bf16, fast, cuDNN" "bf16, fast, compiled"
+# three rounds, the variants in turn: the step at 128 pairs is bound by the host, whose speed drifts
+# (one variant ran at 2,481 and 1,709 pairs/s in two runs on one H200); SE and CLA took ~150 s each
+bench pair_throughput 330 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
+    --batch-size 128 --steps 40 --warmup 10 --bf16-residual --rounds 3
 bench pair_throughput_b256 120 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
     --batch-size 256 --steps 20 --warmup 5
 # the host's share of the SE step and of evaluation encoding: lean tokenising, ahead on a thread, the
 # loss read at logged steps only, the padding mask decided on the host, results copied back without waiting
 bench pair_pipeline 150 benchmarks/pair_pipeline.py --labse-random --device cuda --batch-size 128 --steps 40 \
     --repeats 3 --encode-sentences 16384 --encode-batch 512
-# sentence_adapter.compile / alignment.compile: the pair steps' encoder under plain torch.compile (fewer,
-# fused kernels for the launch-bound step at 128 pairs), beside the eager step of the same run
-bench pair_throughput_compiled 200 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
-    --batch-size 128 --steps 40 --warmup 20 --compile
 # CUDA graphs for the launch-bound pair steps at 128 pairs: torch.compile's reduce-overhead mode, one graph per
 # padded width (multiples of 16 keep them few), beside the eager step of the same run (padded the same way)
 bench pair_throughput_graphs 300 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \

@@ -30,11 +30,11 @@ from the host's copy, so the forward never asks the GPU whether there is padding
 - ``bf16, grouped``: the same with length-grouped batches (``--group`` batches' worth of pairs
   drawn at random, sorted by length, cut into batches, the batches shuffled): less padding,
   at the price of in-batch negatives of similar length (and ``bf16, grouped, fast``);
-- ``fp32, fast, chunks 16`` (``bf16, ...`` on a GPU): the stages' step on the CPU
-  (``SentenceEncoderModel.step_features``): each step's pass in sub-passes of up to 16
-  sentences sorted by length, each padded to its own longest (modsent.training.loop.split_by_length;
-  the same batches and loss, less padding); on a GPU the candidate to measure (its chunks'
-  shapes are not warmed: the new-shape cost falls in its timed steps);
+- ``fp32, fast, chunks 16``: the stages' step on the CPU (``SentenceEncoderModel.step_features``):
+  each step's pass in sub-passes of up to 16 sentences sorted by length, each padded to its own
+  longest (modsent.training.loop.split_by_length; the same batches and loss, less padding). On a
+  GPU (``bf16, fast, chunks 16``) only when ``--only`` names it: there it ran at 0.19-0.20x the
+  fp32 step (an H200, 128 pairs), as the stages expect (they split on the CPU only);
 - on a GPU, two answers to the cost of new shapes (below), each beside ``bf16, random, fast``:
   ``bf16, fast, pad 8`` pads widths to a multiple of 8 (fewer shapes; the same results up to
   float rounding), and the one the stages take: every variant but ``bf16, fast, cuDNN`` runs
@@ -44,7 +44,10 @@ from the host's copy, so the forward never asks the GPU whether there is padding
   GPUs is cuDNN's kernel with a plan built for each new shape.
 
 Each prints pairs/s (timed steps run back to back with one wait at the end, as the stages run
-them, over their total time, after --warmup untimed ones and an
+them, over their total time; with ``--rounds N`` the median of N such blocks, the variants taking
+turns, each round in another order, and a ``spread`` column, (slowest - fastest) / median: the
+pair steps at 128 pairs are bound by the host, whose speed drifts; timed after --warmup untimed
+steps and an
 untimed step of each batch shape, sentences x padded width, the timed steps meet that the
 warm-up did not, two under CUDA graphs: a new shape is slow once, while PyTorch's cuDNN
 attention builds its plan or a CUDA graph is recorded), the share of padding, the ratio against
@@ -214,6 +217,27 @@ def chunk_inputs(config, chunk: dict, device: str):
             encoder_attention_mask(config, chunk["attention_mask"], device_mask))
 
 
+def to_device(inputs, device: str):
+    """A step's inputs (tensors, in tuples and lists, and the host's chunk plan, which stays) on
+    ``device``."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs.to(device)
+    if type(inputs) in (tuple, list):  # not LengthChunks, a list that carries its order
+        return type(inputs)(to_device(item, device) for item in inputs)
+    return inputs
+
+
+def move_state(optimizer: torch.optim.Optimizer, device: str) -> None:
+    """The optimizer's state (AdamW's moments and step counts) to ``device``: a variant waiting for
+    its turn keeps its state on the host, so the peak memory of the one that runs is its own."""
+    fused = bool(optimizer.param_groups[0].get("fused"))
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            # the step counts: on the parameters' device for fused AdamW, on the host otherwise
+            if isinstance(value, torch.Tensor) and (value.dim() or fused):
+                state[key] = value.to(device)
+
+
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     mask = mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
@@ -252,8 +276,14 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", metavar="VARIANT",
                         help="time only these variants (their names as printed) besides 'fp32, random'")
     parser.add_argument("--stages", nargs="+", choices=("SE", "CLA"), default=["SE", "CLA"])
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time every variant's steps this many times, the variants in turn (each round "
+                             "in another order), and report the median round: a host whose speed drifts "
+                             "then slows every variant alike; 'spread' is (slowest - fastest) / median")
     args = parser.parse_args()
 
+    if args.rounds < 1:
+        parser.error(f"--rounds: at least 1, got {args.rounds}")
     cuda = args.device.startswith("cuda")
     size = "labse" if args.labse_random else "small"
     hidden, layers = SIZES[size][:2]
@@ -266,15 +296,19 @@ def main() -> None:
     print("ratio: against 'fp32, random' of the same stage in the same run; new shape: what a step of a "
           "batch shape not met before takes more than a steady step (untimed steps of the warm-up)")
     print(f"{'stage':5} {'seq':>4} {'variant':21} {'pairs/s':>9} {'padding':>8} {'ratio':>6} {'new shape':>11}"
-          + (f" {'MFU 6N':>6} {'MFU 4N':>6} {'peak GiB':>9}" if cuda else ""))
+          + (f" {'MFU 6N':>6} {'MFU 4N':>6} {'peak GiB':>9}" if cuda else "")
+          + (f" {'spread':>7}" if args.rounds > 1 else ""))
     variants = {"fp32, random": (False, 1, False), "bf16, random": (True, 1, False),
                 "bf16, random, fast": (True, 1, True), "bf16, grouped": (True, args.group, False),
                 "bf16, grouped, fast": (True, args.group, True)}
     if not cuda:
         variants = {"fp32, random": (False, 1, False), "fp32, random, fast": (False, 1, True),
                     "fp32, grouped": (False, args.group, False)}
-    # the stages' CPU step (and a candidate for GPUs): the pass in sub-passes by length
-    variants[("bf16" if cuda else "fp32") + f", fast, chunks {CPU_CHUNK_SENTENCES}"] = (cuda, 1, True)
+    # the stages' CPU step: the pass in sub-passes by length (on a GPU only when --only names it:
+    # there it ran at 0.19-0.20x the fp32 step on an H200, and takes a minute per stage)
+    chunks = ("bf16" if cuda else "fp32") + f", fast, chunks {CPU_CHUNK_SENTENCES}"
+    if not cuda or chunks in (args.only or ()):
+        variants[chunks] = (cuda, 1, True)
     if cuda:
         variants["bf16, fast, pad 8"] = (True, 1, True)
         variants["bf16, fast, cuDNN"] = (True, 1, True)
@@ -300,13 +334,19 @@ def main() -> None:
             compiled = torch.compile(model, dynamic=True, mode=args.compile_mode) if args.compile else None
             trainable = [p for p in model.parameters() if p.requires_grad]
             n_model = sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n)
-            results = {}
-            for name, (bf16, group, fast) in variants.items():
-                if fast:
+            results, setups = {}, {}
+
+            def activate(name):
+                """The model in the variant's mode: the fast path or PeFT's forwards, the residual
+                stream's dtype (both switched in place; a compiled variant's graphs stay valid)."""
+                if variants[name][2]:
                     fastpath.speed_up(model)
                 else:
                     fastpath.restore(model)
                 fastpath.bf16_residual_stream(model, name.endswith("bf16 res."))
+
+            for name, (bf16, group, fast) in variants.items():
+                activate(name)
                 net = compiled if name.endswith(("compiled", "graphs")) else model
                 optimizer = torch.optim.AdamW(trainable, lr=2e-5, **(fused_options(trainable) if bf16 else {}))
                 autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and cuda
@@ -325,21 +365,21 @@ def main() -> None:
                 first_times, real, total, flops, flops_frozen = [], 0, 0, 0.0, 0.0
                 chunked = "chunks" in name
 
-                def prepare(batch):
-                    """A step's inputs on the device, as the stages prepare them on a thread:
+                def prepare(batch, device=args.device, chunked=chunked, generator=generator, multiple=multiple):
+                    """A step's inputs on ``device``, as the stages prepare them on a thread:
                     (lengths, inputs, padded positions)."""
                     sent = sentences(batch, stage)
-                    ids, mask, attention = padded(sent, config, "cpu" if chunked else args.device, generator,
-                                                  multiple)
+                    ids, mask, attention = padded(sent, config, "cpu" if chunked else device, generator, multiple)
                     if not chunked:
                         return sent, (ids, mask, attention), ids.numel()
                     # split and sent before the clock, as the stages prepare it on a thread
                     parts = split_by_length({"input_ids": ids, "attention_mask": mask})
                     parts = parts if isinstance(parts, LengthChunks) else [parts]
-                    inputs = [chunk_inputs(config, chunk, args.device) for chunk in parts]
+                    inputs = [chunk_inputs(config, chunk, device) for chunk in parts]
                     return sent, (parts, inputs), sum(chunk["input_ids"].numel() for chunk in parts)
 
-                def run(n_pairs, inputs):
+                def run(n_pairs, inputs, name=name, net=net, optimizer=optimizer, autocast=autocast,
+                        chunked=chunked, english=english):
                     with autocast, attention_kernels(cudnn=name.endswith("cuDNN")):
                         if chunked:  # the stages' step on the CPU: SentenceEncoderModel.step_features
                             parts, chunks = inputs
@@ -365,40 +405,66 @@ def main() -> None:
                         torch.cuda.synchronize()
                     if i in firsts:
                         first_times.append(time.perf_counter() - start)
-                # the timed steps back to back, with one wait at the end, as the stages run them (they
-                # never wait for the GPU between steps: the host queues a step while the GPU runs the last)
-                timed = [(len(batches[k]), *prepare(batches[k])) for k in schedule[untimed:]]
+                # the timed steps' inputs, prepared before the clock as the stages prepare them ahead (kept
+                # on the host until their variant's turn: on the device they would count in the others' peak)
+                timed = [(len(batches[k]), *prepare(batches[k], "cpu")) for k in schedule[untimed:]]
                 for _, sent, _, positions in timed:
                     real += sum(sent)
                     total += positions
                     attn_flops = sum(12 * config.num_hidden_layers * config.hidden_size * s * s for s in sent)
                     flops += 6 * n_model * sum(sent) + attn_flops
                     flops_frozen += 4 * n_model * sum(sent) + attn_flops
-                if cuda:
-                    torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats()  # the timed steps' peak
-                start = time.perf_counter()
-                for n_pairs, _, inputs, _ in timed:
-                    run(n_pairs, inputs)
-                if cuda:
-                    torch.cuda.synchronize()
-                seconds = time.perf_counter() - start
-                timed = None
-                peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+                setups[name] = {"run": run, "timed": timed, "optimizer": optimizer, "real": real, "total": total,
+                                "flops": flops, "flops_frozen": flops_frozen, "first_times": first_times,
+                                "seconds": [], "peak": 0.0}
+                move_state(optimizer, "cpu")  # inactive: its state off the device, out of the others' peak
+
+            # the timed steps back to back, with one wait at the end, as the stages run them (they never
+            # wait for the GPU between steps: the host queues a step while the GPU runs the last); in
+            # --rounds rounds, each round in another order, so that a slow spell of a noisy host falls
+            # on every variant alike
+            names = list(variants)
+            for r in range(args.rounds):
+                for name in names[r % len(names):] + names[:r % len(names)]:
+                    setup = setups[name]
+                    activate(name)
+                    move_state(setup["optimizer"], args.device)
+                    steps = [(n_pairs, to_device(inputs, args.device)) for n_pairs, _, inputs, _ in setup["timed"]]
+                    if cuda:
+                        torch.cuda.synchronize()
+                        torch.cuda.reset_peak_memory_stats()  # the timed steps' peak
+                    start = time.perf_counter()
+                    for n_pairs, inputs in steps:
+                        setup["run"](n_pairs, inputs)
+                    if cuda:
+                        torch.cuda.synchronize()
+                    setup["seconds"].append(time.perf_counter() - start)
+                    if cuda:
+                        setup["peak"] = max(setup["peak"], torch.cuda.max_memory_allocated() / 2**30)
+                    move_state(setup["optimizer"], "cpu")
+                    steps = None
+            for name, setup in setups.items():
+                seconds = statistics.median(setup["seconds"])
                 steady = seconds / args.steps
+                first_times = setup["first_times"]
                 new_shape = (statistics.median(first_times) - steady) if first_times else None
-                results[name] = (args.batch_size * args.steps / seconds, 1 - real / total, flops / seconds,
-                                 flops_frozen / seconds, peak, new_shape)
+                spread = (max(setup["seconds"]) - min(setup["seconds"])) / seconds
+                results[name] = (args.batch_size * args.steps / seconds, 1 - setup["real"] / setup["total"],
+                                 setup["flops"] / seconds, setup["flops_frozen"] / seconds,
+                                 setup["peak"] if cuda else None, new_shape, spread)
+            setups = run = None
             fastpath.restore(model)
             model = compiled = net = optimizer = trainable = None  # freed before the next stage's model
             if cuda:
                 torch.cuda.empty_cache()
             base = results["fp32, random"][0]
-            for name, (pps, pad, fps, fps_frozen, peak, new_shape) in results.items():
+            for name, (pps, pad, fps, fps_frozen, peak, new_shape, spread) in results.items():
                 extra = "-" if new_shape is None else f"{new_shape * 1e3:+.0f}ms"
                 line = f"{stage:5} {seq_len:4d} {name:21} {pps:9.1f} {pad:8.1%} {pps / base:6.2f} {extra:>11}"
                 if cuda:
                     line += f" {fps / (args.peak_tflops * 1e12):6.1%} {fps_frozen / (args.peak_tflops * 1e12):6.1%} {peak:9.1f}"
+                if args.rounds > 1:
+                    line += f" {spread:7.0%}"
                 print(line, flush=True)
 
 

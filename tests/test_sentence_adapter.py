@@ -556,17 +556,37 @@ def test_throughput_benchmark_trains_what_each_stage_trains_on_its_batches(monke
     assert all(len(row) == 2 for batch in bench.make_batches(list(range(5, 45)), 400, 100, 4, seed=3)
                for row in batch)  # no share: pairs only
 
+    # the chunk plan stays as it is on its way to the device; the optimizer's state goes there and back
+    from modsent.training.loop import LengthChunks, split_by_length
+
+    parts = split_by_length({"input_ids": torch.ones(20, 6, dtype=torch.long),
+                             "attention_mask": torch.ones(20, 6, dtype=torch.long)}, 8)
+    moved = bench.to_device((parts, [(torch.ones(2), None)]), "cpu")
+    assert moved[0] is parts and isinstance(moved[1], list) and moved[1][0][1] is None
+    assert isinstance(parts, LengthChunks)
+    for fused in (False, True):
+        weight = torch.nn.Parameter(torch.ones(3))
+        optimizer = torch.optim.AdamW([weight], fused=fused or None)
+        weight.grad = torch.ones(3)
+        optimizer.step()
+        bench.move_state(optimizer, "meta")
+        state = optimizer.state[weight]
+        assert state["exp_avg"].is_meta and state["exp_avg_sq"].is_meta
+        # fused AdamW counts its steps on the parameters' device, foreach AdamW on the host
+        assert state["step"].is_meta == fused
+
     monkeypatch.setattr("sys.argv", ["pair_throughput.py", "--batch-size", "12", "--seq-len", "64", "--steps", "2",
-                                     "--warmup", "1"])
+                                     "--warmup", "1", "--rounds", "2"])
     bench.main()
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("SE ", "CLA "))]
     names = ("fp32, random", "fp32, random, fast", "fp32, grouped", "fp32, fast, chunks 16")
-    assert [(row[0], " ".join(row[2:-4])) for row in rows] == [(stage, name) for stage in ("SE", "CLA") for name in names]
-    assert all(float(row[-4]) > 0 for row in rows)
-    padding = {(row[0], " ".join(row[2:-4])): float(row[-3].rstrip("%")) for row in rows}
+    assert [(row[0], " ".join(row[2:-5])) for row in rows] == [(stage, name) for stage in ("SE", "CLA") for name in names]
+    assert all(float(row[-5]) > 0 for row in rows)
+    assert all(float(row[-1].rstrip("%")) >= 0 for row in rows)  # two rounds: their spread
+    padding = {(row[0], " ".join(row[2:-5])): float(row[-4].rstrip("%")) for row in rows}
     # the same batches as 'random', SE's ~28 sentences in two passes by length: less padding
     assert padding["SE", "fp32, fast, chunks 16"] < padding["SE", "fp32, random"]
-    assert any(row[-1].endswith("ms") for row in rows)  # widths vary: a new shape's cost is measured
+    assert any(row[-2].endswith("ms") for row in rows)  # widths vary: a new shape's cost is measured
 
 
 def test_encoding_benchmark_runs_the_evaluations_loop_and_prints_every_variant(monkeypatch, capsys):
