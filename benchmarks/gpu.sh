@@ -77,7 +77,7 @@ bench pair_throughput_graphs 300 benchmarks/pair_throughput.py --labse-random --
 # evaluation encoding by batch size through the evaluation's loop (no waits: host mask, copies behind the kernels)
 bench encode_throughput 120 benchmarks/encode_throughput.py --labse-random --device cuda --batch-size 64 512 \
     --sentences 8000
-bench profile_steps 120 -m benchmarks.profile_steps --device cuda --steps 5 --top 12
+bench profile_steps 150 -m benchmarks.profile_steps --device cuda --steps 5 --top 12 --bf16-residual
 bench mexma_throughput 90 benchmarks/mexma_throughput.py --size base --device cuda --seq-len 128 256 --steps 10
 # methods.MEXMA.compile: the same step with the body compiled (and the eager steps beside it)
 bench mexma_throughput_compiled 240 benchmarks/mexma_throughput.py --size base --device cuda --seq-len 128 \

@@ -82,6 +82,9 @@ def main() -> None:
     parser.add_argument("--la-seq-len", type=int, default=256)
     parser.add_argument("--se-batch", type=int, default=128)
     parser.add_argument("--peft", action="store_true", help="PEFT's LoRA forward, not modsent's fast path")
+    parser.add_argument("--bf16-residual", action="store_true",
+                        help="profile the LA step again with its residual stream in bf16 "
+                             "(language_adapter.residual_stream: bf16; fastpath.bf16_residual_stream)")
     args = parser.parse_args()
     speed_up = (lambda model: None) if args.peft else fastpath.speed_up
     cuda = args.device.startswith("cuda")
@@ -107,6 +110,10 @@ def main() -> None:
         optimizer_step(optimizer, params, 1.0)
 
     profile(f"LA step, {args.la_batch} x {args.la_seq_len} tokens", la_step, args.steps, cuda, args.top)
+    if args.bf16_residual:  # what is left of the element-wise traffic once the stream is bf16
+        fastpath.bf16_residual_stream(model)
+        profile(f"LA step, {args.la_batch} x {args.la_seq_len} tokens, bf16 residual stream", la_step, args.steps,
+                cuda, args.top)
     model = optimizer = None  # free the LA's memory before the SE model
 
     # SE: anchors, positives and the paper's share of hard negatives, sentences of real lengths,
