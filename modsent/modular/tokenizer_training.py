@@ -31,14 +31,18 @@ Facts to know:
   so the model never needs them; left in, the Unigram trainer learned ``<s>`` from Python
   docstrings (171,028 lines, 50,000 pieces) as an ordinary piece, whose id then replaced the
   special token's (``convert_tokens_to_ids("<s>")`` gave 33556, not 0).
-- The ``tokenizers`` trainers are not deterministic across processes (Rust hash maps decide
-  ties). Measured on 15,000 English sentences at 8,000 tokens: Unigram gave the same set of
-  pieces in every run but ~2,000 ids permuted among equal-score pieces (scores differing by
+- The ``tokenizers`` trainers are not deterministic, even within one process (Rust hash maps
+  decide ties). Measured on 15,000 English sentences at 8,000 tokens: Unigram gave the same set
+  of pieces in every run but ~2,000 ids permuted among equal-score pieces (scores differing by
   <1e-10); WordPiece differed in 16 tokens (0.2%, equal-count merges at the cut-off) and most
-  ids. A Unigram tokenizer is therefore written canonically (:func:`canonical_unigram_file`):
-  every run on the same text writes the same bytes, and so does everything built on it. A
-  WordPiece rerun is not byte-identical; everything downstream is rebuilt from the tokenizer it
-  gets, so results stay consistent within one run of the workflow.
+  ids. A Unigram tokenizer is therefore written canonically (:func:`canonical_unigram_file`).
+  The WordPiece trainer (BPE's, with ``##``) numbers the pieces ``##c`` of characters inside
+  words in hash order and breaks ties between merges of equal count by those numbers; they are
+  therefore given to it first, sorted, as special tokens (:func:`wordpiece_continuations`,
+  one more pass over the corpus: ~11 µs a line), which makes its training deterministic, and
+  made ordinary pieces again in the saved files (:func:`unpin_wordpiece_continuations`). Every
+  training on the same text then writes the same bytes, of either kind, and so does everything
+  built on it.
 """
 
 from __future__ import annotations
@@ -125,6 +129,9 @@ class _CorpusBatches:
         self.words_capped = False
 
     def __iter__(self) -> Iterator[list[str]]:
+        # every pass counts afresh (a WordPiece training reads the corpus twice)
+        self.added_removed, self.sentences, self.words_capped = 0, 0, False
+        self.characters, self.words = set(), set()
         batch: list[str] = []
         for _, line in iter_utf8_lines(self.path):
             if not line.strip():
@@ -152,6 +159,55 @@ def _first_nonempty_line(path: Path) -> int | None:
         if line.strip():
             return number
     return None
+
+
+#: The continuation prefix of ``tokenizers``' WordPiece trainer (transformers passes it none).
+WORDPIECE_TRAINER_PREFIX = "##"
+
+
+def wordpiece_continuations(batches, backend) -> list[str]:
+    """The pieces ``##c`` that the WordPiece trainer makes of every character ``c`` it meets
+    inside a word of these batches (after the base's normaliser and pre-tokenizer, as the trainer
+    sees them), sorted. The trainer gives them ids in the order of a hash map's iteration, and its
+    merges of equal count go by those ids, so two trainings on the same text learn other pieces
+    near the cut-off; given first, as special tokens in this order, they get the same ids every
+    time, and the training is deterministic (:func:`unpin_wordpiece_continuations` makes them
+    ordinary pieces again)."""
+    normalizer, pre_tokenizer = backend.normalizer, backend.pre_tokenizer
+    characters: set[str] = set()
+    for batch in batches:
+        for line in batch:
+            text = normalizer.normalize_str(line) if normalizer is not None else line
+            for word, _ in (pre_tokenizer.pre_tokenize_str(text) if pre_tokenizer is not None else [(text, None)]):
+                characters.update(word[1:])
+    return sorted(WORDPIECE_TRAINER_PREFIX + c for c in characters)
+
+
+def unpin_wordpiece_continuations(directory: str | Path, pinned: list[str]) -> None:
+    """Undo the special-token side of :func:`wordpiece_continuations` in a saved tokenizer:
+    the pinned pieces stay in the vocabulary at their ids, as ordinary pieces (the trainer would
+    have made them so), not as added special tokens (which would cut literal ``##c`` out of text
+    before the model saw it)."""
+    directory = Path(directory)
+    pinned_set = set(pinned)
+    path = directory / "tokenizer.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["added_tokens"] = [token for token in data["added_tokens"] if token["content"] not in pinned_set]
+    path.write_text(json.dumps(data, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    path = directory / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    for key in ("extra_special_tokens", "additional_special_tokens"):
+        if key in config:
+            kept = [token for token in config[key]
+                    if (token if isinstance(token, str) else token.get("content")) not in pinned_set]
+            if kept:
+                config[key] = kept
+            else:
+                del config[key]
+    if isinstance(config.get("added_tokens_decoder"), dict):
+        config["added_tokens_decoder"] = {i: token for i, token in config["added_tokens_decoder"].items()
+                                          if token.get("content") not in pinned_set}
+    path.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
 
 #: Decimals a Unigram piece's score keeps (:func:`canonical_unigram_file`): runs differ by ~1e-15.
@@ -248,8 +304,12 @@ def train_tokenizer(
     batches = _CorpusBatches(corpus_path, max_sentences, batch_size, _WORD_COUNT_CAP_FACTOR * vocab_size, added)
     log.info("training a %s tokenizer of %d tokens on %s (max_sentences=%s)", kind, vocab_size, corpus_path, max_sentences)
     start = time.perf_counter()
+    pinned = wordpiece_continuations(batches, base.backend_tokenizer) if kind == "wordpiece" else []
+    if pinned:
+        log.info("%d WordPiece continuation pieces pinned in %.1f s", len(pinned), time.perf_counter() - start)
     try:
-        new = base.train_new_from_iterator(iter(batches), vocab_size=vocab_size, show_progress=False)
+        new = base.train_new_from_iterator(iter(batches), vocab_size=vocab_size, show_progress=False,
+                                           new_special_tokens=pinned or None)
     except Exception as err:  # the Rust trainers raise plain exceptions
         if "not large enough to contain all chars" not in str(err):
             raise
@@ -300,6 +360,13 @@ def train_tokenizer(
         new.save_pretrained(str(tmp))
         if kind == "unigram":
             canonical_unigram_file(tmp / "tokenizer.json")
+        if pinned:
+            unpin_wordpiece_continuations(tmp, pinned)
+            saved = load_tokenizer(tmp, "trained tokenizer")
+            if set(saved.get_added_vocab()) != set(base.get_added_vocab()) or len(saved) != obtained:
+                raise RuntimeError(f"the pinned WordPiece pieces did not become ordinary pieces: added tokens "
+                                   f"{sorted(set(saved.get_added_vocab()) - set(base.get_added_vocab()))[:5]}, "
+                                   f"{len(saved)} tokens instead of {obtained}")
         (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     log.info("tokenizer: %d tokens from %d sentences in %.1f s -> %s", obtained, batches.sentences, seconds, out_dir)
     return report
