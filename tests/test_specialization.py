@@ -199,10 +199,10 @@ def test_unigram_appended_characters_are_ordered_around_learned_pieces(tmp_path)
 def test_wordpiece_trainings_on_the_same_text_write_the_same_files(bases, corpus, tmp_path):
     """The WordPiece trainer numbers the pieces ##c in hash order and breaks ties between merges
     of equal count by those numbers: two trainings in one process learned other pieces near the
-    cut-off (vocabularies of 1,500 pieces 8-32 apart) and most ids moved. With the pieces given
-    to it first, sorted, every training writes the same bytes, and the pinned pieces end as
-    ordinary pieces (no added tokens beyond the base's: text spelling ##0 is not cut out), right
-    after the specials."""
+    cut-off (vocabularies of 1,500 pieces 8-32 apart) and most ids moved. With its initial
+    vocabulary given to it first (the characters by code point, then the ##c sorted), every
+    training writes the same bytes, and the pinned pieces end as ordinary pieces (no added
+    tokens beyond the base's: text spelling ##0 is not cut out), right after the specials."""
     files = []
     for run in range(3):
         train_tokenizer(corpus, bases["bert"], tmp_path / f"tok{run}", 1500, max_sentences=3000)
@@ -213,8 +213,10 @@ def test_wordpiece_trainings_on_the_same_text_write_the_same_files(bases, corpus
     assert set(new.get_added_vocab()) == set(base.get_added_vocab())
     assert "extra_special_tokens" not in json.loads(files[0]["tokenizer_config.json"])
     vocab = json.loads(files[0]["tokenizer.json"])["model"]["vocab"]
+    characters = sorted(token for token in vocab if len(token) == 1)
     continuation = sorted(token for token in vocab if token.startswith("##") and len(token) == 3)
-    assert continuation and [vocab[token] for token in continuation] == list(range(5, 5 + len(continuation)))
+    assert characters and continuation
+    assert [vocab[token] for token in characters + continuation] == list(range(5, 5 + len(characters + continuation)))
     assert len(new) == 1500 and sorted(new.all_special_ids) == list(range(5))
     # an ordinary piece: literal "##0" is split by the pre-tokenizer, as any punctuation, not cut out
     assert "##0" in vocab and "##0" not in new.tokenize("a##0")

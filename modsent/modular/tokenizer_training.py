@@ -37,12 +37,12 @@ Facts to know:
   <1e-10); WordPiece differed in 16 tokens (0.2%, equal-count merges at the cut-off) and most
   ids. A Unigram tokenizer is therefore written canonically (:func:`canonical_unigram_file`).
   The WordPiece trainer (BPE's, with ``##``) numbers the pieces ``##c`` of characters inside
-  words in hash order and breaks ties between merges of equal count by those numbers; they are
-  therefore given to it first, sorted, as special tokens (:func:`wordpiece_continuations`,
-  one more pass over the corpus: ~11 µs a line), which makes its training deterministic, and
-  made ordinary pieces again in the saved files (:func:`unpin_wordpiece_continuations`). Every
-  training on the same text then writes the same bytes, of either kind, and so does everything
-  built on it.
+  words in hash order and breaks ties between merges of equal count by those numbers; its
+  initial vocabulary (the characters by code point, then the ``##c`` sorted) is therefore given
+  to it first as special tokens (:func:`wordpiece_initial_pieces`: a training of no merges on
+  the same text finds it), which makes its training deterministic, and made ordinary pieces again
+  in the saved files (:func:`unpin_wordpiece_pieces`). Every training on the same text then
+  writes the same bytes, of either kind, and so does everything built on it.
 """
 
 from __future__ import annotations
@@ -161,33 +161,30 @@ def _first_nonempty_line(path: Path) -> int | None:
     return None
 
 
-#: The continuation prefix of ``tokenizers``' WordPiece trainer (transformers passes it none).
-WORDPIECE_TRAINER_PREFIX = "##"
+def wordpiece_initial_pieces(base, batches) -> list[str]:
+    """The vocabulary the WordPiece trainer starts from on these batches, in the order it would
+    number it but for hash order: the characters by code point, then the pieces ``##c`` of the
+    characters met inside words, sorted. The trainer numbers the ``##c`` in the order of a hash
+    map's iteration, and its merges of equal count go by those numbers, so two trainings on the
+    same text learned other pieces near the cut-off. Given to it first, as special tokens in this
+    order, they get the same numbers every time and the training is deterministic, with ties
+    broken as an ordinary training breaks them but for that order
+    (:func:`unpin_wordpiece_pieces` makes them ordinary pieces again). Found by the trainer itself
+    (a training of no merges through ``train_new_from_iterator``), so they are exactly its own
+    whatever normaliser, pre-tokenizer and trainer settings the base brings."""
+    probe = base.train_new_from_iterator(iter(batches), vocab_size=0, show_progress=False)
+    added = set(probe.get_added_vocab())
+    pieces = sorted(probe.backend_tokenizer.get_vocab().items(), key=lambda item: item[1])
+    characters = [piece for piece, _ in pieces if piece not in added and len(piece) == 1]
+    continuations = sorted(piece for piece, _ in pieces if piece not in added and len(piece) > 1)
+    return sorted(characters) + continuations
 
 
-def wordpiece_continuations(batches, backend) -> list[str]:
-    """The pieces ``##c`` that the WordPiece trainer makes of every character ``c`` it meets
-    inside a word of these batches (after the base's normaliser and pre-tokenizer, as the trainer
-    sees them), sorted. The trainer gives them ids in the order of a hash map's iteration, and its
-    merges of equal count go by those ids, so two trainings on the same text learn other pieces
-    near the cut-off; given first, as special tokens in this order, they get the same ids every
-    time, and the training is deterministic (:func:`unpin_wordpiece_continuations` makes them
-    ordinary pieces again)."""
-    normalizer, pre_tokenizer = backend.normalizer, backend.pre_tokenizer
-    characters: set[str] = set()
-    for batch in batches:
-        for line in batch:
-            text = normalizer.normalize_str(line) if normalizer is not None else line
-            for word, _ in (pre_tokenizer.pre_tokenize_str(text) if pre_tokenizer is not None else [(text, None)]):
-                characters.update(word[1:])
-    return sorted(WORDPIECE_TRAINER_PREFIX + c for c in characters)
-
-
-def unpin_wordpiece_continuations(directory: str | Path, pinned: list[str]) -> None:
-    """Undo the special-token side of :func:`wordpiece_continuations` in a saved tokenizer:
-    the pinned pieces stay in the vocabulary at their ids, as ordinary pieces (the trainer would
-    have made them so), not as added special tokens (which would cut literal ``##c`` out of text
-    before the model saw it)."""
+def unpin_wordpiece_pieces(directory: str | Path, pinned: list[str]) -> None:
+    """Undo the special-token side of :func:`wordpiece_initial_pieces` in a saved tokenizer: the
+    pinned pieces stay in the vocabulary at their ids, as ordinary pieces (as the trainer makes
+    them), not as added special tokens (which would cut them out of text before the model saw
+    it)."""
     directory = Path(directory)
     pinned_set = set(pinned)
     path = directory / "tokenizer.json"
@@ -304,9 +301,9 @@ def train_tokenizer(
     batches = _CorpusBatches(corpus_path, max_sentences, batch_size, _WORD_COUNT_CAP_FACTOR * vocab_size, added)
     log.info("training a %s tokenizer of %d tokens on %s (max_sentences=%s)", kind, vocab_size, corpus_path, max_sentences)
     start = time.perf_counter()
-    pinned = wordpiece_continuations(batches, base.backend_tokenizer) if kind == "wordpiece" else []
+    pinned = wordpiece_initial_pieces(base, batches) if kind == "wordpiece" else []
     if pinned:
-        log.info("%d WordPiece continuation pieces pinned in %.1f s", len(pinned), time.perf_counter() - start)
+        log.info("the WordPiece trainer's %d initial pieces pinned in %.1f s", len(pinned), time.perf_counter() - start)
     try:
         new = base.train_new_from_iterator(iter(batches), vocab_size=vocab_size, show_progress=False,
                                            new_special_tokens=pinned or None)
@@ -361,7 +358,7 @@ def train_tokenizer(
         if kind == "unigram":
             canonical_unigram_file(tmp / "tokenizer.json")
         if pinned:
-            unpin_wordpiece_continuations(tmp, pinned)
+            unpin_wordpiece_pieces(tmp, pinned)
             saved = load_tokenizer(tmp, "trained tokenizer")
             if set(saved.get_added_vocab()) != set(base.get_added_vocab()) or len(saved) != obtained:
                 raise RuntimeError(f"the pinned WordPiece pieces did not become ordinary pieces: added tokens "
