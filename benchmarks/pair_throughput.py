@@ -222,7 +222,7 @@ def to_device(inputs, device: str):
     ``device``."""
     if isinstance(inputs, torch.Tensor):
         return inputs.to(device)
-    if type(inputs) in (tuple, list):  # not LengthChunks, a list that carries its order
+    if type(inputs) in (tuple, list):  # not LengthChunks, a tuple that carries its order
         return type(inputs)(to_device(item, device) for item in inputs)
     return inputs
 
@@ -337,7 +337,7 @@ def main() -> None:
             results, setups = {}, {}
 
             def activate(name):
-                """The model in the variant's mode: the fast path or PeFT's forwards, the residual
+                """The model in the variant's mode: the fast path or PEFT's forwards, the residual
                 stream's dtype (both switched in place; a compiled variant's graphs stay valid)."""
                 if variants[name][2]:
                     fastpath.speed_up(model)
@@ -345,7 +345,7 @@ def main() -> None:
                     fastpath.restore(model)
                 fastpath.bf16_residual_stream(model, name.endswith("bf16 res."))
 
-            for name, (bf16, group, fast) in variants.items():
+            for name, (bf16, group, _) in variants.items():
                 activate(name)
                 net = compiled if name.endswith(("compiled", "graphs")) else model
                 optimizer = torch.optim.AdamW(trainable, lr=2e-5, **(fused_options(trainable) if bf16 else {}))

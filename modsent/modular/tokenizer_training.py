@@ -122,6 +122,10 @@ class _CorpusBatches:
                  added_tokens: list[str]):
         self.path, self.max_sentences, self.batch_size, self.word_cap = path, max_sentences, batch_size, word_cap
         self.added = re.compile("|".join(map(re.escape, sorted(added_tokens, key=len, reverse=True)))) if added_tokens else None
+        self._count_afresh()
+
+    def _count_afresh(self) -> None:
+        """The counts of a pass; every pass counts afresh (a WordPiece training reads the corpus twice)."""
         self.added_removed = 0
         self.sentences = 0
         self.characters: set[str] = set()
@@ -129,9 +133,7 @@ class _CorpusBatches:
         self.words_capped = False
 
     def __iter__(self) -> Iterator[list[str]]:
-        # every pass counts afresh (a WordPiece training reads the corpus twice)
-        self.added_removed, self.sentences, self.words_capped = 0, 0, False
-        self.characters, self.words = set(), set()
+        self._count_afresh()
         batch: list[str] = []
         for _, line in iter_utf8_lines(self.path):
             if not line.strip():
@@ -174,10 +176,8 @@ def wordpiece_initial_pieces(base, batches) -> list[str]:
     whatever normaliser, pre-tokenizer and trainer settings the base brings."""
     probe = base.train_new_from_iterator(iter(batches), vocab_size=0, show_progress=False)
     added = set(probe.get_added_vocab())
-    pieces = sorted(probe.backend_tokenizer.get_vocab().items(), key=lambda item: item[1])
-    characters = [piece for piece, _ in pieces if piece not in added and len(piece) == 1]
-    continuations = sorted(piece for piece, _ in pieces if piece not in added and len(piece) > 1)
-    return sorted(characters) + continuations
+    own = [piece for piece in probe.backend_tokenizer.get_vocab() if piece not in added]
+    return sorted(piece for piece in own if len(piece) == 1) + sorted(piece for piece in own if len(piece) > 1)
 
 
 def unpin_wordpiece_pieces(directory: str | Path, pinned: list[str]) -> None:
