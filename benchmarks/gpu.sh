@@ -27,7 +27,7 @@ GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za
 
 # BENCHMARKS="name ..." runs only those (default: all, in this order); DEADLINE=SECONDS stops
 # starting benchmarks that would outlast it (each one's limit is cut to what is left).
-WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled pair_throughput pair_throughput_b256 pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_speed_3.3B} "
+WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_outside profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_speed_3.3B} "
 DEADLINE="${DEADLINE:-100000}"
 
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever happens
@@ -47,6 +47,15 @@ bench tests 150 -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/te
     tests/test_training_loop.py tests/test_mexma.py -k "not two_processes and not workflow"
 bench mlm_throughput 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
     --batch-size 128 --steps 10 --bf16-residual
+# the LA compiled with its attention kept out of the graphs (fastpath.attention_outside_graph): the
+# eager step's attention kernel, Inductor fusing the element-wise work between the products
+bench mlm_throughput_outside 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 \
+    --batch-size 128 --steps 10 --repeats 2 --compile --bf16-residual --only "masked, bf16, fused, fast" \
+    "masked, bf16, fused, fast, bf16 residual" "masked, bf16, fused, fast, compiled, attention outside, bf16 residual"
+# the LA step's kernels with the bf16 stream, eager and compiled whole (which lost, 0.83x: which
+# attention kernel the graph runs, what is left unfused)
+bench profile_la_compiled 160 -m benchmarks.profile_steps --device cuda --steps 5 --top 16 --stages LA \
+    --bf16-residual --compile whole
 # the LA under torch.compile (the fast path traces into one graph): Inductor fusing the element-wise
 # residual stream the LA step is bound by, against the eager step in the same run
 bench mlm_throughput_compiled 240 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 \
@@ -59,6 +68,10 @@ bench mlm_throughput_b64 90 benchmarks/mlm_throughput.py --labse-random --device
 bench pair_throughput_compiled 260 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
     --batch-size 128 --steps 40 --warmup 20 --compile --rounds 3 \
     --only "bf16, random, fast" "bf16, grouped, fast" "bf16, fast, cuDNN" "bf16, fast, compiled"
+# the CLA alone (its compiled step never measured on a GPU: the run above ran out of time while compiling)
+bench pair_throughput_compiled_cla 170 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
+    --batch-size 128 --steps 40 --warmup 20 --compile --rounds 3 --stages CLA \
+    --only "bf16, random, fast" "bf16, fast, cuDNN" "bf16, fast, compiled"
 # three rounds, the variants in turn: the step at 128 pairs is bound by the host, whose speed drifts
 # (one variant ran at 2,481 and 1,709 pairs/s in two runs on one H200); SE and CLA took ~150 s each
 bench pair_throughput 330 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \

@@ -10,12 +10,15 @@ PEFT's own LoRA forward and the usual full-sequence head (transformers' own MLM 
 tokens/s and their ratio. Every variant trains what the LA trains (language_adapter.build_model:
 LoRA r 8 on query, key and value, the embeddings tied to the decoder, the MLM head) in training
 mode, and steps as its loop does (loop.optimizer_step: gradients clipped to norm 1). On a GPU
-(--device cuda) it also prints the model FLOPs utilisation (MFU) against the GPU's bf16 peak (--peak-tflops, default 989 for an H100 SXM) in two
+(--device cuda) it also prints the model FLOPs utilisation (MFU) against the GPU's bf16 peak (--peak-tflops, default 989 for an H100 SXM) in three
 conventions: "6N" counts 6N + 12·L·d·s FLOPs per token (N: non-embedding parameters, L layers,
 width d, sequence s: the usual dense estimate of training plus attention scores); "4N" counts
 4N + 12·L·d·s, the work a frozen body really needs (forward, and the backward through the
 activations, but no weight gradients except LoRA's, which are tiny). 6N is what most published
-MFU figures use; 4N is 1.5x smaller for the dense part.
+MFU figures use; 4N is 1.5x smaller for the dense part. "+head" adds to 6N the MLM head's
+products, which the step also does: 6·m·(d² + d·V) per token for the masked share m (15%) of
+the positions, the head's transform and the vocabulary projection (V words, tied to the trained
+embeddings), both trained.
 
 --labse-random builds a LaBSE-sized BERT (12 layers, hidden 768, 501,153-token vocabulary is
 replaced by a 50,000-token per-language vocabulary as in the method) from its config with
@@ -93,10 +96,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="timed runs of --steps (their median)")
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--compile", action="store_true",
-                        help="also time modsent's step with the encoder under torch.compile (GPU)")
+                        help="also time modsent's step with the encoder under torch.compile (on the CPU in fp32: a check that it runs)")
     parser.add_argument("--bf16-residual", action="store_true",
                         help="also time modsent's step with the residual stream in bf16 (language_adapter."
                              "residual_stream: bf16; other numerics: fastpath.bf16_residual_stream)")
+    parser.add_argument("--only", nargs="+", metavar="VARIANT",
+                        help="time only these variants (and the unoptimised one the ratios need)")
     args = parser.parse_args()
     if args.compile and len(args.seq_len) > 1:
         parser.error("--compile compiles the encoder in place: give one --seq-len")
@@ -109,20 +114,31 @@ def main() -> None:
                                             ("masked, fp32, fast", "masked, fp32", "full head, fp32")}
     if args.bf16_residual and cuda:
         variants["masked, bf16, fused, fast, bf16 residual"] = (True, True, True, True)
-    if args.compile and cuda:  # last: it compiles the encoder in place
+    if args.compile:  # last: it compiles the encoder in place (on the CPU: in fp32, as every CPU variant)
         variants["masked, bf16, fused, fast, compiled"] = (True, True, True, True)
-        if args.bf16_residual:  # both: Inductor fusing a residual stream held in bf16
+        if args.bf16_residual and cuda:  # both: Inductor fusing a residual stream held in bf16
             variants["masked, bf16, fused, fast, compiled, bf16 residual"] = (True, True, True, True)
+        # the attention kept out of the graphs (fastpath.attention_outside_graph): the eager
+        # step's attention kernel, Inductor fusing only the element-wise work between the products
+        variants["masked, bf16, fused, fast, compiled, attention outside"] = (True, True, True, True)
+        if args.bf16_residual and cuda:
+            variants["masked, bf16, fused, fast, compiled, attention outside, bf16 residual"] = (True, True, True, True)
+    if args.only:
+        unknown = set(args.only) - set(variants)
+        if unknown:
+            parser.error(f"--only: no variant {sorted(unknown)} here; the variants: {sorted(variants)}")
+        variants = {name: flags for name, flags in variants.items() if name in args.only or name == "full head, fp32"}
     name_gpu = torch.cuda.get_device_name() if cuda else "CPU"
     print(f"model: {'LaBSE-sized random BERT' if args.labse_random else args.base}; "
           f"{encoder_params / 1e6:.1f}M non-embedding parameters; vocabulary {vocab}; device {args.device} "
           f"({name_gpu}); torch {torch.__version__}; threads {torch.get_num_threads()}; batch {args.batch_size}")
     print("ratio: against the unoptimised step (full-sequence head, fp32, foreach AdamW) in the same run")
-    print("seq_len  variant                          tokens/s   ratio" + (" MFU 6N MFU 4N  peak GiB" if cuda else ""))
+    print("seq_len  variant                          tokens/s   ratio" + (" MFU 6N MFU 4N  +head  peak GiB" if cuda else ""))
     for seq_len in args.seq_len:
         generator = torch.Generator().manual_seed(0)
         ids = torch.randint(5, vocab, (args.batch_size, seq_len), generator=generator)
         chosen = torch.rand(ids.shape, generator=generator) < 0.15
+        share = float(chosen.float().mean())  # the masked positions' share, for the head's FLOPs
         host_labels = torch.where(chosen, ids, torch.full_like(ids, -100))  # the LA's: on the CPU
         labels = host_labels.to(args.device)
         inputs = torch.where(chosen, torch.full_like(ids, 4), ids).to(args.device)
@@ -134,6 +150,7 @@ def main() -> None:
             else:
                 fastpath.restore(model)
             fastpath.bf16_residual_stream(model, name.endswith("bf16 residual"))  # language_adapter.residual_stream
+            fastpath.attention_outside_graph(mlm_parts(model)[0], "attention outside" in name)
             if "compiled" in name:
                 torch._dynamo.reset()  # a compiled variant after another traces the model as it is now
                 # as the LA trains with language_adapter.compile: the encoder itself (mlm_loss
@@ -176,8 +193,12 @@ def main() -> None:
                 cfg = model.get_base_model().config
                 attention = 12 * cfg.num_hidden_layers * cfg.hidden_size * seq_len
                 peak_flops = args.peak_tflops * 1e12
+                # +head: 6N plus the MLM head's products on the masked positions (its transform
+                # and the tied vocabulary projection, both trained: 6 FLOPs per weight each)
+                head = 6 * share * (cfg.hidden_size ** 2 + cfg.hidden_size * vocab)
                 line += (f"  {(6 * encoder_params + attention) * tps / peak_flops:5.1%}"
-                         f"  {(4 * encoder_params + attention) * tps / peak_flops:5.1%}  {peak:8.1f}")
+                         f"  {(4 * encoder_params + attention) * tps / peak_flops:5.1%}"
+                         f"  {(6 * encoder_params + attention + head) * tps / peak_flops:5.1%}  {peak:8.1f}")
             print(line, flush=True)
 
 

@@ -66,13 +66,7 @@ def profile(name: str, step, steps: int, cuda: bool, top: int, warm: tuple[int, 
 
 
 def main() -> None:
-    from benchmarks import mlm_throughput, pair_throughput
-    from modsent.losses import MultipleNegativesRankingLoss
-    from modsent.modular.language_adapter import mlm_loss
-    from modsent.modular.sentence_adapter import pass_loss
-    from modsent.training.loop import optimizer_step, to_device
     from modsent.training import fastpath
-    from modsent.training.optim import fused_options
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -85,11 +79,29 @@ def main() -> None:
     parser.add_argument("--bf16-residual", action="store_true",
                         help="profile the LA step again with its residual stream in bf16 "
                              "(language_adapter.residual_stream: bf16; fastpath.bf16_residual_stream)")
+    parser.add_argument("--compile", nargs="*", choices=("whole", "attention-outside"), default=None,
+                        help="profile the LA step again with the encoder compiled (language_adapter.compile): "
+                             "whole, and/or with the attention outside the graphs (fastpath.attention_outside_graph)")
+    parser.add_argument("--stages", nargs="+", choices=("LA", "SE"), default=["LA", "SE"])
     args = parser.parse_args()
     speed_up = (lambda model: None) if args.peft else fastpath.speed_up
     cuda = args.device.startswith("cuda")
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else (
         lambda: torch.autocast("cpu", enabled=False))
+
+    if "LA" in args.stages:
+        profile_la(args, speed_up, cuda, autocast)
+    if "SE" in args.stages:
+        profile_se(args, speed_up, cuda, autocast)
+
+
+def profile_la(args, speed_up, cuda: bool, autocast) -> None:
+    from benchmarks import mlm_throughput
+    from modsent.losses import mlm_parts
+    from modsent.modular.language_adapter import mlm_loss
+    from modsent.training import fastpath
+    from modsent.training.loop import optimizer_step, to_device
+    from modsent.training.optim import fused_options
 
     # LA: packed sequences of exactly seq_len, 15% masked, LoRA on q/k/v + trainable embeddings
     la_args = argparse.Namespace(labse_random=True, device=args.device)
@@ -114,7 +126,23 @@ def main() -> None:
         fastpath.bf16_residual_stream(model)
         profile(f"LA step, {args.la_batch} x {args.la_seq_len} tokens, bf16 residual stream", la_step, args.steps,
                 cuda, args.top)
-    model = optimizer = None  # free the LA's memory before the SE model
+    stream = ", bf16 residual stream" if args.bf16_residual else ""
+    for how in args.compile or ():  # Inductor's kernels: which attention, what is left unfused
+        torch._dynamo.reset()
+        fastpath.attention_outside_graph(mlm_parts(model)[0], how == "attention-outside")
+        fastpath.compile_in_place(mlm_parts(model)[0], args.device, "--compile")
+        profile(f"LA step, {args.la_batch} x {args.la_seq_len} tokens{stream}, compiled ({how})", la_step,
+                args.steps, cuda, args.top)
+
+
+def profile_se(args, speed_up, cuda: bool, autocast) -> None:
+    from benchmarks import pair_throughput
+    from modsent.losses import MultipleNegativesRankingLoss
+    from modsent.modular.sentence_adapter import pass_loss
+    from modsent.training.loop import optimizer_step
+    from modsent.training.optim import fused_options
+
+    generator = torch.Generator().manual_seed(0)
 
     # SE: anchors, positives and the paper's share of hard negatives, sentences of real lengths,
     # padded to the longest with the stage's mask, MNRL

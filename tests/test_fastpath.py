@@ -394,3 +394,41 @@ def test_a_bf16_residual_stream_returns_bf16_layernorms_under_bf16_autocast_only
     assert torch.equal(back_out, auto_out) and torch.equal(back_grads, auto_grads)
     for hook in hooks:
         hook.remove()
+
+
+def test_attention_outside_the_graph_breaks_it_at_each_attention_and_trains_the_same():
+    """fastpath.attention_outside_graph: eager runs are the "sdpa" model's, bit for bit; compiled,
+    the encoder breaks its graph at each layer's attention call (which runs eagerly) and computes
+    the same outputs and gradients; undone, the model is "sdpa" again and traces into one graph."""
+    import torch._dynamo as dynamo
+
+    model = tiny_lora_bert(dropout=0.0)
+    fastpath.speed_up(model)
+    out_sdpa, grads_sdpa = train_step(model)
+    assert fastpath.attention_outside_graph(model) and not fastpath.attention_outside_graph(model)
+    assert model.config._attn_implementation == "modsent_sdpa_outside_graph"
+    out_eager, grads_eager = train_step(model)
+    torch.testing.assert_close(out_eager, out_sdpa, rtol=0, atol=0)
+    for name, grad in grads_sdpa.items():
+        torch.testing.assert_close(grads_eager[name], grad, rtol=0, atol=0)
+
+    ids, mask = batch()
+    dynamo.reset()
+    try:
+        explained = dynamo.explain(model)(input_ids=ids, attention_mask=mask)
+        # each layer's attention call breaks the graph (and so each module frame around it): no other break
+        reasons = [reason.reason for reason in explained.break_reasons]
+        assert explained.graph_break_count >= model.config.num_hidden_layers, reasons
+        assert all("torch.compiler.disable" in reason for reason in reasons), reasons
+        compiled = torch.compile(model, backend="aot_eager")
+        out_compiled, grads_compiled = train_step(compiled)
+        torch.testing.assert_close(out_compiled, out_sdpa, rtol=1e-5, atol=1e-5)
+        grads_compiled = {name.removeprefix("_orig_mod."): grad for name, grad in grads_compiled.items()}
+        assert grads_compiled.keys() == grads_sdpa.keys()
+        for name, grad in grads_sdpa.items():
+            torch.testing.assert_close(grads_compiled[name], grad, rtol=1e-4, atol=1e-5)
+        assert fastpath.attention_outside_graph(model, False) and model.config._attn_implementation == "sdpa"
+        dynamo.reset()
+        assert dynamo.explain(model)(input_ids=ids, attention_mask=mask).graph_break_count == 0
+    finally:
+        dynamo.reset()

@@ -198,6 +198,35 @@ def check_compilable(device: str | torch.device, key: str) -> None:
         raise InputError(f"{key}: true, but {problem}; set {key}: false")
 
 
+_EAGER_ATTENTION = "modsent_sdpa_outside_graph"
+
+
+def attention_outside_graph(model: nn.Module, on: bool = True) -> bool:
+    """Keep ``model``'s attention out of ``torch.compile``'s graphs (``on=False`` undoes it);
+    returns whether the model's attention changed (only transformers' ``"sdpa"`` does).
+
+    The model's config then names an attention function registered with transformers'
+    ``AttentionInterface`` that is its SDPA function under ``torch.compiler.disable``: a compiled
+    encoder breaks its graph around each attention call, which runs as in eager mode (PyTorch's
+    choice of kernel, as the eager step's), while Inductor still fuses the element-wise work
+    between the matrix products (dropout, residual adds, LayerNorm, GELU, the LoRA branches).
+    The masks are built as for ``"sdpa"``. Eager runs do exactly what ``"sdpa"`` does."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    if _EAGER_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(_EAGER_ATTENTION, torch.compiler.disable(sdpa_attention_forward))
+        AttentionMaskInterface.register(_EAGER_ATTENTION, sdpa_mask)
+    config = getattr(model, "config", None)
+    current = getattr(config, "_attn_implementation", None)
+    wanted, other = (_EAGER_ATTENTION, "sdpa") if on else ("sdpa", _EAGER_ATTENTION)
+    if current != other:
+        return False
+    config._attn_implementation = wanted
+    return True
+
+
 def compile_in_place(module: nn.Module, device: str | torch.device, key: str, *,
                      dynamic: bool | None = False) -> None:
     """``torch.compile`` ``module`` in place (``nn.Module.compile``: its parameters, their names,
