@@ -212,12 +212,12 @@ def attention_outside_graph(model: nn.Module, on: bool = True) -> bool:
     between the matrix products (dropout, residual adds, LayerNorm, GELU, the LoRA branches).
     The masks are built as for ``"sdpa"``. Eager runs do exactly what ``"sdpa"`` does."""
     from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    if _EAGER_ATTENTION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(_EAGER_ATTENTION, torch.compiler.disable(sdpa_attention_forward))
-        AttentionMaskInterface.register(_EAGER_ATTENTION, sdpa_mask)
+    if _EAGER_ATTENTION not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(_EAGER_ATTENTION, torch.compiler.disable(ALL_ATTENTION_FUNCTIONS["sdpa"]))
+        AttentionMaskInterface.register(_EAGER_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
     config = getattr(model, "config", None)
     current = getattr(config, "_attn_implementation", None)
     wanted, other = (_EAGER_ATTENTION, "sdpa") if on else ("sdpa", _EAGER_ATTENTION)
