@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--bf16-residual", action="store_true",
                         help="profile the LA step again with its residual stream in bf16 "
                              "(language_adapter.residual_stream: bf16; fastpath.bf16_residual_stream)")
-    parser.add_argument("--compile", nargs="*", choices=("whole", "attention-outside"), default=None,
+    parser.add_argument("--compile", nargs="+", choices=("whole", "attention-outside"), default=None,
                         help="profile the LA step again with the encoder compiled (language_adapter.compile): "
                              "whole, and/or with the attention outside the graphs (fastpath.attention_outside_graph)")
     parser.add_argument("--stages", nargs="+", choices=("LA", "SE"), default=["LA", "SE"])
@@ -133,6 +133,14 @@ def profile_la(args, speed_up, cuda: bool, autocast) -> None:
         fastpath.compile_in_place(mlm_parts(model)[0], args.device, "--compile")
         profile(f"LA step, {args.la_batch} x {args.la_seq_len} tokens{stream}, compiled ({how})", la_step,
                 args.steps, cuda, args.top)
+    if args.compile:  # the compiled graphs and their memory, gone before the SE's model
+        import gc
+
+        torch._dynamo.reset()
+        model = optimizer = None
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
 
 
 def profile_se(args, speed_up, cuda: bool, autocast) -> None:

@@ -137,6 +137,8 @@ class BatchTokenizer:
 # create_bidirectional_mask, which takes a ready 4D mask as it is (tests/test_tokenizing.py; T5's
 # SDPA path folds a boolean mask into its position bias)
 _BIDIRECTIONAL_SDPA = frozenset({"bert", "roberta", "xlm-roberta", "t5", "mt5"})
+# transformers' SDPA attention, and the same under torch.compiler.disable (fastpath.attention_outside_graph)
+_SDPA_NAMES = frozenset({"sdpa", "modsent_sdpa_outside_graph"})
 
 
 def encoder_attention_mask(config, host_mask: torch.Tensor, device_mask: torch.Tensor) -> torch.Tensor | None:
@@ -154,7 +156,7 @@ def encoder_attention_mask(config, host_mask: torch.Tensor, device_mask: torch.T
     decoders and a mask not on the host keep ``device_mask``: transformers prepares it."""
     if (host_mask.device.type != "cpu" or host_mask.dim() != 2 or config is None
             or getattr(config, "model_type", None) not in _BIDIRECTIONAL_SDPA
-            or getattr(config, "_attn_implementation", None) != "sdpa" or getattr(config, "is_decoder", False)):
+            or getattr(config, "_attn_implementation", None) not in _SDPA_NAMES or getattr(config, "is_decoder", False)):
         return device_mask
     if bool(host_mask.all()):
         return None

@@ -407,6 +407,12 @@ def test_attention_outside_the_graph_breaks_it_at_each_attention_and_trains_the_
     out_sdpa, grads_sdpa = train_step(model)
     assert fastpath.attention_outside_graph(model) and not fastpath.attention_outside_graph(model)
     assert model.config._attn_implementation == "modsent_sdpa_outside_graph"
+    # the stages' host-side mask treats it as "sdpa": no mask without padding, the 4D mask with it
+    from modsent.tokenizing import encoder_attention_mask
+
+    ones, padded = torch.ones(2, 5, dtype=torch.long), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    assert encoder_attention_mask(model.config, ones, ones) is None
+    assert encoder_attention_mask(model.config, padded, padded).shape == (2, 1, 1, 5)
     out_eager, grads_eager = train_step(model)
     torch.testing.assert_close(out_eager, out_sdpa, rtol=0, atol=0)
     for name, grad in grads_sdpa.items():
