@@ -19,7 +19,8 @@ from modsent.data.paraphrase import (align_provided, crosslingual_paraphrase_pai
                                      provided_sample, translate_pairs)
 from modsent.sources.builtin import builtin_translations
 from modsent.testing import make_tiny_xlmr, sample_texts
-from tiny_modules import assert_resumed_equals_straight, language_modules, tiny_base_and_data
+from tiny_modules import (assert_resumed_equals_straight, assert_trained_alike, compiled_against_eager,
+                          inductor_draws_as_eager, language_modules, tiny_base_and_data)
 
 SE_CFG = sa.SentenceAdapterConfig(batch_size=16, seq_len=32, learning_rate=5e-3, max_steps=60,
                                   lora_dropout=0.0, eval_pairs=20, log_every=4, seed=0)
@@ -395,6 +396,24 @@ def test_the_workflow_leaves_the_same_data_keys_out_of_pp_params():
     expected = "ALIGNMENT_DATA_KEYS = (" + ", ".join(f'"{key}"' for key in al.DATA_KEYS) + ")"
     assert expected in (REPO / "rules" / "common.smk").read_text()
     assert al.AlignmentConfig.from_config({"provided_translations": True, "max_provided": 5}) == al.AlignmentConfig()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU and modsent's whole environment "
+                    "(gpu.sh's images lack the fixtures' packages): pytest tests -k on_a_gpu on a GPU node")
+@inductor_draws_as_eager()
+def test_the_stage_compiled_on_a_gpu_trains_the_parallel_adapter_as_the_eager_one(inputs, tmp_path):
+    """alignment.compile end to end on a GPU, with Inductor (bf16 autocast, Triton's kernels, the
+    stage's attention without cuDNN): the eager run's losses within bf16's rounding and the same
+    training of the parallel adapter (its up-projection starts at zero)."""
+    import dataclasses
+
+    cfg = dataclasses.replace(CFG, max_steps=6, log_every=1)
+    eager, compiled = compiled_against_eager(lambda on: al.train_alignment_adapter(
+        "pp", inputs["base"], None, inputs["de_se_nola"], inputs["pp"], inputs["embeddings_nola"],
+        tmp_path / ("compiled" if on else "eager"), dataclasses.replace(cfg, compile=on), language="de",
+        device="cuda", progress=False))
+    assert compiled["config"]["compile"] and not eager["config"]["compile"]
+    assert_trained_alike(tmp_path, f"adapter/{pa.WEIGHTS_NAME}", (".up.",), rel=3e-2, cosine=0.95)
 
 
 def test_a_compiled_encoder_trains_the_parallel_adapter_as_the_eager_one(inputs, tmp_path, traced_compile):

@@ -24,7 +24,8 @@ from modsent.testing import make_tiny_bert, make_tiny_xlmr, sample_texts
 from modsent.modular.tokenizer_training import train_tokenizer
 from modsent.training.pairs import batches_of_steps
 from conftest import load_benchmark
-from tiny_modules import (assert_resumed_equals_straight, assert_same_adamw_training, inductor_draws_as_eager,
+from tiny_modules import (assert_resumed_equals_straight, assert_same_adamw_training, assert_trained_alike,
+                          compiled_against_eager, inductor_draws_as_eager,
                           needs_cpu_compiler)
 
 LA_CFG = la.LanguageAdapterConfig(steps=4, batch_size=4, seq_len=32, learning_rate=2e-3,
@@ -487,6 +488,24 @@ def test_a_compiled_encoder_trains_as_the_eager_one_over_batches_of_every_width(
         assert compiled[key] == pytest.approx(eager[key]), key
     x, y = (load_file(str(tmp_path / run / sa.ADAPTER_DIR / "adapter_model.safetensors")) for run in ("eager", "compiled"))
     assert_same_adamw_training(x, y, cfg.learning_rate)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU and modsent's whole environment "
+                    "(gpu.sh's images lack the fixtures' packages): pytest tests -k on_a_gpu on a GPU node")
+@inductor_draws_as_eager()
+def test_the_stage_compiled_on_a_gpu_trains_as_the_eager_one(inputs, tmp_path):
+    """sentence_adapter.compile end to end on a GPU: bf16 autocast, Triton's kernels, the stage's
+    attention without cuDNN, batches of varying width: the eager run's losses within bf16's
+    rounding and the same training of the adapter."""
+    cfg = sa.SentenceAdapterConfig(**{**CFG.__dict__, "max_steps": 6, "log_every": 1})
+    eager, compiled = compiled_against_eager(
+        lambda on: sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"],
+                                             tmp_path / ("compiled" if on else "eager"),
+                                             sa.SentenceAdapterConfig(**{**cfg.__dict__, "compile": on}),
+                                             device="cuda", progress=False))
+    assert compiled["config"]["compile"] and not eager["config"]["compile"]
+    assert compiled["padding_fraction"] == pytest.approx(eager["padding_fraction"])
+    assert_trained_alike(tmp_path, f"{sa.ADAPTER_DIR}/adapter_model.safetensors", ("lora_B",), rel=3e-2, cosine=0.95)
 
 
 def test_throughput_benchmark_warms_every_shape_and_masks_as_the_stage_does():

@@ -130,3 +130,40 @@ def inductor_draws_as_eager():
     import torch._inductor.config
 
     return torch._inductor.config.patch(fallback_random=True)
+
+
+def compiled_against_eager(train) -> tuple[dict, dict]:
+    """``train(compile)`` run eagerly, then compiled (Dynamo's caches cleared around each): their
+    metrics, once each run is checked to have compiled a graph, or none."""
+    import torch._dynamo
+
+    runs = {}
+    for name, compiled in (("eager", False), ("compiled", True)):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        try:
+            runs[name] = train(compiled)
+            assert (torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1) == compiled, name
+        finally:
+            torch._dynamo.reset()
+    return runs["eager"], runs["compiled"]
+
+
+def assert_trained_alike(tmp_path, weights: str, zero_started: tuple[str, ...], *, rel: float,
+                         cosine: float) -> None:
+    """The eager and compiled runs under ``tmp_path`` logged the same losses (within ``rel``) and
+    trained alike the tensors of ``weights`` whose names hold one of ``zero_started`` (LoRA's B,
+    an adapter's up-projection: they start at zero, so their values are the training): the
+    cosine of the two runs' values at least ``cosine`` and their norms within ``1 - cosine`` of
+    each other (a changed gradient or a missed step moves either far; bf16's rounding keeps
+    both near 1)."""
+    losses = [[float(line.split("\t")[1]) for line in (tmp_path / name / "loss.tsv").read_text().splitlines()[1:]]
+              for name in ("eager", "compiled")]
+    assert len(losses[0]) >= 3 and losses[0] == pytest.approx(losses[1], rel=rel)
+    x, y = (load_file(str(tmp_path / run / weights)) for run in ("eager", "compiled"))
+    assert x.keys() == y.keys()
+    trained = [k for k in x if any(part in k for part in zero_started)]
+    assert trained, f"{weights}: no tensor named with {zero_started}"
+    a, b = (torch.cat([t[k].float().flatten() for k in trained]) for t in (x, y))
+    assert float(a.norm()) > 0 and float(torch.nn.functional.cosine_similarity(a, b, dim=0)) >= cosine
+    assert float(b.norm() / a.norm()) == pytest.approx(1, abs=1 - cosine)  # and as far
