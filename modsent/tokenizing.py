@@ -40,6 +40,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from modsent.training.fastpath import OUTSIDE_GRAPH_ATTENTION
+
 log = logging.getLogger(__name__)
 
 _FIELDS = {"input_ids": "ids", "token_type_ids": "type_ids", "attention_mask": "attention_mask"}
@@ -138,7 +140,7 @@ class BatchTokenizer:
 # SDPA path folds a boolean mask into its position bias)
 _BIDIRECTIONAL_SDPA = frozenset({"bert", "roberta", "xlm-roberta", "t5", "mt5"})
 # transformers' SDPA attention, and the same under torch.compiler.disable (fastpath.attention_outside_graph)
-_SDPA_NAMES = frozenset({"sdpa", "modsent_sdpa_outside_graph"})
+_SDPA_NAMES = frozenset({"sdpa", OUTSIDE_GRAPH_ATTENTION})
 
 
 def encoder_attention_mask(config, host_mask: torch.Tensor, device_mask: torch.Tensor) -> torch.Tensor | None:

@@ -20,7 +20,7 @@ from modsent.data.paraphrase import (align_provided, crosslingual_paraphrase_pai
 from modsent.sources.builtin import builtin_translations
 from modsent.testing import make_tiny_xlmr, sample_texts
 from tiny_modules import (assert_resumed_equals_straight, assert_trained_alike, compiled_against_eager,
-                          inductor_draws_as_eager, language_modules, tiny_base_and_data)
+                          inductor_draws_as_eager, language_modules, logged_losses, tiny_base_and_data)
 
 SE_CFG = sa.SentenceAdapterConfig(batch_size=16, seq_len=32, learning_rate=5e-3, max_steps=60,
                                   lora_dropout=0.0, eval_pairs=20, log_every=4, seed=0)
@@ -433,8 +433,7 @@ def test_a_compiled_encoder_trains_the_parallel_adapter_as_the_eager_one(inputs,
             progress=False)
         assert len(compiled_modules) == (1 if compiled else 0) and (graphs() >= 1) == compiled
     assert runs["compiled"]["config"]["compile"] and not runs["eager"]["config"]["compile"]
-    losses = [[float(line.split("\t")[1]) for line in (tmp_path / name / "loss.tsv").read_text().splitlines()[1:]]
-              for name in ("eager", "compiled")]
+    losses = [logged_losses(tmp_path / name) for name in ("eager", "compiled")]
     assert len(losses[0]) == 3 and losses[0] == pytest.approx(losses[1], rel=1e-4)
     for key in ("heldout_retrieval_accuracy_before", "heldout_retrieval_accuracy_after"):
         assert runs["compiled"][key] == pytest.approx(runs["eager"][key]), key

@@ -15,7 +15,7 @@ from modsent.io import InputError
 from modsent.sources.builtin import builtin_corpus
 from modsent.testing import make_tiny_xlmr, sample_texts
 from modsent.modular.tokenizer_training import train_tokenizer
-from tiny_modules import assert_same_adamw_training, inductor_draws_as_eager, needs_cpu_compiler
+from tiny_modules import assert_same_adamw_training, inductor_draws_as_eager, logged_losses, needs_cpu_compiler
 
 CFG = la.LanguageAdapterConfig(steps=6, batch_size=4, seq_len=32, learning_rate=2e-3,
                                warmup_steps=1, eval_sentences=60, checkpoint_every=3, log_every=1,
@@ -261,8 +261,7 @@ def test_a_compiled_encoder_trains_as_the_eager_one(inputs, tmp_path):
         torch._dynamo.reset()
     assert compiled["config"]["compile"] and not eager["config"]["compile"]
     assert eager["steps"] == compiled["steps"] == 3
-    losses = [[float(line.split("\t")[1]) for line in (tmp_path / name / "loss.tsv").read_text().splitlines()[1:]]
-              for name in ("eager", "compiled")]
+    losses = [logged_losses(tmp_path / name) for name in ("eager", "compiled")]
     assert len(losses[0]) == 3 and losses[0] == pytest.approx(losses[1], rel=1e-4)
     for name in ("adapter/adapter_model.safetensors", la.EMBEDDINGS_NAME):
         x, y = (load_file(str(tmp_path / run / name)) for run in ("eager", "compiled"))

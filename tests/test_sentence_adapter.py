@@ -25,8 +25,7 @@ from modsent.modular.tokenizer_training import train_tokenizer
 from modsent.training.pairs import batches_of_steps
 from conftest import load_benchmark
 from tiny_modules import (assert_resumed_equals_straight, assert_same_adamw_training, assert_trained_alike,
-                          compiled_against_eager, inductor_draws_as_eager,
-                          needs_cpu_compiler)
+                          compiled_against_eager, inductor_draws_as_eager, logged_losses, needs_cpu_compiler)
 
 LA_CFG = la.LanguageAdapterConfig(steps=4, batch_size=4, seq_len=32, learning_rate=2e-3,
                                   warmup_steps=1, eval_sentences=30, checkpoint_every=100, log_every=1,
@@ -465,24 +464,15 @@ def test_a_compiled_encoder_trains_as_the_eager_one_over_batches_of_every_width(
     held-out evaluation: the losses, accuracies and adapter of the eager run (fp32, the CPU; the
     base's dropout drawn by Inductor as eager draws it), and the same checkpoint fingerprint (a
     runtime setting)."""
-    import torch._dynamo
-
     cfg = sa.SentenceAdapterConfig(**{**CFG.__dict__, "max_steps": 4, "log_every": 1})
     compiled_cfg = sa.SentenceAdapterConfig(**{**cfg.__dict__, "compile": True})
     assert compiled_cfg.fingerprint(inputs["pairs"]) == cfg.fingerprint(inputs["pairs"])
-    eager = sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], tmp_path / "eager", cfg,
-                                      device="cpu", progress=False)
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    try:
-        compiled = sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], tmp_path / "compiled",
-                                             compiled_cfg, device="cpu", progress=False)
-        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
-    finally:
-        torch._dynamo.reset()
+    eager, compiled = compiled_against_eager(
+        lambda on: sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"],
+                                             tmp_path / ("compiled" if on else "eager"), compiled_cfg if on else cfg,
+                                             device="cpu", progress=False))
     assert compiled["config"]["compile"]
-    losses = [[float(line.split("\t")[1]) for line in (tmp_path / name / "loss.tsv").read_text().splitlines()[1:]]
-              for name in ("eager", "compiled")]
+    losses = [logged_losses(tmp_path / name) for name in ("eager", "compiled")]
     assert len(losses[0]) == 4 and losses[0] == pytest.approx(losses[1], rel=1e-4)
     for key in ("heldout_retrieval_accuracy_before", "heldout_retrieval_accuracy_after", "padding_fraction"):
         assert compiled[key] == pytest.approx(eager[key]), key

@@ -53,6 +53,11 @@ def pairs_in(lang, english, units):
     return translate_pairs(english, lang_units)
 
 
+def logged_losses(run_dir) -> list[float]:
+    """The losses a training run logged (``run_dir/loss.tsv``: a header, then step and loss)."""
+    return [float(line.split("\t")[1]) for line in (run_dir / "loss.tsv").read_text().splitlines()[1:]]
+
+
 def assert_same_model(first, second, first_metrics: dict, second_metrics: dict,
                       keys=("loss_first", "loss_last", "steps", "loss_components")) -> None:
     """Two trainings of a whole model wrote the same thing: ``model.safetensors`` bit for bit,
@@ -74,8 +79,7 @@ def assert_close_model(first, second, first_metrics: dict, second_metrics: dict,
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     for key in keys:
         assert first_metrics[key] == pytest.approx(second_metrics[key], rel=1e-5), key
-    curves = [[float(line.split("\t")[1]) for line in (run / "loss.tsv").read_text().splitlines()[1:]]
-              for run in (first, second)]
+    curves = [logged_losses(run) for run in (first, second)]
     assert curves[0] and curves[0] == pytest.approx(curves[1], rel=1e-5)
 
 
@@ -157,8 +161,7 @@ def assert_trained_alike(tmp_path, weights: str, zero_started: tuple[str, ...], 
     cosine of the two runs' values at least ``cosine`` and their norms within ``1 - cosine`` of
     each other (a changed gradient or a missed step moves either far; bf16's rounding keeps
     both near 1)."""
-    losses = [[float(line.split("\t")[1]) for line in (tmp_path / name / "loss.tsv").read_text().splitlines()[1:]]
-              for name in ("eager", "compiled")]
+    losses = [logged_losses(tmp_path / name) for name in ("eager", "compiled")]
     assert len(losses[0]) >= 3 and losses[0] == pytest.approx(losses[1], rel=rel)
     x, y = (load_file(str(tmp_path / run / weights)) for run in ("eager", "compiled"))
     assert x.keys() == y.keys()

@@ -198,7 +198,8 @@ def check_compilable(device: str | torch.device, key: str) -> None:
         raise InputError(f"{key}: true, but {problem}; set {key}: false")
 
 
-_EAGER_ATTENTION = "modsent_sdpa_outside_graph"
+# the attention implementation attention_outside_graph names (modsent.tokenizing treats it as "sdpa")
+OUTSIDE_GRAPH_ATTENTION = "modsent_sdpa_outside_graph"
 
 
 def attention_outside_graph(model: nn.Module, on: bool = True) -> bool:
@@ -215,12 +216,12 @@ def attention_outside_graph(model: nn.Module, on: bool = True) -> bool:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    if _EAGER_ATTENTION not in ALL_ATTENTION_FUNCTIONS:
-        AttentionInterface.register(_EAGER_ATTENTION, torch.compiler.disable(ALL_ATTENTION_FUNCTIONS["sdpa"]))
-        AttentionMaskInterface.register(_EAGER_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    if OUTSIDE_GRAPH_ATTENTION not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(OUTSIDE_GRAPH_ATTENTION, torch.compiler.disable(ALL_ATTENTION_FUNCTIONS["sdpa"]))
+        AttentionMaskInterface.register(OUTSIDE_GRAPH_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
     config = getattr(model, "config", None)
     current = getattr(config, "_attn_implementation", None)
-    wanted, other = (_EAGER_ATTENTION, "sdpa") if on else ("sdpa", _EAGER_ATTENTION)
+    wanted, other = (OUTSIDE_GRAPH_ATTENTION, "sdpa") if on else ("sdpa", OUTSIDE_GRAPH_ATTENTION)
     if current != other:
         return False
     config._attn_implementation = wanted
