@@ -87,7 +87,7 @@ def main() -> None:
         model_dir = str(Path(tempfile.mkdtemp(prefix="job-overhead-")) / "me5-small")
         prepare_base_model("builtin:multilingual-e5-small", model_dir)
     sentences = builtin_parallel_eval(["de"])["de"].tolist()[:args.sentences]
-    print(f"# benchmarks/job_overhead.py --repeat {args.repeat}" + (f" --model {args.model}" if args.model else ""))
+    print(" ".join(["# benchmarks/job_overhead.py", *sys.argv[1:]]))
     print(f"Python {sys.version.split()[0]}; torch {torch.__version__}; sentence-transformers "
           f"{sentence_transformers.__version__}; model {Path(model_dir).name}; {len(sentences)} sentences, one thread")
     rows: dict[str, list[dict[str, float]]] = {"unfrozen": [], "frozen": []}
