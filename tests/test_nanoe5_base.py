@@ -146,6 +146,52 @@ def test_reloads_with_automodel_and_autotokenizer(converted):
     assert torch.isfinite(hidden).all()
 
 
+def test_the_tokenizer_loads_as_before_without_parsing_its_17_mb_file_again(converted, sentences, tmp_path,
+                                                                            monkeypatch):
+    """The config lists the added tokens (modsent.io.record_added_tokens), so transformers' loader
+    does not json-parse tokenizer.json to find them; the tokenizer it loads is the one its legacy
+    path loads from the same files without them."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    directory, _ = converted
+    config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    listed = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))["added_tokens"]
+    assert config["added_tokens_decoder"] == {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in listed}
+    assert [t["content"] for t in listed] == ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    shutil.copy2(directory / "tokenizer.json", legacy / "tokenizer.json")
+    del config["added_tokens_decoder"]
+    (legacy / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+
+    parsed = []
+    real_load = json.load
+
+    def spying_load(handle, *args, **kwargs):
+        parsed.append(Path(getattr(handle, "name", "?")).name)
+        return real_load(handle, *args, **kwargs)
+
+    monkeypatch.setattr(json, "load", spying_load)
+    ours = AutoTokenizer.from_pretrained(directory)
+    assert "tokenizer.json" not in parsed, parsed
+    before = AutoTokenizer.from_pretrained(legacy)
+    assert "tokenizer.json" in parsed, parsed  # the cost this saves: the legacy path parses it
+    monkeypatch.setattr(json, "load", real_load)
+
+    def described(tokenizer):
+        return (type(tokenizer).__name__, len(tokenizer), tokenizer.model_max_length,
+                {i: t.__getstate__() for i, t in tokenizer.added_tokens_decoder.items()},
+                tokenizer.special_tokens_map, tokenizer.all_special_ids, tokenizer.get_added_vocab())
+
+    assert described(ours) == described(before)
+    batch = sentences + ["<mask> and <s> in text", "</s><pad>"]
+    assert ours(batch)["input_ids"] == before(batch)["input_ids"]
+    assert ours.decode(ours(batch[-2])["input_ids"]) == before.decode(before(batch[-2])["input_ids"])
+
+
 def test_weights_are_safetensors_and_nothing_is_pickled(converted):
     from safetensors import safe_open
 

@@ -251,6 +251,28 @@ def test_encode_command_line(run, tmp_path):
     assert not np.allclose(np.load(tmp_path / "m.npy"), vectors, atol=1e-3)
 
 
+def added_tokens_recorded(directory: Path) -> list[str]:
+    """The tokenizer directories under ``directory`` whose tokenizer_config.json does not list
+    tokenizer.json's added tokens as they are there (modsent.io.record_added_tokens)."""
+    wrong = []
+    for config_path in sorted(directory.rglob("tokenizer_config.json")):
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        added = json.loads((config_path.parent / "tokenizer.json").read_text(encoding="utf-8"))["added_tokens"]
+        if config.get("added_tokens_decoder") != {str(t["id"]): {k: v for k, v in t.items() if k != "id"}
+                                                  for t in added}:
+            wrong.append(str(config_path.parent.relative_to(directory)))
+    return wrong
+
+
+def test_every_tokenizer_the_workflow_saves_lists_its_added_tokens(run):
+    """So that loading it does not parse tokenizer.json a second time: the base model, the
+    trained tokenizers, the language adapters, the baselines and every recipe's system."""
+    saved = [p.parent for p in run.rglob("tokenizer_config.json")]
+    assert {"tokenizers", "language_adapters", "baselines", "methods", "base_models"} <= {
+        part for p in saved for part in p.parts}, saved
+    assert added_tokens_recorded(run) == []
+
+
 def test_export_writes_a_model_card_and_push_uses_the_hub_s_upload(run, tmp_path, monkeypatch):
     import numpy as np
     from huggingface_hub import HfApi, ModelCard
@@ -262,6 +284,7 @@ def test_export_writes_a_model_card_and_push_uses_the_hub_s_upload(run, tmp_path
     results = run / "results/tiny"
     out = tmp_path / "ky-encoder"
     assert main(["export", "--model", str(results), "--lang", "ky", "--out", str(out), "--license", "apache-2.0"]) == 0
+    assert added_tokens_recorded(out) == [] and list(out.rglob("tokenizer_config.json"))
     card = ModelCard.load(out / "README.md")  # the Hub's own parser
     data = card.data.to_dict()
     assert data["language"] == ["ky"] and data["license"] == "apache-2.0"

@@ -2,6 +2,9 @@
 # of every evaluation dataset (modular systems share one body; equal modules encode once).
 from pathlib import Path
 
+# sentence_transformers is imported here, not when the first system loads: start_job freezes what
+# the imports made, and the collections between the group's systems (LazyEncoder.close) skip it
+import sentence_transformers  # noqa: F401
 import torch
 
 from modsent import methods

@@ -58,7 +58,7 @@ from pathlib import Path
 import pandas as pd
 
 from modsent import languages
-from modsent.io import InputError, atomic_open, atomic_path
+from modsent.io import InputError, atomic_open, atomic_path, record_added_tokens
 
 log = logging.getLogger(__name__)
 
@@ -546,6 +546,7 @@ def convert_checkpoint(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
             item.rename(tmp / item.name)
         (tmp / "ct2").rmdir()
         AutoTokenizer.from_pretrained(str(location)).save_pretrained(tmp / CONVERTED_TOKENIZER_DIR)
+        record_added_tokens(tmp / CONVERTED_TOKENIZER_DIR)
         shutil.rmtree(tmp / ".download", ignore_errors=True)
         info = {"source": str(model_dir), "family": family, "quantization": quantization,
                 "ctranslate2": ctranslate2.__version__, "transformers": transformers.__version__}

@@ -35,7 +35,7 @@ from sentence_transformers.base.modules.transformer import Transformer
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutput
 
-from modsent.io import InputError
+from modsent.io import InputError, record_added_tokens
 from modsent.modular import serial_adapter as sad
 
 POOLING_CONFIG = "intemats_config.json"
@@ -135,6 +135,7 @@ class InteMATsTransformer(Transformer):
 
     def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
         super().save(output_path, *args, safe_serialization=safe_serialization, **kwargs)
+        record_added_tokens(output_path)
         sad.write_serial_adapters(self.stack, self.model, output_path)
         write_pooling_config(output_path, self.pooling_layers)
 

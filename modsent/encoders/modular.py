@@ -49,7 +49,7 @@ from modsent.modular import alignment as al
 from modsent.modular import language_adapter as la
 from modsent.modular import parallel_adapter as pa
 from modsent.modular import sentence_adapter as sa
-from modsent.io import InputError, atomic_path, read_json, read_safetensors
+from modsent.io import InputError, atomic_path, read_json, read_safetensors, record_added_tokens
 from modsent.losses import mlm_parts
 
 log = logging.getLogger(__name__)
@@ -650,6 +650,7 @@ class ModularEncoder:
             body.save_pretrained(str(target), safe_serialization=True)
             _copy_unused_pooler(base / transformer_path / "model.safetensors", target / "model.safetensors")
             entry.tokenizer.save_pretrained(str(target))
+            record_added_tokens(target)
             st_config = {}
             if (base / transformer_path / "sentence_bert_config.json").is_file():
                 st_config = json.loads((base / transformer_path / "sentence_bert_config.json").read_text(encoding="utf-8"))

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from modsent.io import InputError
+from modsent.io import InputError, record_added_tokens
 from modsent.modular import sentence_adapter as sa
 
 # transformers' model types whose checkpoints hold an encoder and a decoder, the encoder loadable
@@ -158,6 +158,7 @@ def save_sentence_transformer(body: nn.Module, tokenizer, head: Sequence[nn.Modu
     body.save_pretrained(str(out_dir))  # safetensors (transformers 5 writes no pickles)
     tokenizer.model_max_length = max_seq_length
     tokenizer.save_pretrained(str(out_dir))
+    record_added_tokens(out_dir)
     (out_dir / "sentence_bert_config.json").write_text(
         json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False}, indent=2) + "\n", encoding="utf-8")
     modules = [{"idx": 0, "name": "0", "path": "", "type": _class_path(Transformer)}]

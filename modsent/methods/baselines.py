@@ -69,7 +69,7 @@ from modsent import distributed
 from modsent.modular import sentence_adapter as sa
 from modsent.encoders import systems as variants
 from modsent.languages import PIVOT_LANGUAGE
-from modsent.io import InputError, atomic_open, atomic_path
+from modsent.io import InputError, atomic_open, atomic_path, record_added_tokens_under
 from modsent.losses import MultipleNegativesRankingLoss
 from modsent.data.paraphrase import crosslingual_mix
 from modsent.evaluation.plots import write_loss_curve
@@ -282,6 +282,7 @@ def save_sentence_transformer(model: sa.SentenceEncoderModel, source_dir: str | 
     st.default_prompt_name = None
     st.to(getattr(torch, dtype))
     st.save(str(out_dir), create_model_card=False)
+    record_added_tokens_under(out_dir)
 
 
 # ---- training ------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from modsent.io import (
     check_model_files,
     iter_utf8_lines,
     read_safetensors,
+    record_added_tokens,
 )
 from modsent.losses import MaskedLanguageModelingLoss, mlm_parts
 from modsent.training import fastpath, schedules, tracking
@@ -279,6 +280,7 @@ def save_language_adapter(model, tokenizer, out_dir: Path) -> None:
     from safetensors.torch import save_file
 
     tokenizer.save_pretrained(str(out_dir))
+    record_added_tokens(out_dir)
     inner = model.get_base_model()
     tensors = {"input_embeddings": inner.get_input_embeddings().weight.detach().clone()}
     output = inner.get_output_embeddings()

@@ -55,7 +55,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from modsent.io import InputError, atomic_path, iter_utf8_lines
+from modsent.io import InputError, atomic_path, iter_utf8_lines, record_added_tokens
 
 log = logging.getLogger(__name__)
 
@@ -364,6 +364,7 @@ def train_tokenizer(
                 raise RuntimeError(f"the pinned WordPiece pieces did not become ordinary pieces: added tokens "
                                    f"{sorted(set(saved.get_added_vocab()) - set(base.get_added_vocab()))[:5]}, "
                                    f"{len(saved)} tokens instead of {obtained}")
+        record_added_tokens(tmp)  # loads without re-parsing tokenizer.json (modsent.io)
         (tmp / REPORT_NAME).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     log.info("tokenizer: %d tokens from %d sentences in %.1f s -> %s", obtained, batches.sentences, seconds, out_dir)
     return report

