@@ -3,6 +3,7 @@
     python benchmarks/mlm_throughput.py                       # the demo base model on the CPU
     python benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 --batch-size 128 --compile
     python benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 --batch-size 64
+    python benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 --batch-size 128 --graphs --bf16-residual
 
 Compares, in one run and on the same batches, the LA step as modsent runs it (MLM head on the
 masked positions only; "fast": modsent.training.fastpath's LoRA and frozen-Linear forwards) with
@@ -97,14 +98,18 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--compile", action="store_true",
                         help="also time modsent's step with the encoder under torch.compile (on the CPU in fp32: a check that it runs)")
+    parser.add_argument("--graphs", action="store_true",
+                        help="also time modsent's step with the encoder replayed as CUDA graphs and its "
+                             "eager kernels (torch.compile's cudagraphs backend, no Inductor): what the "
+                             "host's launching costs the step (on the CPU: no graphs, a check that it runs)")
     parser.add_argument("--bf16-residual", action="store_true",
                         help="also time modsent's step with the residual stream in bf16 (language_adapter."
                              "residual_stream: bf16; other numerics: fastpath.bf16_residual_stream)")
     parser.add_argument("--only", nargs="+", metavar="VARIANT",
                         help="time only these variants (and the unoptimised one the ratios need)")
     args = parser.parse_args()
-    if args.compile and len(args.seq_len) > 1:
-        parser.error("--compile compiles the encoder in place: give one --seq-len")
+    if (args.compile or args.graphs) and len(args.seq_len) > 1:
+        parser.error("--compile and --graphs compile the encoder in place: give one --seq-len")
 
     model, vocab = build(args)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -125,6 +130,12 @@ def main() -> None:
         variants[f"{prefix}, compiled, attention outside"] = flags
         if args.bf16_residual and cuda:
             variants[f"{prefix}, compiled, attention outside, bf16 residual"] = flags
+    if args.graphs:  # after the compiled ones: the encoder's graphs are recorded in place, kernels as eager
+        prefix = "masked, bf16, fused, fast" if cuda else "masked, fp32, fast"
+        flags = (True, True, True, True) if cuda else (True, False, False, True)
+        variants[f"{prefix}, graphs"] = flags
+        if args.bf16_residual and cuda:
+            variants[f"{prefix}, graphs, bf16 residual"] = flags
     if args.only:
         unknown = set(args.only) - set(variants)
         if unknown:
@@ -158,19 +169,25 @@ def main() -> None:
                 # as the LA trains with language_adapter.compile: the encoder itself (mlm_loss
                 # calls it directly, then the head on the masked positions)
                 fastpath.compile_in_place(mlm_parts(model)[0], args.device, "--compile")
+            graphs = "graphs" in name
+            if graphs:  # the same encoder, its eager kernels recorded once and replayed (one shape)
+                torch._dynamo.reset()
+                mlm_parts(model)[0].compile(backend="cudagraphs", dynamic=False)
             net = model
             optimizer = torch.optim.AdamW(params, lr=1e-4, **(fused_options(params) if fused else {}))
             autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and cuda
                         else torch.autocast(args.device.split(":")[0], enabled=False))
 
             def step():
+                if graphs:  # a new step: the graphs' outputs of the last one are no longer read
+                    torch.compiler.cudagraph_mark_step_begin()
                 with autocast:
                     loss = (mlm_loss(net, inputs, host_labels) if masked
                             else net(input_ids=inputs, labels=labels).loss)
                 loss.backward()
                 optimizer_step(optimizer, params, 1.0)  # the LA's: clip to norm 1, step, clear
 
-            for _ in range(2 if "compiled" not in name else 3):  # warm-up (and compilation)
+            for _ in range(2 if not ("compiled" in name or graphs) else 3):  # warm-up (and compilation, recording)
                 step()
             if cuda:
                 torch.cuda.synchronize()
