@@ -54,7 +54,7 @@ bench mlm_throughput_outside 150 benchmarks/mlm_throughput.py --labse-random --d
     "masked, bf16, fused, fast, bf16 residual" "masked, bf16, fused, fast, compiled, attention outside, bf16 residual"
 # the LA's encoder replayed as CUDA graphs of its eager kernels (cudagraphs backend, no Inductor): how
 # much of the eager step is the host launching its ~1,500 kernels (the GPU was busy 80% of it, profiled)
-bench mlm_throughput_graphs 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 \
+bench mlm_throughput_graphs 150 -X faulthandler benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 \
     --batch-size 128 --steps 10 --repeats 2 --graphs --bf16-residual --only "masked, bf16, fused, fast, bf16 residual" \
     "masked, bf16, fused, fast, graphs, bf16 residual"
 # the LA step's kernels with the bf16 stream, eager and compiled whole (which lost, 0.83x: which

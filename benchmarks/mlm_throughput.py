@@ -156,57 +156,7 @@ def main() -> None:
         labels = host_labels.to(args.device)
         inputs = torch.where(chosen, torch.full_like(ids, 4), ids).to(args.device)
 
-        results = {}
-        for name, (masked, bf16, fused, fast) in variants.items():
-            if fast:
-                fastpath.speed_up(model)
-            else:
-                fastpath.restore(model)
-            fastpath.bf16_residual_stream(model, name.endswith("bf16 residual"))  # language_adapter.residual_stream
-            fastpath.attention_outside_graph(mlm_parts(model)[0], "attention outside" in name)
-            if "compiled" in name:
-                torch._dynamo.reset()  # a compiled variant after another traces the model as it is now
-                # as the LA trains with language_adapter.compile: the encoder itself (mlm_loss
-                # calls it directly, then the head on the masked positions)
-                fastpath.compile_in_place(mlm_parts(model)[0], args.device, "--compile")
-            graphs = "graphs" in name
-            if graphs:  # the same encoder, its eager kernels recorded once and replayed (one shape)
-                torch._dynamo.reset()
-                mlm_parts(model)[0].compile(backend="cudagraphs", dynamic=False)
-            net = model
-            optimizer = torch.optim.AdamW(params, lr=1e-4, **(fused_options(params) if fused else {}))
-            autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and cuda
-                        else torch.autocast(args.device.split(":")[0], enabled=False))
-
-            def step():
-                if graphs:  # a new step: the graphs' outputs of the last one are no longer read
-                    torch.compiler.cudagraph_mark_step_begin()
-                with autocast:
-                    loss = (mlm_loss(net, inputs, host_labels) if masked
-                            else net(input_ids=inputs, labels=labels).loss)
-                loss.backward()
-                optimizer_step(optimizer, params, 1.0)  # the LA's: clip to norm 1, step, clear
-
-            for _ in range(2 if not ("compiled" in name or graphs) else 3):  # warm-up (and compilation, recording)
-                step()
-            if cuda:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            # the timed steps back to back with one wait at the end, as the LA's loop runs them
-            # (it never waits for the GPU between steps): the host queues a step while the GPU
-            # runs the one before; the median of --repeats such runs
-            times = []
-            for _ in range(args.repeats):
-                start = time.perf_counter()
-                for _ in range(args.steps):
-                    step()
-                if cuda:
-                    torch.cuda.synchronize()
-                times.append((time.perf_counter() - start) / args.steps)
-            peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
-            results[name] = (args.batch_size * seq_len / statistics.median(times), peak)
-        base = results["full head, fp32"][0]
-        for name, (tps, peak) in results.items():
+        def row(name: str, tps: float, peak: float | None, base: float) -> str:
             line = f"{seq_len:7d}  {name:72s} {tps:9.0f}  {tps / base:6.2f}"
             if cuda:
                 cfg = model.get_base_model().config
@@ -218,8 +168,78 @@ def main() -> None:
                 line += (f"  {(6 * encoder_params + attention) * tps / peak_flops:6.1%}"
                          f"  {(4 * encoder_params + attention) * tps / peak_flops:6.1%}"
                          f"  {(6 * encoder_params + attention + head) * tps / peak_flops:6.1%}  {peak:8.1f}")
-            print(line, flush=True)
+            return line
 
+        # the unoptimised step first, so that each variant's row prints as soon as it is measured
+        # (a compiled or graphs variant that crashes the process loses only the rows after it)
+        order = ["full head, fp32"] + [name for name in variants if name != "full head, fp32"]
+        base = None
+        for name in order:
+            masked, bf16, fused, fast = variants[name]
+            if fast:
+                fastpath.speed_up(model)
+            else:
+                fastpath.restore(model)
+            fastpath.bf16_residual_stream(model, name.endswith("bf16 residual"))  # language_adapter.residual_stream
+            fastpath.attention_outside_graph(mlm_parts(model)[0], "attention outside" in name)
+            graphs = "graphs" in name
+            optimizer = torch.optim.AdamW(params, lr=1e-4, **(fused_options(params) if fused else {}))
+            autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and cuda
+                        else torch.autocast(args.device.split(":")[0], enabled=False))
+
+            def step():
+                if graphs:  # a new step: the graphs' outputs of the last one are no longer read
+                    torch.compiler.cudagraph_mark_step_begin()
+                with autocast:
+                    loss = (mlm_loss(model, inputs, host_labels) if masked
+                            else model(input_ids=inputs, labels=labels).loss)
+                loss.backward()
+                optimizer_step(optimizer, params, 1.0)  # the LA's: clip to norm 1, step, clear
+
+            try:
+                if "compiled" in name:
+                    torch._dynamo.reset()  # a compiled variant after another traces the model as it is now
+                    # as the LA trains with language_adapter.compile: the encoder itself (mlm_loss
+                    # calls it directly, then the head on the masked positions)
+                    fastpath.compile_in_place(mlm_parts(model)[0], args.device, "--compile")
+                if graphs:  # the same encoder, its eager kernels recorded once and replayed (one shape)
+                    torch._dynamo.reset()
+                    torch._dynamo.utils.counters.clear()
+                    mlm_parts(model)[0].compile(backend="cudagraphs", dynamic=False)
+                if cuda and graphs:  # the graphs' memory pool is allocated while they are recorded
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                for _ in range(2 if not ("compiled" in name or graphs) else 3):  # warm-up (compilation, recording)
+                    step()
+                if cuda:
+                    torch.cuda.synchronize()
+                    if not graphs:
+                        torch.cuda.reset_peak_memory_stats()
+                if graphs:  # the backend runs the graph eagerly where it cannot record it: say so
+                    skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+                    if skips or not cuda:
+                        print(f"# {name}: no CUDA graphs ({'the CPU' if not cuda else f'{skips} skipped'}): "
+                              f"the row is the traced step run eagerly", flush=True)
+                # the timed steps back to back with one wait at the end, as the LA's loop runs them
+                # (it never waits for the GPU between steps): the host queues a step while the GPU
+                # runs the one before; the median of --repeats such runs
+                times = []
+                for _ in range(args.repeats):
+                    start = time.perf_counter()
+                    for _ in range(args.steps):
+                        step()
+                    if cuda:
+                        torch.cuda.synchronize()
+                    times.append((time.perf_counter() - start) / args.steps)
+            except Exception as err:  # noqa: BLE001 (a compiled variant failing loses its row, not the run's)
+                if base is None:
+                    raise
+                print(f"{seq_len:7d}  {name:72s} failed: {type(err).__name__}: {str(err)[:300]}", flush=True)
+                continue
+            peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+            tps = args.batch_size * seq_len / statistics.median(times)
+            base = base or tps
+            print(row(name, tps, peak, base), flush=True)
 
 if __name__ == "__main__":
     main()

@@ -201,29 +201,35 @@ def canonical_adapter_config(adapter_dir: str | os.PathLike) -> None:
 def record_added_tokens(directory: str | os.PathLike) -> bool:
     """Write the added tokens of a saved tokenizer's ``tokenizer.json`` into its
     ``tokenizer_config.json`` as ``added_tokens_decoder``, where the config lacks them; returns
-    whether it wrote. Every tokenizer directory modsent writes goes through this.
+    whether it wrote. Every tokenizer directory modsent writes or copies goes through this.
 
     transformers 5 leaves ``added_tokens_decoder`` out of the config it saves for a fast
     (``tokenizers``) tokenizer. Its ``from_pretrained`` then takes its legacy path and parses the
     whole ``tokenizer.json`` with Python's ``json`` to find the added tokens, besides the Rust
     library's own reading of the file: multilingual-e5-small's 17 MB tokenizer loaded in 2.14 s
-    against 1.28 s with the tokens listed (``benchmarks/tokenizer_load.py``), in every job that
-    loads such a model. With the
-    tokens in the config the loaded tokenizer is the same (the same ``AddedToken`` fields, read
-    from the same entries). A directory with a ``special_tokens_map.json`` or
-    ``added_tokens.json`` is left as it is: the legacy path reads those too."""
+    against 1.28 s with the tokens listed (``benchmarks/tokenizer_load.py``). That is for the
+    generic class (``PreTrainedTokenizerFast``, which the built-in base and the trained tokenizers
+    name); classes with an ``__init__`` of their own (BERT's, NLLB's) parse the file anyway to
+    rebuild themselves, and are merely unharmed. With the tokens in the config the loaded
+    tokenizer is the same (the same ``AddedToken`` fields, read from the same entries). A
+    directory with a ``special_tokens_map.json`` or ``added_tokens.json`` is left as it is (the
+    legacy path reads those too), and so are files that are not what a save writes (the loader
+    then reports them)."""
     directory = Path(directory)
     config_path, tokenizer_path = directory / "tokenizer_config.json", directory / "tokenizer.json"
     if (not config_path.is_file() or not tokenizer_path.is_file()
             or any((directory / name).exists() for name in ("special_tokens_map.json", "added_tokens.json"))):
         return False
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    if "added_tokens_decoder" in config:
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        if not isinstance(config, dict) or "added_tokens_decoder" in config:
+            return False
+        with tokenizer_path.open(encoding="utf-8") as handle:
+            added = json.load(handle).get("added_tokens") or []
+        decoder = {str(token["id"]): {key: value for key, value in token.items() if key != "id"} for token in added}
+    except (ValueError, TypeError, KeyError, AttributeError):
         return False
-    with tokenizer_path.open(encoding="utf-8") as handle:
-        added = json.load(handle).get("added_tokens") or []
-    config["added_tokens_decoder"] = {str(token["id"]): {key: value for key, value in token.items() if key != "id"}
-                                      for token in added}
+    config["added_tokens_decoder"] = decoder
     with atomic_open(config_path, encoding="utf-8") as handle:
         handle.write(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     return True

@@ -21,8 +21,15 @@ def test_parse_source():
 def test_local_base_model_is_copied_checked_and_described(tmp_path):
     src = make_tiny_xlmr(tmp_path / "src", sample_texts(200))
     (src / "pytorch_model.bin").write_bytes(b"not to be copied")
+    config = json.loads((src / "tokenizer_config.json").read_text())  # as transformers 5 saves it
+    del config["added_tokens_decoder"]
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
     out = prepare_base_model(f"local:{src}", tmp_path / "out")
     assert not (out / "pytorch_model.bin").exists()  # pickles are never taken along
+    added = json.loads((src / "tokenizer.json").read_text())["added_tokens"]
+    assert json.loads((out / "tokenizer_config.json").read_text())["added_tokens_decoder"] == {
+        str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in added}  # the copy lists them
+    assert "added_tokens_decoder" not in json.loads((src / "tokenizer_config.json").read_text())
     info = json.loads((out / "modsent_base.json").read_text())
     assert info["dimension"] == 32
     assert oct(os.stat(out).st_mode & 0o777) == oct(0o777 & ~current_umask())

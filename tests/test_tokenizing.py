@@ -208,3 +208,53 @@ def test_an_se_step_on_a_gpu_never_waits_for_it(tmp_path, precision):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert all(math.isfinite(value) for value in log.close()[0])
+
+
+def test_recording_added_tokens_lists_what_tokenizer_json_holds_once_and_leaves_other_directories(tmp_path):
+    """io.record_added_tokens: the config of a saved fast tokenizer gains tokenizer.json's added
+    tokens (found in subfolders by record_added_tokens_under), once; a directory whose loader
+    reads a special_tokens_map.json, or whose files are not what a save writes, is left as it is."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    from modsent.io import record_added_tokens, record_added_tokens_under
+
+    def write(directory, extra=None):
+        directory.mkdir(parents=True)
+        tok = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.add_special_tokens([AddedToken("[PAD]", special=True), AddedToken("[MASK]", special=True, lstrip=True)])
+        tok.add_tokens([AddedToken("new-word", normalized=True)])
+        tok.save(str(directory / "tokenizer.json"))
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]", "pad_token": "[PAD]",
+                  "mask_token": "[MASK]"}
+        (directory / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+        for name, text in (extra or {}).items():
+            (directory / name).write_text(text, encoding="utf-8")
+        return config
+
+    plain = write(tmp_path / "model" / "0_Transformer")
+    mapped = write(tmp_path / "model" / "mapped", {"special_tokens_map.json": "{}"})
+    broken = tmp_path / "model" / "broken"
+    write(broken)
+    (broken / "tokenizer.json").write_text("{not json", encoding="utf-8")
+
+    assert record_added_tokens_under(tmp_path / "model") == 1
+    config = json.loads((tmp_path / "model/0_Transformer/tokenizer_config.json").read_text(encoding="utf-8"))
+    assert {key: config[key] for key in plain} == plain
+    assert config["added_tokens_decoder"] == {
+        "3": {"content": "[PAD]", "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": True},
+        "4": {"content": "[MASK]", "single_word": False, "lstrip": True, "rstrip": False, "normalized": False,
+              "special": True},
+        "5": {"content": "new-word", "single_word": False, "lstrip": False, "rstrip": False, "normalized": True,
+              "special": False},
+    }
+    assert json.loads((tmp_path / "model/mapped/tokenizer_config.json").read_text(encoding="utf-8")) == mapped
+    assert "added_tokens_decoder" not in json.loads((broken / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert not record_added_tokens(tmp_path / "model" / "0_Transformer")  # listed already: nothing to write
+    assert not record_added_tokens(tmp_path / "nowhere")
+    loaded = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "model" / "0_Transformer"))
+    assert loaded("hello new-word [MASK]")["input_ids"] == [1, 5, 4]
+    assert loaded.added_tokens_decoder[4].lstrip and loaded.added_tokens_decoder[5].normalized

@@ -12,7 +12,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from modsent.io import InputError, atomic_path, check_model_files
+from modsent.io import InputError, atomic_path, check_model_files, record_added_tokens_under
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,7 @@ def prepare_base_model(source: str, out_dir: str | Path, *, revision: str | None
             patterns = HUB_PATTERNS + (["*.py", "**/*.py"] if trust_remote_code else [])
             snapshot_download(repo_id=value, revision=revision, local_dir=tmp, allow_patterns=patterns)
         check_model_dir(tmp)
+        record_added_tokens_under(tmp)  # a copied or downloaded tokenizer loads without parsing tokenizer.json twice
         # Loading it once proves the directory is complete before anything trusts it.
         from sentence_transformers import SentenceTransformer
 
