@@ -48,7 +48,7 @@ def test_local_model_without_safetensors_is_refused(tmp_path):
     (src / "pytorch_model.bin").write_bytes(b"pickle")
     with pytest.raises(InputError, match="no safetensors weights.*pytorch_model.bin"):
         check_model_dir(src)
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="no safetensors weights"):
         prepare_base_model(f"local:{src}", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

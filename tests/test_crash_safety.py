@@ -32,7 +32,7 @@ def test_a_finished_directory_is_replaced_whole_and_survives_a_failed_replacemen
     _write_adapter(out, "second")
     assert (out / "weights.txt").read_text() == "second"
     assert sorted(p.name for p in out.parent.iterdir()) == ["ky"]  # nothing left aside
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="^killed$"):
         with atomic_path(out, directory=True) as tmp:
             (tmp / "weights.txt").write_text("half")
             raise RuntimeError("killed")

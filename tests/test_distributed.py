@@ -159,7 +159,7 @@ def test_launch_command():
                        "--nproc_per_node=4", "-m", "modsent.modular.language_adapter", "--out", "x/y"]
     script = distributed.launch_command("tools/train.py", [], 2)
     assert script[-1] == "tools/train.py" and "-m" not in script[3:]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="nproc"):
         distributed.launch_command("modsent.modular.language_adapter", [], 0)
 
 

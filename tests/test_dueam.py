@@ -347,7 +347,40 @@ def test_a_tiny_encoder_trains_every_weight_and_reloads_with_sentence_transforme
     original = base[0].auto_model.state_dict()
     assert sum(not torch.equal(v, original[k]) for k, v in changed.items() if k in original) > 0.9 * len(changed)
     saved = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert saved["heldout_cosine_unrelated_after"] is not None
+    assert -1 <= saved["heldout_cosine_unrelated_after"] <= 1 and -1 <= saved["heldout_cosine_related_after"] <= 1
+
+    # the held-out measures against loops over the vectors: the pivot's pairs joined by pair id
+    texts = ["Hallo Welt", "Guten Morgen, wie geht es dir?", "Салам дүйнө", "A short English sentence.",
+             "The password was changed.", "Das Passwort wurde geändert.", "Good morning", "Hello world"]
+    heldout = {"en": pd.DataFrame({"pair_id": ["p1", "p2", "p3"], "anchor": texts[3:6],
+                                   "positive": texts[6:8] + texts[:1]}),
+               "de": pd.DataFrame({"pair_id": ["p3", "p9", "p1", "p2"], "anchor": texts[4:8],
+                                   "positive": texts[:4]})}
+    measured = dt.evaluate_heldout(result.model, heldout, "en", 2, "fp32")
+    unit = {}
+    for lang, frame in heldout.items():
+        for column in ("anchor", "positive"):
+            vectors = result.model.encode(frame[column].tolist(), 3, normalize=False)
+            unit[lang, column] = [v / math.sqrt(float(v @ v)) for v in vectors]
+
+    def accuracy(a, p):
+        return np.mean([max(range(len(p)), key=lambda j: float(a[i] @ p[j])) == i for i in range(len(a))])
+
+    for lang, frame in heldout.items():
+        assert measured["mono"][lang] == pytest.approx(accuracy(unit[lang, "anchor"], unit[lang, "positive"]))
+        rows = {pid: i for i, pid in enumerate(frame["pair_id"])}
+        shared = [(i, rows[pid]) for i, pid in enumerate(heldout["en"]["pair_id"]) if pid in rows]
+        a = [unit["en", "anchor"][i] for i, _ in shared]
+        p = [unit[lang, "positive"][j] for _, j in shared]
+        cos = [[float(x @ y) for y in p] for x in a]
+        n = len(shared)
+        assert measured["spread"]["related"][f"en-{lang}"] == pytest.approx(np.mean([cos[i][i] for i in range(n)]),
+                                                                           abs=1e-5)
+        assert measured["spread"]["unrelated"][f"en-{lang}"] == pytest.approx(
+            np.mean([cos[i][j] for i in range(n) for j in range(n) if i != j]), abs=1e-5)
+        if lang != "en":
+            assert measured["cross"][f"en-{lang}"] == pytest.approx(accuracy(a, p))
+    assert measured["spread"]["unrelated_mean"] == pytest.approx(np.mean(list(measured["spread"]["unrelated"].values())))
 
     # the learner's truncation is counted too
     short = dt.run_training("DuEAM-weak", inputs, DuEAMConfig.from_settings("DuEAM-weak", {**SETTINGS, "seq_len": 4}),

@@ -180,7 +180,7 @@ def test_subset_names():
     # a subset whose name is one language but whose pairs are two: Tatoeba's de is German-English
     assert ev.subset_languages("de", "tatoeba") == ["de", "en"]
     assert ev.subset_languages("en-de", "sts17") == ["en", "de"]
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="'xx-yy': not a registered language"):
         ev.subset_languages("xx-yy")
 
 

@@ -183,10 +183,15 @@ def test_checkpoint_of_other_settings_is_not_resumed(inputs, tmp_path):
     process = multiprocessing.get_context("fork").Process(target=_train_and_die, args=(inputs, out, 4))
     process.start()
     process.join()
+    assert process.exitcode == -signal.SIGKILL
+    checkpoint = Path(str(out) + ".checkpoint")
+    assert json.loads((checkpoint / "meta.json").read_text())["step"] == 3  # there was one to resume
     other = la.LanguageAdapterConfig(**{**CFG.__dict__, "learning_rate": 1e-3})
     metrics = la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
                                         out, other, progress=False)
     assert metrics["resumed_from_step"] == 0
+    rows = [line.split("\t") for line in (out / "loss.tsv").read_text().splitlines()[1:]]
+    assert len(rows) == CFG.steps and max(float(lr) for _, _, lr in rows) == pytest.approx(1e-3)  # all at the new rate
 
 
 def test_embeddings_of_another_tokenizer_are_refused(inputs, tmp_path):

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from modsent import losses
+from modsent.io import InputError
 from modsent.training import schedules, seeding
 
 
@@ -140,5 +141,5 @@ def test_batches_can_keep_the_rows_of_one_group_apart():
     plain = no_duplicate_batches(rows, 16, seed=0)
     assert any(not rows.loc[batch, "pair_id"].is_unique for batch in plain)
     assert no_duplicate_batches(rows, 16, seed=0, group_column="pair_id") == grouped  # seeded
-    with pytest.raises(Exception, match="no column 'lang'"):
+    with pytest.raises(InputError, match="no column 'lang'"):
         no_duplicate_batches(rows, 16, seed=0, group_column="lang")

@@ -302,7 +302,7 @@ def test_language_bias_input_errors():
 def test_symmetric_average():
     got = m.symmetric_average({("de", "fr"): 0.2, ("fr", "de"): 0.4, ("en", "de"): 0.1, ("ar", "en"): 0.7})
     assert got == pytest.approx({("de", "fr"): 0.3, ("de", "en"): 0.1, ("ar", "en"): 0.7})
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match=r"expected \(language, language\) keys"):
         m.symmetric_average({("de",): 0.1})
 
 

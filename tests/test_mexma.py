@@ -63,7 +63,7 @@ def test_koleo_is_the_mean_negative_log_distance_to_the_nearest_neighbour_by_bru
     # the scale of a vector does not matter (the vectors are normalised first)
     scaled = torch.tensor(x) * torch.arange(1, 8).unsqueeze(1)
     assert losses.KoLeoLoss()(scaled).item() == pytest.approx(expected, rel=1e-6)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least 2 vectors"):
         losses.KoLeoLoss()(torch.zeros(1, 5))
 
 
@@ -257,10 +257,29 @@ def test_a_tiny_encoder_trains_and_reloads_with_sentence_transformers(data, tmp_
     step, align, unmasking, koleo = metrics["loss_components"]["rows"][0]
     assert metrics["loss_first"] == pytest.approx(align + 0.5 * unmasking + 0.005 * koleo, rel=1e-5)
     assert unmasking > 0 and koleo != 0
-    for key in ("heldout_mining_error_before", "heldout_mining_error_after", "heldout_mean_pairwise_cosine_after"):
-        assert metrics[key] is not None
     assert not (tmp_path / "out.checkpoint").exists()
     reloaded = SentenceTransformer(str(tmp_path / "out"), device="cpu")
+    # the held-out measures after training, recomputed from the saved encoder with numpy
+    _, heldout = mt.split_heldout(mt.read_bitext(dict(data["inputs"]["translations"]), {}),
+                                  SETTINGS["eval_pairs"], metrics["config"]["seed"])
+    assert sorted(heldout) == LANGS and all(len(frame) == 10 for frame in heldout.values())
+    encode = lambda texts: reloaded.encode(texts, prompt="", normalize_embeddings=True)  # noqa: E731
+    english = encode(heldout["de"]["english"].tolist())
+    vectors, accuracies = [english], []
+    for lang in LANGS:
+        x = encode(heldout[lang]["translation"].tolist())
+        vectors.append(x)
+        sims = english @ x.T
+        en_x, x_en = np.mean(sims.argmax(1) == np.arange(10)), np.mean(sims.argmax(0) == np.arange(10))
+        assert metrics["heldout_retrieval_en_x_after"][lang] == pytest.approx(en_x)
+        assert metrics["heldout_retrieval_x_en_after"][lang] == pytest.approx(x_en)
+        assert metrics["heldout_related_cosine_after"][lang] == pytest.approx(np.mean(np.diag(sims)), abs=1e-4)
+        accuracies.append((en_x + x_en) / 2)
+    assert metrics["heldout_mining_error_after"] == pytest.approx(1 - np.mean(accuracies))
+    every = np.concatenate(vectors)
+    off_diagonal = (every @ every.T)[~np.eye(len(every), dtype=bool)]
+    assert metrics["heldout_mean_pairwise_cosine_after"] == pytest.approx(off_diagonal.mean(), abs=1e-4)
+    assert 0 <= metrics["heldout_mining_error_before"] <= 1
     assert [type(m).__name__ for m in reloaded] == ["Transformer", "Pooling"]
     pooling = json.loads(next((tmp_path / "out").glob("1_Pooling/config.json")).read_text())
     assert pooling["pooling_mode"] == "cls"

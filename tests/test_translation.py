@@ -105,8 +105,9 @@ def test_shards_partition_the_units_and_adding_units_moves_none():
     grown = T.make_units(sample_texts(300))
     for k, shard in enumerate(shards):
         assert set(shard["unit_id"]) <= set(T.shard_units(grown, 4, k)["unit_id"])
-    for bad in ((0, 0), (4, 4), (4, -1)):
-        with pytest.raises(InputError):
+    for bad, message in (((0, 0), "n_shards must be a positive integer"), ((4, 4), r"shard must be .* not 4"),
+                         ((4, -1), r"shard must be .* not -1")):
+        with pytest.raises(InputError, match=message):
             T.shard_units(base, *bad)
 
 
@@ -410,7 +411,7 @@ def test_sigterm_saves_finished_batches(root, nllb, units, reference, monkeypatc
             os.kill(os.getpid(), signal.SIGTERM)
 
     common = dict(engine="transformers", model=nllb, tgt_lang="de", batch_size=4, checkpoint_every=10, **OPTIONS)
-    with pytest.raises(Exception, match="terminated by signal"):
+    with pytest.raises(T._Terminated, match="terminated by signal"):
         T.translate_shard(path, out, on_batch=terminate_at_batch_2, **common)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handler restored
     calls = _count_translated(monkeypatch)
