@@ -17,6 +17,7 @@ rule base_model:
         default_prompt_name=config["base_model"].get("default_prompt_name"),
     resources:
         **job_resources("cpu_heavy"),
+    priority: 5
     log:
         "logs/base_model/{base}.log",
     conda:

@@ -12,6 +12,7 @@ rule evaluation_subset:
         settings=evaluation_subset_settings,
     resources:
         **job_resources("cpu"),
+    priority: 5
     log:
         "logs/eval/{dataset}/{subset}.log",
     conda:

@@ -1,4 +1,10 @@
 # Inputs: every source declared in the config, written in the design's contracts.
+#
+# The rules that read what the user gave (these, base_model and evaluation_subset) carry
+# `priority: 5`, above every training rule (rules/specialization.smk says why those have theirs):
+# they run first, so a local file with a missing column, invalid UTF-8 or a model directory without
+# safetensors weights stops the run in its first minutes, before any training starts, and not when
+# the evaluation's turn comes hours later. They are quick and every chain waits on some of them.
 
 
 rule corpus:
@@ -11,6 +17,7 @@ rule corpus:
         settings=corpus_settings,
     resources:
         **job_resources("cpu_heavy"),
+    priority: 5
     log:
         "logs/corpora/{lang}.log",
     conda:
@@ -29,6 +36,7 @@ rule paraphrase_source:
         spec=paraphrase_spec,
     resources:
         **job_resources("cpu"),
+    priority: 5
     log:
         "logs/paraphrases/{dataset}.log",
     conda:
@@ -47,6 +55,7 @@ rule provided_translations:
         source=canonical(config["translation"]["provided"]),
     resources:
         **job_resources("cpu"),
+    priority: 5
     log:
         "logs/translations/{lang}.log",
     conda:

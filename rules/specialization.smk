@@ -2,7 +2,7 @@
 # Each step is its own rule so that each reruns on its own.
 #
 # `priority:` (here 4, SE and English targets 3, CLA 2, ablations, full baselines and methods 1;
-# the evaluation and summaries 0) starts each language's chain tokenizer → LA → SE → CLA as early
+# the evaluation and summaries 0; the input rules 5, rules/inputs.smk) starts each language's chain tokenizer → LA → SE → CLA as early
 # as the inputs allow, and every training before the evaluation: without it the scheduler may
 # leave one language's LA until the other languages' evaluation is done, and the run ends with
 # that language's chain alone on the machine (seen on the demo: the last LA started 20 minutes

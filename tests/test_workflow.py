@@ -450,6 +450,53 @@ def test_changing_how_jobs_run_retrains_nothing(run, tmp_path):
     assert not {"language_adapter", "tokenizer", "full_baseline", "corpus"} & planned
 
 
+# the rules that read the user's inputs (priority 5) and the trainings they must all precede
+INPUT_RULES = {"base_model", "corpus", "paraphrase_source", "provided_translations", "evaluation_subset"}
+TRAINING_RULES = {"tokenizer", "language_adapter", "sentence_adapter", "alignment_adapter", "full_baseline",
+                  "ablation_sentence_adapter", "ablation_alignment_adapter", "train_method"}
+
+
+def _started(log: Path) -> list[str]:
+    """The rules of a Snakemake log's jobs, in the order they started."""
+    return re.findall(r"^(?:local)?rule (\w+):$", log.read_text(), flags=re.M)
+
+
+def test_every_input_is_read_before_any_training_starts(run):
+    first = sorted((run / ".snakemake" / "log").glob("*.snakemake.log"))[0]  # the whole run's
+    started = _started(first)
+    assert INPUT_RULES <= set(started) and TRAINING_RULES <= set(started)
+    first_training = min(i for i, rule in enumerate(started) if rule in TRAINING_RULES)
+    assert all(i < first_training for i, rule in enumerate(started) if rule in INPUT_RULES)
+
+
+def test_a_bad_local_evaluation_file_stops_the_run_before_any_training(tmp_path):
+    """The German Tatoeba file without its English column: the run fails in its first jobs, naming
+    the file and the column, and no training job has started (the evaluation reads it hours in
+    otherwise)."""
+    import gzip
+
+    broken = tmp_path / "tatoeba"
+    (broken / "test").mkdir(parents=True)
+    for path in TATOEBA_FILES.glob("test/*.jsonl.gz"):
+        rows = [json.loads(line) for line in gzip.open(path, "rt", encoding="utf-8")]
+        if path.name.startswith("deu"):
+            rows = [{k: v for k, v in row.items() if k != "sentence2"} for row in rows]
+        with gzip.open(broken / "test" / path.name, "wt", encoding="utf-8") as out:
+            out.writelines(json.dumps(row) + "\n" for row in rows)
+    work = tmp_path / "work"
+    work.mkdir()
+    config = workflow_config()
+    config["evaluation"]["datasets"]["tatoeba"] = {"source": f"local:{broken}"}
+    (work / "workflow.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    proc = snakemake(work, check=False)
+    assert proc.returncode != 0
+    logs = "".join(p.read_text() for p in (work / "logs" / "eval" / "tatoeba").glob("*.log"))
+    assert "deu-eng.jsonl.gz" in logs and "sentence2" in logs
+    started = _started(next((work / ".snakemake" / "log").glob("*.snakemake.log")))
+    assert "evaluation_subset" in started and not set(started) & TRAINING_RULES
+    assert not (work / "results").exists()
+
+
 def test_no_temporaries_checkpoints_or_partials_left(run):
     leftovers = [p for folder in ("resources", "results") for pattern in (".*.tmp-*", "*.checkpoint", "*.partial")
                  for p in (run / folder).rglob(pattern)]
