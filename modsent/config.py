@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from pathlib import Path
 
 import jsonschema
@@ -29,9 +30,47 @@ def _key(path) -> str:
     return out or "(top level)"
 
 
+def _expectation(schema: dict) -> str:
+    """What a (sub)schema accepts, in a few words: ``integer >= 1``, ``null``, ``one of 'a', 'b'``."""
+    if "const" in schema:
+        return repr(schema["const"])
+    if "enum" in schema:
+        return "one of " + ", ".join(map(repr, schema["enum"]))
+    kind = schema.get("type")
+    text = " or ".join(kind) if isinstance(kind, list) else (kind or "a value of another form")
+    bounds = [f"{op} {schema[name]}" for name, op in (("minimum", ">="), ("exclusiveMinimum", ">"),
+                                                      ("maximum", "<="), ("exclusiveMaximum", "<")) if name in schema]
+    return text + (f" {' and '.join(bounds)}" if bounds else "")
+
+
+def _yaml_hint(error: jsonschema.ValidationError, key: str) -> str:
+    """A note for a type error that YAML 1.1's reading of an unquoted value explains: ``no`` read as
+    a boolean, ``5e-4`` (an exponent without a decimal point) read as a string."""
+    expected = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+    value = error.instance
+    if isinstance(value, bool) and "string" in expected:
+        note = ("; YAML reads an unquoted yes, no, on, off, true or false as a boolean: quote it")
+        if key.startswith("languages") and value is False:
+            note += " (Norwegian is 'nb', Nynorsk 'nn')"
+        return note
+    if isinstance(value, str) and {"number", "integer"} & set(expected):
+        match = re.fullmatch(r"\s*([-+]?\d+)(?:\.)?([eE][-+]?\d+)\s*", value)
+        if match:
+            return (f"; YAML reads {value} (an exponent without a decimal point) as a string: write "
+                    f"{match.group(1)}.0{match.group(2)} or {float(value):g}")
+    return ""
+
+
 def _describe(error: jsonschema.ValidationError) -> str:
     """One readable line for a schema error: the key, then what was expected."""
     key = _key(error.absolute_path)
+    if error.validator == "type":
+        return f"{key}: {error.message}{_yaml_hint(error, key)}"
+    if error.validator == "uniqueItems" and isinstance(error.instance, list):
+        seen, twice = [], []
+        for item in error.instance:
+            (twice if item in seen and item not in twice else seen).append(item)
+        return f"{key}: {', '.join(map(repr, twice))} given more than once"
     if error.validator == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
         extra = sorted(set(error.instance) - set(allowed)) if isinstance(error.instance, dict) else []
@@ -42,7 +81,12 @@ def _describe(error: jsonschema.ValidationError) -> str:
         best = max(error.context, key=lambda e: len(e.absolute_path))
         if len(best.absolute_path) > len(error.absolute_path):
             return _describe(best)
-        return f"{key}: {error.instance!r} is not valid: {error.schema.get('description', '').strip() or best.message}"
+        description = error.schema.get("description", "").strip()
+        if all(e.validator == "type" for e in error.context):  # of none of the accepted types: name them
+            expected = " or ".join(dict.fromkeys(_expectation(e.schema) for e in error.context))
+            return f"{key}: {error.instance!r} is not valid: expected {expected}" + (
+                f" ({description})" if description else "")
+        return f"{key}: {error.instance!r} is not valid: {description or best.message}"
     if error.validator == "propertyNames":
         return f"{key}: key {error.instance!r} is not allowed: {error.message}"
     if error.validator == "pattern" and error.schema.get("pattern", "").startswith("^[a-z]{2,3}"):

@@ -113,13 +113,61 @@ def by_flores(flores_code: str) -> Language:
     raise UnknownLanguageError(f"{flores_code!r} is not a FLORES-200 code")
 
 
+# Codes in common use that the registry spells otherwise: deprecated ISO 639-1 codes, the
+# Norwegian macrolanguage, Filipino, and BCP 47 tags naming Chinese by script or region.
+OTHER_SPELLINGS = {
+    "no": ("nb", "Nynorsk is 'nn'"), "nor": ("nb", "Nynorsk is 'nn'"),
+    "iw": ("he", None), "in": ("id", None), "ji": ("yi", None), "jw": ("jv", None), "mo": ("ro", None),
+    "fil": ("tl", "Filipino is based on it"),
+    "zh-Hans": ("zh", None), "zh-CN": ("zh", None), "zh-SG": ("zh", None),
+    "zh-TW": ("zh-Hant", None), "zh-HK": ("zh-Hant", None), "zh-MO": ("zh-Hant", None),
+}
+
+
+def suggestion(code: str) -> tuple[str, str | None] | None:
+    """(the registered code to write instead of ``code``, a note or None), or None: for an alias
+    (``deu``), a code in :data:`OTHER_SPELLINGS` (``iw``), and a code spelt with other case,
+    spaces, an underscore, a region (``pt-BR``) or its language's own script (``sr-Cyrl``)."""
+    table = _table()
+    for text in dict.fromkeys([code, code.strip().replace("_", "-")]):
+        if text in OTHER_SPELLINGS and OTHER_SPELLINGS[text][0] in table:
+            return OTHER_SPELLINGS[text]
+        if text in table and text != code:
+            return text, None
+        if text in _aliases():
+            return _aliases()[text], None
+    parts = code.strip().replace("_", "-").split("-")
+    if not 1 <= len(parts) <= 3 or not parts[0].isalpha():
+        return None
+    language, rest = parts[0].lower(), parts[1:]
+    script = next((p.title() for p in rest if len(p) == 4 and p.isalpha()), None)
+    regions = [p.upper() for p in rest if len(p) == 2 and p.isalpha() or len(p) == 3 and p.isdigit()]
+    if len(rest) != (script is not None) + len(regions):
+        return None
+    for candidate in [f"{language}-{script}" if script else None,
+                      *(f"{language}-{region}" for region in regions), language]:
+        if candidate is None:
+            continue
+        if candidate in OTHER_SPELLINGS and OTHER_SPELLINGS[candidate][0] in table:
+            return OTHER_SPELLINGS[candidate]
+        found = candidate if candidate in table else _aliases().get(candidate)
+        if found is None:
+            continue
+        if candidate == language and script and table[found].script != script:
+            return None  # a script the registry does not have for this language
+        return found, None
+    return None
+
+
 def unknown_message(code: object) -> str:
     """Explain why ``code`` is not accepted and what to write instead."""
     text = str(code)
-    alias = _aliases().get(text)
-    if alias is not None:
+    suggested = suggestion(text) if isinstance(code, str) else None
+    if suggested is not None:
+        alias, note = suggested
         lang = _table()[alias]
-        return f"{text!r} is not a modsent language code; write {alias!r} ({lang.name}, {lang.flores})"
+        return (f"{text!r} is not a modsent language code; write {alias!r} ({lang.name}, {lang.flores}"
+                f"{f'; {note}' if note else ''})")
     if not re.fullmatch(CODE_PATTERN, text):
         return (f"{text!r} is not a language code: expected an ISO 639-1 code such as 'de', an "
                 f"ISO 639-3 code such as 'ckb', or a code with a script such as 'zh-Hant'")

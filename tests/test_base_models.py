@@ -53,6 +53,21 @@ def test_local_model_without_safetensors_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_model_that_needs_its_own_code_is_refused_naming_the_config_key(tmp_path):
+    """A model whose config maps it to code of its own (an unknown model_type with auto_map): no code
+    runs, and the error names base_model.trust_remote_code rather than transformers' argument."""
+    src = make_tiny_xlmr(tmp_path / "src", sample_texts(200))
+    (src / "modeling_custom.py").write_text("raise SystemExit('this code must not run')\n")
+    config = json.loads((src / "config.json").read_text())
+    config.update(model_type="custom_xlmr", architectures=["CustomModel"],
+                  auto_map={"AutoConfig": "modeling_custom.CustomConfig", "AutoModel": "modeling_custom.CustomModel"})
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match=rf"^{src}: this model needs its own Python code .* "
+                                         r"base_model\.trust_remote_code: true") as raised:
+        prepare_base_model(f"local:{src}", tmp_path / "out")
+    assert "https://hf.co" not in str(raised.value) and not (tmp_path / "out").exists()
+
+
 def test_a_damaged_local_model_is_named_by_its_own_files(tmp_path):
     """Truncated weights and a broken config.json: errors that name the user's file (not the
     temporary copy), before anything is written."""

@@ -70,6 +70,20 @@ def test_aliases_resolve(alias, code):
     assert repr(code) in registry.unknown_message(alias)
 
 
+@pytest.mark.parametrize("written,code", [("DE", "de"), ("Deu", "de"), ("de ", "de"), ("zh-hant", "zh-Hant"),
+                                          ("zh_Hant", "zh-Hant"), ("zh-Hans", "zh"), ("zh-TW", "zh-Hant"),
+                                          ("pt-BR", "pt"), ("en-US", "en"), ("sr-Cyrl", "sr"), ("no", "nb"),
+                                          ("iw", "he"), ("fil", "tl")])
+def test_other_spellings_of_a_registered_language_suggest_its_code(written, code):
+    assert not registry.is_registered(written) and registry.is_registered(code)
+    assert f"{written!r} is not a modsent language code; write {code!r}" in registry.unknown_message(written)
+
+
+@pytest.mark.parametrize("bad", ["sr-Latn", "xx-YY", "de/x", "../de", "qq", "de-DE-1996", ""])
+def test_no_code_is_suggested_where_the_registry_has_none(bad):
+    assert "write '" not in registry.unknown_message(bad)
+
+
 @pytest.mark.parametrize("bad", ["../x", "de/../../etc", "", "DE", "xx", "de-latn", "de_Latn "])
 def test_bad_codes_rejected_with_message(bad):
     with pytest.raises(registry.UnknownLanguageError) as err:

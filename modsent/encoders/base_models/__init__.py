@@ -143,11 +143,17 @@ def prepare_base_model(source: str, out_dir: str | Path, *, revision: str | None
         # Loading it once proves the directory is complete before anything trusts it.
         from sentence_transformers import SentenceTransformer
 
+        named = value if kind == "local" else source
         try:
             model = SentenceTransformer(str(tmp), device="cpu", trust_remote_code=trust_remote_code)
         except Exception as err:  # name the source, not the temporary copy
-            raise InputError(f"{value if kind == 'local' else source}: sentence-transformers cannot load "
-                             f"this model: {str(err).replace(str(tmp), value if kind == 'local' else source)}") from err
+            if not trust_remote_code and "trust_remote_code" in str(err):
+                raise InputError(f"{named}: this model needs its own Python code to load, which modsent "
+                                 "runs only when the config says so: set base_model.trust_remote_code: true "
+                                 "if you trust that code (read it first), or choose a model that loads "
+                                 "without it") from None
+            raise InputError(f"{named}: sentence-transformers cannot load this model: "
+                             f"{str(err).replace(str(tmp), named)}") from err
         if prompts:
             set_prompts(tmp, prompts, default_prompt_name or next(iter(prompts)))
         elif kind == "hf" and needs_e5_prompts(value, model.prompts):
