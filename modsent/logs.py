@@ -27,6 +27,27 @@ def attempts_log(log_path: str | Path) -> Path:
     return path.with_name(f"{path.stem}.attempts{path.suffix or '.log'}")
 
 
+def _user_error(kind) -> bool:
+    from modsent.io import InputError
+
+    return isinstance(kind, type) and issubclass(kind, InputError)
+
+
+class _ConsoleFormatter(logging.Formatter):
+    """The console's records as the log's, but a record of bad input (:class:`modsent.io.InputError`)
+    without its traceback: the message says what to change; the log keeps the traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if not (record.exc_info and _user_error(record.exc_info[0])):
+            return super().format(record)
+        kept = record.exc_info, record.exc_text
+        record.exc_info, record.exc_text = None, None
+        try:
+            return super().format(record)
+        finally:
+            record.exc_info, record.exc_text = kept
+
+
 def setup_logging(log_path: str | None = None, level: int = logging.INFO) -> logging.Logger:
     """Send modsent's and the libraries' log records to ``log_path`` and to stderr.
 
@@ -35,9 +56,12 @@ def setup_logging(log_path: str | None = None, level: int = logging.INFO) -> log
     starts with a line naming it, and is also appended to :func:`attempts_log` (Snakemake
     removes the log itself before a retry or a resumed run: the history keeps the earlier
     attempts' records), and an exception that ends the script is written to the log with its
-    traceback, not only to stderr. Python's warnings are logged too, but for
+    traceback, not only to stderr (bad input, :class:`modsent.io.InputError`, is one line on stderr:
+    its message says what to change). Python's warnings are logged too, but for
     :data:`LIBRARY_NOISE`."""
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(_ConsoleFormatter(FORMAT))
+    handlers: list[logging.Handler] = [console]
     if log_path:
         path = Path(log_path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -61,7 +85,9 @@ def setup_logging(log_path: str | None = None, level: int = logging.INFO) -> log
             logger.critical("the job failed: %s: %s", kind.__name__, value, exc_info=(kind, value, traceback))
             for handler in logging.getLogger().handlers:
                 handler.flush()
-        if previous_hook is not log_uncaught:
+        # bad input (InputError: its message names the file or key) is one line on the console, its
+        # traceback in the log only; any other failure is also printed with its traceback, as always
+        if previous_hook is not log_uncaught and not _user_error(kind):
             previous_hook(kind, value, traceback)
 
     sys.excepthook = log_uncaught

@@ -27,6 +27,27 @@ def test_each_attempt_is_kept_and_the_failure_is_in_the_log(tmp_path):
         assert "Traceback (most recent call last):" in part and 'line 6, in <module>' in part
 
 
+BAD_INPUT = """
+import sys
+from modsent.io import InputError
+from modsent.logs import setup_logging
+setup_logging(sys.argv[1])
+raise InputError("pairs.tsv: missing column 'positive'")
+"""
+
+
+def test_bad_input_is_one_line_on_the_console_and_keeps_its_traceback_in_the_log(tmp_path):
+    log = tmp_path / "job.log"
+    proc = subprocess.run([sys.executable, "-c", BAD_INPUT, str(log)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    failed = [line for line in proc.stderr.splitlines() if "missing column" in line]
+    assert failed and failed[0].endswith("CRITICAL modsent: the job failed: InputError: pairs.tsv: missing "
+                                         "column 'positive'")
+    assert len(failed) == 1 and "Traceback" not in proc.stderr
+    text = log.read_text(encoding="utf-8")
+    assert "the job failed: InputError: pairs.tsv" in text and "Traceback (most recent call last):" in text
+
+
 WARNS = """
 import sys, warnings
 import transformers
