@@ -92,6 +92,9 @@ def _describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "pattern" and error.schema.get("pattern", "").startswith("^[a-z]{2,3}"):
         # a language code (languages[i], per_language keys): the registry explains and suggests
         return f"{key}: {registry.unknown_message(error.instance)}"
+    if error.validator == "pattern" and error.schema.get("pattern") == load_schema()["$defs"]["slug"]["pattern"]:
+        return (f"{key}: {error.message}: a name of letters, digits, '.', '_' and '-', starting with a "
+                "letter or digit (it becomes a folder name)")
     return f"{key}: {error.message}"
 
 

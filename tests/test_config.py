@@ -65,7 +65,7 @@ CASES = [
     ("missing base model", lambda c: c.pop("base_model"),
      ["'base_model' is a required property"]),
     ("base name with a slash", lambda c: c["base_model"].update(name="a/b"),
-     ["base_model.name", "does not match"]),
+     ["base_model.name", "does not match", "a name of letters, digits, '.', '_' and '-'"]),
     ("language without built-in data", lambda c: c["languages"].append("sw"),
      ["corpora.source: the built-in data has no text in 'sw'", "translation.provided"]),
     ("language missing from a Hub source",
