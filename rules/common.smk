@@ -21,12 +21,19 @@ SUBSET_REGEX = f"(?:{LANGUAGE_REGEX})(?:-(?:{LANGUAGE_REGEX}))?"  # a language o
 ENV = "../envs/modsent.yaml"
 
 
+def config_origin():
+    """Where the config came from, for its error messages: the --configfile files (the embedded
+    config.yaml when none is given), and --config when it set keys too."""
+    files = [str(path) for path in workflow.overwrite_configfiles] or ["config.yaml (the embedded demo's)"]
+    return ", ".join(files) + (" and --config" if workflow.config_settings.config else "")
+
+
 def check_and_fill_config(config):
-    """Fail before planning when the config is wrong; messages name the key."""
+    """Fail before planning when the config is wrong; messages name the file and the key."""
     try:
         modsent_config.check_config(config)
     except modsent_config.ConfigError as err:
-        raise WorkflowError(str(err)) from None
+        raise WorkflowError(str(err).replace("invalid configuration:", f"invalid configuration in {config_origin()}:", 1)) from None
 
 
 def fill_method_settings(config):

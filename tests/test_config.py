@@ -127,6 +127,7 @@ def test_schema_error_stops_snakemake_before_planning(tmp_path):
     proc = run_snakemake("-n", "--configfile", str(path), "--directory", str(tmp_path),
                          "--snakefile", str(REPO / "Snakefile"), check=False)
     assert proc.returncode != 0
+    assert f"invalid configuration in {path}:" in proc.stdout + proc.stderr  # the user's file named
     assert "'../x' is not a language code" in proc.stdout + proc.stderr
     assert "Job stats" not in proc.stdout
 
