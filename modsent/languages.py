@@ -129,14 +129,19 @@ def suggestion(code: str) -> tuple[str, str | None] | None:
     (``deu``), a code in :data:`OTHER_SPELLINGS` (``iw``), and a code spelt with other case,
     spaces, an underscore, a region (``pt-BR``) or its language's own script (``sr-Cyrl``)."""
     table = _table()
-    for text in dict.fromkeys([code, code.strip().replace("_", "-")]):
+
+    def lookup(text: str) -> tuple[str, str | None] | None:
         if text in OTHER_SPELLINGS and OTHER_SPELLINGS[text][0] in table:
             return OTHER_SPELLINGS[text]
-        if text in table and text != code:
-            return text, None
-        if text in _aliases():
-            return _aliases()[text], None
-    parts = code.strip().replace("_", "-").split("-")
+        found = text if text in table else _aliases().get(text)
+        return None if found is None else (found, None)
+
+    cleaned = code.strip().replace("_", "-")
+    for text in dict.fromkeys([code, cleaned]):
+        found = lookup(text) if text != code or text not in table else None
+        if found is not None:
+            return found
+    parts = cleaned.split("-")
     if not 1 <= len(parts) <= 3 or not parts[0].isalpha():
         return None
     language, rest = parts[0].lower(), parts[1:]
@@ -144,18 +149,13 @@ def suggestion(code: str) -> tuple[str, str | None] | None:
     regions = [p.upper() for p in rest if len(p) == 2 and p.isalpha() or len(p) == 3 and p.isdigit()]
     if len(rest) != (script is not None) + len(regions):
         return None
-    for candidate in [f"{language}-{script}" if script else None,
-                      *(f"{language}-{region}" for region in regions), language]:
-        if candidate is None:
-            continue
-        if candidate in OTHER_SPELLINGS and OTHER_SPELLINGS[candidate][0] in table:
-            return OTHER_SPELLINGS[candidate]
-        found = candidate if candidate in table else _aliases().get(candidate)
+    for candidate in [*([f"{language}-{script}"] if script else []), *(f"{language}-{r}" for r in regions), language]:
+        found = lookup(candidate)
         if found is None:
             continue
-        if candidate == language and script and table[found].script != script:
+        if candidate == language and script and table[found[0]].script != script:
             return None  # a script the registry does not have for this language
-        return found, None
+        return found
     return None
 
 

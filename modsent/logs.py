@@ -12,6 +12,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from modsent.io import InputError
+
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ATTEMPT = "==== attempt"
 # Warnings that say nothing about a job, kept out of its log: (category, message start). PEFT
@@ -28,8 +30,6 @@ def attempts_log(log_path: str | Path) -> Path:
 
 
 def _user_error(kind) -> bool:
-    from modsent.io import InputError
-
     return isinstance(kind, type) and issubclass(kind, InputError)
 
 
