@@ -33,7 +33,8 @@ def check_and_fill_config(config):
     try:
         modsent_config.check_config(config)
     except modsent_config.ConfigError as err:
-        raise WorkflowError(str(err).replace("invalid configuration:", f"invalid configuration in {config_origin()}:", 1)) from None
+        message = str(err).replace("invalid configuration:", f"invalid configuration in {config_origin()}:", 1)
+        raise WorkflowError(message) from None
 
 
 def fill_method_settings(config):
