@@ -12,9 +12,11 @@ from modsent.evaluation import suite as evaluation
 from modsent.encoders import systems as variants
 from modsent.config import runtime_settings
 from modsent.logs import start_job
+from modsent.training.precision import describe_device
 
-start_job(snakemake)
+log = start_job(snakemake)
 torch.set_num_threads(snakemake.threads)
+log.info("encoding on %s", describe_device("cuda" if torch.cuda.is_available() else "cpu"))  # the systems' default
 methods.load(snakemake.config["method_modules"])  # the training methods' systems
 lang = snakemake.wildcards.lang
 encoders = variants.build_language_encoders(

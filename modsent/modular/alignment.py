@@ -72,7 +72,7 @@ from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, pinned, set_learning_rate, to_device
 from modsent.training import schedules
 from modsent.training.pairs import PAIR_TEXT_COLUMNS, batches_of_steps, no_duplicate_batches, split_heldout
-from modsent.training.precision import autocast, grad_scaler
+from modsent.training.precision import autocast, describe_device, grad_scaler
 from modsent.training.seeding import dropout_seed
 
 log = logging.getLogger(__name__)
@@ -197,6 +197,7 @@ def embed_english(base_model_dir: str | Path, en_la_dir: str | Path | None, en_s
     if units.empty:
         raise InputError("embed_english: no English sentences")
     encoder = sa.load_sentence_encoder(base_model_dir, en_la_dir, en_se_dir, device=device)
+    log.info("encoding on %s", describe_device(next(encoder.model.parameters()).device))
     start = time.perf_counter()
     embeddings = encoder.encode(units["text"].tolist(), batch_size).astype(np.float32)
     elapsed = time.perf_counter() - start

@@ -31,11 +31,26 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 FP16_UNSAFE = ("t5", "mt5", "umt5")
 
 log = logging.getLogger(__name__)
+_DESCRIBED: set[tuple[str, str]] = set()  # (device, precision) pairs this process has logged
 
 
 def device_type(device) -> str:
     """``cuda`` for ``cuda``, ``cuda:1`` or such a torch.device; ``cpu``, ``mps``, ... likewise."""
     return str(device).split(":")[0]
+
+
+def describe_device(device) -> str:
+    """``device`` as a job's log names it: ``cuda:0 (NVIDIA H200)`` for a GPU (its index the
+    process's own, after ``CUDA_VISIBLE_DEVICES``), ``cpu (2 threads)`` for the CPU; so a log
+    says where a job ran (a SLURM job that asked for a GPU and trained on the CPU shows it)."""
+    if device_type(device) == "cuda" and torch.cuda.is_available():
+        index = torch.device(device).index
+        index = torch.cuda.current_device() if index is None else index
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    if device_type(device) == "cpu":
+        threads = torch.get_num_threads()
+        return f"cpu ({threads} thread{'' if threads == 1 else 's'})"
+    return str(device)
 
 
 def resolve(device, precision: str = "auto") -> str:
@@ -65,8 +80,14 @@ def grad_scaler(device, precision: str = "auto") -> torch.amp.GradScaler:
     """The loss scaler fp16 needs (small gradients underflow in fp16), enabled when
     :func:`resolve` says fp16; otherwise disabled, every call a pass-through. Use:
     ``scaler.scale(loss).backward()``, then ``scaler.unscale_(optimizer)`` before clipping,
-    ``scaler.step(optimizer)``, ``scaler.update()`` (modsent.training.loop.optimizer_step)."""
-    enabled = resolve(device, precision) == "fp16"
+    ``scaler.step(optimizer)``, ``scaler.update()`` (modsent.training.loop.optimizer_step). The
+    first scaler a process makes for a device and precision logs where and how it trains
+    (:func:`describe_device`): every training loop makes one before its first step."""
+    mode = resolve(device, precision)
+    if (str(device), mode) not in _DESCRIBED:
+        _DESCRIBED.add((str(device), mode))
+        log.info("training on %s in %s", describe_device(device), "fp32" if mode == "fp32" else f"{mode} autocast")
+    enabled = mode == "fp16"
     scaler = torch.amp.GradScaler(device_type(device) if enabled else "cpu", enabled=enabled)
     if enabled:
         # the scale exists from the start (GradScaler makes it on the first scaled loss): a
