@@ -11,8 +11,11 @@ from torch import nn
 
 
 def cos_sim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """[len(a), len(b)] cosine similarities."""
-    return nn.functional.normalize(a, dim=-1) @ nn.functional.normalize(b, dim=-1).T
+    """[len(a), len(b)] cosine similarities, in float32 under autocast too: autocast runs a
+    matrix product in bf16 even on float32 inputs, and a bf16 cosine near 1 moves in steps of
+    2^-8, 0.08 in a logit at MNRL's scale of 20 (the losses' docstrings promise float32)."""
+    with torch.autocast(a.device.type, enabled=False):
+        return nn.functional.normalize(a.float(), dim=-1) @ nn.functional.normalize(b.float(), dim=-1).T
 
 
 class MultipleNegativesRankingLoss(nn.Module):
@@ -149,7 +152,7 @@ class KoLeoLoss(nn.Module):
         if len(vectors) < 2:
             raise ValueError(f"KoLeo needs at least 2 vectors (a nearest neighbour), got {len(vectors)}")
         x = nn.functional.normalize(vectors.float(), dim=-1, eps=self.eps)
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):  # the nearest in float32
             dots = x @ x.T
             dots.fill_diagonal_(-float("inf"))
             nearest = dots.argmax(dim=1)

@@ -27,6 +27,32 @@ def test_mnrl_equals_sentence_transformers():
     assert torch.allclose(ours(a, p, some), expected, atol=1e-6)
 
 
+def test_similarity_losses_compute_in_float32_under_autocast():
+    """Autocast runs a matrix product in bf16 even on float32 inputs; the similarity losses
+    compute their cosines (and KoLeo its nearest neighbours) outside it, so under bf16 autocast
+    (CPU autocast here; CUDA's treats the product the same) each equals its float32 value, where
+    bf16 similarities moved these by 0.1-0.6%. (KoLeo's nearest neighbours are the same either
+    way here: its check is that nothing else in it runs in bf16.)"""
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(48, 64, generator=g)
+    a = base + torch.randn(48, 64, generator=g)  # related pairs: losses of 0.2-0.7, moved 0.1-0.6% by bf16
+    b = base + torch.randn(48, 64, generator=g)
+    negatives = torch.randn(48, 64, generator=g)
+    cases = {
+        "MNRL": lambda: losses.MultipleNegativesRankingLoss()(a, b, negatives[:20]),
+        "TripletInfoNCE": lambda: losses.TripletInfoNCELoss()(a, b, negatives),
+        "SymmetricInfoNCE": lambda: losses.SymmetricInfoNCELoss()(a, b),
+        "InfoNCE": lambda: losses.InfoNCELoss()(a, b),
+        "KoLeo": lambda: losses.KoLeoLoss()(torch.cat([a, b])),
+    }
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert losses.cos_sim(a, b).dtype == torch.float32
+        assert (a @ b.T).dtype == torch.bfloat16  # what the losses would otherwise have computed with
+        mixed = {name: float(loss()) for name, loss in cases.items()}
+    for name, loss in cases.items():
+        assert mixed[name] == pytest.approx(float(loss()), rel=1e-5), name
+
+
 def test_cosine_similarity_loss_equals_sentence_transformers():
     from sentence_transformers.sentence_transformer.losses import CosineSimilarityLoss
 
