@@ -214,9 +214,10 @@ def launch_command(module_or_script: str | Path, args: Sequence[str], nproc: int
 def launched_processes(gpus: int, setting: str) -> int:
     """How many training processes a workflow job that requested ``gpus`` GPUs (the config's
     ``setting``) starts under torchrun: ``gpus`` when it is more than one and this job sees that
-    many GPUs; 1 (train in the job's own process) with one GPU, without CUDA (a warning when
-    more were configured) or when already launched. A job seeing fewer GPUs than it requested
-    is an error: the rule's resources must request them."""
+    many GPUs; as many as it sees when it sees fewer (Snakemake lowers a job's ``gpu`` resource
+    to ``--resources gpu=N``, a host may have fewer), with a warning; 1 (train in the job's own
+    process) with one GPU, without CUDA (a warning when more were configured) or when already
+    launched. ``gpus`` is a runtime setting: the batch stays the global one whatever the count."""
     if gpus <= 1 or is_launched():
         return 1
     if not torch.cuda.is_available():
@@ -225,9 +226,11 @@ def launched_processes(gpus: int, setting: str) -> int:
         return 1
     visible = torch.cuda.device_count()
     if visible < gpus:
-        raise RuntimeError(f"{setting} is {gpus} but this job sees {visible} GPU(s) "
-                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): "
-                           f"the rule's resources must request {gpus}")
+        logging.getLogger(__name__).warning(
+            "%s is %d but this job sees %d GPU(s) (CUDA_VISIBLE_DEVICES=%s; Snakemake gives a job at most "
+            "--resources gpu=N): %d process(es), the same global batch", setting, gpus, visible,
+            os.environ.get("CUDA_VISIBLE_DEVICES", "unset"), visible)
+        return max(1, visible)
     return gpus
 
 

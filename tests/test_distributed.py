@@ -389,9 +389,12 @@ def test_launched_processes_follow_the_gpus_the_job_sees(monkeypatch, caplog):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     assert distributed.launched_processes(1, "baselines.gpus") == 1  # one GPU: in the job's own process
     assert distributed.launched_processes(2, "baselines.gpus") == 2
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)  # fewer than asked (--resources gpu=3): as many
+    with caplog.at_level("WARNING"):
+        assert distributed.launched_processes(4, "baselines.gpus") == 3
+    assert "baselines.gpus is 4 but this job sees 3 GPU(s)" in caplog.text
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    with pytest.raises(RuntimeError, match="baselines.gpus is 2 but this job sees 1 GPU"):
-        distributed.launched_processes(2, "baselines.gpus")
+    assert distributed.launched_processes(2, "baselines.gpus") == 1  # one GPU: in the job's own process
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert distributed.launched_processes(2, "baselines.gpus") == 1
     assert "sees no GPU" in caplog.text
