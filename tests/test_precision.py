@@ -31,6 +31,24 @@ def test_resolve_says_what_runs_on_each_device(monkeypatch):
     assert load_schema()["$defs"]["precision"]["enum"] == list(PRECISIONS)
 
 
+def test_the_first_scaler_of_a_process_logs_where_and_how_it_trains(monkeypatch, caplog):
+    """Each training loop makes its scaler before its first step: the job's log says once per
+    device and precision where it trains, so a job that asked for a GPU and ran on the CPU shows."""
+    monkeypatch.setattr(precision, "_DESCRIBED", set())
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    with caplog.at_level("INFO", logger="modsent.training.precision"):
+        precision.grad_scaler("cpu", "auto")
+        precision.grad_scaler("cpu", "fp32")  # the same device and precision: not again
+    assert [r.getMessage() for r in caplog.records] == ["training on cpu (3 threads) in fp32"]
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert precision.describe_device("cpu") == "cpu (1 thread)"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: f"GPU number {index}")
+    assert precision.describe_device("cuda") == "cuda:0 (GPU number 0)"
+    assert precision.describe_device(torch.device("cuda", 1)) == "cuda:1 (GPU number 1)"
+
+
 def test_t5_bodies_stay_out_of_fp16_under_auto(monkeypatch, caplog):
     """mT5 overflows in fp16: where auto would run fp16 (a GPU without bf16), m-ST5 trains in
     fp32; elsewhere, and for other bodies, the precision is the config's."""
@@ -157,6 +175,28 @@ def test_checkpoints_keep_the_scale_of_an_fp16_run(fp16, tmp_path):
     assert earlier.get_scale() == 512.0
 
 
+def test_a_checkpoint_keeps_the_gpu_generator_where_cuda_runs(monkeypatch, tmp_path):
+    """On a GPU dropout draws from the device's generator: a checkpoint saves its state and a
+    resume restores it (CUDA stood in for on the CPU; the GPU test below resumes real dropout)."""
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    checkpoints.save_checkpoint(tmp_path / "cpu", model, optimizer, 3, "fp", {})
+    from safetensors.torch import load_file
+
+    assert "rng/cuda" not in load_file(str(tmp_path / "cpu" / checkpoints.STATE))  # no CUDA: none
+    state = torch.arange(16, dtype=torch.uint8)
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": state.clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda value, device="cuda": restored.append(value))
+    checkpoints.save_checkpoint(tmp_path / "gpu", model, optimizer, 3, "fp", {})
+    assert checkpoints.resume(tmp_path / "gpu", model, optimizer, "fp")["step"] == 3
+    assert len(restored) == 1 and torch.equal(restored[0], state)
+    checkpoints.resume(tmp_path / "cpu", model, optimizer, "fp")  # a checkpoint made without CUDA: nothing to restore
+    assert len(restored) == 1
+
+
 def _resume_fused(device: str, tmp_path) -> None:
     """AdamW's step counts come back where the optimizer keeps them: with fused AdamW (modsent's
     on GPUs) on the parameters' device in float32, and the resumed optimizer steps."""
@@ -212,6 +252,19 @@ def test_on_a_gpu_auto_and_fp16_train_and_copies_do_not_wait():
 @cuda
 def test_on_a_gpu_fused_adamw_resumes(tmp_path):
     _resume_fused("cuda", tmp_path)
+
+
+@cuda
+def test_on_a_gpu_a_resumed_run_draws_the_unbroken_run_s_dropout_masks(tmp_path):
+    model = _model().cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.ones(64, 16, device="cuda")
+    torch.nn.functional.dropout(x, 0.5)  # the generator moved on by a step
+    checkpoints.save_checkpoint(tmp_path / "ck", model, optimizer, 1, "fp", {})
+    unbroken = torch.nn.functional.dropout(x, 0.5)
+    torch.cuda.manual_seed(12345)  # a fresh process's generator
+    checkpoints.resume(tmp_path / "ck", model, optimizer, "fp")
+    assert torch.equal(torch.nn.functional.dropout(x, 0.5), unbroken)
 
 
 def _logged_fp16_run(overflowing, steps: int, log_every: int, caplog) -> tuple[list[str], TrainingLog]:

@@ -2,7 +2,8 @@
 
 A checkpoint is a directory ``{output}.checkpoint`` beside the output it leads to (not inside:
 Snakemake removes an incomplete output before a rerun): ``state.safetensors`` with the
-trainable tensors, the AdamW moments and the torch RNG state, and ``meta.json`` with the step,
+trainable tensors, the AdamW moments and the torch RNG states (the CPU's, and the current GPU's
+where CUDA runs), and ``meta.json`` with the step,
 the fingerprint of what was being trained, the stage's progress (losses, history, ...) and,
 when fp16 runs, the loss scaler's state (modsent.training.precision).
 It is written atomically and resumed only when its fingerprint matches, so a checkpoint of
@@ -47,7 +48,7 @@ def trainable_state(model) -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(path: Path, model, optimizer, step: int, fingerprint: str, progress, scaler=None) -> None:
-    """Trainable weights, AdamW moments, the torch RNG state (safetensors) and ``step``,
+    """Trainable weights, AdamW moments, the torch RNG states (safetensors) and ``step``,
     ``fingerprint``, ``progress`` and an enabled ``scaler``'s state (JSON), written atomically
     to directory ``path``."""
     from safetensors.torch import save_file
@@ -61,6 +62,11 @@ def save_checkpoint(path: Path, model, optimizer, step: int, fingerprint: str, p
         tensors[f"exp_avg_sq/{name}"] = state["exp_avg_sq"].contiguous()
         tensors[f"step/{name}"] = torch.as_tensor(state["step"]).reshape(1).float()
     tensors["rng/torch"] = torch.get_rng_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # a GPU's dropout draws from the device's generator, not the CPU's: a resumed
+        # one-process run goes on with the unbroken run's masks (the data-parallel LA, and every
+        # other stage, seed each step anyway)
+        tensors["rng/cuda"] = torch.cuda.get_rng_state()
     with atomic_path(path, directory=True) as tmp:
         save_file(tensors, str(tmp / STATE))
         meta = {"step": step, "fingerprint": fingerprint, "history": progress}
@@ -103,6 +109,8 @@ def load_checkpoint(path: Path, model, optimizer, fingerprint: str, scaler=None)
                 "exp_avg_sq": tensors[f"exp_avg_sq/{name}"].to(param.device, copy=True),
             }
     torch.set_rng_state(tensors["rng/torch"])
+    if "rng/cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng/cuda"])
     # (MEXMA's checkpoints kept the scale in their progress before every stage had a scaler)
     progress = meta["history"]
     saved = meta.get("scaler") or (progress.get("scaler") if isinstance(progress, dict) else None)
