@@ -483,6 +483,27 @@ def test_monolithic_systems_of_a_group_are_loaded_one_at_a_time():
     assert lazy.encoder._encoder is None
 
 
+def test_modular_and_monolithic_systems_encode_under_the_same_precision(inputs, modular, tmp_path, monkeypatch):
+    """The evaluation encodes a modular system (ModularEncoder) and a monolithic one (a Full_*
+    baseline, a method's output, an export: SentenceTransformerEncoder) alike: under bf16
+    autocast where ``auto`` runs it (a GPU), in float32 on the CPU. Here bf16 is forced on the
+    CPU: both move off their float32 vectors by bf16 rounding, and an export still encodes as
+    its modules in the ModularEncoder do."""
+    from modsent.encoders.systems import SentenceTransformerEncoder
+    from modsent.training import precision
+
+    texts = builtin_corpus("de")[300:316]
+    export = SentenceTransformerEncoder(modular.export("de", tmp_path / "export-de"), device="cpu")
+    full = {"modular": modular.encode(texts, lang="de"), "export": export.encode(texts)}
+    monkeypatch.setattr(precision, "resolve", lambda device, name="auto": "bf16")
+    mixed = {"modular": modular.encode(texts, lang="de"), "export": export.encode(texts)}
+    for name in full:
+        moved = np.abs(mixed[name] - full[name]).max()
+        assert 1e-4 < moved < 0.05, (name, moved)  # bf16 ran, and changed only the rounding
+        assert np.min(np.sum(mixed[name] * full[name], axis=1)) > 0.999
+    assert np.min(np.sum(mixed["modular"] * mixed["export"], axis=1)) > 0.999
+
+
 def test_monolithic_systems_encode_as_sentence_transformers_does(inputs, modular, tmp_path, monkeypatch):
     """SentenceTransformerEncoder (Full_*, m-ST5, InteMATs, exports in evaluation) prepares batches
     on a thread, gives the encoder the mask decided on the host and copies results back without

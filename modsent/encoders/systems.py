@@ -302,7 +302,7 @@ class SentenceTransformerEncoder:
 
 
 def encode_sentence_transformer(model, sentences: Sequence[str], batch_size: int = 32, *,
-                                normalize: bool = True):
+                                normalize: bool = True, precision: str = "auto"):
     """What ``model.encode(sentences, batch_size=batch_size, prompt="", normalize_embeddings=
     normalize)`` gives (a sentence-transformers model, no prompt), as float32 numpy, with the
     host's work out of the GPU's way: sentence-transformers' loop preprocesses (tokenises) each
@@ -313,13 +313,16 @@ def encode_sentence_transformer(model, sentences: Sequence[str], batch_size: int
     copy (modsent.tokenizing.encoder_attention_mask), the following modules the 2D mask. The
     batches hold the most tokens first (sentence-transformers sorts by characters, which pads
     more: loop.encoding_order); the same module calls and normalisation: equal vectors up to the
-    float rounding of another padding width."""
+    float rounding of another padding width. Under ``precision`` (modsent.training.precision:
+    ``auto`` is bf16 autocast on a GPU, float32 on the CPU), as the modular systems encode, so
+    every system of an evaluation is encoded alike."""
     import numpy as np
     import torch
     from sentence_transformers.sentence_transformer.modules import Transformer
 
     from modsent.tokenizing import encoder_attention_mask
     from modsent.training.loop import encode_in_batches, pinned, to_device, token_counts
+    from modsent.training.precision import autocast
 
     device = model.device
     modules = list(model)
@@ -330,6 +333,10 @@ def encode_sentence_transformer(model, sentences: Sequence[str], batch_size: int
         return {k: pinned(v, device) for k, v in model.preprocess(texts, prompt=None).items()}
 
     def forward(features: dict) -> torch.Tensor:
+        with autocast(device, precision):
+            return embed(features)
+
+    def embed(features: dict) -> torch.Tensor:
         host_mask = features.get("attention_mask")
         features = {k: to_device(v, device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
         if first is None or not isinstance(host_mask, torch.Tensor):
