@@ -17,7 +17,8 @@ processes, and runs started from different working directories share the same cl
 Nothing is claimed when the job sees no more GPUs than it asks for: a SLURM job (its
 ``CUDA_VISIBLE_DEVICES`` holds exactly the GPUs it was given), a one-GPU workstation, or a
 CPU-only machine. The GPUs a job can see are ``CUDA_VISIBLE_DEVICES`` when it is set (the
-indices or UUIDs it lists), else every GPU ``nvidia-smi -L`` lists. When fewer are free than the
+indices or UUIDs it lists), else every GPU ``nvidia-smi -L`` lists (by its index, with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` set
+for the job, so that CUDA numbers them as nvidia-smi does). When fewer are free than the
 job needs (``--resources gpu=`` larger than the GPUs of the host, or another run on the same
 host), the job waits for them and says so in its log, rather than share a GPU.
 """
@@ -82,6 +83,7 @@ def claim(count: int, *, poll_seconds: float = 10.0, timeout: float | None = Non
     ``timeout`` (seconds) raises TimeoutError instead of waiting longer."""
     if count <= 0:
         return None
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES") is None  # the indices are nvidia-smi's
     gpus = visible_gpus()
     if len(gpus) <= count:
         return None
@@ -105,6 +107,8 @@ def claim(count: int, *, poll_seconds: float = 10.0, timeout: float | None = Non
                 handle.write(f"pid {os.getpid()}\n")
                 handle.flush()
                 _HELD.append(handle)
+            if listed:  # nvidia-smi numbers by PCI bus, CUDA by default fastest first: same GPUs only in its order
+                os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
             log.info("placed on GPU %s of the %d visible (%s)%s", ",".join(chosen), len(gpus),
                      ",".join(gpus), f", after waiting {time.monotonic() - start:.0f} s" if waited else "")

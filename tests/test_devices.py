@@ -75,6 +75,24 @@ def test_nothing_to_choose_leaves_the_environment_alone(host, monkeypatch):
     assert not (host / "locks").exists()
 
 
+def test_gpus_numbered_by_nvidia_smi_are_claimed_in_its_order(host, monkeypatch):
+    """Without CUDA_VISIBLE_DEVICES the GPUs are nvidia-smi's indices, which follow the PCI bus;
+    CUDA numbers fastest first unless told otherwise, so a claim says which order it means."""
+    smi = host / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA A100 (UUID: GPU-a)'\necho 'GPU 1: NVIDIA H100 (UUID: GPU-b)'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{host}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    assert devices.visible_gpus() == ["0", "1"]
+    assert devices.claim(1) == ["0"]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0" and os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    devices.release()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # the user's indices: their order is left as it is
+    monkeypatch.delenv("CUDA_DEVICE_ORDER")
+    assert devices.claim(1) == ["0"] and "CUDA_DEVICE_ORDER" not in os.environ
+
+
 SNAKEFILE = """
 rule all:
     input: expand("out/{name}.json", name=["a", "b", "c", "pair"])
