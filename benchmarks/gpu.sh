@@ -27,7 +27,7 @@ GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za
 
 # BENCHMARKS="name ..." runs only those (default: all, in this order); DEADLINE=SECONDS stops
 # starting benchmarks that would outlast it (each one's limit is cut to what is left).
-WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_outside mlm_throughput_graphs profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_speed_3.3B} "
+WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_outside mlm_throughput_graphs workflow profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_speed_3.3B} "
 DEADLINE="${DEADLINE:-100000}"
 
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever happens
@@ -57,6 +57,14 @@ bench mlm_throughput_outside 150 benchmarks/mlm_throughput.py --labse-random --d
 bench mlm_throughput_graphs 150 -X faulthandler benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 \
     --batch-size 128 --steps 10 --repeats 2 --graphs --bf16-residual --only "masked, bf16, fused, fast, bf16 residual" \
     "masked, bf16, fused, fast, graphs, bf16 residual"
+# the tests' whole-DAG workflow with every training and encoding job on this GPU: the CPU rules' outputs
+# prepared beforehand (python benchmarks/gpu_workflow.py prepare .gpu-workflow, carried with the wheels of
+# .whl/workflow: Snakemake and modsent's pinned transformers stack, which the GPU image lacks)
+if [ -d .gpu-workflow ]; then
+    bench workflow 300 benchmarks/gpu_workflow.py run .gpu-workflow --wheels .whl/workflow
+elif [[ "$WANT" == *" workflow "* ]]; then
+    echo "== workflow: skipped, no .gpu-workflow (python benchmarks/gpu_workflow.py prepare .gpu-workflow first)"
+fi
 # the LA step's kernels with the bf16 stream, eager and compiled whole (which lost, 0.83x: which
 # attention kernel the graph runs, what is left unfused)
 bench profile_la_compiled 160 -m benchmarks.profile_steps --device cuda --steps 5 --top 16 --stages LA \

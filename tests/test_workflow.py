@@ -100,6 +100,27 @@ def test_all_outputs_exist_and_reload(run):
     assert "resources/corpora/ky.txt" in summary
 
 
+def test_every_training_and_encoding_job_logs_its_device(run):
+    """Each job of a GPU rule (a ``gpu_`` resource class: the training stages, baselines, methods
+    and encoding) says in its log where it ran: on this machine the CPU. benchmarks/gpu_workflow.py
+    reads the same lines, from the jobs Snakemake's log lists, to check a run on a GPU."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_workflow
+
+    first = sorted((run / ".snakemake" / "log").glob("*.snakemake.log"))[0]  # the whole DAG's run
+    jobs = gpu_workflow.jobs_of_run(run, first)
+    gpu_rules = set(gpu_workflow.gpu_rules(run))
+    assert {"language_adapter", "sentence_adapter", "alignment_adapter", "full_baseline", "train_method",
+            "evaluation_embeddings", "english_embeddings"} <= gpu_rules
+    assert not any(job["failed"] for job in jobs) and all(job["seconds"] is not None for job in jobs)
+    on_gpu_rules = [job for job in jobs if job["rule"] in gpu_rules]
+    assert {job["rule"] for job in on_gpu_rules} == gpu_rules
+    assert {job["log"]: gpu_workflow.device_of(run, job) for job in on_gpu_rules} == {
+        job["log"]: "cpu" for job in on_gpu_rules}
+
+
 def test_language_adapters_reload_and_are_summarised(run):
     import json
 

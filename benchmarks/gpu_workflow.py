@@ -1,0 +1,220 @@
+"""The tests' whole-DAG workflow with its training and encoding jobs on a GPU: every stage, every
+baseline, every recipe's system and the evaluation, run by Snakemake end to end where they run
+for users, which the CPU tests cannot show (a tensor left on the host, a dtype that bf16
+autocast changes, a job that silently trains on the CPU).
+
+Two steps, so that the GPU machine needs only what the GPU jobs import:
+
+    python benchmarks/gpu_workflow.py prepare .gpu-workflow        # here, on the CPU (about a minute)
+    python benchmarks/gpu_workflow.py run .gpu-workflow --wheels .whl/workflow   # on the GPU machine
+
+``prepare`` writes the workflow test's configuration (configs/test.yaml, the toy method and a
+tiny system of each recipe; without the mteb-backed evaluation set, whose package the GPU image
+lacks) to DIR/workflow.yaml and runs every job upstream of the GPU rules: the inputs, tokenizers,
+fastText, FOCUS, and DuEAM's word mover's distances (a GPU-resource rule, prepared here because
+its solver's wheel would not fit the GPU machine's transfer limit). ``run`` copies DIR to a
+scratch directory (DIR stays prepared), runs the rest there (the rules whose resources name a
+``gpu_`` class, and what follows them) with ``--cores 16``, and prints each rule's jobs and
+job-seconds, the device each GPU rule's job logged (``training on cuda:0 (...)``, ``encoding
+on ...``), the failed jobs' log tails, whether a second ``snakemake -n`` plans nothing, and the
+summary. It passes when every job succeeded, nothing is left to do and, on a machine with CUDA,
+every GPU rule's job names a CUDA device. Files copied between machines keep no order of
+modification times, so ``run`` decides reruns by code, input and params, not by times
+(``--rerun-triggers``), and schedules greedily (Snakemake's ILP solver's wheel is left behind).
+
+``--wheels DIR...`` installs the wheels of each DIR into a private directory first, without their
+dependencies: ``.whl/workflow`` holds Snakemake and its dependencies, jsonschema, and modsent's
+pinned transformers, tokenizers, PEFT, sentence-transformers and huggingface_hub, for Python 3.12
+(the GPU image's: ``benchmarks/results/README.md`` says how to download them); the image has the
+rest (torch, pandas, scikit-learn, ...). Run on the CPU, it checks the same flow without devices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+# GPU-resource rules prepared on the CPU, with the reason
+PREPARED_ON_CPU = {"dueam_wmd": "POT's wheel (32 MB) does not fit the GPU machine's transfer limit"}
+# the line each GPU job writes (modsent.training.precision.grad_scaler; the evaluation's script)
+DEVICE_LINE = re.compile(r"INFO \S+: (?:training|encoding) on (\S+)")
+
+
+def gpu_rules(workdir: Path) -> list[str]:
+    """The rules of the workflow configured in ``workdir`` whose resources name a ``gpu_``
+    class (rules/**/*.smk), less those prepared on the CPU."""
+    rules = set()
+    for path in sorted((REPO / "rules").rglob("*.smk")):
+        for block in re.split(r"^(?=\s*(?:rule|checkpoint) \w+:)", path.read_text(), flags=re.M):
+            head = re.match(r"\s*(?:rule|checkpoint) (\w+):", block)
+            if head and re.search(r"job_resources\(\"gpu_", block):
+                rules.add(head.group(1))
+    listed = subprocess.run(snakemake_command(workdir, 1, "--list-rules"), env=environment(), capture_output=True,
+                            text=True, check=True).stdout.split()
+    return sorted((rules & set(listed)) - set(PREPARED_ON_CPU))
+
+
+def workflow_config() -> dict:
+    """tests/test_workflow.py's configuration of the whole-DAG run, less the evaluation set
+    that mteb scores (the mteb package is a test extra the GPU image lacks)."""
+    sys.path.insert(0, str(TESTS))
+    from test_workflow import workflow_config as tests_config
+
+    config = tests_config()
+    config["evaluation"]["datasets"].pop("tatoeba", None)
+    return config
+
+
+def snakemake_command(workdir: Path, cores: int, *args: str) -> list[str]:
+    return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
+            str(workdir), "--configfile", str(workdir / "workflow.yaml"), "--cores", str(cores), *args]
+
+
+def environment(extra_path: Path | None = None) -> dict:
+    paths = [str(TESTS), str(REPO)] + ([str(extra_path)] if extra_path else [])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
+def prepare(workdir: Path, cores: int) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "workflow.yaml").write_text(yaml.safe_dump(workflow_config(), sort_keys=False))
+    start = time.perf_counter()
+    subprocess.run(snakemake_command(workdir, cores, "--omit-from", *gpu_rules(workdir)), env=environment(), check=True)
+    size = sum(path.stat().st_size for path in workdir.rglob("*") if path.is_file())
+    print(f"prepared {workdir} in {time.perf_counter() - start:.0f} s: {size / 2**20:.1f} MiB; "
+          f"left for the GPU: {', '.join(gpu_rules(workdir))}")
+
+
+def install(wheels: list[Path]) -> Path:
+    target = Path("/tmp/site-gpu-workflow")
+    files = [str(path) for folder in wheels for path in sorted(folder.glob("*.whl"))]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--no-cache-dir", "--upgrade", "--target", str(target), *files], check=True)
+    return target
+
+
+def jobs_of_run(workdir: Path, log_file: Path | None = None) -> list[dict]:
+    """Every job of a Snakemake log (``log_file``, else the newest of ``workdir``): rule, log
+    file, seconds (None: not finished), failed."""
+    logs = [log_file] if log_file else sorted((workdir / ".snakemake" / "log").glob("*.snakemake.log"))[-1:]
+    jobs, stamp, current, in_error = {}, None, None, None
+    for line in logs[0].read_text().splitlines() if logs else []:
+        if m := re.match(r"\[(\w{3} \w{3} +\d+ [\d:]+ \d{4})\]", line):
+            stamp, current, in_error = datetime.datetime.strptime(m.group(1), "%a %b %d %H:%M:%S %Y"), None, None
+        elif m := re.match(r"(?:local)?(?:rule|checkpoint) (\w+):", line):
+            current = {"rule": m.group(1), "start": stamp, "log": None, "seconds": None, "failed": False}
+        elif m := re.match(r"Error in rule (\w+):", line):
+            current, in_error = None, m.group(1)
+        elif (m := re.match(r"\s+log: (\S+?),?$", line)) and current:
+            current["log"] = m.group(1)
+        elif (m := re.match(r"\s+jobid: (\d+)", line)) and (current or in_error):
+            if current:
+                jobs[m.group(1)] = current
+            elif m.group(1) in jobs:
+                jobs[m.group(1)]["failed"] = True
+        elif (m := re.match(r"Finished jobid: (\d+)", line)) and m.group(1) in jobs:
+            job = jobs[m.group(1)]
+            job["seconds"] = (stamp - job["start"]).total_seconds()
+    return list(jobs.values())
+
+
+def device_of(workdir: Path, job: dict) -> str | None:
+    """The device a job's log names (modsent.training.precision.grad_scaler's line, the
+    encoding scripts'), or None."""
+    path = workdir / job["log"] if job["log"] else None
+    if path is None or not path.exists():
+        return None
+    found = DEVICE_LINE.findall(path.read_text(errors="replace"))
+    return found[-1] if found else None
+
+
+def run(prepared: Path, cores: int, wheels: list[Path], scratch: Path) -> int:
+    import torch
+
+    env = environment(install(wheels) if wheels else None)
+    versions = subprocess.run(
+        [sys.executable, "-c", "import sys, torch, transformers, peft, sentence_transformers, snakemake, pandas; "
+         "print(sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, "
+         "'peft', peft.__version__, 'sentence-transformers', sentence_transformers.__version__, "
+         "'snakemake', snakemake.__version__, 'pandas', pandas.__version__)"],
+        env=env, capture_output=True, text=True)
+    print(versions.stdout.strip() or versions.stderr.strip()[-3000:], flush=True)
+    if versions.returncode:
+        return 1
+    on_gpu = torch.cuda.is_available()
+    print(f"CUDA: {torch.cuda.get_device_name(0) if on_gpu else 'none (the jobs run on the CPU)'}", flush=True)
+    shutil.rmtree(scratch, ignore_errors=True)  # the prepared directory stays as it was: a run can be repeated
+    shutil.copytree(prepared, scratch, symlinks=True)
+    rules = gpu_rules(scratch)
+    triggers = ["--rerun-triggers", "code", "input", "params", "software-env"]
+    start = time.perf_counter()
+    with open(scratch / "snakemake.out", "w") as log:
+        proc = subprocess.run(snakemake_command(scratch, cores, "--scheduler", "greedy", "--keep-going", *triggers),
+                              env=env, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - start
+    jobs = jobs_of_run(scratch)
+    print(f"snakemake: exit {proc.returncode} after {wall:.0f} s, {len(jobs)} jobs, {cores} cores (in {scratch})")
+    if proc.returncode:
+        print("\n".join((scratch / "snakemake.out").read_text(errors="replace").splitlines()[-40:]))
+    by_rule = collections.defaultdict(list)
+    for job in jobs:
+        by_rule[job["rule"]].append(job)
+    print(f"{'rule':32s} {'jobs':>4s} {'job-s':>6s}  devices the GPU rules' logs name")
+    off_gpu = []
+    for name, group in sorted(by_rule.items(), key=lambda item: -sum(j["seconds"] or 0 for j in item[1])):
+        devices = collections.Counter(device_of(scratch, job) or "none" for job in group)
+        if name in rules:
+            off_gpu += [job["log"] for job in group if not (device_of(scratch, job) or "").startswith("cuda")]
+        print(f"{name:32s} {len(group):4d} {sum(j['seconds'] or 0 for j in group):6.0f}  "
+              + (", ".join(f"{d} x{n}" for d, n in devices.items()) if name in rules else ""))
+    failed = [job for job in jobs if job["failed"]]
+    for job in failed:
+        path = scratch / job["log"] if job["log"] else None
+        tail = path.read_text(errors="replace").splitlines()[-30:] if path and path.exists() else ["(no log)"]
+        print(f"== FAILED {job['rule']}: {job['log']}\n" + "\n".join(tail))
+    again = subprocess.run(snakemake_command(scratch, cores, "-n", *triggers), env=env, capture_output=True, text=True)
+    settled = "Nothing to be done" in again.stdout + again.stderr
+    print(f"snakemake -n afterwards: {'nothing to do' if settled else 'jobs planned'}")
+    if not settled:
+        print((again.stdout + again.stderr)[-3000:])
+    summaries = sorted((scratch / "results").glob("*/summary.md"))
+    for summary in summaries:
+        print(f"== {summary.relative_to(scratch)}\n{summary.read_text()}")
+    if on_gpu and off_gpu:
+        print(f"GPU-rule jobs whose logs name no CUDA device ({len(off_gpu)}): " + ", ".join(map(str, off_gpu)))
+    ok = proc.returncode == 0 and not failed and settled and bool(summaries) and not (on_gpu and off_gpu)
+    print("GPU workflow:", "passed" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("step", choices=["prepare", "run"])
+    parser.add_argument("workdir", type=Path)
+    parser.add_argument("--cores", type=int, default=None, help="Snakemake's cores (prepare: 2; run: 16)")
+    parser.add_argument("--wheels", type=Path, nargs="*", default=[],
+                        help="run: folders of wheels to install first (without their dependencies)")
+    parser.add_argument("--scratch", type=Path, default=Path("/tmp/gpu-workflow-run"),
+                        help="run: where the prepared directory is copied and run")
+    args = parser.parse_args(argv)
+    if args.step == "prepare":
+        prepare(args.workdir.resolve(), args.cores or 2)
+        return 0
+    return run(args.workdir.resolve(), args.cores or 16, args.wheels, args.scratch.resolve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
