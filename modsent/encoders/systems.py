@@ -279,6 +279,10 @@ class SentenceTransformerEncoder:
         self.model_dir = Path(model_dir)
         self.language = language
         self.model = load_sentence_transformer(self.model_dir, device or _default_device())
+        from modsent.training.precision import for_model
+
+        # bf16 autocast where ``auto`` runs it; fp32 for a T5 body on a GPU without bf16 (fp16 overflows it)
+        self.precision = for_model(self.model, self.model.device, "auto")
 
     @property
     def embedding_dimension(self) -> int:
@@ -296,7 +300,8 @@ class SentenceTransformerEncoder:
         sentences = list(sentences)
         if not sentences:
             return np.zeros((0, self.embedding_dimension), dtype=np.float32)
-        return encode_sentence_transformer(self.model, sentences, batch_size, normalize=normalize)
+        return encode_sentence_transformer(self.model, sentences, batch_size, normalize=normalize,
+                                           precision=self.precision)
 
     __call__ = encode
 
@@ -304,7 +309,8 @@ class SentenceTransformerEncoder:
 def encode_sentence_transformer(model, sentences: Sequence[str], batch_size: int = 32, *,
                                 normalize: bool = True, precision: str = "auto"):
     """What ``model.encode(sentences, batch_size=batch_size, prompt="", normalize_embeddings=
-    normalize)`` gives (a sentence-transformers model, no prompt), as float32 numpy, with the
+    normalize)`` gives (a sentence-transformers model, no prompt; on a GPU up to bf16's rounding,
+    see ``precision`` below), as float32 numpy, with the
     host's work out of the GPU's way: sentence-transformers' loop preprocesses (tokenises) each
     batch in the loop and waits for its ``.cpu()``, so on a GPU the device idles while the host
     tokenises and launches. Here the next batch is preprocessed and pinned on a thread
@@ -314,8 +320,9 @@ def encode_sentence_transformer(model, sentences: Sequence[str], batch_size: int
     batches hold the most tokens first (sentence-transformers sorts by characters, which pads
     more: loop.encoding_order); the same module calls and normalisation: equal vectors up to the
     float rounding of another padding width. Under ``precision`` (modsent.training.precision:
-    ``auto`` is bf16 autocast on a GPU, float32 on the CPU), as the modular systems encode, so
-    every system of an evaluation is encoded alike."""
+    ``auto`` is bf16 autocast on a GPU that has bf16, float32 on the CPU), as the modular systems
+    encode, so every system of an evaluation is encoded alike (SentenceTransformerEncoder keeps a
+    T5 body in float32 where ``auto`` would be fp16: ``precision.for_model``)."""
     import numpy as np
     import torch
     from sentence_transformers.sentence_transformer.modules import Transformer

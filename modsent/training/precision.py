@@ -97,7 +97,7 @@ def grad_scaler(device, precision: str = "auto") -> torch.amp.GradScaler:
 
 
 def for_model(model: torch.nn.Module, device, precision: str = "auto") -> str:
-    """``precision`` for training ``model``: ``auto`` on a GPU without bf16 would run fp16, in
+    """``precision`` for training or encoding ``model``: ``auto`` on a GPU without bf16 would run fp16, in
     which T5-family bodies (mT5: m-ST5) overflow (every step skipped by the loss scaler, the model
     left as it was), so there it is ``fp32``, and the log says so. An explicit ``fp16`` is kept,
     with a warning."""
@@ -106,8 +106,7 @@ def for_model(model: torch.nn.Module, device, precision: str = "auto") -> str:
     if not unsafe or resolve(device, precision) != "fp16":
         return precision
     if precision == "auto":
-        log.warning("precision auto: this GPU has no bf16 and %s overflows in fp16; training in fp32",
-                    unsafe[0])
+        log.warning("precision auto: this GPU has no bf16 and %s overflows in fp16; fp32 instead", unsafe[0])
         return "fp32"
     log.warning("precision fp16 with a %s body: its activations may overflow fp16 (steps skipped)", unsafe[0])
     return precision
