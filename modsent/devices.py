@@ -17,10 +17,11 @@ processes, and runs started from different working directories share the same cl
 Nothing is claimed when the job sees no more GPUs than it asks for: a SLURM job (its
 ``CUDA_VISIBLE_DEVICES`` holds exactly the GPUs it was given), a one-GPU workstation, or a
 CPU-only machine. The GPUs a job can see are ``CUDA_VISIBLE_DEVICES`` when it is set (the
-indices or UUIDs it lists), else every GPU ``nvidia-smi -L`` lists (by its index, with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` set
-for the job, so that CUDA numbers them as nvidia-smi does). When fewer are free than the
-job needs (``--resources gpu=`` larger than the GPUs of the host, or another run on the same
-host), the job waits for them and says so in its log, rather than share a GPU.
+indices or UUIDs it lists), else every GPU ``nvidia-smi -L`` lists, by its index; a job claims
+those with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` set, so that CUDA numbers them as nvidia-smi does.
+When fewer are free than the job needs (``--resources gpu=`` larger than the GPUs of the host,
+or another run on the same host), the job waits for them and says so in its log, rather than
+share a GPU.
 """
 
 from __future__ import annotations

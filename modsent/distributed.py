@@ -220,17 +220,17 @@ def launched_processes(gpus: int, setting: str) -> int:
     launched. ``gpus`` is a runtime setting: the batch stays the global one whatever the count."""
     if gpus <= 1 or is_launched():
         return 1
-    if not torch.cuda.is_available():
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible == 0:
         logging.getLogger(__name__).warning(
             "%s is %d but this job sees no GPU: one process on the CPU", setting, gpus)
         return 1
-    visible = torch.cuda.device_count()
     if visible < gpus:
         logging.getLogger(__name__).warning(
             "%s is %d but this job sees %d GPU(s) (CUDA_VISIBLE_DEVICES=%s; Snakemake gives a job at most "
             "--resources gpu=N): %d process(es), the same global batch", setting, gpus, visible,
             os.environ.get("CUDA_VISIBLE_DEVICES", "unset"), visible)
-        return max(1, visible)
+        return visible
     return gpus
 
 

@@ -6,6 +6,8 @@ otherwise) in ``tests/test_losses.py``.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -14,8 +16,15 @@ def cos_sim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """[len(a), len(b)] cosine similarities, in float32 under autocast too: autocast runs a
     matrix product in bf16 even on float32 inputs, and a bf16 cosine near 1 moves in steps of
     2^-8, 0.08 in a logit at MNRL's scale of 20 (the losses' docstrings promise float32)."""
-    with torch.autocast(a.device.type, enabled=False):
-        return nn.functional.normalize(a.float(), dim=-1) @ nn.functional.normalize(b.float(), dim=-1).T
+    with _no_autocast(a):
+        a, b = (x.to(torch.promote_types(x.dtype, torch.float32)) for x in (a, b))
+        return nn.functional.normalize(a, dim=-1) @ nn.functional.normalize(b, dim=-1).T
+
+
+def _no_autocast(tensor: torch.Tensor):
+    """Autocast off for ``tensor``'s device type (a no-op context where it has none: meta)."""
+    kind = tensor.device.type
+    return torch.autocast(kind, enabled=False) if torch.amp.is_autocast_available(kind) else contextlib.nullcontext()
 
 
 class MultipleNegativesRankingLoss(nn.Module):
@@ -152,7 +161,7 @@ class KoLeoLoss(nn.Module):
         if len(vectors) < 2:
             raise ValueError(f"KoLeo needs at least 2 vectors (a nearest neighbour), got {len(vectors)}")
         x = nn.functional.normalize(vectors.float(), dim=-1, eps=self.eps)
-        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):  # the nearest in float32
+        with torch.no_grad(), _no_autocast(x):  # the nearest in float32
             dots = x @ x.T
             dots.fill_diagonal_(-float("inf"))
             nearest = dots.argmax(dim=1)

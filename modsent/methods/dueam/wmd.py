@@ -53,6 +53,7 @@ from modsent.methods.dueam.pairs import PairSet, build_pairs, pair_digest, shard
 from modsent.training import checkpoints
 from modsent.training.fastpath import attention_for_varying_shapes
 from modsent.training.loop import encoding_order
+from modsent.training.precision import describe_device
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class Anchor:
         body, tokenizer = tf.load_encoder_body(source, revision=revision)
         body.requires_grad_(False)
         self.body, self.tokenizer = body.eval().to(self.device), tokenizer
+        log.info("encoding on %s", describe_device(self.device))
         _, source_limit = tf.sentence_head(source, body)
         limit = tf.max_sequence_length(tokenizer, body, source_limit)
         limits = [v for v in (max_length, limit) if v]
