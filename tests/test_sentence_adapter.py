@@ -411,16 +411,24 @@ def test_fp16_scales_the_loss_checkpoints_the_scale_and_resumes(inputs, tmp_path
     and its losses stay within fp16's rounding of fp32's."""
     from modsent.training import precision
 
-    resolve = precision.resolve
+    resolve, make_scaler = precision.resolve, sa.grad_scaler
     monkeypatch.setattr(precision, "resolve", lambda device, name="auto": "fp16" if name == "fp16" else resolve(device, name))
+
+    def overflowing_scaler(device, name):  # a scale that overflows fp16's gradients in the first steps
+        scaler = make_scaler(device, name)
+        if scaler.is_enabled():
+            scaler.update(new_scale=2.0 ** 28)
+        return scaler
+
+    monkeypatch.setattr(sa, "grad_scaler", overflowing_scaler)
     torch.set_num_threads(1)
     cfg = sa.SentenceAdapterConfig(**{**RESUME_CFG.__dict__, "precision": "fp16"})
     train = dict(device="cpu", progress=False)
     expected = sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], tmp_path / "straight", cfg, **train)
     _kill_midway(inputs, tmp_path / "resumed", cfg, die_at=5)
     meta = json.loads((tmp_path / "resumed.checkpoint" / "meta.json").read_text())
-    # the first steps overflowed once at 2^16, so the scale a resumed run starts from matters
-    assert meta["step"] == 3 and meta["scaler"]["scale"] == 2.0 ** 15
+    # the first steps overflowed at 2^28, so the scale a resumed run starts from matters
+    assert meta["step"] == 3 and meta["scaler"]["scale"] < 2.0 ** 28, meta["scaler"]
     metrics = sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], tmp_path / "resumed", cfg, **train)
     assert metrics["resumed_from_step"] == 3
     assert_resumed_equals_straight(tmp_path / "straight", tmp_path / "resumed", expected, metrics,
