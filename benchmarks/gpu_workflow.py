@@ -13,14 +13,17 @@ tiny system of each recipe; without the mteb-backed evaluation set, whose packag
 lacks) to DIR/workflow.yaml and runs every job upstream of the GPU rules: the inputs, tokenizers,
 fastText, FOCUS, and DuEAM's word mover's distances (a GPU-resource rule, prepared here because
 its solver's wheel would not fit the GPU machine's transfer limit). ``run`` copies DIR to a
-scratch directory (DIR stays prepared), runs the rest there (the rules whose resources name a
-``gpu_`` class, and what follows them) with ``--cores 16``, and prints each rule's jobs and
-job-seconds, the device each GPU rule's job logged (``training on cuda:0 (...)``, ``encoding
-on ...``), the failed jobs' log tails, whether a second ``snakemake -n`` plans nothing, and the
-summary. It passes when every job succeeded, nothing is left to do and, on a machine with CUDA,
-every GPU rule's job names a CUDA device. Files copied between machines keep no order of
-modification times, so ``run`` decides reruns by code, input and params, not by times
-(``--rerun-triggers``), and schedules greedily (Snakemake's ILP solver's wheel is left behind).
+scratch directory (DIR stays prepared) and first marks the prepared outputs up to date there
+(``snakemake --touch`` over the prepared part of the DAG: a copy between machines keeps no order
+of modification times, and Snakemake reruns a job whose input or script is newer than its
+output); it stops when a prepared job would still run. Then it runs the rest (the rules whose
+resources name a ``gpu_`` class, and what follows them) with ``--cores 16``, greedily scheduled
+(Snakemake's ILP solver's wheel is left behind), echoing Snakemake's progress, and prints each
+rule's jobs and job-seconds, the device each GPU rule's job logged (``training on cuda:0
+(...)``, ``encoding on ...``), the failed jobs' log tails, whether a second ``snakemake -n``
+plans nothing, and the summary. It passes when every job succeeded, every GPU rule ran, nothing
+is left to do and, on a machine with CUDA, every GPU rule's job names a CUDA device.
+``--time-limit`` stops Snakemake in time to report what ran (gpu.sh's block gives it 240 s).
 
 ``--wheels DIR...`` installs the wheels of each DIR into a private directory first, without their
 dependencies: ``.whl/workflow`` holds Snakemake and its dependencies, jsonschema, and modsent's
@@ -37,8 +40,10 @@ import datetime
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -48,22 +53,39 @@ REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
 # GPU-resource rules prepared on the CPU, with the reason
 PREPARED_ON_CPU = {"dueam_wmd": "POT's wheel (32 MB) does not fit the GPU machine's transfer limit"}
-# the line each GPU job writes (modsent.training.precision.grad_scaler; the evaluation's script)
+# the line each GPU job writes (modsent.training.precision.grad_scaler; the encoding jobs')
 DEVICE_LINE = re.compile(r"INFO \S+: (?:training|encoding) on (\S+)")
 
 
-def gpu_rules(workdir: Path) -> list[str]:
+def snakemake_command(workdir: Path, cores: int, *args: str) -> list[str]:
+    """Snakemake on modsent's Snakefile in ``workdir``, with ``workdir/workflow.yaml``."""
+    return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
+            str(workdir), "--configfile", str(workdir / "workflow.yaml"), "--cores", str(cores), *args]
+
+
+def environment(extra_path: Path | None = None) -> dict:
+    """The jobs' environment: tests/ (the toy method's module), the repository and ``extra_path``
+    (the installed wheels) before what PYTHONPATH held."""
+    paths = [str(TESTS), str(REPO)] + ([str(extra_path)] if extra_path else [])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
+def gpu_rules(workdir: Path, env: dict | None = None, *, prepared_too: bool = False) -> list[str]:
     """The rules of the workflow configured in ``workdir`` whose resources name a ``gpu_``
-    class (rules/**/*.smk), less those prepared on the CPU."""
+    class (rules/**/*.smk), less those prepared on the CPU (with them: ``prepared_too``)."""
     rules = set()
     for path in sorted((REPO / "rules").rglob("*.smk")):
         for block in re.split(r"^(?=\s*(?:rule|checkpoint) \w+:)", path.read_text(), flags=re.M):
             head = re.match(r"\s*(?:rule|checkpoint) (\w+):", block)
             if head and re.search(r"job_resources\(\"gpu_", block):
                 rules.add(head.group(1))
-    listed = subprocess.run(snakemake_command(workdir, 1, "--list-rules"), env=environment(), capture_output=True,
-                            text=True, check=True).stdout.split()
-    return sorted((rules & set(listed)) - set(PREPARED_ON_CPU))
+    listed = subprocess.run(snakemake_command(workdir, 1, "--list-rules"), env=env or environment(),
+                            capture_output=True, text=True)
+    if listed.returncode:
+        raise SystemExit(f"snakemake --list-rules failed:\n{listed.stderr[-3000:]}")
+    rules &= set(listed.stdout.split())
+    return sorted(rules if prepared_too else rules - set(PREPARED_ON_CPU))
 
 
 def workflow_config() -> dict:
@@ -77,30 +99,26 @@ def workflow_config() -> dict:
     return config
 
 
-def snakemake_command(workdir: Path, cores: int, *args: str) -> list[str]:
-    return [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-            str(workdir), "--configfile", str(workdir / "workflow.yaml"), "--cores", str(cores), *args]
-
-
-def environment(extra_path: Path | None = None) -> dict:
-    paths = [str(TESTS), str(REPO)] + ([str(extra_path)] if extra_path else [])
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-            "TOKENIZERS_PARALLELISM": "false"}
-
-
 def prepare(workdir: Path, cores: int) -> None:
+    """Write the configuration and run every job upstream of the GPU rules in ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "workflow.yaml").write_text(yaml.safe_dump(workflow_config(), sort_keys=False))
     start = time.perf_counter()
-    subprocess.run(snakemake_command(workdir, cores, "--omit-from", *gpu_rules(workdir)), env=environment(), check=True)
+    rules = gpu_rules(workdir)
+    subprocess.run(snakemake_command(workdir, cores, "--omit-from", *rules), env=environment(), check=True)
     size = sum(path.stat().st_size for path in workdir.rglob("*") if path.is_file())
     print(f"prepared {workdir} in {time.perf_counter() - start:.0f} s: {size / 2**20:.1f} MiB; "
-          f"left for the GPU: {', '.join(gpu_rules(workdir))}")
+          f"left for the GPU: {', '.join(rules)}")
 
 
 def install(wheels: list[Path]) -> Path:
-    target = Path("/tmp/site-gpu-workflow")
+    """The wheels of the folders ``wheels`` installed, without dependencies, into a private
+    directory (returned), for the jobs' PYTHONPATH."""
     files = [str(path) for folder in wheels for path in sorted(folder.glob("*.whl"))]
+    if not files:
+        raise SystemExit(f"no wheels in {', '.join(map(str, wheels))} (benchmarks/gpu_workflow_wheels.txt says "
+                         "how to download them)")
+    target = Path("/tmp/site-gpu-workflow")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                     "--no-cache-dir", "--upgrade", "--target", str(target), *files], check=True)
     return target
@@ -133,7 +151,7 @@ def jobs_of_run(workdir: Path, log_file: Path | None = None) -> list[dict]:
 
 def device_of(workdir: Path, job: dict) -> str | None:
     """The device a job's log names (modsent.training.precision.grad_scaler's line, the
-    encoding scripts'), or None."""
+    encoding jobs'), or None."""
     path = workdir / job["log"] if job["log"] else None
     if path is None or not path.exists():
         return None
@@ -141,7 +159,44 @@ def device_of(workdir: Path, job: dict) -> str | None:
     return found[-1] if found else None
 
 
-def run(prepared: Path, cores: int, wheels: list[Path], scratch: Path) -> int:
+def run_snakemake(command: list[str], env: dict, output: Path, time_limit: float | None) -> tuple[int, bool]:
+    """Run ``command`` with its output in ``output``, echoing every tenth job's progress line and
+    the errors; stop it (its whole process group) after ``time_limit`` seconds. (exit status,
+    stopped at the limit)."""
+    stopped = threading.Event()
+    with open(output, "w") as out:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+
+        def stop():
+            stopped.set()
+            print(f"time limit of {time_limit:.0f} s: stopping Snakemake", flush=True)
+            for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                    proc.wait(wait)
+                    return
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    continue
+
+        timer = threading.Timer(time_limit, stop) if time_limit else None
+        if timer:
+            timer.start()
+        for line in proc.stdout:
+            out.write(line)
+            progress = re.match(r"(\d+) of (\d+) steps", line)
+            if (progress and (int(progress.group(1)) % 10 == 0 or progress.group(1) == progress.group(2))
+                    or re.match(r"Error in rule|Exiting because", line)):
+                print(f"{time.strftime('%H:%M:%S')} {line.rstrip()}", flush=True)
+        code = proc.wait()
+        if timer:
+            timer.cancel()
+    return code, stopped.is_set()
+
+
+def run(prepared: Path, cores: int, wheels: list[Path], scratch: Path, time_limit: float | None) -> int:
+    """Run the GPU part of the prepared workflow in a copy of it, check and report it; 0 when it
+    passed."""
     import torch
 
     env = environment(install(wheels) if wheels else None)
@@ -158,16 +213,27 @@ def run(prepared: Path, cores: int, wheels: list[Path], scratch: Path) -> int:
     print(f"CUDA: {torch.cuda.get_device_name(0) if on_gpu else 'none (the jobs run on the CPU)'}", flush=True)
     shutil.rmtree(scratch, ignore_errors=True)  # the prepared directory stays as it was: a run can be repeated
     shutil.copytree(prepared, scratch, symlinks=True)
-    rules = gpu_rules(scratch)
-    triggers = ["--rerun-triggers", "code", "input", "params", "software-env"]
+    rules = gpu_rules(scratch, env)
+    # the prepared outputs up to date in the copy, whatever order of times the copy gave them
+    omit = ["--omit-from", *rules]
+    touched = subprocess.run(snakemake_command(scratch, cores, "--touch", *omit), env=env, capture_output=True,
+                             text=True)
+    left = subprocess.run(snakemake_command(scratch, cores, "-n", *omit), env=env, capture_output=True, text=True)
+    if touched.returncode or "Nothing to be done" not in left.stdout + left.stderr:
+        print("the prepared jobs would run again here (prepare again?):\n"
+              + (touched.stdout + touched.stderr + left.stdout + left.stderr)[-3000:])
+        return 1
+    logs_before = set((scratch / ".snakemake" / "log").glob("*.snakemake.log"))
     start = time.perf_counter()
-    with open(scratch / "snakemake.out", "w") as log:
-        proc = subprocess.run(snakemake_command(scratch, cores, "--scheduler", "greedy", "--keep-going", *triggers),
-                              env=env, stdout=log, stderr=subprocess.STDOUT)
+    code, stopped = run_snakemake(snakemake_command(scratch, cores, "--scheduler", "greedy", "--keep-going"), env,
+                                  scratch / "snakemake.out", time_limit)
     wall = time.perf_counter() - start
-    jobs = jobs_of_run(scratch)
-    print(f"snakemake: exit {proc.returncode} after {wall:.0f} s, {len(jobs)} jobs, {cores} cores (in {scratch})")
-    if proc.returncode:
+    new_logs = sorted(set((scratch / ".snakemake" / "log").glob("*.snakemake.log")) - logs_before)
+    jobs = jobs_of_run(scratch, new_logs[-1]) if new_logs else []
+    print(f"snakemake: exit {code}{' (stopped at the time limit)' if stopped else ''} after {wall:.0f} s, "
+          f"{len(jobs)} jobs started, {sum(job['seconds'] is not None for job in jobs)} finished, {cores} cores "
+          f"(in {scratch})")
+    if code:
         print("\n".join((scratch / "snakemake.out").read_text(errors="replace").splitlines()[-40:]))
     by_rule = collections.defaultdict(list)
     for job in jobs:
@@ -185,7 +251,10 @@ def run(prepared: Path, cores: int, wheels: list[Path], scratch: Path) -> int:
         path = scratch / job["log"] if job["log"] else None
         tail = path.read_text(errors="replace").splitlines()[-30:] if path and path.exists() else ["(no log)"]
         print(f"== FAILED {job['rule']}: {job['log']}\n" + "\n".join(tail))
-    again = subprocess.run(snakemake_command(scratch, cores, "-n", *triggers), env=env, capture_output=True, text=True)
+    missing = sorted(set(rules) - set(by_rule))
+    if missing:
+        print("GPU rules with no job in the run: " + ", ".join(missing))
+    again = subprocess.run(snakemake_command(scratch, cores, "-n"), env=env, capture_output=True, text=True)
     settled = "Nothing to be done" in again.stdout + again.stderr
     print(f"snakemake -n afterwards: {'nothing to do' if settled else 'jobs planned'}")
     if not settled:
@@ -195,7 +264,8 @@ def run(prepared: Path, cores: int, wheels: list[Path], scratch: Path) -> int:
         print(f"== {summary.relative_to(scratch)}\n{summary.read_text()}")
     if on_gpu and off_gpu:
         print(f"GPU-rule jobs whose logs name no CUDA device ({len(off_gpu)}): " + ", ".join(map(str, off_gpu)))
-    ok = proc.returncode == 0 and not failed and settled and bool(summaries) and not (on_gpu and off_gpu)
+    ok = (code == 0 and jobs and not failed and not missing and settled and summaries
+          and not (on_gpu and off_gpu))
     print("GPU workflow:", "passed" if ok else "FAILED")
     return 0 if ok else 1
 
@@ -209,11 +279,13 @@ def main(argv=None) -> int:
                         help="run: folders of wheels to install first (without their dependencies)")
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/gpu-workflow-run"),
                         help="run: where the prepared directory is copied and run")
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="run: seconds after which Snakemake is stopped and what ran is reported")
     args = parser.parse_args(argv)
     if args.step == "prepare":
         prepare(args.workdir.resolve(), args.cores or 2)
         return 0
-    return run(args.workdir.resolve(), args.cores or 16, args.wheels, args.scratch.resolve())
+    return run(args.workdir.resolve(), args.cores or 16, args.wheels, args.scratch.resolve(), args.time_limit)
 
 
 if __name__ == "__main__":

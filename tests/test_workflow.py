@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO, reversed_keys, snakemake_exe
+from conftest import REPO, load_benchmark, reversed_keys, snakemake_exe
 
 pytestmark = pytest.mark.workflow
 CONFIG = REPO / "configs" / "test.yaml"
@@ -102,23 +102,23 @@ def test_all_outputs_exist_and_reload(run):
 
 def test_every_training_and_encoding_job_logs_its_device(run):
     """Each job of a GPU rule (a ``gpu_`` resource class: the training stages, baselines, methods
-    and encoding) says in its log where it ran: on this machine the CPU. benchmarks/gpu_workflow.py
-    reads the same lines, from the jobs Snakemake's log lists, to check a run on a GPU."""
-    import sys
+    and encoding) says in its log where it ran: here the CPU, or the GPU of a machine with CUDA.
+    benchmarks/gpu_workflow.py reads the same lines, from the jobs Snakemake's log lists, to
+    check a run on a GPU."""
+    import torch
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import gpu_workflow
-
+    gpu_workflow = load_benchmark("gpu_workflow")
     first = sorted((run / ".snakemake" / "log").glob("*.snakemake.log"))[0]  # the whole DAG's run
     jobs = gpu_workflow.jobs_of_run(run, first)
-    gpu_rules = set(gpu_workflow.gpu_rules(run))
+    gpu_rules = set(gpu_workflow.gpu_rules(run, prepared_too=True))
     assert {"language_adapter", "sentence_adapter", "alignment_adapter", "full_baseline", "train_method",
-            "evaluation_embeddings", "english_embeddings"} <= gpu_rules
+            "evaluation_embeddings", "english_embeddings", "dueam_wmd"} <= gpu_rules
     assert not any(job["failed"] for job in jobs) and all(job["seconds"] is not None for job in jobs)
     on_gpu_rules = [job for job in jobs if job["rule"] in gpu_rules]
     assert {job["rule"] for job in on_gpu_rules} == gpu_rules
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
     assert {job["log"]: gpu_workflow.device_of(run, job) for job in on_gpu_rules} == {
-        job["log"]: "cpu" for job in on_gpu_rules}
+        job["log"]: device for job in on_gpu_rules}
 
 
 def test_language_adapters_reload_and_are_summarised(run):
