@@ -16,7 +16,7 @@ from modsent.training.precision import describe_device
 
 log = start_job(snakemake)
 torch.set_num_threads(snakemake.threads)
-log.info("encoding on %s", describe_device("cuda" if torch.cuda.is_available() else "cpu"))  # the systems' default
+log.info("encoding on %s", describe_device(variants.default_device()))  # where the systems are built
 methods.load(snakemake.config["method_modules"])  # the training methods' systems
 lang = snakemake.wildcards.lang
 encoders = variants.build_language_encoders(
