@@ -241,11 +241,10 @@ def run(prepared: Path, cores: int, wheels: list[Path], scratch: Path, time_limi
     print(f"{'rule':32s} {'jobs':>4s} {'job-s':>6s}  devices the GPU rules' logs name")
     off_gpu = []
     for name, group in sorted(by_rule.items(), key=lambda item: -sum(j["seconds"] or 0 for j in item[1])):
-        devices = collections.Counter(device_of(scratch, job) or "none" for job in group)
-        if name in rules:
-            off_gpu += [job["log"] for job in group if not (device_of(scratch, job) or "").startswith("cuda")]
+        named = [device_of(scratch, job) or "none" for job in group] if name in rules else []
+        off_gpu += [job["log"] for job, device in zip(group, named) if not device.startswith("cuda")]
         print(f"{name:32s} {len(group):4d} {sum(j['seconds'] or 0 for j in group):6.0f}  "
-              + (", ".join(f"{d} x{n}" for d, n in devices.items()) if name in rules else ""))
+              + ", ".join(f"{d} x{n}" for d, n in collections.Counter(named).items()))
     failed = [job for job in jobs if job["failed"]]
     for job in failed:
         path = scratch / job["log"] if job["log"] else None

@@ -15,6 +15,7 @@ from conftest import REPO, load_benchmark, reversed_keys, snakemake_exe
 
 pytestmark = pytest.mark.workflow
 CONFIG = REPO / "configs" / "test.yaml"
+GPU_WORKFLOW = load_benchmark("gpu_workflow")  # its reading of Snakemake's log and the jobs' device lines
 TESTS = Path(__file__).resolve().parent
 TATOEBA_FILES = TESTS / "fixtures" / "eval" / "mteb-tatoeba-bitext-mining"
 # The whole-DAG run also trains a method registered by a test module (tests/toy_method.py): a
@@ -107,17 +108,15 @@ def test_every_training_and_encoding_job_logs_its_device(run):
     check a run on a GPU."""
     import torch
 
-    gpu_workflow = load_benchmark("gpu_workflow")
-    first = sorted((run / ".snakemake" / "log").glob("*.snakemake.log"))[0]  # the whole DAG's run
-    jobs = gpu_workflow.jobs_of_run(run, first)
-    gpu_rules = set(gpu_workflow.gpu_rules(run, prepared_too=True))
+    jobs = _first_run_jobs(run)
+    gpu_rules = set(GPU_WORKFLOW.gpu_rules(run, prepared_too=True))
     assert {"language_adapter", "sentence_adapter", "alignment_adapter", "full_baseline", "train_method",
             "evaluation_embeddings", "english_embeddings", "dueam_wmd"} <= gpu_rules
     assert not any(job["failed"] for job in jobs) and all(job["seconds"] is not None for job in jobs)
     on_gpu_rules = [job for job in jobs if job["rule"] in gpu_rules]
     assert {job["rule"] for job in on_gpu_rules} == gpu_rules
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    assert {job["log"]: gpu_workflow.device_of(run, job) for job in on_gpu_rules} == {
+    assert {job["log"]: GPU_WORKFLOW.device_of(run, job) for job in on_gpu_rules} == {
         job["log"]: device for job in on_gpu_rules}
 
 
@@ -477,14 +476,19 @@ TRAINING_RULES = {"tokenizer", "language_adapter", "sentence_adapter", "alignmen
                   "ablation_sentence_adapter", "ablation_alignment_adapter", "train_method"}
 
 
-def _started(log: Path) -> list[str]:
-    """The rules of a Snakemake log's jobs, in the order they started."""
-    return re.findall(r"^(?:local)?rule (\w+):$", log.read_text(), flags=re.M)
+def _first_run_jobs(workdir: Path) -> list[dict]:
+    """The jobs of the first Snakemake run in ``workdir`` (the whole DAG's; later tests run more),
+    in the order they started, as benchmarks/gpu_workflow.py reads them from its log."""
+    return GPU_WORKFLOW.jobs_of_run(workdir, sorted((workdir / ".snakemake" / "log").glob("*.snakemake.log"))[0])
+
+
+def _started(workdir: Path) -> list[str]:
+    """The rules of the first run's jobs, in the order they started."""
+    return [job["rule"] for job in _first_run_jobs(workdir)]
 
 
 def test_every_input_is_read_before_any_training_starts(run):
-    first = sorted((run / ".snakemake" / "log").glob("*.snakemake.log"))[0]  # the whole run's
-    started = _started(first)
+    started = _started(run)
     assert INPUT_RULES <= set(started) and TRAINING_RULES <= set(started)
     first_training = min(i for i, rule in enumerate(started) if rule in TRAINING_RULES)
     assert all(i < first_training for i, rule in enumerate(started) if rule in INPUT_RULES)
@@ -513,7 +517,7 @@ def test_a_bad_local_evaluation_file_stops_the_run_before_any_training(tmp_path)
     assert proc.returncode != 0
     logs = "".join(p.read_text() for p in (work / "logs" / "eval" / "tatoeba").glob("*.log"))
     assert "deu-eng.jsonl.gz" in logs and "sentence2" in logs
-    started = _started(next((work / ".snakemake" / "log").glob("*.snakemake.log")))
+    started = _started(work)
     assert "evaluation_subset" in started and not set(started) & TRAINING_RULES
     assert not (work / "results").exists()
 
