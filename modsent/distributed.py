@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from modsent.training.precision import default_device
+
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 # How long a process waits for the others at a collective. The main process evaluates and
@@ -61,7 +63,7 @@ def setup(device_kind: str | None = None) -> tuple[int, int, torch.device]:
     ``device_kind``: "cuda", "cpu", or None for CUDA when available. Under torchrun on CUDA each
     process takes the GPU of its LOCAL_RANK and the group talks over NCCL; on the CPU over gloo.
     Not launched: (0, 1, the device) and no process group."""
-    kind = device_kind or ("cuda" if torch.cuda.is_available() else "cpu")
+    kind = default_device(device_kind)
     if not is_launched():
         return 0, 1, torch.device(kind)
     local_rank = int(os.environ["LOCAL_RANK"])

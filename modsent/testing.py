@@ -102,6 +102,8 @@ def _make_random(kind: str, out_dir, texts, *, vocab_size, model_vocab_size, d_m
     import torch
     from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration
 
+    from modsent.training.seeding import private_cpu_stream
+
     if d_model % heads:
         raise InputError(f"d_model={d_model} must be a multiple of heads={heads}")
     with atomic_path(out_dir, directory=True) as tmp:
@@ -119,8 +121,7 @@ def _make_random(kind: str, out_dir, texts, *, vocab_size, model_vocab_size, d_m
             tokenizer_class="NllbTokenizer" if kind == "nllb" else "M2M100Tokenizer",
             architectures=["M2M100ForConditionalGeneration"],
         )
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with private_cpu_stream(seed):
             model = M2M100ForConditionalGeneration(config).to(getattr(torch, dtype)).eval()
         model.generation_config = GenerationConfig(bos_token_id=0, pad_token_id=1, eos_token_id=2,
                                                    decoder_start_token_id=2, max_length=200)

@@ -149,6 +149,28 @@ def test_step_seeds_are_pure_functions_of_the_step():
     assert torch.equal(a, torch.rand(3, generator=seeding.step_generator(5, 2)))
 
 
+def test_fresh_weights_draw_from_a_private_cpu_stream(monkeypatch):
+    """The recipes' fresh weights (built on the CPU) come from their seed, wherever the run
+    trains: the caller's CPU stream goes on as if nothing was drawn, and no GPU generator is
+    reseeded (``torch.manual_seed`` would reseed every GPU's and leave it so)."""
+    reseeded = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", reseeded.append)
+    monkeypatch.setattr(torch.cuda, "manual_seed", reseeded.append)
+    cpu = torch.random.default_generator
+    cpu.manual_seed(11)
+    expected_after = torch.rand(4)
+    cpu.manual_seed(11)
+    with seeding.private_cpu_stream(3):
+        first = torch.nn.Linear(4, 2).weight.detach().clone()
+    assert torch.equal(torch.rand(4), expected_after)  # the caller's stream, untouched
+    with seeding.private_cpu_stream(3):
+        assert torch.equal(torch.nn.Linear(4, 2).weight, first)  # the seed's weights, again
+    with seeding.private_cpu_stream():  # no seed: private draws from where the stream was
+        unseeded = torch.rand(4)
+    assert torch.equal(unseeded, torch.rand(4))
+    assert reseeded == []
+
+
 def test_batches_can_keep_the_rows_of_one_group_apart():
     """Multi-parallel rows (one pair_id in three languages) with group_column="pair_id": no batch
     holds two rows of one pair (they would be each other's false negatives); every row is used

@@ -49,6 +49,14 @@ def test_the_first_scaler_of_a_process_logs_where_and_how_it_trains(monkeypatch,
     assert precision.describe_device(torch.device("cuda", 1)) == "cuda:1 (GPU number 1)"
 
 
+def test_work_goes_to_the_gpu_unless_a_device_is_given(monkeypatch):
+    for available, default in ((False, "cpu"), (True, "cuda")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda v=available: v)
+        assert precision.default_device() == precision.default_device(None) == default
+        assert precision.default_device("cpu") == "cpu"
+        assert precision.default_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
+
+
 def test_t5_bodies_stay_out_of_fp16_under_auto(monkeypatch, caplog):
     """mT5 overflows in fp16: where auto would run fp16 (a GPU without bf16), m-ST5 trains in
     fp32; elsewhere, and for other bodies, the precision is the config's."""

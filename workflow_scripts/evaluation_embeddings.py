@@ -12,11 +12,11 @@ from modsent.evaluation import suite as evaluation
 from modsent.encoders import systems as variants
 from modsent.config import runtime_settings
 from modsent.logs import start_job
-from modsent.training.precision import describe_device
+from modsent.training.precision import default_device, describe_device
 
 log = start_job(snakemake)
 torch.set_num_threads(snakemake.threads)
-log.info("encoding on %s", describe_device(variants.default_device()))  # where the systems are built
+log.info("encoding on %s", describe_device(default_device()))  # where the systems are built
 methods.load(snakemake.config["method_modules"])  # the training methods' systems
 lang = snakemake.wildcards.lang
 encoders = variants.build_language_encoders(

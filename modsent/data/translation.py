@@ -289,9 +289,9 @@ def _default_device(engine: str) -> str:
         import ctranslate2
 
         return "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
-    import torch
+    from modsent.training.precision import default_device
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return default_device()
 
 
 class Translator:

@@ -51,6 +51,8 @@ from modsent.modular import parallel_adapter as pa
 from modsent.modular import sentence_adapter as sa
 from modsent.io import InputError, atomic_path, read_json, read_safetensors, record_added_tokens
 from modsent.losses import mlm_parts
+from modsent.training.precision import default_device
+from modsent.training.seeding import private_cpu_stream
 
 log = logging.getLogger(__name__)
 
@@ -328,7 +330,7 @@ class ModularEncoder:
         import transformers
 
         self.base_model_dir = Path(base_model_dir)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(default_device(device))
         self.head, self.base_max_seq_length = sa._sentence_head(self.base_model_dir)
         self._base_tokenizer = None
         transformers.logging.set_verbosity_error()
@@ -437,7 +439,7 @@ class ModularEncoder:
         adapters, adapter_dir = None, None
         if alignment is not None:
             adapter_dir = al.adapter_path(alignment)
-            with torch.random.fork_rng(devices=[]):  # inserting draws a (discarded) random init
+            with private_cpu_stream():  # inserting draws a (discarded) random init
                 pa.load_parallel_adapters(self.body, adapter_dir)  # checks the base identity
             adapters = pa.parallel_adapters(self.body)
             pa.remove_parallel_adapters(self.body)

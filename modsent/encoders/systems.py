@@ -278,7 +278,7 @@ class SentenceTransformerEncoder:
     def __init__(self, model_dir: str | Path, device: str | None = None, language: str | None = None):
         self.model_dir = Path(model_dir)
         self.language = language
-        self.model = load_sentence_transformer(self.model_dir, device or default_device())
+        self.model = load_sentence_transformer(self.model_dir, device)
         from modsent.training.precision import for_model
 
         # bf16 autocast where ``auto`` runs it; fp32 for a T5 body on a GPU without bf16 (fp16 overflows it)
@@ -385,12 +385,15 @@ def load_sentence_transformer(model_dir: str | Path, device: str | None = None):
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import import_from_string
 
+    from modsent.training.precision import default_device
+
+    device = default_device(device)
     model_dir = Path(model_dir)
     modules_json = model_dir / "modules.json"
     entries = json.loads(modules_json.read_text(encoding="utf-8")) if modules_json.is_file() else []
     custom = [e["type"] for e in entries if not e["type"].startswith("sentence_transformers.")]
     if not custom:  # weights stored in half precision (baselines.storage_dtype) compute in float32
-        return SentenceTransformer(str(model_dir), device=device or default_device(),
+        return SentenceTransformer(str(model_dir), device=device,
                                    model_kwargs={"dtype": torch.float32})
     unknown = sorted(set(custom) - set(MODSENT_MODULE_CLASSES))
     if unknown:
@@ -403,14 +406,7 @@ def load_sentence_transformer(model_dir: str | Path, device: str | None = None):
             raise InputError(f"{modules_json}: module path {entry.get('path')!r} leaves the model directory")
         module_class = import_from_string(entry["type"])
         modules.append(module_class.load(str(model_dir), subfolder=entry.get("path", ""), local_files_only=True))
-    return SentenceTransformer(modules=modules, device=device or default_device(), similarity_fn_name="cosine")
-
-
-def default_device() -> str:
-    """Where a system is built without a device: the GPU when there is one (as ModularEncoder)."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return SentenceTransformer(modules=modules, device=device, similarity_fn_name="cosine")
 
 
 def build_encoder(name: str, results_dir: str | Path, base_model_dir: str | Path, languages: Sequence[str],

@@ -77,7 +77,7 @@ from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import no_duplicate_batches, read_pairs, split_heldout, steps_of_epochs
-from modsent.training.precision import autocast, grad_scaler
+from modsent.training.precision import autocast, default_device, grad_scaler
 from modsent.training.seeding import dropout_seed
 
 log = logging.getLogger(__name__)
@@ -401,7 +401,7 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
         recipe = variants.FULL_BASELINES.get(name)
     if recipe is None:
         raise InputError(f"unknown full baseline {name!r}; baselines: {', '.join(variants.FULL_BASELINES)}")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(device)
     compile_key = f"{'baselines' if name in variants.FULL_BASELINES else f'methods.{name}'}.compile"
     if cfg.compile:  # before any work: a missing compiler is an input error
         fastpath.check_compilable(device, compile_key)

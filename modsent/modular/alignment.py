@@ -72,8 +72,8 @@ from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, pinned, set_learning_rate, to_device
 from modsent.training import schedules
 from modsent.training.pairs import PAIR_TEXT_COLUMNS, batches_of_steps, no_duplicate_batches, split_heldout
-from modsent.training.precision import autocast, describe_device, grad_scaler
-from modsent.training.seeding import dropout_seed
+from modsent.training.precision import autocast, default_device, describe_device, grad_scaler
+from modsent.training.seeding import dropout_seed, private_cpu_stream
 
 log = logging.getLogger(__name__)
 
@@ -346,8 +346,7 @@ def build_alignment_model(base_model_dir, la_dir, se_dir, cfg: AlignmentConfig, 
     encoder = sa.load_sentence_encoder(base_model_dir, la_dir, se_dir, device=device,
                                        max_seq_length=cfg.seq_len)
     model = encoder.model
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)  # the down-projections' initialisation
+    with private_cpu_stream(cfg.seed):  # the down-projections' initialisation
         pa.add_parallel_adapters(model.encoder, cfg.adapter)
     pa.freeze_all_but_adapters(model)
     return model
@@ -444,7 +443,7 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
     out_dir = Path(out_dir)
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else checkpoints.checkpoint_path(out_dir)
     language = language or out_dir.name
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(device)
     if cfg.compile:  # before any work: a missing compiler is an input error
         fastpath.check_compilable(device, "alignment.compile")
 

@@ -53,7 +53,7 @@ from modsent.training import fastpath, schedules, tracking
 from modsent.training.checkpoints import RUNTIME_SETTINGS, load_checkpoint, save_checkpoint
 from modsent.training.loop import LossScaleWatch, optimizer_step, report_step, to_device
 from modsent.training.optim import adamw, fused_options
-from modsent.training.precision import autocast, grad_scaler, resolve as resolve_precision
+from modsent.training.precision import autocast, default_device, grad_scaler, resolve as resolve_precision
 from modsent.training.seeding import dropout_seed, step_generator
 from modsent.training.tracking import Tracker
 from modsent.evaluation.plots import write_before_after_bars, write_loss_curve
@@ -424,7 +424,7 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
 
     out_dir = Path(out_dir)
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else out_dir.with_name(out_dir.name + ".checkpoint")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(device)
     rank, world = distributed.rank(), distributed.world_size()
     main = rank == 0
     torch.manual_seed(cfg.seed)

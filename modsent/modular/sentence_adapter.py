@@ -64,7 +64,7 @@ from modsent.training.optim import adamw
 from modsent.training.loop import (LengthChunks, TrainingLog, ahead, checkpoint_due, encode_in_batches,
                                    optimizer_step, pinned, set_learning_rate, split_by_length, to_device,
                                    token_counts)
-from modsent.training.precision import autocast, grad_scaler
+from modsent.training.precision import autocast, default_device, grad_scaler
 from modsent.training.seeding import dropout_seed
 from modsent.evaluation.plots import write_before_after_bars, write_loss_curve
 
@@ -340,7 +340,7 @@ def load_sentence_encoder(base_model_dir: str | Path, la_dir: str | Path | None,
         trained = json.loads((se_dir / "metrics.json").read_text(encoding="utf-8"))
         max_seq_length = trained.get("config", {}).get("seq_len")
     model = SentenceEncoderModel(encoder, tokenizer, head, min(max_seq_length or max_len, max_len))
-    model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")).eval()
+    model.to(default_device(device)).eval()
     return SentenceEncoder(model)
 
 
@@ -399,7 +399,7 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
 
     out_dir = Path(out_dir)
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else checkpoints.checkpoint_path(out_dir)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(device)
     torch.manual_seed(cfg.seed)  # LoRA A initialisation
     if cfg.compile:  # before any work: a missing compiler is an input error
         fastpath.check_compilable(device, "sentence_adapter.compile")

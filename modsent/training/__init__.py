@@ -4,9 +4,10 @@
   moments, RNG state, progress as JSON), where they live, and the fingerprint a checkpoint must
   match to be resumed;
 * :mod:`~modsent.training.seeding` — random streams that are pure functions of the step (a
-  resumed run draws what an unbroken one draws);
+  resumed run draws what an unbroken one draws), and the private stream fresh weights are drawn
+  from;
 * :mod:`~modsent.training.schedules` — learning-rate schedules;
-* :mod:`~modsent.training.precision` — autocast on GPUs;
+* :mod:`~modsent.training.precision` — the default device, autocast on GPUs;
 * :mod:`~modsent.training.fastpath` — LoRA and frozen-Linear forwards with fewer kernels under
   autocast, same parameters and results (the LoRA stages call ``speed_up`` on their model).
 

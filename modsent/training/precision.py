@@ -39,6 +39,14 @@ def device_type(device) -> str:
     return str(device).split(":")[0]
 
 
+def default_device(device=None):
+    """``device`` when given; else where a job's work goes by default: the GPU when the process
+    sees one (its current device), the CPU otherwise."""
+    if device:
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def describe_device(device) -> str:
     """``device`` as a job's log names it: ``cuda:0 (NVIDIA H200)`` for a GPU (its index the
     process's own, after ``CUDA_VISIBLE_DEVICES``), ``cpu (2 threads)`` for the CPU; so a log

@@ -240,6 +240,8 @@ def _build(out_dir, *, kind: str, texts, vocab_size: int, hidden: int, layers: i
     import torch
     from transformers import BertConfig, BertForMaskedLM, XLMRobertaConfig, XLMRobertaForMaskedLM
 
+    from modsent.training.seeding import private_cpu_stream
+
     texts = _check_texts(texts)
     if pooling not in ("mean", "cls"):
         raise InputError(f"pooling must be 'mean' or 'cls', not {pooling!r}")
@@ -280,8 +282,7 @@ def _build(out_dir, *, kind: str, texts, vocab_size: int, hidden: int, layers: i
 
     with atomic_path(out_dir, directory=True) as tmp:
         # A private random stream: same seed, same weights, and the caller's RNG is untouched.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with private_cpu_stream(seed):
             mlm = model_class(config)
             generator = torch.Generator().manual_seed(seed + 1)
             _save_mlm_checkpoint(mlm, base_prefix, tmp, generator)

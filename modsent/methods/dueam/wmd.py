@@ -53,7 +53,7 @@ from modsent.methods.dueam.pairs import PairSet, build_pairs, pair_digest, shard
 from modsent.training import checkpoints
 from modsent.training.fastpath import attention_for_varying_shapes
 from modsent.training.loop import encoding_order
-from modsent.training.precision import describe_device
+from modsent.training.precision import default_device, describe_device
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class Anchor:
                  special_tokens: str = "drop", normalize_tokens: bool = True, max_length: int | None = None,
                  device: str | None = None, key: str = "methods.DuEAM"):
         source = str(source)
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = default_device(device)
         body, tokenizer = tf.load_encoder_body(source, revision=revision)
         body.requires_grad_(False)
         self.body, self.tokenizer = body.eval().to(self.device), tokenizer

@@ -76,8 +76,8 @@ from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.optim import adamw
 from modsent.training.pairs import no_duplicate_batches, steps_of_epochs
-from modsent.training.precision import PRECISIONS, autocast, grad_scaler
-from modsent.training.seeding import dropout_seed
+from modsent.training.precision import PRECISIONS, autocast, default_device, grad_scaler
+from modsent.training.seeding import dropout_seed, private_cpu_stream
 
 log = logging.getLogger(__name__)
 
@@ -276,8 +276,7 @@ def build_adapter_model(name: str, source: str, cfg: InteMATsConfig, key: str) -
     _, source_limit = tf.sentence_head(source, body)
     limit = tf.max_sequence_length(tokenizer, body, source_limit)
     body.requires_grad_(False)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
+    with private_cpu_stream(cfg.seed):
         adapters = sad.new_adapter_set(body, cfg.adapter_config())
     stack = sad.SerialAdapterStack({ADAPTER_NAMES[name]: adapters})
     inner = ie.InteMATsBody(body, stack, ie.check_pooling_layers(cfg.pooling_layers, body.config.num_hidden_layers,
@@ -299,8 +298,7 @@ def build_fusion_model(st_dir: str | Path, dt_dir: str | Path, cfg: InteMATsConf
     st, _ = sad.load_serial_adapters(body, st_dir, names=["st"], fusion=False)
     dt, _ = sad.load_serial_adapters(body, dt_dir, names=["dt"], fusion=False)
     adapters = {**st, **dt}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
+    with private_cpu_stream(cfg.seed):
         fusion = sad.new_fusion(body, adapters)
     stack = sad.SerialAdapterStack(adapters, fusion)
     stack.requires_grad_(False)
@@ -479,7 +477,7 @@ def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str
     checkpoints (``checkpoint_dir``; None: none). ``on_step(step)`` runs after every optimizer
     step and checkpoint (the tests stop a run there)."""
     key = f"methods.{name}"
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(device)
     if cfg.compile:  # before any work: a missing compiler is an input error
         fastpath.check_compilable(device, f"{key}.compile")
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from modsent.io import InputError
+from modsent.training.seeding import private_cpu_stream
 
 
 class UnmaskingHead(nn.Module):
@@ -114,8 +115,7 @@ def build_model(source: str, *, revision: str | None, head_layers: int, head_hea
     body without its pooler, every weight trainable, and a fresh head drawn from ``seed``."""
     from modsent.encoders import transformer as tf
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with private_cpu_stream(seed):
         body, tokenizer = tf.load_encoder_body(source, revision=revision)
         pooler = getattr(body, "pooler", None)
         if pooler is not None:

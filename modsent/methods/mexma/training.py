@@ -73,7 +73,7 @@ from modsent.training.optim import fused_options
 from modsent.tokenizing import encoder_attention_mask
 from modsent.training.loop import (TrainingLog, ahead, checkpoint_due, optimizer_step, pinned, set_learning_rate,
                                    to_device)
-from modsent.training.precision import PRECISIONS, autocast, grad_scaler
+from modsent.training.precision import PRECISIONS, autocast, default_device, grad_scaler
 from modsent.training.seeding import dropout_seed, step_generator
 
 log = logging.getLogger(__name__)
@@ -358,7 +358,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
     metrics and logged losses (the main process; the others None). Writes only checkpoints."""
     key = f"methods.{name}"
     source = tf.model_source(cfg.model, inputs.get("base"), key)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(device)
     if cfg.compile:  # before any work: a missing compiler is an input error
         fastpath.check_compilable(device, f"{key}.compile")
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None

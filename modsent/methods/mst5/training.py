@@ -69,8 +69,8 @@ from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.optim import fused_options
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import no_duplicate_batches
-from modsent.training.precision import autocast, for_model as precision_for, grad_scaler
-from modsent.training.seeding import dropout_seed
+from modsent.training.precision import autocast, default_device, for_model as precision_for, grad_scaler
+from modsent.training.seeding import dropout_seed, private_cpu_stream
 
 log = logging.getLogger(__name__)
 
@@ -251,8 +251,7 @@ def build_model(source: str | Path, cfg: MST5Config, key: str = "methods.mST5") 
     if cfg.gradient_checkpointing:
         body.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     targets = lora_targets(body, cfg.targets, f"{key}.targets")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
+    with private_cpu_stream(cfg.seed):
         encoder = get_peft_model(body, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                                                   lora_dropout=cfg.lora_dropout, target_modules=targets,
                                                   bias="none"))
@@ -318,7 +317,7 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
     if missing:
         raise InputError(f"{name}: no paraphrase pairs for {', '.join(missing)}")
     source = tf.model_source(cfg.model, inputs.get("base"), key)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(device)
     if cfg.compile:  # before any work: a missing compiler is an input error
         fastpath.check_compilable(device, f"{key}.compile")
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
