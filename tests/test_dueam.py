@@ -325,7 +325,13 @@ def test_a_tiny_encoder_trains_every_weight_and_reloads_with_sentence_transforme
     metrics = methods.get("DuEAM-weak").train(inputs, tmp_path / "out", SETTINGS, device="cpu", progress=False)
     assert metrics["steps"] == 3 and metrics["objective"] == "joint" and metrics["lambda"] == 0.003
     assert 0 < metrics["padding_fraction"] < 1
-    assert metrics["trainable_parameters"] == metrics["total_parameters"]
+    # every weight trains but the body's pooler, which mean pooling never uses: saved as drawn
+    saved_weights = load_file(str(tmp_path / "out" / "model.safetensors"))
+    pooler = {k: v for k, v in saved_weights.items() if k.startswith("pooler.")}
+    assert pooler and metrics["trainable_parameters"] == metrics["total_parameters"] - sum(
+        v.numel() for v in pooler.values())
+    drawn = dict(dt.build_learner(data["base"], cfg).encoder.named_parameters())
+    assert all(torch.equal(v, drawn[k]) for k, v in pooler.items())
     assert metrics["wmd"]["pairs"] == metrics["train_pairs"] and metrics["anchor_truncated_texts"] == 0
     assert metrics["loss_components"]["columns"] == ["step", "L_A", "L_B"]
     la, lb = metrics["L_A_first"], metrics["L_B_first"]

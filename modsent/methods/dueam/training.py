@@ -2,7 +2,9 @@
 over the pairs of :mod:`modsent.methods.dueam.pairs` and their WMD (:mod:`modsent.methods.dueam.wmd`).
 
 Model. :func:`modsent.encoders.transformer.load_encoder_body` loads the encoder the learner
-starts from (``model``; null: the workflow's base model), every parameter trainable; the
+starts from (``model``; null: the workflow's base model), every parameter trainable but a
+pooler's, which mean pooling never uses (frozen, it is saved as drawn with any process count;
+trainable, averaged gradients of zero would let AdamW decay it on several GPUs only); the
 sentence vector is the mean of the last layer's token states over the real tokens, not
 normalised (the paper's; a base's own Dense or Normalize module is not used). Both texts of a
 pair go through the same encoder, in one forward pass per batch.
@@ -68,8 +70,8 @@ from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.optim import adamw
 from modsent.training.loop import (TrainingLog, ahead, checkpoint_due, optimizer_step, pinned, set_learning_rate,
                                    to_device)
-from modsent.training.precision import autocast, grad_scaler
-from modsent.training.seeding import dropout_seed
+from modsent.training.precision import autocast, default_device, grad_scaler
+from modsent.training.seeding import dropout_seed, private_cpu_stream
 
 log = logging.getLogger(__name__)
 
@@ -82,18 +84,20 @@ RUNTIME_FIELDS = ("wmd_batch_size",)  # how a job runs: not in the checkpoint fi
 
 
 def build_learner(source: str | Path, cfg: DuEAMConfig) -> sa.SentenceEncoderModel:
-    """The encoder of ``source`` with mean pooling (no normalisation), every weight trainable.
-    Weights the checkpoint lacks (a pooler) are drawn from ``cfg.seed``: the same in every run."""
+    """The encoder of ``source`` with mean pooling (no normalisation), every weight trainable but
+    the body's pooler (unused). Weights the checkpoint lacks (a pooler) are drawn from
+    ``cfg.seed``: the same in every run."""
     from sentence_transformers.sentence_transformer.modules import Pooling
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
+    with private_cpu_stream(cfg.seed):
         body, tokenizer = tf.load_encoder_body(source, revision=cfg.revision)
     _, source_limit = tf.sentence_head(source, body)
     limit = tf.max_sequence_length(tokenizer, body, source_limit)
     head = nn.Sequential(Pooling(body.config.hidden_size, "mean"))
     model = sa.SentenceEncoderModel(body, tokenizer, head, min(cfg.seq_len, limit or cfg.seq_len))
     model.requires_grad_(True)
+    if getattr(body, "pooler", None) is not None:
+        body.pooler.requires_grad_(False)
     return model
 
 
@@ -243,7 +247,7 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
     main process returns the result, the others None."""
     key = f"methods.{name}"
     source = tf.model_source(cfg.model, inputs.get("base"), key)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(device)
     if cfg.compile:  # before any work: a missing compiler is an input error
         fastpath.check_compilable(device, f"{key}.compile")
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
