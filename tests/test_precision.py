@@ -225,6 +225,23 @@ def _resume_fused(device: str, tmp_path) -> None:
     assert all(again.state[p]["step"].item() == 2 for p in params)
 
 
+def test_a_weight_frozen_since_the_checkpoint_gets_no_moments(tmp_path):
+    """A checkpoint made while every weight trained, resumed by a run that trains fewer (DuEAM's
+    unused pooler, frozen since): the optimizer gets moments for its own parameters only, so it
+    neither saves stale ones again nor fails to describe its state."""
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(4, 16)).sum().backward()
+    optimizer.step()
+    checkpoints.save_checkpoint(tmp_path / "all", model, optimizer, 1, "fp", {})
+    model[2].requires_grad_(False)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    again = torch.optim.AdamW(trained, lr=1e-2)
+    assert checkpoints.resume(tmp_path / "all", model, again, "fp")["step"] == 1
+    assert set(map(id, again.state)) == set(map(id, trained))
+    assert len(again.state_dict()["state"]) == len(trained)
+
+
 def test_fused_adamw_resumes_with_its_step_counts_on_the_parameters_device(tmp_path):
     _resume_fused("cpu", tmp_path)
 

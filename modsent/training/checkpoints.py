@@ -100,8 +100,11 @@ def load_checkpoint(path: Path, model, optimizer, fingerprint: str, scaler=None)
     # on the parameter's device, in float32, as torch's own Optimizer.load_state_dict puts them
     on_device = {id(p) for group in optimizer.param_groups if group.get("fused") or group.get("capturable")
                  for p in group["params"]}
+    # moments only for what this optimizer trains (a weight trained when the checkpoint was
+    # made and frozen since, as DuEAM's unused pooler, gets none: AdamW would keep saving them)
+    trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
     for name, param in named.items():
-        if f"exp_avg/{name}" in tensors:
+        if f"exp_avg/{name}" in tensors and id(param) in trained:
             step = tensors[f"step/{name}"].reshape(()).clone()
             optimizer.state[param] = {
                 "step": step.to(param.device, torch.float32) if id(param) in on_device else step,
