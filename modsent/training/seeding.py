@@ -2,8 +2,9 @@
 
 A run killed and resumed at step s must draw the batches, masks and dropout an unbroken run
 draws at step s; so every random choice of a step is seeded from (seed, step), not from a
-stream that the steps before it advanced. Fresh weights a stage or method adds (adapters, a
-LoRA, a head) are drawn from the run's seed in a private CPU stream (:func:`private_cpu_stream`).
+stream that the steps before it advanced. The fresh weights the recipes and the CLA add
+(adapters, a LoRA, a head, built on the CPU) are drawn from the run's seed in a private CPU
+stream (:func:`private_cpu_stream`); the LA and SE seed the global streams at their start.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ zero), dropout seeded from (seed, step), the loss under autocast on GPUs (bf16, 
 loss scaler: :mod:`modsent.training.precision`), backward, gradient clipping, AdamW (weight
 decay on matrices only). Batches are a seeded permutation of the pairs per epoch (no
 negatives: a batch's composition does not change a pair's terms), a pure function of (seed,
-epoch). Every ``checkpoint_every`` steps every weight, the AdamW moments,
+epoch). Every ``checkpoint_every`` steps every trained weight, the AdamW moments,
 the RNG state and the progress go to ``{out}.checkpoint/`` (:mod:`modsent.training.checkpoints`);
 a rerun with the same settings and inputs resumes there and ends, on the CPU, with exactly the
 weights of an unbroken run.
@@ -270,7 +270,7 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
         log.warning("%s: %d training texts are longer than the learner's %d tokens and are truncated", name,
                     learner_truncated, model.max_seq_length)
     log.info("%s: %d %s pairs (%s) of %d groups, %d held-out pair ids; %d steps (%d per epoch); %s, every "
-             "weight trained (%d); loss %s, lambda %g", name, len(rows), cfg.data,
+             "weight that makes the vector trained (%d); loss %s, lambda %g", name, len(rows), cfg.data,
              ", ".join(f"{k} {v}" for k, v in pairs.stats["pairs_by_kind"].items()), pairs.stats["groups"],
              pairs.stats["heldout_pair_ids"], total_steps, steps_per_epoch, source, n_trainable, cfg.objective,
              cfg.lambda_)
