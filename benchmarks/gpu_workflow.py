@@ -53,6 +53,10 @@ REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
 # GPU-resource rules prepared on the CPU, with the reason
 PREPARED_ON_CPU = {"dueam_wmd": "POT's wheel (32 MB) does not fit the GPU machine's transfer limit"}
+# what the GPU part's jobs import besides the carried wheels, expected of the image: a missing one
+# is named before the run (its jobs will fail), so that the next lease knows what to carry
+IMAGE_MODULES = ("numpy", "pandas", "pyarrow", "safetensors", "scipy", "sklearn", "matplotlib", "yaml", "tqdm",
+                 "datasets", "pycountry", "babel", "markdown_it")
 # the line each GPU job writes (modsent.training.precision.grad_scaler; the encoding jobs')
 DEVICE_LINE = re.compile(r"INFO \S+: (?:training|encoding) on (\S+)")
 
@@ -209,6 +213,16 @@ def run(prepared: Path, cores: int, wheels: list[Path], scratch: Path, time_limi
     print(versions.stdout.strip() or versions.stderr.strip()[-3000:], flush=True)
     if versions.returncode:
         return 1
+    probe = subprocess.run(
+        [sys.executable, "-c", "import importlib.util, sys; "
+         "print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))", *IMAGE_MODULES],
+        env=env, capture_output=True, text=True)
+    if probe.returncode:
+        print(f"the module probe failed: {probe.stderr.strip()[-2000:]}", flush=True)
+        return 1
+    absent = probe.stdout.split()
+    print(f"missing here: {', '.join(absent)} (the jobs importing them will fail)" if absent else
+          f"present: {', '.join(IMAGE_MODULES)}", flush=True)
     on_gpu = torch.cuda.is_available()
     print(f"CUDA: {torch.cuda.get_device_name(0) if on_gpu else 'none (the jobs run on the CPU)'}", flush=True)
     shutil.rmtree(scratch, ignore_errors=True)  # the prepared directory stays as it was: a run can be repeated
