@@ -7,7 +7,10 @@ with the attempt). Instead, rules/resources.smk asks sinfo once for the nodes an
 - stops the run, before any job is submitted, when a job's first attempt needs more than any
   node offers, with an error that names the rule's resource kind and the config key to change
   (``resources: {KIND: {mem_mb: ...}}``);
-- caps a retry's grown memory at the largest node that can run the job.
+- caps a retry's grown memory at the largest node that can run the job;
+- caps a job's runtime (the first attempt's, and a retry's grown one) at the longest time limit
+  of a partition with a node that can run it: longer, the job would wait in the queue forever
+  (or be rejected); shorter, a training job that times out resumes from its checkpoint.
 
 The nodes considered are every node of the cluster (a job's partition comes from the profile,
 which the resource functions do not see): a request no node can meet is certainly rejected.
@@ -31,6 +34,7 @@ class Node:
     mem_mb: int
     cpus: int
     gpus: int
+    time_limit: int | None = None  # minutes: the longest of its partitions' limits; None: unlimited
 
 
 def gpu_count(gres: str) -> int:
@@ -43,18 +47,42 @@ def gpu_count(gres: str) -> int:
     return total
 
 
+def parse_time_limit(text: str) -> int | None:
+    """Minutes in a sinfo %l field ("2-00:00:00", "12:00:00", "30:00", "90", "1-12"), None for
+    "infinite" or "UNLIMITED"; a field it cannot read is unlimited too (nothing is capped)."""
+    text = text.strip()
+    days, _, clock = text.rpartition("-") if "-" in text else ("0", "", text)
+    try:
+        parts = [int(p) for p in clock.split(":")]
+        days = int(days)
+    except ValueError:
+        return None
+    if "-" in text or len(parts) == 3:  # days-hours[:minutes[:seconds]], hours:minutes:seconds
+        hours, minutes = (parts + [0])[:2]
+    else:  # minutes[:seconds]
+        hours, minutes = 0, parts[0]
+    return days * 24 * 60 + hours * 60 + minutes
+
+
 def parse_sinfo(text: str) -> list[Node]:
-    """Nodes from ``sinfo -h -N -o "%N|%m|%c|%G"`` (one line per node and partition)."""
+    """Nodes from ``sinfo -h -N -o "%N|%m|%c|%G|%l"`` (one line per node and partition; the
+    time limit optional): a node in several partitions gets the longest of their limits."""
     nodes = {}
     for line in text.splitlines():
         fields = line.strip().split("|")
-        if len(fields) != 4:
+        if len(fields) not in (4, 5):
             continue
-        name, mem, cpus, gres = fields
+        name, mem, cpus, gres = fields[:4]
+        limit = parse_time_limit(fields[4]) if len(fields) == 5 else None
         try:
-            nodes[name] = Node(name, int(mem.rstrip("+")), int(cpus.rstrip("+")), gpu_count(gres))
+            node = Node(name, int(mem.rstrip("+")), int(cpus.rstrip("+")), gpu_count(gres), limit)
         except ValueError:
             continue
+        if name in nodes:  # another partition of the same node
+            earlier = nodes[name].time_limit
+            node = Node(name, node.mem_mb, node.cpus, node.gpus,
+                        None if earlier is None or limit is None else max(earlier, limit))
+        nodes[name] = node
     return list(nodes.values())
 
 
@@ -64,7 +92,7 @@ def query_nodes() -> list[Node] | None:
     if sinfo is None:
         return None
     try:
-        proc = subprocess.run([sinfo, "-h", "-N", "-o", "%N|%m|%c|%G"], capture_output=True, text=True,
+        proc = subprocess.run([sinfo, "-h", "-N", "-o", "%N|%m|%c|%G|%l"], capture_output=True, text=True,
                               timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -106,3 +134,13 @@ def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus:
             f"(sinfo); set resources.{kind}.mem_mb{' (per GPU)' if gpus else ''} to at most "
             f"{largest // per} in {key}")
     return min(wanted, largest)
+
+
+def fit_runtime(nodes: list[Node], *, runtime: int, cpus: int, gpus: int) -> int:
+    """The runtime (minutes) to request: ``runtime``, capped at the longest time limit of a
+    partition that has a node with ``cpus`` CPUs and ``gpus`` GPUs (no such node: ``runtime``,
+    :func:`fit_memory` names the problem)."""
+    fitting = [node for node in nodes if node.gpus >= gpus and node.cpus >= cpus]
+    if not fitting or any(node.time_limit is None for node in fitting):
+        return runtime
+    return min(runtime, max(node.time_limit for node in fitting))

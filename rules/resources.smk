@@ -7,7 +7,8 @@
 #         **job_resources("gpu_train"),
 #
 # The keys are those of Snakemake and its SLURM executor plugin: `gpu` (sbatch --gpus=N, or
-# --gpus=MODEL:N with `gpu_model`), `cpus_per_gpu`, `mem_mb` (--mem), `runtime` (minutes, -t).
+# --gpus=MODEL:N with `gpu_model`), `cpus_per_gpu`, `nodes` (--nodes=1 for GPU jobs), `mem_mb`
+# (--mem), `runtime` (minutes, -t).
 # CPU jobs get --cpus-per-task from the rule's threads. Partition and account come from the
 # profile (slurm/config.yaml); a config's `resources:` section (below) overrides a kind.
 # A job that can use several GPUs of a node passes their number, e.g. the language adapter's
@@ -41,7 +42,8 @@ RESOURCE_CLASSES = {
 # the job offers (under SLURM, sinfo: modsent.cluster; a first attempt that no node can run
 # stops the run before anything is submitted, naming the key to change), runtime × RUNTIME_GROWTH per attempt up to
 # MAX_RUNTIME (most clusters cap a job at 2 days; training and translation resume from their
-# checkpoints, so a timed-out job continues where it stopped).
+# checkpoints, so a timed-out job continues where it stopped) and up to the longest time limit
+# of a partition that can run the job (sinfo).
 RUNTIME_GROWTH = 1.5
 MAX_RUNTIME = 48 * 60
 
@@ -114,12 +116,22 @@ def job_resources(kind, gpus=None):
             raise WorkflowError(str(err)) from None
 
     def runtime(wildcards, attempt):
-        return min(int(base_runtime * RUNTIME_GROWTH ** (attempt - 1)), cap)
+        wanted = min(int(base_runtime * RUNTIME_GROWTH ** (attempt - 1)), cap)
+        nodes = cluster_nodes()
+        if nodes is None:
+            return wanted
+        # never more than the longest time limit of a partition that can run the job (longer,
+        # it would wait forever); a training job that times out resumes from its checkpoint
+        count = _gpu_count(gpus, wildcards) if kind_gpus else 0
+        return modsent_cluster.fit_runtime(nodes, runtime=wanted, cpus=cpus * max(count, 1), gpus=count)
 
     resources = {"mem_mb": mem_mb, "runtime": runtime}
     if kind_gpus > 0:
         gpu = (lambda wildcards: _gpu_count(gpus, wildcards)) if callable(gpus) else int(gpus)
-        resources.update(gpu=gpu, cpus_per_gpu=cpus)
+        # one node (--nodes=1): the job's processes run under torchrun on the node its script
+        # starts on; SLURM could otherwise spread --gpus=N over several nodes, of which the job
+        # would see one (fewer processes, each with a larger share of the global batch)
+        resources.update(gpu=gpu, cpus_per_gpu=cpus, nodes=1)
     resources.update(values)  # partition, constraint, gpu_model, ... from the config
     return resources
 

@@ -222,6 +222,31 @@ def test_memory_requests_fit_the_largest_node_and_impossible_requests_name_the_k
         fit("gpu_train", cluster.parse_sinfo("node2|20000|16|(null)\n"), mem_mb=1000, attempt=1, cpus=8, gpus=1)
 
 
+# the same nodes with their partitions' time limits (sinfo %l): node1 in a 1-day and a 3-day
+# GPU partition, node2 in an unlimited CPU one, node3 in a 12-hour one
+SINFO_LIMITS = """node1|192000|64|gpu:a100:4(S:0-1)|1-00:00:00
+node1|192000|64|gpu:a100:4(S:0-1)|3-00:00:00
+node2|20000|16|(null)|infinite
+node3|64000+|32|gpu:2,mps:100|12:00:00
+"""
+
+
+def test_runtimes_fit_the_longest_partition_that_can_run_the_job():
+    nodes = cluster.parse_sinfo(SINFO_LIMITS)
+    assert [(n.name, n.time_limit) for n in nodes] == [("node1", 3 * 1440), ("node2", None), ("node3", 720)]
+    assert [cluster.parse_time_limit(t) for t in ("2-00:00:00", "1-12", "1-12:30", "12:00:00", "30:00", "90",
+                                                  "infinite", "UNLIMITED")] == [
+        2880, 2160, 2190, 720, 30, 90, None, None]
+    fit = cluster.fit_runtime
+    assert fit(nodes, runtime=5000, cpus=8, gpus=1) == 3 * 1440  # node1's 3-day partition
+    assert fit(nodes, runtime=1440, cpus=8, gpus=1) == 1440  # shorter than the limit: as asked
+    only_node3 = [n for n in nodes if n.name == "node3"]
+    assert fit(only_node3, runtime=1440, cpus=8, gpus=2) == 720  # a 24-hour job where 12 hours is the most
+    assert fit(nodes, runtime=99999, cpus=8, gpus=0) == 99999  # node2 is unlimited
+    assert fit(nodes, runtime=1440, cpus=8, gpus=8) == 1440  # no node has 8 GPUs: fit_memory says so
+    assert [n.time_limit for n in cluster.parse_sinfo(SINFO)] == [None, None, None]  # no %l: unlimited
+
+
 def test_the_resource_functions_ask_the_cluster_only_when_they_submit_to_slurm():
     namespace = {"config": {"resources": {"cpu_heavy": {"mem_mb": 300000}}}, "WorkflowError": ValueError}
     exec(compile((REPO / "rules" / "resources.smk").read_text(), "resources.smk", "exec"), namespace)
@@ -232,3 +257,6 @@ def test_the_resource_functions_ask_the_cluster_only_when_they_submit_to_slurm()
         heavy["mem_mb"](None, 1)
     train = namespace["job_resources"]("gpu_train")
     assert [train["mem_mb"](None, a) for a in (1, 2, 9)] == [32000, 64000, 192000]
+    assert [train["runtime"](None, a) for a in (1, 2, 3)] == [1440, 2160, 2880]  # no limits known
+    namespace["_CLUSTER_NODES"][0] = [n for n in cluster.parse_sinfo(SINFO_LIMITS) if n.name == "node3"]
+    assert [train["runtime"](None, a) for a in (1, 2, 3)] == [720, 720, 720]  # node3's 12-hour partition

@@ -84,16 +84,19 @@ def test_resource_kinds_grow_with_the_attempt_and_take_config_overrides():
     smk = _resources_module({})
     train = smk["job_resources"]("gpu_train")
     assert (train["gpu"], train["cpus_per_gpu"], smk["job_threads"]("gpu_train")) == (1, 8, 8)
+    assert train["nodes"] == 1  # --nodes=1: SLURM may not spread a job's GPUs over nodes
     assert [train["mem_mb"](None, attempt) for attempt in (1, 2, 3)] == [32000, 64000, 96000]
     assert [train["runtime"](None, attempt) for attempt in (1, 2, 3)] == [1440, 2160, 2880]
     assert smk["job_resources"]("gpu_translate")["runtime"](None, 9) == 48 * 60  # capped
     cpu = smk["job_resources"]("cpu_heavy")
     assert "gpu" not in cpu and "cpus_per_gpu" not in cpu and smk["job_threads"]("cpu_heavy") == 8
+    assert "nodes" not in cpu  # the plugin gives a CPU job one task: one node
     with pytest.raises(ValueError, match="unknown resource kind"):
         smk["job_resources"]("gpu")
     # a multi-GPU job (language_adapter.gpus): GPUs, CPUs and memory scale with its GPU count
     two = smk["job_resources"]("gpu_train", gpus=lambda wildcards: wildcards["gpus"])
     assert (two["gpu"]({"gpus": 2}), two["cpus_per_gpu"], two["mem_mb"]({"gpus": 2}, 2)) == (2, 8, 128000)
+    assert two["nodes"] == 1
     assert smk["job_threads"]("gpu_train", gpus=lambda wildcards: 2)({}) == 16
     with pytest.raises(ValueError, match="no GPU"):
         smk["job_resources"]("cpu", gpus=2)
