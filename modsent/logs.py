@@ -48,6 +48,15 @@ class _ConsoleFormatter(logging.Formatter):
             record.exc_info, record.exc_text = kept
 
 
+# after a GPU's out-of-memory error: a retry asks for more host memory, not a larger GPU, and a
+# step's batch is a function of the step, so it fails the same way
+GPU_MEMORY_HINT = (
+    "the GPU ran out of memory: a retry with the same settings fails the same way (a step's batch is a "
+    "function of the step); give the job a larger GPU (your config's resources: {KIND: {constraint: ...}} or "
+    "gpu_model, README: cluster use), fewer examples per GPU (a data-parallel stage's or method's gpus), or "
+    "smaller batches (the stage's or method's batch_size, grad_accum where it has one: a change of the method)")
+
+
 def setup_logging(log_path: str | None = None, level: int = logging.INFO) -> logging.Logger:
     """Send modsent's and the libraries' log records to ``log_path`` and to stderr.
 
@@ -83,6 +92,8 @@ def setup_logging(log_path: str | None = None, level: int = logging.INFO) -> log
     def log_uncaught(kind, value, traceback):
         if not issubclass(kind, KeyboardInterrupt):
             logger.critical("the job failed: %s: %s", kind.__name__, value, exc_info=(kind, value, traceback))
+            if kind.__name__ == "OutOfMemoryError":  # torch's, on a GPU (not imported here for it)
+                logger.critical(GPU_MEMORY_HINT)
             for handler in logging.getLogger().handlers:
                 handler.flush()
         # bad input (InputError: its message names the file or key) is one line on the console, its

@@ -48,6 +48,27 @@ def test_bad_input_is_one_line_on_the_console_and_keeps_its_traceback_in_the_log
     assert "the job failed: InputError: pairs.tsv" in text and "Traceback (most recent call last):" in text
 
 
+GPU_MEMORY = """
+import sys
+import torch
+from modsent.logs import setup_logging
+setup_logging(sys.argv[1])
+raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+"""
+
+
+def test_a_gpu_out_of_memory_failure_says_a_retry_will_not_help(tmp_path):
+    log = tmp_path / "job.log"
+    proc = subprocess.run([sys.executable, "-c", GPU_MEMORY, str(log)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr
+    text = log.read_text(encoding="utf-8")
+    assert "the job failed: OutOfMemoryError: CUDA out of memory" in text
+    assert "the GPU ran out of memory: a retry with the same settings fails the same way" in text
+    other = tmp_path / "other.log"
+    subprocess.run([sys.executable, "-c", SCRIPT, str(other), "x"], capture_output=True, text=True)
+    assert "the job failed: ValueError" in other.read_text() and "ran out of memory" not in other.read_text()
+
+
 WARNS = """
 import sys, warnings
 import transformers
