@@ -18,6 +18,7 @@ which the resource functions do not see): a request no node can meet is certainl
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -80,8 +81,8 @@ def parse_sinfo(text: str) -> list[Node]:
             continue
         if name in nodes:  # another partition of the same node
             earlier = nodes[name].time_limit
-            node = Node(name, node.mem_mb, node.cpus, node.gpus,
-                        None if earlier is None or limit is None else max(earlier, limit))
+            node = dataclasses.replace(node, time_limit=None if earlier is None or limit is None
+                                       else max(earlier, limit))
         nodes[name] = node
     return list(nodes.values())
 
@@ -98,6 +99,11 @@ def query_nodes() -> list[Node] | None:
         return None
     nodes = parse_sinfo(proc.stdout) if proc.returncode == 0 else []
     return nodes or None
+
+
+def can_run(node: Node, cpus: int, gpus: int) -> bool:
+    """Whether ``node`` has a job's ``cpus`` CPUs and ``gpus`` GPUs."""
+    return node.gpus >= gpus and node.cpus >= cpus
 
 
 def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus: int, gpus: int) -> int:
@@ -126,7 +132,7 @@ def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus:
             f"jobs of kind {kind} ask for {cpus} CPUs, but no node of this cluster "
             f"{f'with {gpus} GPUs ' if gpus else ''}has more than {most} (sinfo); set "
             f"resources.{kind}.cpus{' (per GPU)' if gpus else ''} to at most {most // per} in {key}")
-    largest = max(node.mem_mb for node in fitting if node.cpus >= cpus)
+    largest = max(node.mem_mb for node in nodes if can_run(node, cpus, gpus))
     if first > largest:
         raise ClusterFitError(
             f"jobs of kind {kind} ask for {first} MB of memory, but no node of this cluster that has "
@@ -140,7 +146,7 @@ def fit_runtime(nodes: list[Node], *, runtime: int, cpus: int, gpus: int) -> int
     """The runtime (minutes) to request: ``runtime``, capped at the longest time limit of a
     partition that has a node with ``cpus`` CPUs and ``gpus`` GPUs (no such node: ``runtime``,
     :func:`fit_memory` names the problem)."""
-    fitting = [node for node in nodes if node.gpus >= gpus and node.cpus >= cpus]
+    fitting = [node for node in nodes if can_run(node, cpus, gpus)]
     if not fitting or any(node.time_limit is None for node in fitting):
         return runtime
     return min(runtime, max(node.time_limit for node in fitting))

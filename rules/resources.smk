@@ -103,9 +103,12 @@ def job_resources(kind, gpus=None):
         raise WorkflowError(f"resource kind {kind!r} requests no GPU; gpus= is for GPU kinds")
     gpus = kind_gpus if gpus is None else gpus
 
+    def gpu_count(wildcards):
+        return _gpu_count(gpus, wildcards) if kind_gpus else 0
+
     def mem_mb(wildcards, attempt):
         # an out-of-memory kill is the usual reason for a retry; each GPU process holds a copy
-        count = _gpu_count(gpus, wildcards) if kind_gpus else 0
+        count = gpu_count(wildcards)
         nodes = cluster_nodes()
         if nodes is None:
             return int(base_mem * attempt * max(count, 1))
@@ -122,12 +125,12 @@ def job_resources(kind, gpus=None):
             return wanted
         # never more than the longest time limit of a partition that can run the job (longer,
         # it would wait forever); a training job that times out resumes from its checkpoint
-        count = _gpu_count(gpus, wildcards) if kind_gpus else 0
+        count = gpu_count(wildcards)
         return modsent_cluster.fit_runtime(nodes, runtime=wanted, cpus=cpus * max(count, 1), gpus=count)
 
     resources = {"mem_mb": mem_mb, "runtime": runtime}
     if kind_gpus > 0:
-        gpu = (lambda wildcards: _gpu_count(gpus, wildcards)) if callable(gpus) else int(gpus)
+        gpu = gpu_count if callable(gpus) else int(gpus)
         # one node (--nodes=1): the job's processes run under torchrun on the node its script
         # starts on; SLURM could otherwise spread --gpus=N over several nodes, of which the job
         # would see one (fewer processes, each with a larger share of the global batch)

@@ -12,6 +12,7 @@ from modsent.io import InputError
 from modsent.encoders.modular import ModularEncoder, RoutedLoRALinear, fold_parallel_adapters, load_exported
 from modsent.sources.builtin import builtin_corpus
 from modsent.testing import make_tiny_xlmr, sample_texts
+from modsent.training.seeding import private_cpu_stream
 from tiny_modules import language_modules, pairs_in, tiny_base_and_data
 
 SE_CFG = sa.SentenceAdapterConfig(batch_size=16, seq_len=32, learning_rate=5e-3, max_steps=8,
@@ -31,8 +32,7 @@ def inputs(tmp_path_factory):
                                     with_la=lang != "zh")
     # a CLA adapter for de with non-zero weights (training it is alignment's test; here: any values)
     model = al.build_alignment_model(base, *out["de"], al.AlignmentConfig(seq_len=32), device="cpu")
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
+    with torch.no_grad(), private_cpu_stream(1):
         for adapter in pa.parallel_adapters(model.encoder).values():
             adapter.up.weight.normal_(0, 0.3)
             adapter.up.bias.normal_(0, 0.1)

@@ -15,6 +15,7 @@ from modsent.encoders import transformer as tf
 from modsent.io import InputError
 from modsent.methods.mst5 import training as mt
 from modsent.testing import _sentencepiece, make_tiny_bert, sample_texts
+from modsent.training.seeding import private_cpu_stream
 from tiny_modules import pairs_in, tiny_base_and_data
 
 LANGS = ["en", "de", "ky"]
@@ -46,8 +47,7 @@ def make_tiny_mt5(out_dir, texts, *, vocab_size=600, seed=0):
                        num_decoder_layers=1, num_heads=4, relative_attention_num_buckets=8,
                        relative_attention_max_distance=32, dropout_rate=0.1, feed_forward_proj="gated-gelu",
                        tie_word_embeddings=False, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with private_cpu_stream(seed):
         model = MT5ForConditionalGeneration(config)
     out_dir.mkdir(parents=True)
     model.save_pretrained(out_dir)

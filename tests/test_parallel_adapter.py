@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from modsent.modular import parallel_adapter as pa
 from modsent.io import InputError
 from modsent.testing import make_tiny_bert, make_tiny_xlmr, sample_texts
+from modsent.training.seeding import private_cpu_stream
 
 ARCHS = ("bert", "xlmr")
 HOLDERS = ("plain", "peft", "st")
@@ -57,8 +58,7 @@ def load(holder: str, directory):
     if holder == "peft":
         from peft import LoraConfig, get_peft_model
 
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)  # random (non-zero) LoRA B: the LoRA is active, as a trained SE is
+        with private_cpu_stream(0):  # random (non-zero) LoRA B: the LoRA is active, as a trained SE is
             model = get_peft_model(model, LoraConfig(
                 r=4, lora_alpha=8, target_modules=["query", "key", "value", "dense"], init_lora_weights=False))
     model.eval()
