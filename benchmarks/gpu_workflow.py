@@ -28,7 +28,7 @@ is left to do and, on a machine with CUDA, every GPU rule's job names a CUDA dev
 ``--wheels DIR...`` installs the wheels of each DIR into a private directory first, without their
 dependencies: ``.whl/workflow`` holds Snakemake and its dependencies, jsonschema, and modsent's
 pinned transformers, tokenizers, PEFT, sentence-transformers and huggingface_hub, for Python 3.12
-(the GPU image's: ``benchmarks/results/README.md`` says how to download them); the image has the
+(the GPU image's: ``bash benchmarks/gpu_wheels.sh`` downloads them); the image has the
 rest (torch, pandas, scikit-learn, ...). Run on the CPU, it checks the same flow without devices.
 """
 
@@ -120,8 +120,8 @@ def install(wheels: list[Path]) -> Path:
     directory (returned), for the jobs' PYTHONPATH."""
     files = [str(path) for folder in wheels for path in sorted(folder.glob("*.whl"))]
     if not files:
-        raise SystemExit(f"no wheels in {', '.join(map(str, wheels))} (benchmarks/gpu_workflow_wheels.txt says "
-                         "how to download them)")
+        raise SystemExit(f"no wheels in {', '.join(map(str, wheels))} (download them: bash "
+                         "benchmarks/gpu_wheels.sh)")
     target = Path("/tmp/site-gpu-workflow")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                     "--no-cache-dir", "--upgrade", "--target", str(target), *files], check=True)
