@@ -106,15 +106,18 @@ def can_run(node: Node, cpus: int, gpus: int) -> bool:
     return node.gpus >= gpus and node.cpus >= cpus
 
 
-def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus: int, gpus: int) -> int:
+def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus: int, gpus: int,
+               setting: str | None = None) -> int:
     """The memory (MB) to request for a job of resource kind ``kind`` on its ``attempt``:
     ``mem_mb`` × attempt (``mem_mb`` is per GPU for GPU jobs: × ``gpus``), capped at the
     largest node with ``cpus`` CPUs and ``gpus`` GPUs. Raises :class:`ClusterFitError` naming
     the config key when no node has the CPUs or GPUs, or the first attempt's memory exceeds
-    every node that has them."""
+    every node that has them: ``setting``'s ``cpus`` or ``mem_mb`` (default: the kind's,
+    ``resources.{kind}``; a method's job: ``methods.{name}.resources``)."""
     per = max(gpus, 1)
     first, wanted = mem_mb * per, mem_mb * per * attempt
-    key = f"your config's resources: {{{kind}: {{...}}}} (defaults in rules/resources.smk)"
+    setting = setting or f"resources.{kind}"
+    key = "your config (defaults in rules/resources.smk)"
     if gpus and not any(node.gpus for node in nodes):
         raise ClusterFitError(
             f"jobs of kind {kind} need a GPU, but sinfo reports no node with gpu GRES on this "
@@ -131,13 +134,13 @@ def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus:
         raise ClusterFitError(
             f"jobs of kind {kind} ask for {cpus} CPUs, but no node of this cluster "
             f"{f'with {gpus} GPUs ' if gpus else ''}has more than {most} (sinfo); set "
-            f"resources.{kind}.cpus{' (per GPU)' if gpus else ''} to at most {most // per} in {key}")
+            f"{setting}.cpus{' (per GPU)' if gpus else ''} to at most {most // per} in {key}")
     largest = max(node.mem_mb for node in nodes if can_run(node, cpus, gpus))
     if first > largest:
         raise ClusterFitError(
             f"jobs of kind {kind} ask for {first} MB of memory, but no node of this cluster that has "
             f"their {cpus} CPUs{f' and {gpus} GPUs' if gpus else ''} has more than {largest} MB "
-            f"(sinfo); set resources.{kind}.mem_mb{' (per GPU)' if gpus else ''} to at most "
+            f"(sinfo); set {setting}.mem_mb{' (per GPU)' if gpus else ''} to at most "
             f"{largest // per} in {key}")
     return min(wanted, largest)
 

@@ -473,12 +473,21 @@ def _omitted_default(node: dict, value) -> bool:
 
 
 def method_runtime_settings(config: dict, name: str) -> dict:
-    """A method's runtime keys (read by its workflow script from the config, not the params)."""
+    """A method's runtime keys (read by its workflow script from the config, not the params),
+    without ``resources`` (its job's request: :func:`method_resources`)."""
     from modsent import methods
 
     properties = methods.get(name).schema()["properties"]
     return {key: value for key, value in config["methods"][name].items()
-            if properties.get(key, {}).get(ROLE_KEY) == RUNTIME}
+            if properties.get(key, {}).get(ROLE_KEY) == RUNTIME and key != methods.RESOURCES}
+
+
+def method_resources(config: dict, name: str) -> dict:
+    """The resources a method's training job asks for over the ``gpu_train`` kind's
+    (``methods.{name}.resources``; rules/resources.smk)."""
+    from modsent import methods
+
+    return dict((config["methods"][name] or {}).get(methods.RESOURCES) or {})
 
 
 def check_config(config: dict, schema: dict | None = None) -> None:

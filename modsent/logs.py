@@ -53,7 +53,7 @@ class _ConsoleFormatter(logging.Formatter):
 GPU_MEMORY_HINT = (
     "the GPU ran out of memory: a retry with the same settings fails the same way (a step's batch is a "
     "function of the step); give the job a larger GPU (your config's resources: {KIND: {constraint: ...}} or "
-    "gpu_model, README: cluster use), fewer examples per GPU (a data-parallel stage's or method's gpus), or "
+    "gpu_model, a method's methods.NAME.resources; README: cluster use), fewer examples per GPU (a data-parallel stage's or method's gpus), or "
     "smaller batches (the stage's or method's batch_size, grad_accum where it has one: a change of the method)")
 
 

@@ -104,7 +104,7 @@ if config["translation"]["engine"] == "ctranslate2":
             compute_type=config["translation"]["compute_type"],
             revision=config["translation"]["revision"],
         resources:
-            **job_resources("cpu_heavy"),
+            **job_resources("cpu_heavy", overrides=conversion_resources),
         log:
             "logs/translation/convert.log",
         benchmark:

@@ -10,7 +10,8 @@
 # --gpus=MODEL:N with `gpu_model`), `cpus_per_gpu`, `nodes` (--nodes=1 for GPU jobs), `mem_mb`
 # (--mem), `runtime` (minutes, -t).
 # CPU jobs get --cpus-per-task from the rule's threads. Partition and account come from the
-# profile (slurm/config.yaml); a config's `resources:` section (below) overrides a kind.
+# profile (slurm/config.yaml); a config's `resources:` section (below) overrides a kind, a
+# method's `resources` (methods.NAME.resources) its own training job's (job_resources' overrides).
 # A job that can use several GPUs of a node passes their number, e.g. the language adapter's
 # `job_resources("gpu_train", gpus=language_adapter_gpus)` (language_adapter.gpus, torchrun;
 # the full baselines' baselines.gpus likewise).
@@ -19,11 +20,15 @@
 # each on its own GPU (modsent.devices, claimed when the job's script starts).
 
 from modsent import cluster as modsent_cluster
+from modsent import config as modsent_config
+from modsent import methods as modsent_methods
+from modsent import planning as modsent_planning
 
 # kind: GPUs, CPU cores (the threads of a rule that uses them), memory in MB and runtime in
 # minutes for the first attempt. Sized for the paper's runs (LaBSE / mE5-base, 200K LA steps,
 # NLLB-200 3.3B); the demo and the tests use a fraction of them. CPU jobs fit a modest node
-# (16 GB); a retry after an out-of-memory kill asks for more, up to the largest node.
+# (16 GB; a 3.3B translation model's conversion asks for more: conversion_resources); a retry
+# after an out-of-memory kill asks for more, up to the largest node.
 RESOURCE_CLASSES = {
     # LA (MLM), SE (MNRL) and CLA training: one GPU, data loading and tokenisation on CPUs
     "gpu_train": {"gpu": 1, "cpus": 8, "mem_mb": 32000, "runtime": 24 * 60},
@@ -46,6 +51,8 @@ RESOURCE_CLASSES = {
 # of a partition that can run the job (sinfo).
 RUNTIME_GROWTH = 1.5
 MAX_RUNTIME = 48 * 60
+# what every job's resources compute from its kind, or from its own values (job_resources' overrides)
+SIZES = ("cpus", "mem_mb", "runtime", "max_runtime")
 
 
 # the SLURM cluster's nodes (sinfo), asked once per run; see cluster_nodes()
@@ -81,52 +88,77 @@ def _gpu_count(gpus, wildcards):
     return int(gpus(wildcards) if callable(gpus) else gpus)
 
 
-def job_threads(kind, gpus=None):
+def _job_class(kind, overrides):
+    """A function of the wildcards: the class `kind` (resource_class) with the job's own
+    resources over it, and the config key that sets them (for errors). `overrides` (None, or a
+    function of the wildcards returning (config key, {key: value})): a method's `resources`."""
+    values = resource_class(kind)
+
+    def job_class(wildcards):
+        if overrides is None:
+            return values, f"resources.{kind}"
+        setting, own = overrides(wildcards)
+        return {**values, **own}, setting
+
+    return job_class
+
+
+def job_threads(kind, gpus=None, overrides=None):
     """The thread count of a job of `kind` (Snakemake caps it at --cores when run locally):
-    the kind's CPUs, times the job's GPUs when `gpus` (a number or a function of the
-    wildcards) asks for more than the kind's one."""
-    cpus = int(resource_class(kind)["cpus"])
-    if gpus is None:
-        return cpus
-    return lambda wildcards: cpus * _gpu_count(gpus, wildcards)
+    the kind's CPUs (or the job's own: `overrides`, as in job_resources), times the job's GPUs
+    when `gpus` (a number or a function of the wildcards) asks for more than the kind's one."""
+    if gpus is None and overrides is None:
+        return int(resource_class(kind)["cpus"])
+    job_class = _job_class(kind, overrides)
+    return lambda wildcards: int(job_class(wildcards)[0]["cpus"]) * (1 if gpus is None else _gpu_count(gpus, wildcards))
 
 
-def job_resources(kind, gpus=None):
+def job_resources(kind, gpus=None, overrides=None, own_keys=()):
     """The resources of a job of `kind`. GPU kinds request the kind's GPUs, or `gpus` (a
     number or a function of the wildcards: a multi-GPU job, memory scaled with it), and
-    cpus_per_gpu; CPU kinds none. mem_mb and runtime grow with the attempt on retries."""
-    values = resource_class(kind)
-    kind_gpus, cpus = int(values.pop("gpu")), int(values.pop("cpus"))
-    base_mem, base_runtime = values.pop("mem_mb"), values.pop("runtime")
-    cap = max(values.pop("max_runtime"), base_runtime)
+    cpus_per_gpu; CPU kinds none. mem_mb and runtime grow with the attempt on retries.
+    `overrides` (a function of the wildcards returning (config key, {key: value})): the job's
+    own cpus, mem_mb, runtime and max_runtime over the kind's, and of the other keys those of
+    `own_keys` (constraint, gpu_model, qos, slurm_extra: some job of the rule sets them; a job
+    that does not gets the kind's value, or no request: the callable returns None, which
+    Snakemake drops, so the key is not sent empty). Keys outside `own_keys` stay the kind's and,
+    where it has none, the profile's default-resources."""
+    static = resource_class(kind)
+    kind_gpus = int(static["gpu"])
     if gpus is not None and kind_gpus == 0:
         raise WorkflowError(f"resource kind {kind!r} requests no GPU; gpus= is for GPU kinds")
     gpus = kind_gpus if gpus is None else gpus
+    job_class = _job_class(kind, overrides)
 
     def gpu_count(wildcards):
         return _gpu_count(gpus, wildcards) if kind_gpus else 0
 
     def mem_mb(wildcards, attempt):
         # an out-of-memory kill is the usual reason for a retry; each GPU process holds a copy
+        values, setting = job_class(wildcards)
         count = gpu_count(wildcards)
         nodes = cluster_nodes()
         if nodes is None:
-            return int(base_mem * attempt * max(count, 1))
+            return int(values["mem_mb"] * attempt * max(count, 1))
         try:  # never more than the largest node that can run the job has (sbatch would reject it)
-            return modsent_cluster.fit_memory(kind, nodes, mem_mb=int(base_mem), attempt=attempt,
-                                              cpus=cpus * max(count, 1), gpus=count)
+            return modsent_cluster.fit_memory(kind, nodes, mem_mb=int(values["mem_mb"]), attempt=attempt,
+                                              cpus=int(values["cpus"]) * max(count, 1), gpus=count,
+                                              setting=setting)
         except modsent_cluster.ClusterFitError as err:
             raise WorkflowError(str(err)) from None
 
     def runtime(wildcards, attempt):
-        wanted = min(int(base_runtime * RUNTIME_GROWTH ** (attempt - 1)), cap)
+        values, _ = job_class(wildcards)
+        base = int(values["runtime"])
+        wanted = min(int(base * RUNTIME_GROWTH ** (attempt - 1)), max(int(values["max_runtime"]), base))
         nodes = cluster_nodes()
         if nodes is None:
             return wanted
         # never more than the longest time limit of a partition that can run the job (longer,
         # it would wait forever); a training job that times out resumes from its checkpoint
         count = gpu_count(wildcards)
-        return modsent_cluster.fit_runtime(nodes, runtime=wanted, cpus=cpus * max(count, 1), gpus=count)
+        return modsent_cluster.fit_runtime(nodes, runtime=wanted, cpus=int(values["cpus"]) * max(count, 1),
+                                           gpus=count)
 
     resources = {"mem_mb": mem_mb, "runtime": runtime}
     if kind_gpus > 0:
@@ -134,8 +166,16 @@ def job_resources(kind, gpus=None):
         # one node (--nodes=1): the job's processes run under torchrun on the node its script
         # starts on; SLURM could otherwise spread --gpus=N over several nodes, of which the job
         # would see one (fewer processes, each with a larger share of the global batch)
-        resources.update(gpu=gpu, cpus_per_gpu=cpus, nodes=1)
-    resources.update(values)  # partition, constraint, gpu_model, ... from the config
+        cpus_per_gpu = int(static["cpus"])
+        if overrides is not None:
+            cpus_per_gpu = lambda wildcards: int(job_class(wildcards)[0]["cpus"])
+        resources.update(gpu=gpu, cpus_per_gpu=cpus_per_gpu, nodes=1)
+    # partition, constraint, gpu_model, ... from the config
+    resources.update((key, value) for key, value in static.items() if key not in ("gpu", *SIZES))
+    for key in own_keys:  # a job's own, else the kind's, else None (not requested)
+        if key in ("gpu", *SIZES):
+            raise WorkflowError(f"job_resources(own_keys=...): {key!r} is always the job's own")
+        resources[key] = lambda wildcards, key=key: job_class(wildcards)[0].get(key)
     return resources
 
 
@@ -147,6 +187,38 @@ def language_adapter_gpus(wildcards):
 def full_baseline_gpus(wildcards):
     """baselines.gpus: GPUs of one node for each full baseline, trained under torchrun."""
     return config["baselines"].get("gpus", 1)
+
+
+# host memory of a translation checkpoint's conversion for CTranslate2 per parameter: the float32
+# checkpoint (4 bytes) and the converter's copies of the weights it writes (an estimate)
+CONVERSION_BYTES_PER_PARAMETER = 8
+
+
+def conversion_resources(wildcards):
+    """The memory of convert_translation_model's job: cpu_heavy's, or more for a
+    translation model whose id names its size (facebook/nllb-200-3.3B: 26,400 MB, where a first
+    attempt at cpu_heavy's 16 GB is killed); the config's resources.cpu_heavy.mem_mb, when set,
+    decides."""
+    setting = "resources.cpu_heavy"
+    size = modsent_planning.translation_size(str(config["translation"]["model"]))
+    if size is None or "mem_mb" in ((config.get("resources") or {}).get("cpu_heavy") or {}):
+        return setting, {}
+    parameters = float(size[:-1]) * (1e9 if size.endswith("B") else 1e6)
+    needed = int(parameters * CONVERSION_BYTES_PER_PARAMETER / 1e6)
+    return setting, {"mem_mb": max(int(resource_class("cpu_heavy")["mem_mb"]), needed)}
+
+
+def method_resources(wildcards):
+    """methods.{method}.resources: the method's training job's own resources (over gpu_train's)."""
+    return (f"methods.{wildcards.method}.resources",
+            modsent_config.method_resources(config, wildcards.method))
+
+
+def method_resource_keys():
+    """The keys besides CPUs, memory and time that some configured method's `resources` sets
+    (constraint, gpu_model, qos, slurm_extra): its job_resources' own_keys."""
+    return sorted({key for name in (config.get("methods") or {})
+                   for key in modsent_config.method_resources(config, name)} - set(SIZES))
 
 
 def method_gpus(wildcards):

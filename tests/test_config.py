@@ -435,6 +435,36 @@ def test_methods_are_checked_against_their_own_schema():
         check_config(config)
 
 
+def test_a_method_s_resources_are_checked_and_reach_neither_its_params_nor_its_training():
+    """methods.NAME.resources (every method's runtime key: its job's SLURM request) takes the
+    config's resource keys a job may set for itself, typed, and no GPU count or partition; it is
+    in no job's params (changing it reruns nothing) and not among the settings the method's
+    training reads."""
+    from modsent.config import (fill_method_settings, method_job_settings, method_resources,
+                                method_runtime_settings, normalize_config)
+
+    config = load("configs/test.yaml")
+    config.update(method_modules=["toy_method"], methods={"Toy-cos": {"max_steps": 2, "resources": {
+        "gpu": 2, "slurm_partition": "big", "mem_mb": "lots"}}})
+    with pytest.raises(ConfigError) as err:
+        check_config(config)
+    message = str(err.value)
+    assert "methods.Toy-cos.resources: unknown key(s) 'gpu', 'slurm_partition'; allowed keys: constraint, cpus" in message
+    config["methods"]["Toy-cos"]["resources"] = {"mem_mb": "lots"}
+    with pytest.raises(ConfigError, match=r"methods\.Toy-cos\.resources\.mem_mb: 'lots' is not of type 'integer'"):
+        check_config(config)
+    own = {"constraint": "a100_80gb", "mem_mb": 90000, "runtime": 600}
+    config["methods"]["Toy-cos"]["resources"] = dict(own)
+    check_config(config)
+    config = normalize_config(filled(config))
+    fill_method_settings(config)
+    assert method_resources(config, "Toy-cos") == own
+    params = method_job_settings(config, "Toy-cos")
+    assert "resources" not in params and "resources" not in method_runtime_settings(config, "Toy-cos")
+    config["methods"]["Toy-cos"]["resources"] = {}
+    assert method_job_settings(config, "Toy-cos") == params and method_resources(config, "Toy-cos") == {}
+
+
 def test_builtin_data_without_the_demo_extra_is_named_before_planning(monkeypatch):
     """The demo's packages are an extra: a config that uses built-in data or the built-in base
     model without them installed fails the config check, naming the keys and the install command;

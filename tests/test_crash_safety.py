@@ -214,6 +214,9 @@ def test_memory_requests_fit_the_largest_node_and_impossible_requests_name_the_k
         fit("cpu_heavy", nodes, mem_mb=250000, attempt=1, cpus=8, gpus=0)
     with pytest.raises(cluster.ClusterFitError, match=r"mem_mb \(per GPU\) to at most 96000"):
         fit("gpu_train", nodes, mem_mb=100000, attempt=1, cpus=16, gpus=2)
+    # a method's own resources (methods.NAME.resources) are named as such
+    with pytest.raises(cluster.ClusterFitError, match=r"set methods\.MEXMA\.resources\.mem_mb \(per GPU\) to at most 96000"):
+        fit("gpu_train", nodes, mem_mb=100000, attempt=1, cpus=16, gpus=2, setting="methods.MEXMA.resources")
     with pytest.raises(cluster.ClusterFitError, match=r"8 GPUs on one node.*at most 4"):
         fit("gpu_train", nodes, mem_mb=1000, attempt=1, cpus=64, gpus=8)
     with pytest.raises(cluster.ClusterFitError, match=r"128 CPUs.*resources\.cpu_heavy\.cpus to at most 64"):

@@ -297,7 +297,8 @@ def test_dueam_methods_are_registered_with_the_paper_s_defaults():
     assert registry["DuEAM-unsup"].schema()["properties"]["data"]["default"] == "unsup"
     assert registry["DuEAM-LB-only"].schema()["properties"]["objective"]["default"] == "LB"
     assert {k for k, v in properties.items() if v.get("x-role") == "runtime"} == {
-        "wmd_batch_size", "log_every", "checkpoint_every", "compile", "gpus"}  # gpus: DuEAM is data-parallel
+        "wmd_batch_size", "log_every", "checkpoint_every", "compile", "gpus",  # gpus: DuEAM is data-parallel
+        "resources"}  # every method's: its job's SLURM request
     # the WMD jobs' params: the pairs' and the distances' settings, no training setting
     job = dueam.wmd_job_settings(defaults)
     assert "learning_rate" not in job and "lambda" not in job and {"seed", "anchor_layer", "data"} <= set(job)

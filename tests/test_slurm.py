@@ -32,7 +32,7 @@ NOT_COPIED = {".git", ".venv", ".snakemake", ".pytest_cache", ".ruff_cache", "re
               "resources", "logs", "benchmarks", "tests", "build", "__pycache__"}
 
 GPU_RULES = {"language_adapter", "sentence_adapter", "english_embeddings", "english_embeddings_provided",
-             "alignment_adapter"}
+             "alignment_adapter", "train_method"}
 BASE = "tiny"
 TARGETS = [
     f"results/{BASE}/language_adapters/summary.md",
@@ -40,7 +40,13 @@ TARGETS = [
     f"results/{BASE}/alignment/summary.md",
     f"results/{BASE}/alignment/merged-0.5/ky",
     "resources/inputs_summary.md",
+    f"results/{BASE}/methods/mST5-en",
 ]
+# one method with its own resources (methods.NAME.resources): a node feature, time and CPUs
+# that no other job asks for; the node has the feature (FEATURE)
+FEATURE = "bigmem_gpu"
+METHOD = {"mST5-en": {"datasets": None, "batch_size": 8, "seq_len": 32, "max_steps": 2, "eval_pairs": 10,
+                      "resources": {"constraint": FEATURE, "runtime": 77, "cpus": 3}}}
 
 
 def _rule_blocks() -> dict[str, str]:
@@ -108,6 +114,58 @@ def test_resource_kinds_grow_with_the_attempt_and_take_config_overrides():
     assert smk["job_threads"]("gpu_train") == 16
 
 
+def test_a_method_s_own_resources_apply_to_its_training_job_only():
+    """methods.NAME.resources over the gpu_train kind (and the config's resources.gpu_train), for
+    that method's job; a key neither sets (constraint) is not requested (None: Snakemake drops it)."""
+    config = {"resources": {"gpu_train": {"mem_mb": 40000, "qos": "normal"}},
+              "methods": {"Big": {"resources": {"constraint": "a100_80gb", "gpu_model": "a100", "mem_mb": 90000,
+                                                "cpus": 12, "runtime": 600, "qos": "long"}},
+                          "Small": {"gpus": 2}}}
+    smk = _resources_module(config)
+
+    class Wildcards(dict):
+        method = property(lambda self: self["method"])
+
+    big, small = Wildcards(method="Big"), Wildcards(method="Small")
+    gpus = {"Big": 1, "Small": 2}
+    assert smk["method_resource_keys"]() == ["constraint", "gpu_model", "qos"]
+    train = smk["job_resources"]("gpu_train", gpus=lambda w: gpus[w.method], overrides=smk["method_resources"],
+                                 own_keys=smk["method_resource_keys"]())
+    threads = smk["job_threads"]("gpu_train", gpus=lambda w: gpus[w.method], overrides=smk["method_resources"])
+    assert [train[key](big) for key in ("constraint", "gpu_model", "qos", "cpus_per_gpu", "gpu")] == [
+        "a100_80gb", "a100", "long", 12, 1]
+    assert [train[key](small) for key in ("constraint", "gpu_model", "qos", "cpus_per_gpu", "gpu")] == [
+        None, None, "normal", 8, 2]
+    assert [train["mem_mb"](big, 1), train["mem_mb"](big, 2), train["mem_mb"](small, 1)] == [90000, 180000, 80000]
+    assert [train["runtime"](big, 1), train["runtime"](big, 2), train["runtime"](small, 1)] == [600, 900, 1440]
+    assert (threads(big), threads(small), train["nodes"]) == (12, 16, 1)
+    # a key no method sets is not the rule's (a profile's default-resources value stays in force)
+    del config["methods"]["Big"]
+    smk = _resources_module(config)
+    train = smk["job_resources"]("gpu_train", overrides=smk["method_resources"],
+                                 own_keys=smk["method_resource_keys"]())
+    assert "constraint" not in train and "gpu_model" not in train and train["qos"] == "normal"
+    # the rule's definition: a method's resources reach its job, none of them its params
+    assert "overrides=method_resources, own_keys=method_resource_keys()" in _rule_blocks()["train_method"]
+
+
+def test_a_translation_model_s_conversion_asks_for_memory_by_its_size():
+    """convert_translation_model: ~8 bytes a parameter when the model id names its size (a first
+    attempt at cpu_heavy's 16 GB is killed converting nllb-200-3.3B), never less than the kind's;
+    the config's resources.cpu_heavy.mem_mb decides when set."""
+    def memory(model, resources=None):
+        smk = _resources_module({"translation": {"model": model}, "resources": resources or {}})
+        convert = smk["job_resources"]("cpu_heavy", overrides=smk["conversion_resources"])
+        return convert["mem_mb"]({}, 1), convert["mem_mb"]({}, 2), convert["runtime"]({}, 1)
+
+    assert memory("facebook/nllb-200-3.3B") == (26400, 52800, 480)
+    assert memory("facebook/nllb-200-distilled-600M") == (16000, 32000, 480)
+    assert memory("facebook/nllb-200-distilled-1.3B") == (16000, 32000, 480)  # 10,400 MB: the kind's 16 GB
+    assert memory("my/local-nllb") == (16000, 32000, 480)  # no size in the name
+    assert memory("facebook/nllb-200-3.3B", {"cpu_heavy": {"mem_mb": 20000}}) == (20000, 40000, 480)
+    assert "overrides=conversion_resources" in _rule_blocks()["convert_translation_model"]
+
+
 def _cluster_config(state: Path) -> str:
     # A node that declares what the paper's resource classes ask for (32 CPUs, 250 GB, two
     # GPUs): SlurmdParameters=config_overrides makes slurmd take slurm.conf's word for it, so
@@ -134,14 +192,14 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=1000
-MinJobAge=300
+MinJobAge=3600
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/filetxt
 JobCompLoc={state}/jobcomp.txt
 GresTypes=gpu
 SlurmdParameters=config_overrides
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=32 RealMemory=256000 Gres=gpu:2 State=UNKNOWN
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=32 RealMemory=256000 Gres=gpu:2 Feature={FEATURE} State=UNKNOWN
 PartitionName=cpu Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 PartitionName=gpu Nodes=localhost MaxTime=INFINITE State=UP
 """
@@ -266,6 +324,7 @@ def slurm_run(slurm_cluster, tmp_path_factory):
     config["languages"] = ["en", "ky"]
     config["alignment"]["merge_weights"] = [0.5]
     config["language_adapter"]["gpus"] = 2  # a multi-GPU job: both GPUs of the node
+    config["methods"] = METHOD
     (root / "slurm-test.yaml").write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "CUDA_VISIBLE_DEVICES"}
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
@@ -346,6 +405,30 @@ def test_gpu_jobs_got_a_gpu_and_cpu_jobs_none(slurm_run):
     for log in cpu_logs:
         line = _job_line(log)
         assert re.search(r"SLURM job \d+, CUDA_VISIBLE_DEVICES=unset$", line), (log, line)
+
+
+def _job_details(job_id: str) -> dict[str, str]:
+    """scontrol's record of a job (kept MinJobAge seconds after it ends)."""
+    line = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True,
+                          check=True).stdout
+    return dict(item.split("=", 1) for item in line.split() if "=" in item)
+
+
+@pytest.mark.workflow
+def test_a_method_s_own_resources_reach_sbatch_and_no_other_job(slurm_run):
+    """methods.mST5-en.resources: its job asked for the node feature, 77 minutes and 3 CPUs; the
+    other GPU jobs for the kind's 24 h and no feature (a key a job does not set is left out of
+    its sbatch call, not sent empty)."""
+    root, output, _, _ = slurm_run
+    submitted = _submissions(output)
+    method = [job_id for job_id, rule in submitted.items() if rule == "train_method"]
+    others = [job_id for job_id, rule in submitted.items() if rule == "sentence_adapter"]
+    assert len(method) == 1 and others
+    details = _job_details(method[0])
+    assert (details["Features"], details["TimeLimit"], details["NumCPUs"]) == (FEATURE, "01:17:00", "3"), details
+    for job_id in others:
+        details = _job_details(job_id)
+        assert (details["Features"], details["TimeLimit"]) == ("(null)", "1-00:00:00"), details
 
 
 @pytest.mark.workflow

@@ -459,7 +459,8 @@ def test_changing_how_jobs_run_retrains_nothing(run, tmp_path):
     config = workflow_config()
     for key, value in RUNTIME_CHANGES.items():
         _set(config, key, value)
-    config["methods"]["Toy-cos"].update(log_every=2, checkpoint_every=7, compile=True)  # a method's runtime keys
+    config["methods"]["Toy-cos"].update(log_every=2, checkpoint_every=7, compile=True,  # a method's runtime keys
+                                        resources={"constraint": "a100_80gb", "mem_mb": 90000, "cpus": 3})
     output = _dry_run(run, config, tmp_path / "runtime.yaml")
     assert "Nothing to be done" in output, output[-3000:]
     config["sentence_adapter"]["learning_rate"] = 0.002

@@ -26,6 +26,10 @@ methods of ``modsent.methods``' own submodules are always there) and ``methods: 
 properties with defaults: ``modsent check-config`` checks them, naming the key, before anything
 runs. ``x-role: runtime`` keys (how the job runs) are not part of the job's params.
 
+Cluster resources: every method's settings have a runtime key ``resources`` (:data:`RESOURCES`):
+its training job's SLURM request over the ``gpu_train`` kind's (rules/resources.smk), e.g. a
+larger GPU for one large model (``constraint``, ``gpu_model``), more memory or time.
+
 Several GPUs: a method whose ``train`` is data-parallel (it runs in every process of a torchrun
 group, :mod:`modsent.distributed`, and writes only from the main one) says so with
 ``data_parallel=True``; its settings then have a runtime key ``gpus`` (default 1), its training
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import importlib
 import pkgutil
 import re
@@ -45,7 +50,7 @@ from pathlib import Path
 
 from modsent.io import InputError
 from modsent.languages import PIVOT_LANGUAGE
-from modsent.schema import ROLE_KEY, RUNTIME
+from modsent.schema import ROLE_KEY, RUNTIME, inline_refs, load_schema
 
 # A system name: a summary row and a directory name; must not look like a modular variant's
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_.][A-Za-z0-9]+)*")
@@ -62,7 +67,8 @@ class Method:
     ``inputs``: ``base`` (the base model directory), ``pairs`` ({language: paraphrase pair
     file}) and ``translations`` ({language: translation file}, non-English languages), as
     ``uses`` asks. ``settings``: the config's ``methods.{name}`` with the defaults of
-    ``settings_schema`` filled in.
+    ``settings_schema`` filled in, without ``gpus`` and ``resources`` (the workflow's: the
+    processes it starts, the job's cluster request).
 
     A method with stages of its own before training (a cache, a teacher's outputs) writes them
     with rules in ``rules/methods/{module}.smk`` (the Snakefile includes every file there) and
@@ -99,6 +105,9 @@ class Method:
             if not NAME.fullmatch(value) or RESERVED.fullmatch(value):
                 raise ValueError(f"method {what} {value!r}: letters and digits, words joined by - _ or ., "
                                  "not base, modular, full, Full_* or Mod_* (the paper's systems and groups)")
+        if RESOURCES in self.settings_schema:
+            raise ValueError(f"method {self.name}: {RESOURCES!r} is every method's key (its job's cluster "
+                             "request, modsent.methods.resources_setting), not a setting of its own")
         unknown = sorted(set(self.uses) - set(INPUT_KINDS))
         if unknown:
             raise ValueError(f"method {self.name}: unknown input kind(s) {unknown}; kinds: {', '.join(INPUT_KINDS)}")
@@ -113,11 +122,13 @@ class Method:
         return self.family or self.name
 
     def schema(self) -> dict:
-        """The JSON schema of the method's settings (``methods.{name}``); a data-parallel
-        method's has ``gpus`` (unless it declares its own)."""
+        """The JSON schema of the method's settings (``methods.{name}``): ``resources``
+        (:func:`resources_setting`) and, for a data-parallel method, ``gpus`` (unless it
+        declares its own)."""
         properties = copy.deepcopy(dict(self.settings_schema))
         if self.data_parallel:
             properties.setdefault("gpus", copy.deepcopy(GPUS_SETTING))
+        properties[RESOURCES] = resources_setting()
         return {"type": "object", "additionalProperties": False, "default": {}, "properties": properties}
 
 
@@ -128,6 +139,34 @@ GPUS_SETTING = {
     "type": "integer", "minimum": 1, "default": 1, ROLE_KEY: RUNTIME,
     "description": "GPUs of one node; more than 1 trains under torchrun, one data-parallel process per GPU, "
                    "each on its share of every batch (the batch size is the total). Changing it reruns nothing"}
+
+
+# the runtime key of every method: its training job's resources (rules/resources.smk)
+RESOURCES = "resources"
+# the keys of the config's `resources: {kind: ...}` that a method may set for its own job: not
+# the GPU count (its `gpus`), nor the partition and account, which the SLURM profile sets per
+# rule (slurm/config.yaml's set-resources, which Snakemake applies over a rule's own)
+RESOURCE_KEYS = ("cpus", "mem_mb", "runtime", "max_runtime", "constraint", "gpu_model", "qos", "slurm_extra")
+
+
+def resources_setting() -> dict:
+    """The schema of a method's ``resources``: the keys of :data:`RESOURCE_KEYS`, as the
+    config's ``resources`` section defines them (schemas/config.schema.yaml)."""
+    return copy.deepcopy(_resources_setting())
+
+
+@functools.cache
+def _resources_setting() -> dict:
+    schema = load_schema()
+    kind = schema["properties"]["resources"]["additionalProperties"]["properties"]
+    return {
+        "type": "object", "additionalProperties": False, "default": {}, ROLE_KEY: RUNTIME,
+        "properties": {key: inline_refs(kind[key], schema) for key in RESOURCE_KEYS},
+        "description": "this method's training job's resources over the gpu_train kind's (rules/resources.smk, "
+                       "the config's resources.gpu_train): CPUs and memory (MB) per GPU, runtime (minutes), "
+                       "a node feature (constraint) or GPU model for a large model, QOS, extra sbatch options. "
+                       "The partition is the profile's (slurm/config.yaml, train_method), which also wins over "
+                       "a constraint or gpu_model set there. Changing it reruns nothing"}
 
 
 @dataclasses.dataclass(frozen=True)

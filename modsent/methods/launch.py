@@ -39,8 +39,9 @@ def _plain(value):
 
 
 def training_settings(settings: Mapping) -> dict:
-    """The settings ``train`` receives: all but the process count."""
-    return {key: value for key, value in settings.items() if key != GPUS}
+    """The settings ``train`` receives: all but the process count and the job's resources
+    (the workflow's to request)."""
+    return {key: value for key, value in settings.items() if key not in (GPUS, methods.RESOURCES)}
 
 
 def cli_arguments(name: str, inputs: Mapping, out_dir, settings: Mapping, *, modules: Sequence[str] = (),
