@@ -10,7 +10,10 @@ with the attempt). Instead, rules/resources.smk asks sinfo once for the nodes an
 - caps a retry's grown memory at the largest node that can run the job;
 - caps a job's runtime (the first attempt's, and a retry's grown one) at the longest time limit
   of a partition with a node that can run it: longer, the job would wait in the queue forever
-  (or be rejected); shorter, a training job that times out resumes from its checkpoint.
+  (or be rejected); shorter, a training job that times out resumes from its checkpoint;
+- stops the run when a job's ``constraint`` (node features: ``a100_80gb``, ``a100&ib``,
+  ``h100|h200``) or ``gpu_model`` names what no node has: sbatch would reject the job when its
+  turn comes, hours into the run. A node runs a job only with its features and GPU model.
 
 The nodes considered are every node of the cluster (a job's partition comes from the profile,
 which the resource functions do not see): a request no node can meet is certainly rejected.
@@ -36,6 +39,8 @@ class Node:
     cpus: int
     gpus: int
     time_limit: int | None = None  # minutes: the longest of its partitions' limits; None: unlimited
+    features: frozenset[str] = frozenset()  # sinfo %f
+    gpu_models: tuple[tuple[str, int], ...] = ()  # (model, count) of its typed GPUs ("gpu:a100:4")
 
 
 def gpu_count(gres: str) -> int:
@@ -46,6 +51,84 @@ def gpu_count(gres: str) -> int:
         if parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
             total += int(parts[-1])
     return total
+
+
+def gpu_models(gres: str) -> tuple[tuple[str, int], ...]:
+    """(model, count) of the typed GPUs in a sinfo %G field: "gpu:a100:4(S:0-1),gpu:v100:2" →
+    (("a100", 4), ("v100", 2)); untyped ("gpu:2") none."""
+    found = []
+    for item in re.sub(r"\(.*?\)", "", gres).split(","):
+        parts = item.strip().split(":")
+        if parts[0] == "gpu" and len(parts) >= 3 and parts[-1].isdigit():
+            found.append((":".join(parts[1:-1]), int(parts[-1])))
+    return tuple(found)
+
+
+def parse_features(text: str) -> frozenset[str]:
+    """Node features from a sinfo %f field ("a100,ib", "(null)")."""
+    return frozenset(f.strip() for f in text.split(",") if f.strip() and f.strip() != "(null)")
+
+
+# the constraints this module evaluates: feature names joined by & (and, binding tighter) and
+# | (or), with parentheses; other SLURM forms (counts "a*2", matching or "[a|b]") are sbatch's
+_TOKEN = re.compile(r"[A-Za-z0-9_.:+-]+|[&|()]")
+
+
+def satisfies(features: frozenset[str], constraint: str) -> bool | None:
+    """Whether a node with ``features`` meets ``constraint`` (sbatch --constraint); None when
+    the constraint has a form this module does not evaluate."""
+    text = constraint.replace(" ", "")
+    tokens = _TOKEN.findall(text)
+    if not tokens or "".join(tokens) != text:
+        return None
+    position = 0
+
+    def take(token=None):
+        nonlocal position
+        if position < len(tokens) and (token is None or tokens[position] == token):
+            position += 1
+            return tokens[position - 1]
+        return None
+
+    def either():  # term (| term)*
+        value = both()
+        while value is not None and take("|"):
+            other = both()
+            value = None if other is None else value or other
+        return value
+
+    def both():  # factor (& factor)*
+        value = factor()
+        while value is not None and take("&"):
+            other = factor()
+            value = None if other is None else value and other
+        return value
+
+    def factor():  # NAME | ( either )
+        if take("("):
+            value = either()
+            return value if take(")") else None
+        token = take()
+        return None if token is None or token in "&|()" else token in features
+
+    value = either()
+    return value if position == len(tokens) else None
+
+
+def select(nodes: list[Node], *, constraint: str | None = None, gpu_model: str | None = None) -> list[Node]:
+    """The nodes that can run a job with ``constraint`` (their features meet it, or it has a form
+    :func:`satisfies` does not evaluate) and ``gpu_model`` (their GPUs counted as those of that
+    model only)."""
+    chosen = []
+    for node in nodes:
+        if constraint and satisfies(node.features, constraint) is False:
+            continue
+        if gpu_model:
+            node = dataclasses.replace(node, gpus=sum(n for model, n in node.gpu_models if model == gpu_model))
+            if not node.gpus:
+                continue
+        chosen.append(node)
+    return chosen
 
 
 def parse_time_limit(text: str) -> int | None:
@@ -66,17 +149,20 @@ def parse_time_limit(text: str) -> int | None:
 
 
 def parse_sinfo(text: str) -> list[Node]:
-    """Nodes from ``sinfo -h -N -o "%N|%m|%c|%G|%l"`` (one line per node and partition; the
-    time limit optional): a node in several partitions gets the longest of their limits."""
+    """Nodes from ``sinfo -h -N -o "%N|%m|%c|%G|%l|%f"`` (one line per node and partition; the
+    time limit and the features optional): a node in several partitions gets the longest of
+    their limits."""
     nodes = {}
     for line in text.splitlines():
         fields = line.strip().split("|")
-        if len(fields) not in (4, 5):
+        if len(fields) not in (4, 5, 6):
             continue
         name, mem, cpus, gres = fields[:4]
-        limit = parse_time_limit(fields[4]) if len(fields) == 5 else None
+        limit = parse_time_limit(fields[4]) if len(fields) >= 5 else None
+        features = parse_features(fields[5]) if len(fields) == 6 else frozenset()
         try:
-            node = Node(name, int(mem.rstrip("+")), int(cpus.rstrip("+")), gpu_count(gres), limit)
+            node = Node(name, int(mem.rstrip("+")), int(cpus.rstrip("+")), gpu_count(gres), limit, features,
+                        gpu_models(gres))
         except ValueError:
             continue
         if name in nodes:  # another partition of the same node
@@ -93,7 +179,7 @@ def query_nodes() -> list[Node] | None:
     if sinfo is None:
         return None
     try:
-        proc = subprocess.run([sinfo, "-h", "-N", "-o", "%N|%m|%c|%G|%l"], capture_output=True, text=True,
+        proc = subprocess.run([sinfo, "-h", "-N", "-o", "%N|%m|%c|%G|%l|%f"], capture_output=True, text=True,
                               timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -107,17 +193,31 @@ def can_run(node: Node, cpus: int, gpus: int) -> bool:
 
 
 def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus: int, gpus: int,
-               setting: str | None = None) -> int:
+               setting: str | None = None, constraint: str | None = None, gpu_model: str | None = None) -> int:
     """The memory (MB) to request for a job of resource kind ``kind`` on its ``attempt``:
     ``mem_mb`` × attempt (``mem_mb`` is per GPU for GPU jobs: × ``gpus``), capped at the
     largest node with ``cpus`` CPUs and ``gpus`` GPUs. Raises :class:`ClusterFitError` naming
     the config key when no node has the CPUs or GPUs, or the first attempt's memory exceeds
     every node that has them: ``setting``'s ``cpus`` or ``mem_mb`` (default: the kind's,
-    ``resources.{kind}``; a method's job: ``methods.{name}.resources``)."""
+    ``resources.{kind}``; a method's job: ``methods.{name}.resources``). Only the nodes with
+    the job's ``constraint``'s features and ``gpu_model``'s GPUs count; none: an error naming
+    ``setting``'s ``constraint`` or ``gpu_model`` and what the nodes have."""
     per = max(gpus, 1)
     first, wanted = mem_mb * per, mem_mb * per * attempt
     setting = setting or f"resources.{kind}"
     key = "your config (defaults in rules/resources.smk)"
+    if constraint and not select(nodes, constraint=constraint):
+        features = sorted(set().union(*(node.features for node in nodes)))
+        raise ClusterFitError(
+            f"jobs of kind {kind} ask for nodes with {setting}.constraint {constraint!r}, but no node of "
+            f"this cluster has those features (sinfo %f: {', '.join(features) or 'none'}); change it in {key}")
+    if gpu_model and not select(nodes, constraint=constraint, gpu_model=gpu_model):
+        models = sorted({model for node in select(nodes, constraint=constraint) for model, _ in node.gpu_models})
+        raise ClusterFitError(
+            f"jobs of kind {kind} ask for {setting}.gpu_model {gpu_model!r}, but no node of this cluster "
+            f"{'with its constraint ' if constraint else ''}has GPUs of that type (sinfo %G: "
+            f"{', '.join(models) or 'no typed GPUs'}); change it in {key}")
+    nodes = select(nodes, constraint=constraint, gpu_model=gpu_model)
     if gpus and not any(node.gpus for node in nodes):
         raise ClusterFitError(
             f"jobs of kind {kind} need a GPU, but sinfo reports no node with gpu GRES on this "
@@ -145,11 +245,13 @@ def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus:
     return min(wanted, largest)
 
 
-def fit_runtime(nodes: list[Node], *, runtime: int, cpus: int, gpus: int) -> int:
+def fit_runtime(nodes: list[Node], *, runtime: int, cpus: int, gpus: int, constraint: str | None = None,
+                gpu_model: str | None = None) -> int:
     """The runtime (minutes) to request: ``runtime``, capped at the longest time limit of a
-    partition that has a node with ``cpus`` CPUs and ``gpus`` GPUs (no such node: ``runtime``,
-    :func:`fit_memory` names the problem)."""
-    fitting = [node for node in nodes if can_run(node, cpus, gpus)]
+    partition that has a node with ``cpus`` CPUs, ``gpus`` GPUs (of ``gpu_model``) and
+    ``constraint``'s features (no such node: ``runtime``, :func:`fit_memory` names the problem)."""
+    fitting = [node for node in select(nodes, constraint=constraint, gpu_model=gpu_model)
+               if can_run(node, cpus, gpus)]
     if not fitting or any(node.time_limit is None for node in fitting):
         return runtime
     return min(runtime, max(node.time_limit for node in fitting))

@@ -103,6 +103,13 @@ def _job_class(kind, overrides):
     return job_class
 
 
+def _node_choice(values, gpus):
+    """The job's constraint and, for a GPU job, GPU model (from the config: the profile's are not
+    visible here), which decide the nodes that can run it (modsent.cluster.select)."""
+    return {"constraint": values.get("constraint") or None,
+            "gpu_model": (values.get("gpu_model") or None) if gpus else None}
+
+
 def job_threads(kind, gpus=None, overrides=None):
     """The thread count of a job of `kind` (Snakemake caps it at --cores when run locally):
     the kind's CPUs (or the job's own: `overrides`, as in job_resources), times the job's GPUs
@@ -143,7 +150,7 @@ def job_resources(kind, gpus=None, overrides=None, own_keys=()):
         try:  # never more than the largest node that can run the job has (sbatch would reject it)
             return modsent_cluster.fit_memory(kind, nodes, mem_mb=int(values["mem_mb"]), attempt=attempt,
                                               cpus=int(values["cpus"]) * max(count, 1), gpus=count,
-                                              setting=setting)
+                                              setting=setting, **_node_choice(values, count))
         except modsent_cluster.ClusterFitError as err:
             raise WorkflowError(str(err)) from None
 
@@ -158,7 +165,7 @@ def job_resources(kind, gpus=None, overrides=None, own_keys=()):
         # it would wait forever); a training job that times out resumes from its checkpoint
         count = gpu_count(wildcards)
         return modsent_cluster.fit_runtime(nodes, runtime=wanted, cpus=int(values["cpus"]) * max(count, 1),
-                                           gpus=count)
+                                           gpus=count, **_node_choice(values, count))
 
     resources = {"mem_mb": mem_mb, "runtime": runtime}
     if kind_gpus > 0:

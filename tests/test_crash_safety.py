@@ -250,6 +250,44 @@ def test_runtimes_fit_the_longest_partition_that_can_run_the_job():
     assert [n.time_limit for n in cluster.parse_sinfo(SINFO)] == [None, None, None]  # no %l: unlimited
 
 
+# sinfo with features (%f): node1 (4 A100s) in a 1-day partition, node4 (2 H100s and 2 A100s of
+# another kind) in a 2-day one, node2 without GPUs or features
+SINFO_FEATURES = """node1|192000|64|gpu:a100:4(S:0-1)|1-00:00:00|a100,ib
+node4|512000|64|gpu:h100:2,gpu:a100_80gb:2|2-00:00:00|h100,a100_80gb,ib
+node2|20000|16|(null)|infinite|(null)
+"""
+
+
+def test_constraints_and_gpu_models_choose_the_nodes_and_impossible_ones_name_the_key():
+    """A job's constraint (node features) and GPU model decide which nodes can run it: memory
+    and time fit those; a constraint or model no node has stops the run, naming the key."""
+    nodes = cluster.parse_sinfo(SINFO_FEATURES)
+    assert [(n.name, sorted(n.features), n.gpu_models) for n in nodes] == [
+        ("node1", ["a100", "ib"], (("a100", 4),)), ("node4", ["a100_80gb", "h100", "ib"], (("h100", 2), ("a100_80gb", 2))),
+        ("node2", [], ())]
+    features = nodes[1].features
+    assert [cluster.satisfies(features, c) for c in ("h100", "a100", "h100&ib", "a100|h100", "(a100|h100)&ib",
+                                                    "a100&(h100|ib)", "h100 & ib")] == [
+        True, False, True, True, True, False, True]
+    assert [cluster.satisfies(features, c) for c in ("h100*2", "[h100|a100]", "h100&", "(h100", "")] == [None] * 5
+    fit, runtime = cluster.fit_memory, cluster.fit_runtime
+    # the 80 GB A100s (node4's) or any node with ib: memory capped at the chosen nodes' largest
+    assert fit("gpu_train", nodes, mem_mb=100000, attempt=9, cpus=8, gpus=1, gpu_model="a100_80gb") == 512000
+    assert fit("gpu_train", nodes, mem_mb=100000, attempt=9, cpus=8, gpus=1, constraint="a100") == 192000
+    assert runtime(nodes, runtime=5000, cpus=8, gpus=1, constraint="a100") == 1440  # node1's partition
+    assert runtime(nodes, runtime=5000, cpus=8, gpus=1, gpu_model="h100") == 2880  # node4's
+    assert runtime(nodes, runtime=5000, cpus=8, gpus=1, constraint="h100*2") == 2880  # not evaluated: all nodes
+    with pytest.raises(cluster.ClusterFitError, match=r"jobs of kind gpu_train ask for 4 GPUs on one node.*at most 2"):
+        fit("gpu_train", nodes, mem_mb=1000, attempt=1, cpus=8, gpus=4, gpu_model="h100")
+    with pytest.raises(cluster.ClusterFitError, match=r"methods\.MEXMA\.resources\.constraint 'h200', but no node of "
+                                                      r"this cluster has those features \(sinfo %f: a100, a100_80gb, h100, ib\)"):
+        fit("gpu_train", nodes, mem_mb=1000, attempt=1, cpus=8, gpus=1, constraint="h200",
+            setting="methods.MEXMA.resources")
+    with pytest.raises(cluster.ClusterFitError, match=r"resources\.gpu_train\.gpu_model 'h100', but no node of this "
+                                                      r"cluster with its constraint has GPUs of that type \(sinfo %G: a100\)"):
+        fit("gpu_train", nodes, mem_mb=1000, attempt=1, cpus=8, gpus=1, constraint="a100", gpu_model="h100")
+
+
 def test_the_resource_functions_ask_the_cluster_only_when_they_submit_to_slurm():
     namespace = {"config": {"resources": {"cpu_heavy": {"mem_mb": 300000}}}, "WorkflowError": ValueError}
     exec(compile((REPO / "rules" / "resources.smk").read_text(), "resources.smk", "exec"), namespace)
@@ -263,3 +301,11 @@ def test_the_resource_functions_ask_the_cluster_only_when_they_submit_to_slurm()
     assert [train["runtime"](None, a) for a in (1, 2, 3)] == [1440, 2160, 2880]  # no limits known
     namespace["_CLUSTER_NODES"][0] = [n for n in cluster.parse_sinfo(SINFO_LIMITS) if n.name == "node3"]
     assert [train["runtime"](None, a) for a in (1, 2, 3)] == [720, 720, 720]  # node3's 12-hour partition
+    # a constraint in the config chooses the nodes (here node1's 1-day partition)
+    namespace["config"]["resources"]["gpu_train"] = {"constraint": "a100&ib"}
+    namespace["_CLUSTER_NODES"][0] = cluster.parse_sinfo(SINFO_FEATURES)
+    train = namespace["job_resources"]("gpu_train")
+    assert [train["runtime"](None, a) for a in (1, 2)] == [1440, 1440] and train["mem_mb"](None, 9) == 192000
+    namespace["config"]["resources"]["gpu_train"] = {"gpu_model": "v100"}
+    with pytest.raises(ValueError, match=r"resources\.gpu_train\.gpu_model 'v100'.*\(sinfo %G: a100, a100_80gb, h100\)"):
+        namespace["job_resources"]("gpu_train")["mem_mb"](None, 1)
