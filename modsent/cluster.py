@@ -59,6 +59,7 @@ def gpu_models(gres: str) -> tuple[tuple[str, int], ...]:
     found = []
     for item in re.sub(r"\(.*?\)", "", gres).split(","):
         parts = item.strip().split(":")
+        parts = [part for part in parts if part != "no_consume"]  # "gpu:a100:no_consume:4"
         if parts[0] == "gpu" and len(parts) >= 3 and parts[-1].isdigit():
             found.append((":".join(parts[1:-1]), int(parts[-1])))
     return tuple(found)
@@ -69,15 +70,17 @@ def parse_features(text: str) -> frozenset[str]:
     return frozenset(f.strip() for f in text.split(",") if f.strip() and f.strip() != "(null)")
 
 
-# the constraints this module evaluates: feature names joined by & (and, binding tighter) and
-# | (or), with parentheses; other SLURM forms (counts "a*2", matching or "[a|b]") are sbatch's
+# the constraints this module evaluates: feature names joined by & (and) and | (or), with
+# parentheses; other SLURM forms (counts "a*2", matching or "[a|b]", commas, spaces) are left to
+# sbatch. & binds tighter here, where SLURM evaluates left to right ("a|b&c" is "(a|b)&c"):
+# what this accepts is a superset of what SLURM accepts, so it never refuses a job SLURM runs
 _TOKEN = re.compile(r"[A-Za-z0-9_.:+-]+|[&|()]")
 
 
 def satisfies(features: frozenset[str], constraint: str) -> bool | None:
     """Whether a node with ``features`` meets ``constraint`` (sbatch --constraint); None when
     the constraint has a form this module does not evaluate."""
-    text = constraint.replace(" ", "")
+    text = constraint
     tokens = _TOKEN.findall(text)
     if not tokens or "".join(tokens) != text:
         return None
@@ -118,7 +121,9 @@ def satisfies(features: frozenset[str], constraint: str) -> bool | None:
 def select(nodes: list[Node], *, constraint: str | None = None, gpu_model: str | None = None) -> list[Node]:
     """The nodes that can run a job with ``constraint`` (their features meet it, or it has a form
     :func:`satisfies` does not evaluate) and ``gpu_model`` (their GPUs counted as those of that
-    model only)."""
+    model only; when no node reports typed GPUs, e.g. before the nodes registered, every node)."""
+    if gpu_model and not any(node.gpu_models for node in nodes):
+        gpu_model = None
     chosen = []
     for node in nodes:
         if constraint and satisfies(node.features, constraint) is False:

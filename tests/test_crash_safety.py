@@ -267,9 +267,13 @@ def test_constraints_and_gpu_models_choose_the_nodes_and_impossible_ones_name_th
         ("node2", [], ())]
     features = nodes[1].features
     assert [cluster.satisfies(features, c) for c in ("h100", "a100", "h100&ib", "a100|h100", "(a100|h100)&ib",
-                                                    "a100&(h100|ib)", "h100 & ib")] == [
-        True, False, True, True, True, False, True]
-    assert [cluster.satisfies(features, c) for c in ("h100*2", "[h100|a100]", "h100&", "(h100", "")] == [None] * 5
+                                                    "a100&(h100|ib)")] == [True, False, True, True, True, False]
+    # forms it leaves to sbatch (every node kept): counts, matching or, commas, spaces, broken ones
+    assert [cluster.satisfies(features, c) for c in ("h100*2", "[h100|a100]", "h100,ib", "h100 & ib", "h100&",
+                                                    "(h100", "")] == [None] * 7
+    assert cluster.gpu_models("gpu:a100:no_consume:4,gpu:2") == (("a100", 4),)
+    untyped = cluster.parse_sinfo("node9|64000|32|gpu:4|infinite|(null)\n")  # not registered yet: no types
+    assert cluster.fit_memory("gpu_train", untyped, mem_mb=1000, attempt=1, cpus=8, gpus=1, gpu_model="h100") == 1000
     fit, runtime = cluster.fit_memory, cluster.fit_runtime
     # the 80 GB A100s (node4's) or any node with ib: memory capped at the chosen nodes' largest
     assert fit("gpu_train", nodes, mem_mb=100000, attempt=9, cpus=8, gpus=1, gpu_model="a100_80gb") == 512000
