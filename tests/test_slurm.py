@@ -495,34 +495,31 @@ def test_a_restart_does_not_submit_a_job_whose_earlier_job_still_runs(slurm_run)
     assert sorted(p.name for p in (root / merged).iterdir()) == before
 
 
+def _refused(root: Path, env: dict, config: dict, target: str, rule: str, *messages: str) -> None:
+    """A run with ``config`` that forces ``rule`` for ``target`` stops before anything is
+    submitted, with ``messages`` in its output, and leaves ``target`` in place."""
+    (root / "slurm-refused.yaml").write_text(yaml.safe_dump(config))
+    proc = _snakemake_slurm(root, env, target, "--configfile", "slurm-refused.yaml", "--forcerun", rule, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]
+    for message in messages:
+        assert message in output, (message, output[-3000:])
+    assert "submitted with SLURM jobid" not in output
+    assert (root / target).is_dir()
+
+
 @pytest.mark.workflow
 def test_a_request_no_node_can_meet_stops_the_run_naming_the_key(slurm_run):
     """More memory than any node has, or a node feature none has: an error naming the kind and
     the config key before anything is submitted, not a rejected sbatch retried with even more
-    memory."""
+    memory (or, for the feature, rejected when the job's turn comes)."""
     root, _, _, env = slurm_run
     config = yaml.safe_load((root / "slurm-test.yaml").read_text())
     config["resources"] = {"cpu_heavy": {"mem_mb": 300000}}  # the test node has 256000 MB
-    (root / "slurm-big.yaml").write_text(yaml.safe_dump(config))
-    tokenizer = f"results/{BASE}/tokenizers/ky"
-    proc = _snakemake_slurm(root, env, tokenizer, "--configfile", "slurm-big.yaml", "--forcerun", "tokenizer",
-                            timeout=300)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode != 0, output[-3000:]
-    assert "jobs of kind cpu_heavy ask for 300000 MB of memory" in output, output[-3000:]
-    assert "resources.cpu_heavy.mem_mb to at most 256000" in output
-    assert "submitted with SLURM jobid" not in output
-    assert (root / tokenizer).is_dir()
-    # a node feature no node has (sbatch would reject the job when its turn comes): the same
+    _refused(root, env, config, f"results/{BASE}/tokenizers/ky", "tokenizer",
+             "jobs of kind cpu_heavy ask for 300000 MB of memory", "resources.cpu_heavy.mem_mb to at most 256000")
     config = yaml.safe_load((root / "slurm-test.yaml").read_text())
     config["methods"]["mST5-en"]["resources"]["constraint"] = "h200"
-    (root / "slurm-h200.yaml").write_text(yaml.safe_dump(config))
-    method = f"results/{BASE}/methods/mST5-en"
-    proc = _snakemake_slurm(root, env, method, "--configfile", "slurm-h200.yaml", "--forcerun", "train_method",
-                            timeout=300)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode != 0, output[-3000:]
-    assert (f"methods.mST5-en.resources.constraint 'h200', but no node of this cluster has those features "
-            f"(sinfo %f: {FEATURE})") in output, output[-3000:]
-    assert "submitted with SLURM jobid" not in output
-    assert (root / method).is_dir()
+    _refused(root, env, config, f"results/{BASE}/methods/mST5-en", "train_method",
+             f"methods.mST5-en.resources.constraint 'h200', but no node of this cluster has those features "
+             f"(sinfo %f: {FEATURE})")
