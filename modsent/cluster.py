@@ -211,18 +211,20 @@ def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus:
     first, wanted = mem_mb * per, mem_mb * per * attempt
     setting = setting or f"resources.{kind}"
     key = "your config (defaults in rules/resources.smk)"
-    if constraint and not select(nodes, constraint=constraint):
+    featured = select(nodes, constraint=constraint)
+    if constraint and not featured:
         features = sorted(set().union(*(node.features for node in nodes)))
         raise ClusterFitError(
             f"jobs of kind {kind} ask for nodes with {setting}.constraint {constraint!r}, but no node of "
             f"this cluster has those features (sinfo %f: {', '.join(features) or 'none'}); change it in {key}")
-    if gpu_model and not select(nodes, constraint=constraint, gpu_model=gpu_model):
-        models = sorted({model for node in select(nodes, constraint=constraint) for model, _ in node.gpu_models})
+    chosen = select(nodes, constraint=constraint, gpu_model=gpu_model)
+    if gpu_model and not chosen:
+        models = sorted({model for node in featured for model, _ in node.gpu_models})
         raise ClusterFitError(
             f"jobs of kind {kind} ask for {setting}.gpu_model {gpu_model!r}, but no node of this cluster "
             f"{'with its constraint ' if constraint else ''}has GPUs of that type (sinfo %G: "
             f"{', '.join(models) or 'no typed GPUs'}); change it in {key}")
-    nodes = select(nodes, constraint=constraint, gpu_model=gpu_model)
+    nodes = chosen
     if gpus and not any(node.gpus for node in nodes):
         raise ClusterFitError(
             f"jobs of kind {kind} need a GPU, but sinfo reports no node with gpu GRES on this "
