@@ -56,9 +56,9 @@ rule alignment_adapter:
         directory(layout.ALIGNMENT_ADAPTER),
     params:
         settings=alignment_settings,
-    threads: job_threads("gpu_train")
+    threads: job_threads("gpu_adapter")
     resources:
-        **job_resources("gpu_train"),
+        **job_resources("gpu_adapter"),
     priority: 2
     log:
         "logs/{base}/alignment/{kind}/{lang}.log",

@@ -64,9 +64,9 @@ rule ablation_sentence_adapter:
         directory(layout.ABLATION_SENTENCE_ADAPTER),
     params:
         settings=sentence_adapter_settings,
-    threads: job_threads("gpu_train")
+    threads: job_threads("gpu_adapter")
     resources:
-        **job_resources("gpu_train"),
+        **job_resources("gpu_adapter"),
     priority: 1
     log:
         "logs/{base}/ablations/sentence_adapters_base/{lang}.log",
@@ -89,9 +89,9 @@ rule ablation_alignment_adapter:
         directory(layout.ABLATION_ALIGNMENT_ADAPTER),
     params:
         settings=ablation_alignment_settings,
-    threads: job_threads("gpu_train")
+    threads: job_threads("gpu_adapter")
     resources:
-        **job_resources("gpu_train"),
+        **job_resources("gpu_adapter"),
     priority: 1
     log:
         "logs/{base}/ablations/alignment_la/{kind}/{lang}.log",

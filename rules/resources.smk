@@ -30,8 +30,14 @@ from modsent import planning as modsent_planning
 # (16 GB; a 3.3B translation model's conversion asks for more: conversion_resources); a retry
 # after an out-of-memory kill asks for more, up to the largest node.
 RESOURCE_CLASSES = {
-    # LA (MLM), SE (MNRL) and CLA training: one GPU, data loading and tokenisation on CPUs
+    # LA (MLM) training, the full baselines and the methods' training: one GPU, data loading
+    # and tokenisation on CPUs
     "gpu_train": {"gpu": 1, "cpus": 8, "mem_mb": 32000, "runtime": 24 * 60},
+    # SE (MNRL) and CLA adapters and their ablations: gpu_train's job, shorter (the paper's 20 min
+    # per 600K pairs on an A100; `modsent plan` estimates a config's), so that a cluster's
+    # backfill starts it sooner; the config's resources.gpu_train apply to it too, but for the
+    # runtime (KIND_PARENTS)
+    "gpu_adapter": {"gpu": 1, "cpus": 8, "mem_mb": 32000, "runtime": 4 * 60},
     # NLLB / M2M100 translation of one shard (bf16 on the GPU; the checkpoint loads in RAM)
     "gpu_translate": {"gpu": 1, "cpus": 8, "mem_mb": 48000, "runtime": 12 * 60},
     # a forward pass over a fixed set of sentences (the frozen English encoder)
@@ -41,6 +47,11 @@ RESOURCE_CLASSES = {
     # tokenizer training, fastText, FOCUS, model download and conversion: 10M-line corpora
     "cpu_heavy": {"gpu": 0, "cpus": 8, "mem_mb": 16000, "runtime": 8 * 60},
 }
+
+# kind: the kind whose config overrides (`resources: {gpu_train: ...}`) it takes too, under its
+# own, but for the keys listed: a constraint, GPU model, partition or CPU count set for the
+# training jobs reaches the adapters' jobs, a longer time for the language adapters does not
+KIND_PARENTS = {"gpu_adapter": ("gpu_train", ("runtime",))}
 
 # A retried job (profile: retries) asks for more than the attempt before: memory × attempt
 # (an out-of-memory kill is the usual reason), never more than the largest node that can run
@@ -74,13 +85,18 @@ def resource_class(kind):
     """The class `kind` with the config's overrides (`resources: {kind: {key: value}}`) applied.
 
     Override keys: gpu, cpus, mem_mb, runtime, max_runtime, and any other resource the SLURM
-    plugin reads (slurm_partition, slurm_account, constraint, gpu_model, qos, slurm_extra)."""
+    plugin reads (slurm_partition, slurm_account, constraint, gpu_model, qos, slurm_extra). A
+    kind of KIND_PARENTS takes its parent's overrides first, but for its own keys."""
     if kind not in RESOURCE_CLASSES:
         raise WorkflowError(
             f"unknown resource kind {kind!r}; known: {', '.join(RESOURCE_CLASSES)}"
         )
     values = {"max_runtime": MAX_RUNTIME, **RESOURCE_CLASSES[kind]}
-    values.update((config.get("resources") or {}).get(kind) or {})
+    overrides = config.get("resources") or {}
+    if kind in KIND_PARENTS:
+        parent, own = KIND_PARENTS[kind]
+        values.update((key, value) for key, value in (overrides.get(parent) or {}).items() if key not in own)
+    values.update(overrides.get(kind) or {})
     return values
 
 

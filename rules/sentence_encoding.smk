@@ -10,9 +10,9 @@ rule sentence_adapter:
         directory(layout.SENTENCE_ADAPTER),
     params:
         settings=sentence_adapter_settings,
-    threads: job_threads("gpu_train")
+    threads: job_threads("gpu_adapter")
     resources:
-        **job_resources("gpu_train"),
+        **job_resources("gpu_adapter"),
     priority: 3
     log:
         "logs/{base}/sentence_adapters/{lang}.log",

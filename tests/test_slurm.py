@@ -114,6 +114,42 @@ def test_resource_kinds_grow_with_the_attempt_and_take_config_overrides():
     assert smk["job_threads"]("gpu_train") == 16
 
 
+def test_the_adapters_jobs_ask_for_less_time_and_follow_the_training_jobs_other_keys():
+    """gpu_adapter (SE, CLA and their ablations): gpu_train's request with 4 h instead of 24 h;
+    the config's resources.gpu_train reach it except its runtime, resources.gpu_adapter win."""
+    smk = _resources_module({})
+    adapter, train = smk["job_resources"]("gpu_adapter"), smk["job_resources"]("gpu_train")
+    assert [adapter["runtime"](None, attempt) for attempt in (1, 2, 3)] == [240, 360, 540]
+    assert [adapter["mem_mb"](None, a) for a in (1, 2)] == [train["mem_mb"](None, a) for a in (1, 2)]
+    assert (adapter["gpu"], adapter["cpus_per_gpu"], adapter["nodes"]) == (1, 8, 1)
+    smk = _resources_module({"resources": {"gpu_train": {"runtime": 2880, "max_runtime": 600, "cpus": 1,
+                                                         "constraint": "a100", "qos": "gpu"}}})
+    adapter = smk["job_resources"]("gpu_adapter")
+    assert [adapter["runtime"](None, attempt) for attempt in (1, 2, 3)] == [240, 360, 540]
+    assert adapter["runtime"](None, 4) == 600  # gpu_train's max_runtime caps its retries too
+    assert (adapter["cpus_per_gpu"], smk["job_threads"]("gpu_adapter")) == (1, 1)
+    assert (adapter["constraint"], adapter["qos"]) == ("a100", "gpu")
+    assert smk["job_resources"]("gpu_train")["runtime"](None, 1) == 2880
+    smk = _resources_module({"resources": {"gpu_train": {"constraint": "a100", "cpus": 4},
+                                           "gpu_adapter": {"runtime": 30, "constraint": "v100"}}})
+    adapter = smk["job_resources"]("gpu_adapter")
+    assert (adapter["runtime"](None, 1), adapter["constraint"], adapter["cpus_per_gpu"]) == (30, "v100", 4)
+    assert smk["job_resources"]("gpu_train")["constraint"] == "a100"
+    # the rules of the adapters take the kind; the language adapter keeps gpu_train's
+    blocks = _rule_blocks()
+    for rule in ("sentence_adapter", "alignment_adapter", "ablation_sentence_adapter", "ablation_alignment_adapter"):
+        assert 'job_resources("gpu_adapter")' in blocks[rule], rule
+    assert 'job_resources("gpu_train"' in blocks["language_adapter"]
+    # the schema accepts the kind's section (and still refuses an unknown one)
+    from modsent import config as modsent_config
+
+    schema = modsent_config.load_schema()
+    assert not [p for p in modsent_config.schema_errors({"resources": {"gpu_adapter": {"runtime": 60}}}, schema)
+                if "resources" in p]
+    assert [p for p in modsent_config.schema_errors({"resources": {"gpu_adaptor": {"runtime": 60}}}, schema)
+            if "gpu_adaptor" in p]
+
+
 def test_a_method_s_own_resources_apply_to_its_training_job_only():
     """methods.NAME.resources over the gpu_train kind (and the config's resources.gpu_train), for
     that method's job; a key neither sets (constraint) is not requested (None: Snakemake drops it)."""
@@ -417,18 +453,19 @@ def _job_details(job_id: str) -> dict[str, str]:
 @pytest.mark.workflow
 def test_a_method_s_own_resources_reach_sbatch_and_no_other_job(slurm_run):
     """methods.mST5-en.resources: its job asked for the node feature, 77 minutes and 3 CPUs; the
-    other GPU jobs for the kind's 24 h and no feature (a key a job does not set is left out of
-    its sbatch call, not sent empty)."""
+    other GPU jobs for their kind's time (gpu_train's 24 h, gpu_adapter's 4 h) and no feature (a
+    key a job does not set is left out of its sbatch call, not sent empty)."""
     root, output, _, _ = slurm_run
     submitted = _submissions(output)
     method = [job_id for job_id, rule in submitted.items() if rule == "train_method"]
-    others = [job_id for job_id, rule in submitted.items() if rule == "sentence_adapter"]
-    assert len(method) == 1 and others
+    limits = {"language_adapter": "1-00:00:00", "sentence_adapter": "04:00:00"}
+    others = [(job_id, rule) for job_id, rule in submitted.items() if rule in limits]
+    assert len(method) == 1 and {rule for _, rule in others} == set(limits)
     details = _job_details(method[0])
     assert (details["Features"], details["TimeLimit"], details["NumCPUs"]) == (FEATURE, "01:17:00", "3"), details
-    for job_id in others:
+    for job_id, rule in others:
         details = _job_details(job_id)
-        assert (details["Features"], details["TimeLimit"]) == ("(null)", "1-00:00:00"), details
+        assert (details["Features"], details["TimeLimit"]) == ("(null)", limits[rule]), (rule, details)
 
 
 @pytest.mark.workflow
