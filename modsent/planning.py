@@ -18,6 +18,7 @@ only.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import subprocess
 import sys
@@ -74,6 +75,12 @@ PAIR_STAGES = {"sentence_adapter": "sentence_adapter", "ablation_sentence_adapte
                "alignment_adapter": "alignment", "ablation_alignment_adapter": "alignment"}
 
 
+# the resource kind (rules/resources.smk) of each rule priced here, named when a job's estimate
+# exceeds its first attempt's time (tests/test_planning.py checks it against the rules)
+RULE_KINDS = {"language_adapter": "gpu_train", "translate_shard": "gpu_translate",
+              **{rule: "gpu_adapter" for rule in PAIR_STAGES}}
+
+
 @dataclasses.dataclass
 class Estimate:
     rule: str
@@ -81,10 +88,18 @@ class Estimate:
     gpu_hours: float | None = None
     disk_gb: float | None = None
     note: str = ""
+    # the longest priced job's wall hours (GPU-hours over its GPUs), and the time (minutes) a first
+    # attempt of that rule's jobs asks for (the longest), from the dry run's resources
+    longest_hours: float | None = None
+    runtime_minutes: int | None = None
+    over_runtime: int = 0  # priced jobs whose estimate exceeds their first attempt's time
 
 
-def planned_jobs(configfile: str | Path, directory: str | Path, snakefile: Path = REPO / "Snakefile") -> list[tuple[str, dict]]:
-    """(rule, wildcards) of every job Snakemake would run in ``directory`` for ``configfile``."""
+def planned_jobs(configfile: str | Path, directory: str | Path, snakefile: Path = REPO / "Snakefile"
+                 ) -> list[tuple[str, dict, dict]]:
+    """(rule, wildcards, resources) of every job Snakemake would run in ``directory`` for
+    ``configfile``; resources: the dry run's integer ones (runtime in minutes, gpu, mem_mb) of a
+    first attempt, without SLURM (so not capped by a cluster's partitions)."""
     exe = Path(sys.executable).parent / "snakemake"
     cmd = [str(exe) if exe.exists() else "snakemake", "--snakefile", str(snakefile), "--configfile",
            str(Path(configfile).resolve()), "--directory", str(directory), "--dry-run"]
@@ -98,11 +113,15 @@ def planned_jobs(configfile: str | Path, directory: str | Path, snakefile: Path 
         match = re.match(r"^(?:local)?rule (\w+):$", line.strip())
         if match:
             rule = match.group(1)
-            jobs.append((rule, {}))
+            jobs.append((rule, {}, {}))
             continue
-        match = re.match(r"^\s*wildcards: (.*)$", line)
+        match = re.match(r"^\s*(wildcards|resources): (.*)$", line)
         if match and jobs:
-            jobs[-1][1].update(dict(part.split("=", 1) for part in match.group(1).split(", ") if "=" in part))
+            values = dict(part.split("=", 1) for part in match.group(2).split(", ") if "=" in part)
+            if match.group(1) == "wildcards":
+                jobs[-1][1].update(values)
+            else:
+                jobs[-1][2].update((key, int(value)) for key, value in values.items() if value.isdigit())
     return jobs
 
 
@@ -142,75 +161,101 @@ def _hidden_size(directory: Path, config: dict) -> int:
     return 768
 
 
-def estimate(config: dict, jobs: list[tuple[str, dict]], directory: str | Path, rates: Rates,
+def estimate(config: dict, jobs: list[tuple], directory: str | Path, rates: Rates,
              scale: float = 1.0) -> list[Estimate]:
-    """Per rule: its jobs and, for the training stages with a rate, GPU-hours and output disk."""
-    from modsent import config as modsent_config
-
+    """Per rule: its jobs and, for the training stages with a rate, GPU-hours and output disk.
+    ``jobs``: planned_jobs' (rule, wildcards, resources), or (rule, wildcards) without resources."""
     directory = Path(directory)
-    counts = Counter(rule for rule, _ in jobs)
+    counts = Counter(job[0] for job in jobs)
     out = {rule: Estimate(rule, count) for rule, count in sorted(counts.items())}
     hidden = _hidden_size(directory, config)
     assumed = set()
-    for rule, wildcards in jobs:
-        lang = wildcards.get("lang")
+    for rule, wildcards, *rest in jobs:
         item = out[rule]
-        if rule == "language_adapter" and lang:
-            la = modsent_config.language_adapter_settings(config, lang)
-            tokens = la["steps"] * la["batch_size"] * la["seq_len"]
-            vocab = modsent_config.tokenizer_settings(config, lang).get("vocab_size", 50_000)
-            rate, item.note = rates.la_tokens_per_s, "steps x batch x seq_len tokens"
-            if la.get("residual_stream") == "bf16":
-                if rates.la_bf16_stream_tokens_per_s:
-                    rate, item.note = rates.la_bf16_stream_tokens_per_s, item.note + ", bf16 residual stream"
-                else:
-                    item.note += ", bf16 residual stream priced as fp32 (no rate measured)"
-            item.gpu_hours = (item.gpu_hours or 0) + scale * tokens / rate / 3600
-            item.disk_gb = (item.disk_gb or 0) + vocab * hidden * 4 / 1e9  # the trained fp32 embeddings
-        elif rule in PAIR_STAGES and lang:
-            section = PAIR_STAGES[rule]
-            settings = modsent_config.job_settings(config, section)
-            if settings.get("max_steps"):
-                pairs = settings["max_steps"] * settings["batch_size"]
-            else:
-                n, counted = _pairs(directory, lang)
-                if not counted:
-                    assumed.add(rule)
-                pairs = settings.get("epochs", 1) * n
-            rate = rates.se_pairs_per_s if section == "sentence_adapter" else rates.cla_pairs_per_s
-            item.gpu_hours = (item.gpu_hours or 0) + scale * pairs / rate / 3600
-            item.note = "epochs x pairs" + (f" ({PAPER_PAIRS:,} pairs per language assumed: not prepared yet)"
-                                            if rule in assumed else "")
-        elif rule == "translate_shard":
-            settings = config["translation"]
-            size = translation_size(str(settings["model"]))
-            rate = rates.translation_sentences_per_s.get((settings["engine"], size))
-            if rate is None:
-                item.note = (f"no measured rate for {settings['engine']} with {settings['model']} "
-                             f"on {rates.name}")
-                continue
-            units, counted = _translation_units(directory)
-            item.gpu_hours = (item.gpu_hours or 0) + scale * units / settings["shards"] / rate / 3600
-            item.note = (f"units / shards at {rate:g} sentences/s ({settings['engine']}, NLLB-{size}, bf16, "
-                         f"32 tokens each)" + ("" if counted else
-                                                f"; {2 * PAPER_PAIRS:,} units assumed: not prepared yet"))
+        before = item.gpu_hours or 0
+        _estimate_job(config, rule, wildcards, item, directory, rates, scale, hidden, assumed)
+        if item.gpu_hours is not None and item.gpu_hours > before and rest:
+            resources = rest[0]
+            hours = (item.gpu_hours - before) / max(resources.get("gpu", 1), 1)
+            item.longest_hours = max(item.longest_hours or 0, hours)
+            if "runtime" in resources:
+                item.runtime_minutes = max(item.runtime_minutes or 0, resources["runtime"])
+                item.over_runtime += hours * 60 > resources["runtime"]
     return list(out.values())
+
+
+def _estimate_job(config: dict, rule: str, wildcards: dict, item: Estimate, directory: Path, rates: Rates,
+                  scale: float, hidden: int, assumed: set) -> None:
+    """Add one job's GPU-hours (and disk) to ``item``, its rule's estimate."""
+    from modsent import config as modsent_config
+
+    lang = wildcards.get("lang")
+    if rule == "language_adapter" and lang:
+        la = modsent_config.language_adapter_settings(config, lang)
+        tokens = la["steps"] * la["batch_size"] * la["seq_len"]
+        vocab = modsent_config.tokenizer_settings(config, lang).get("vocab_size", 50_000)
+        rate, item.note = rates.la_tokens_per_s, "steps x batch x seq_len tokens"
+        if la.get("residual_stream") == "bf16":
+            if rates.la_bf16_stream_tokens_per_s:
+                rate, item.note = rates.la_bf16_stream_tokens_per_s, item.note + ", bf16 residual stream"
+            else:
+                item.note += ", bf16 residual stream priced as fp32 (no rate measured)"
+        item.gpu_hours = (item.gpu_hours or 0) + scale * tokens / rate / 3600
+        item.disk_gb = (item.disk_gb or 0) + vocab * hidden * 4 / 1e9  # the trained fp32 embeddings
+    elif rule in PAIR_STAGES and lang:
+        section = PAIR_STAGES[rule]
+        settings = modsent_config.job_settings(config, section)
+        if settings.get("max_steps"):
+            pairs = settings["max_steps"] * settings["batch_size"]
+        else:
+            n, counted = _pairs(directory, lang)
+            if not counted:
+                assumed.add(rule)
+            pairs = settings.get("epochs", 1) * n
+        rate = rates.se_pairs_per_s if section == "sentence_adapter" else rates.cla_pairs_per_s
+        item.gpu_hours = (item.gpu_hours or 0) + scale * pairs / rate / 3600
+        item.note = "epochs x pairs" + (f" ({PAPER_PAIRS:,} pairs per language assumed: not prepared yet)"
+                                        if rule in assumed else "")
+    elif rule == "translate_shard":
+        settings = config["translation"]
+        size = translation_size(str(settings["model"]))
+        rate = rates.translation_sentences_per_s.get((settings["engine"], size))
+        if rate is None:
+            item.note = (f"no measured rate for {settings['engine']} with {settings['model']} "
+                         f"on {rates.name}")
+            return
+        units, counted = _translation_units(directory)
+        item.gpu_hours = (item.gpu_hours or 0) + scale * units / settings["shards"] / rate / 3600
+        item.note = (f"units / shards at {rate:g} sentences/s ({settings['engine']}, NLLB-{size}, bf16, "
+                     f"32 tokens each)" + ("" if counted else
+                                            f"; {2 * PAPER_PAIRS:,} units assumed: not prepared yet"))
 
 
 def format_plan(estimates: list[Estimate], rates: Rates, configfile: str, directory: str, scale: float) -> str:
     lines = [f"modsent plan: {configfile} in {directory}",
              f"rates: {rates.name} — {rates.source}; a LaBSE-sized body" + (f", times x{scale:g}" if scale != 1 else ""),
-             "", f"{'rule':32} {'jobs':>5} {'GPU-hours':>10} {'disk GB':>8}  how"]
+             "", f"{'rule':32} {'jobs':>5} {'GPU-hours':>10} {'disk GB':>8} {'job h':>7} {'asks h':>7}  how"]
     for item in estimates:
         hours = "" if item.gpu_hours is None else f"{item.gpu_hours:10.2f}"
         disk = "" if item.disk_gb is None else f"{item.disk_gb:8.2f}"
-        lines.append(f"{item.rule:32} {item.jobs:5d} {hours:>10} {disk:>8}  {item.note}")
+        longest = "" if item.longest_hours is None else f"{item.longest_hours:7.2f}"
+        asks = "" if item.runtime_minutes is None else f"{item.runtime_minutes / 60:7.1f}"
+        lines.append(f"{item.rule:32} {item.jobs:5d} {hours:>10} {disk:>8} {longest:>7} {asks:>7}  {item.note}")
     total_jobs = sum(item.jobs for item in estimates)
     total_hours = sum(item.gpu_hours or 0 for item in estimates)
     lines += ["", f"{'total':32} {total_jobs:5d} {total_hours:10.2f}",
               "GPU-hours cover the language, sentence-encoding and alignment adapters and, where measured, "
               "translation; full baselines, recipes and evaluation have no measured rate yet (their jobs "
-              "are listed)."]
+              "are listed). job h: the longest job's hours on its GPUs; asks h: the time its first attempt "
+              "asks the cluster for (rules/resources.smk and the config's resources:)."]
+    for item in estimates:
+        if item.over_runtime:
+            kind = RULE_KINDS.get(item.rule, "KIND")
+            lines.append(f"warning: {item.over_runtime} {item.rule} job(s) need more than their first attempt's "
+                         f"{item.runtime_minutes / 60:g} h (the longest {item.longest_hours:.1f} h at these rates): "
+                         f"each times out and resumes from its checkpoint on a retry (1.5x the time each, "
+                         f"the profile's retries: 2), or set resources.{kind}.runtime to at least "
+                         f"{math.ceil(round(item.longest_hours * 60 * 1.2, 6))} minutes (its estimate and a fifth)")
     return "\n".join(lines)
 
 

@@ -9,6 +9,20 @@ from modsent.cli import main
 from conftest import REPO
 
 
+def _rule_kinds() -> dict[str, str]:
+    """The resource kind each rule of rules/*.smk declares (job_resources("KIND"...))."""
+    import re
+
+    kinds = {}
+    for path in sorted((REPO / "rules").rglob("*.smk")):
+        for block in re.split(r"(?m)^(?=[ \t]*rule \w+:)", path.read_text(encoding="utf-8")):
+            rule = re.match(r"\s*rule (\w+):", block)
+            kind = re.search(r'job_resources\("(\w+)"', block)
+            if rule and kind:
+                kinds[rule.group(1)] = kind.group(1)
+    return kinds
+
+
 def test_the_plan_counts_snakemake_s_jobs_and_prices_each_training_job_from_its_settings(tmp_path, capsys):
     configfile = REPO / "configs" / "test.yaml"
     config = planning.load_filled_config(configfile)
@@ -16,7 +30,7 @@ def test_the_plan_counts_snakemake_s_jobs_and_prices_each_training_job_from_its_
     rates = planning.RATES["a100-paper"]
     estimates = {e.rule: e for e in planning.estimate(config, jobs, tmp_path / "work", rates, scale=2.0)}
     # the jobs are the dry run's: one LA per language that has one, every rule of the DAG once counted
-    la_languages = sorted(w["lang"] for rule, w in jobs if rule == "language_adapter")
+    la_languages = sorted(w["lang"] for rule, w, _ in jobs if rule == "language_adapter")
     assert la_languages == sorted(modsent_config.specialized_languages(config))
     assert estimates["all"].jobs == 1 and estimates["language_adapter"].jobs == len(la_languages)
     # GPU-hours: steps x batch x seq_len tokens per language at the paper's rate (A100: 20 h for
@@ -32,6 +46,25 @@ def test_the_plan_counts_snakemake_s_jobs_and_prices_each_training_job_from_its_
     per_job = (se["max_steps"] * se["batch_size"] if se.get("max_steps") else se["epochs"] * 600_000)
     assert estimates["sentence_adapter"].gpu_hours == pytest.approx(n_se * per_job / 600_000 * (20 / 60) * 2.0)
     assert estimates["corpus"].gpu_hours is None  # no rate: listed with its jobs only
+    # each job's time against the time its first attempt asks for (the dry run's resources)
+    assert estimates["sentence_adapter"].longest_hours == pytest.approx(per_job / 600_000 * (20 / 60) * 2.0)
+    assert (estimates["language_adapter"].runtime_minutes, estimates["sentence_adapter"].runtime_minutes) == (1440, 240)
+    assert estimates["corpus"].longest_hours is None and estimates["sentence_adapter"].over_runtime == 0
+    kinds = {rule: kind for rule, kind in _rule_kinds().items() if rule in planning.RULE_KINDS}
+    assert kinds == planning.RULE_KINDS  # the kind a warning names is the rule's own
+    # a language adapter of 30 GPU-hours on one GPU outgrows its first attempt's 24 h, on 2 GPUs not
+    la_jobs = [job for job in jobs if job[0] == "language_adapter"]
+    one = la_jobs[0][2]
+    hours = planning.estimate(config, la_jobs[:1], tmp_path / "work", rates)[0].gpu_hours
+    (slow,) = planning.estimate(config, la_jobs[:1], tmp_path / "work", rates, scale=30 / hours)
+    assert (slow.longest_hours, slow.over_runtime) == (pytest.approx(30), 1)
+    text = planning.format_plan([slow], rates, "c.yaml", "d", 1.0)
+    assert "warning: 1 language_adapter job(s) need more than their first attempt's 24 h (the longest 30.0 h" in text
+    assert "resources.gpu_train.runtime to at least 2160 minutes" in text
+    two = [(rule, w, {**r, "gpu": 2}) for rule, w, r in la_jobs[:1]]
+    (fits,) = planning.estimate(config, two, tmp_path / "work", rates, scale=30 / hours)
+    assert (fits.longest_hours, fits.over_runtime, one["gpu"]) == (pytest.approx(15), 0, 1)
+    assert "warning" not in planning.format_plan([fits], rates, "c.yaml", "d", 1.0)
 
     assert main(["plan", "--configfile", str(configfile), "--rates", "h200"]) == 0
     out = capsys.readouterr().out
