@@ -198,7 +198,8 @@ def can_run(node: Node, cpus: int, gpus: int) -> bool:
 
 
 def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus: int, gpus: int,
-               setting: str | None = None, constraint: str | None = None, gpu_model: str | None = None) -> int:
+               setting: str | None = None, constraint: str | None = None, gpu_model: str | None = None,
+               constraint_setting: str | None = None, gpu_model_setting: str | None = None) -> int:
     """The memory (MB) to request for a job of resource kind ``kind`` on its ``attempt``:
     ``mem_mb`` × attempt (``mem_mb`` is per GPU for GPU jobs: × ``gpus``), capped at the
     largest node with ``cpus`` CPUs and ``gpus`` GPUs. Raises :class:`ClusterFitError` naming
@@ -206,24 +207,32 @@ def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus:
     every node that has them: ``setting``'s ``cpus`` or ``mem_mb`` (default: the kind's,
     ``resources.{kind}``; a method's job: ``methods.{name}.resources``). Only the nodes with
     the job's ``constraint``'s features and ``gpu_model``'s GPUs count; none: an error naming
-    ``setting``'s ``constraint`` or ``gpu_model`` and what the nodes have."""
+    the key they come from (``constraint_setting``, ``gpu_model_setting``: default ``setting``'s;
+    one of the profile's names the profile) and what the nodes have."""
     per = max(gpus, 1)
     first, wanted = mem_mb * per, mem_mb * per * attempt
     setting = setting or f"resources.{kind}"
     key = "your config (defaults in rules/resources.smk)"
+
+    def where(source):
+        return "the profile (slurm/config.yaml)" if source.startswith("the profile") else key
+
     featured = select(nodes, constraint=constraint)
     if constraint and not featured:
+        source = constraint_setting or f"{setting}.constraint"
         features = sorted(set().union(*(node.features for node in nodes)))
         raise ClusterFitError(
-            f"jobs of kind {kind} ask for nodes with {setting}.constraint {constraint!r}, but no node of "
-            f"this cluster has those features (sinfo %f: {', '.join(features) or 'none'}); change it in {key}")
+            f"jobs of kind {kind} ask for nodes with {source} {constraint!r}, but no node of "
+            f"this cluster has those features (sinfo %f: {', '.join(features) or 'none'}); change it in "
+            f"{where(source)}")
     chosen = select(nodes, constraint=constraint, gpu_model=gpu_model)
     if gpu_model and not chosen:
+        source = gpu_model_setting or f"{setting}.gpu_model"
         models = sorted({model for node in featured for model, _ in node.gpu_models})
         raise ClusterFitError(
-            f"jobs of kind {kind} ask for {setting}.gpu_model {gpu_model!r}, but no node of this cluster "
+            f"jobs of kind {kind} ask for {source} {gpu_model!r}, but no node of this cluster "
             f"{'with its constraint ' if constraint else ''}has GPUs of that type (sinfo %G: "
-            f"{', '.join(models) or 'no typed GPUs'}); change it in {key}")
+            f"{', '.join(models) or 'no typed GPUs'}); change it in {where(source)}")
     nodes = chosen
     if gpus and not any(node.gpus for node in nodes):
         raise ClusterFitError(

@@ -119,11 +119,52 @@ def _job_class(kind, overrides):
     return job_class
 
 
-def _node_choice(values, gpus):
-    """The job's constraint and, for a GPU job, GPU model (from the config: the profile's are not
-    visible here), which decide the nodes that can run it (modsent.cluster.select)."""
-    return {"constraint": values.get("constraint") or None,
-            "gpu_model": (values.get("gpu_model") or None) if gpus else None}
+# the keys that decide which nodes can run a job (modsent.cluster.select)
+NODE_KEYS = ("constraint", "gpu_model")
+
+
+def _profile_values(rulename):
+    """The profile's (or command line's) constraint and GPU model for jobs of `rulename`:
+    ({key: value} of its set-resources, which replace the rule's own, {key: value} of
+    default-resources, which apply where the rule has none); values Snakemake would compute
+    (expressions) are left out."""
+    settings = getattr(globals().get("workflow"), "resource_settings", None)
+    if settings is None:
+        return {}, {}
+
+    def plain(resources):
+        found = {}
+        for key in NODE_KEYS:
+            resource = resources.get(key) if resources is not None else None
+            raw = getattr(resource, "raw", None)
+            if isinstance(raw, str) and raw.strip("'\""):
+                found[key] = raw.strip("'\"")
+        return found
+
+    overwrite = (settings.overwrite_resources or {}).get(rulename) if rulename else None
+    return plain(overwrite), plain(settings.default_resources)
+
+
+def _node_choice(values, gpus, setting, rulename=None):
+    """The job's constraint and, for a GPU job, GPU model, which decide the nodes that can run it
+    (modsent.cluster.select), and the key each comes from (for errors): the profile's
+    set-resources for the rule (which win), else the config (`values`, the job's own or its
+    kind's, named by `setting`), else the profile's default-resources."""
+    overwrite, default = _profile_values(rulename)
+    choice = {}
+    for key in NODE_KEYS:
+        if key == "gpu_model" and not gpus:
+            value, source = None, None
+        elif key in overwrite:
+            value, source = overwrite[key], f"the profile's set-resources: {rulename}: {key}"
+        elif values.get(key):
+            value, source = values[key], f"{setting}.{key}"
+        elif key in default and key not in values:
+            value, source = default[key], f"the profile's default-resources: {key}"
+        else:
+            value, source = None, None
+        choice[key], choice[f"{key}_setting"] = value, source
+    return choice
 
 
 def job_threads(kind, gpus=None, overrides=None):
@@ -156,7 +197,7 @@ def job_resources(kind, gpus=None, overrides=None, own_keys=()):
     def gpu_count(wildcards):
         return _gpu_count(gpus, wildcards) if kind_gpus else 0
 
-    def mem_mb(wildcards, attempt):
+    def mem_mb(wildcards, attempt, rulename=None):
         # an out-of-memory kill is the usual reason for a retry; each GPU process holds a copy
         values, setting = job_class(wildcards)
         count = gpu_count(wildcards)
@@ -166,12 +207,12 @@ def job_resources(kind, gpus=None, overrides=None, own_keys=()):
         try:  # never more than the largest node that can run the job has (sbatch would reject it)
             return modsent_cluster.fit_memory(kind, nodes, mem_mb=int(values["mem_mb"]), attempt=attempt,
                                               cpus=int(values["cpus"]) * max(count, 1), gpus=count,
-                                              setting=setting, **_node_choice(values, count))
+                                              setting=setting, **_node_choice(values, count, setting, rulename))
         except modsent_cluster.ClusterFitError as err:
             raise WorkflowError(str(err)) from None
 
-    def runtime(wildcards, attempt):
-        values, _ = job_class(wildcards)
+    def runtime(wildcards, attempt, rulename=None):
+        values, setting = job_class(wildcards)
         base = int(values["runtime"])
         wanted = min(int(base * RUNTIME_GROWTH ** (attempt - 1)), max(int(values["max_runtime"]), base))
         nodes = cluster_nodes()
@@ -181,7 +222,9 @@ def job_resources(kind, gpus=None, overrides=None, own_keys=()):
         # it would wait forever); a training job that times out resumes from its checkpoint
         count = gpu_count(wildcards)
         return modsent_cluster.fit_runtime(nodes, runtime=wanted, cpus=int(values["cpus"]) * max(count, 1),
-                                           gpus=count, **_node_choice(values, count))
+                                           gpus=count, **{key: value for key, value in
+                                                          _node_choice(values, count, setting, rulename).items()
+                                                          if key in NODE_KEYS})
 
     resources = {"mem_mb": mem_mb, "runtime": runtime}
     if kind_gpus > 0:

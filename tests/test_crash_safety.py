@@ -313,3 +313,53 @@ def test_the_resource_functions_ask_the_cluster_only_when_they_submit_to_slurm()
     namespace["config"]["resources"]["gpu_train"] = {"gpu_model": "v100"}
     with pytest.raises(ValueError, match=r"resources\.gpu_train\.gpu_model 'v100'.*\(sinfo %G: a100, a100_80gb, h100\)"):
         namespace["job_resources"]("gpu_train")["mem_mb"](None, 1)
+
+
+def test_the_profile_s_constraint_and_gpu_model_choose_the_nodes_too():
+    """A GPU model or constraint set in the profile (set-resources for a rule: it wins over the
+    config's; default-resources: where the config sets none) chooses the nodes the memory and
+    time are fitted to, as the config's do, and one no node has names the profile."""
+    from types import SimpleNamespace
+
+    from snakemake.cli import parse_set_resources
+    from snakemake.resources import Resources
+
+    def resources(config, set_resources=(), default_resources=()):
+        settings = SimpleNamespace(overwrite_resources=parse_set_resources(list(set_resources)),
+                                   default_resources=Resources.parse(list(default_resources), defaults="bare",
+                                                                     allow_expressions=True))
+        namespace = {"config": config, "WorkflowError": ValueError,
+                     "workflow": SimpleNamespace(resource_settings=settings)}
+        exec(compile((REPO / "rules" / "resources.smk").read_text(), "resources.smk", "exec"), namespace)
+        namespace["_CLUSTER_NODES"].append(cluster.parse_sinfo(SINFO_FEATURES))
+        return namespace["job_resources"]
+
+    def fitted(job, rulename):  # (memory of the 20th attempt, time of the 3rd) of a rule's job
+        return job["mem_mb"](None, 20, rulename=rulename), job["runtime"](None, 3, rulename=rulename)
+
+    big_cpu = {"mem_mb": 50000, "runtime": 2000}  # CPU jobs that reach the caps too
+    # nothing in the profile: every GPU node (node4's 512 GB, 2-day partition)
+    assert fitted(resources({})("gpu_train"), "language_adapter") == (512000, 2880)
+    # the profile's gpu_model for the language adapters (node1's A100s, 1-day partition), quoted or
+    # not; another rule's jobs and the CPU jobs are not affected
+    job = resources({"resources": {"cpu": big_cpu}}, ["language_adapter:gpu_model=a100",
+                                                      "language_adapter:slurm_partition=gpu"])
+    assert fitted(job("gpu_train"), "language_adapter") == (192000, 1440)
+    assert fitted(job("gpu_train"), "full_baseline") == (512000, 2880)
+    assert fitted(job("cpu"), "corpus") == (512000, 2880)
+    job = resources({"resources": {"gpu_train": {"constraint": "h100"}}}, ["language_adapter:constraint='a100&ib'"])
+    assert fitted(job("gpu_train"), "language_adapter") == (192000, 1440)  # the profile's wins
+    assert fitted(job("gpu_train"), "full_baseline") == (512000, 2880)  # the config's
+    # default-resources apply where the config sets no constraint
+    job = resources({"resources": {"cpu": big_cpu}}, default_resources=["constraint=a100"])
+    assert fitted(job("cpu"), "corpus") == (192000, 1440)
+    job = resources({"resources": {"cpu": {**big_cpu, "constraint": "a100_80gb"}}}, default_resources=["constraint=a100"])
+    assert fitted(job("cpu"), "corpus") == (512000, 2880)
+    # one that no node has stops the run, naming the profile's key
+    job = resources({}, ["language_adapter:gpu_model=v100"])("gpu_train")
+    with pytest.raises(ValueError, match=r"the profile's set-resources: language_adapter: gpu_model 'v100', but no "
+                                         r"node of this cluster has GPUs of that type.*change it in the profile"):
+        job["mem_mb"](None, 1, rulename="language_adapter")
+    job = resources({}, default_resources=["constraint=bigmem"])("cpu_heavy")
+    with pytest.raises(ValueError, match=r"the profile's default-resources: constraint 'bigmem', but no node"):
+        job["mem_mb"](None, 1, rulename="corpus")
