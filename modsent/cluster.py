@@ -15,8 +15,9 @@ with the attempt). Instead, rules/resources.smk asks sinfo once for the nodes an
   ``h100|h200``) or ``gpu_model`` names what no node has: sbatch would reject the job when its
   turn comes, hours into the run. A node runs a job only with its features and GPU model.
 
-The nodes considered are every node of the cluster (a job's partition comes from the profile,
-which the resource functions do not see): a request no node can meet is certainly rejected.
+The nodes considered are those of the job's partition (the profile's, or the config's; "" the
+cluster's default), with its time limit, when sinfo reports partitions; a partition that sinfo
+does not list stops the run too. A request no node can meet is certainly rejected.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class Node:
     time_limit: int | None = None  # minutes: the longest of its partitions' limits; None: unlimited
     features: frozenset[str] = frozenset()  # sinfo %f
     gpu_models: tuple[tuple[str, int], ...] = ()  # (model, count) of its typed GPUs ("gpu:a100:4")
+    # (partition, its time limit, whether it is the cluster's default) of each partition it is in
+    # (sinfo %P, the default marked "*"); empty when sinfo was not asked for them
+    partitions: tuple[tuple[str, int | None, bool], ...] = ()
 
 
 def gpu_count(gres: str) -> int:
@@ -118,14 +122,40 @@ def satisfies(features: frozenset[str], constraint: str) -> bool | None:
     return value if position == len(tokens) else None
 
 
-def select(nodes: list[Node], *, constraint: str | None = None, gpu_model: str | None = None) -> list[Node]:
+def partition_names(nodes: list[Node]) -> list[str]:
+    """The partitions the nodes are in (sinfo %P), the default one marked "*"."""
+    names = {name + ("*" if default else ""): None for node in nodes for name, _, default in node.partitions}
+    return sorted(names)
+
+
+def _in_partition(node: Node, partition: str) -> Node | None:
+    """``node`` as a node of ``partition`` ("gpu"; "gpu,gpu-long": any of them; "": the cluster's
+    default), with that partition's time limit (the longest of those named), or None when it is
+    not in it."""
+    wanted = [name.strip() for name in partition.split(",") if name.strip()]
+    limits = [limit for name, limit, default in node.partitions if (name in wanted if wanted else default)]
+    if not limits:
+        return None
+    return dataclasses.replace(node, time_limit=None if None in limits else max(limits))
+
+
+def select(nodes: list[Node], *, constraint: str | None = None, gpu_model: str | None = None,
+           partition: str | None = None) -> list[Node]:
     """The nodes that can run a job with ``constraint`` (their features meet it, or it has a form
-    :func:`satisfies` does not evaluate) and ``gpu_model`` (their GPUs counted as those of that
-    model only; when no node reports typed GPUs, e.g. before the nodes registered, every node)."""
+    :func:`satisfies` does not evaluate), ``gpu_model`` (their GPUs counted as those of that
+    model only; when no node reports typed GPUs, e.g. before the nodes registered, every node)
+    and ``partition`` (the nodes of it, each with that partition's time limit; "" the default
+    partition; None, or no node reporting its partitions: every node, with its longest limit)."""
     if gpu_model and not any(node.gpu_models for node in nodes):
         gpu_model = None
+    if partition is not None and not any(node.partitions for node in nodes):
+        partition = None
     chosen = []
     for node in nodes:
+        if partition is not None:
+            node = _in_partition(node, partition)
+            if node is None:
+                continue
         if constraint and satisfies(node.features, constraint) is False:
             continue
         if gpu_model:
@@ -154,26 +184,29 @@ def parse_time_limit(text: str) -> int | None:
 
 
 def parse_sinfo(text: str) -> list[Node]:
-    """Nodes from ``sinfo -h -N -o "%N|%m|%c|%G|%l|%f"`` (one line per node and partition; the
-    time limit and the features optional): a node in several partitions gets the longest of
-    their limits."""
+    """Nodes from ``sinfo -h -N -o "%N|%m|%c|%G|%l|%f|%P"`` (one line per node and partition;
+    the time limit, the features and the partition optional): a node in several partitions gets
+    the longest of their limits, and each partition with its own (``Node.partitions``)."""
     nodes = {}
     for line in text.splitlines():
         fields = line.strip().split("|")
-        if len(fields) not in (4, 5, 6):
+        if len(fields) not in (4, 5, 6, 7):
             continue
         name, mem, cpus, gres = fields[:4]
         limit = parse_time_limit(fields[4]) if len(fields) >= 5 else None
-        features = parse_features(fields[5]) if len(fields) == 6 else frozenset()
+        features = parse_features(fields[5]) if len(fields) >= 6 else frozenset()
+        partition = fields[6].strip() if len(fields) == 7 else ""
+        partitions = ((partition.rstrip("*"), limit, partition.endswith("*")),) if partition else ()
         try:
             node = Node(name, int(mem.rstrip("+")), int(cpus.rstrip("+")), gpu_count(gres), limit, features,
-                        gpu_models(gres))
+                        gpu_models(gres), partitions)
         except ValueError:
             continue
         if name in nodes:  # another partition of the same node
-            earlier = nodes[name].time_limit
-            node = dataclasses.replace(node, time_limit=None if earlier is None or limit is None
-                                       else max(earlier, limit))
+            earlier = nodes[name]
+            node = dataclasses.replace(
+                node, time_limit=None if earlier.time_limit is None or limit is None else max(earlier.time_limit, limit),
+                partitions=earlier.partitions + partitions)
         nodes[name] = node
     return list(nodes.values())
 
@@ -184,7 +217,8 @@ def query_nodes() -> list[Node] | None:
     if sinfo is None:
         return None
     try:
-        proc = subprocess.run([sinfo, "-h", "-N", "-o", "%N|%m|%c|%G|%l|%f"], capture_output=True, text=True,
+        # --all: hidden partitions too (a job may go to one; one missing here stops the run)
+        proc = subprocess.run([sinfo, "-h", "-N", "--all", "-o", "%N|%m|%c|%G|%l|%f|%P"], capture_output=True, text=True,
                               timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -199,7 +233,8 @@ def can_run(node: Node, cpus: int, gpus: int) -> bool:
 
 def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus: int, gpus: int,
                setting: str | None = None, constraint: str | None = None, gpu_model: str | None = None,
-               constraint_setting: str | None = None, gpu_model_setting: str | None = None) -> int:
+               partition: str | None = None, constraint_setting: str | None = None,
+               gpu_model_setting: str | None = None, partition_setting: str | None = None) -> int:
     """The memory (MB) to request for a job of resource kind ``kind`` on its ``attempt``:
     ``mem_mb`` × attempt (``mem_mb`` is per GPU for GPU jobs: × ``gpus``), capped at the
     largest node with ``cpus`` CPUs and ``gpus`` GPUs. Raises :class:`ClusterFitError` naming
@@ -217,6 +252,16 @@ def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus:
     def where(source):
         return "the profile (slurm/config.yaml)" if source.startswith("the profile") else key
 
+    if partition is not None:
+        in_partition = select(nodes, partition=partition)
+        if not in_partition:
+            source = partition_setting or f"{setting}.slurm_partition"
+            raise ClusterFitError(
+                f"jobs of kind {kind} go to {source} {partition!r}"
+                f"{' (the default partition)' if not partition.strip() else ''}, but sinfo lists no node in "
+                f"{'it' if partition.strip() else 'one'} (sinfo %P: {', '.join(partition_names(nodes)) or 'none'}); "
+                f"change it in {where(source)}")
+        nodes = in_partition
     featured = select(nodes, constraint=constraint)
     if constraint and not featured:
         source = constraint_setting or f"{setting}.constraint"
@@ -262,11 +307,12 @@ def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus:
 
 
 def fit_runtime(nodes: list[Node], *, runtime: int, cpus: int, gpus: int, constraint: str | None = None,
-                gpu_model: str | None = None) -> int:
+                gpu_model: str | None = None, partition: str | None = None) -> int:
     """The runtime (minutes) to request: ``runtime``, capped at the longest time limit of a
-    partition that has a node with ``cpus`` CPUs, ``gpus`` GPUs (of ``gpu_model``) and
-    ``constraint``'s features (no such node: ``runtime``, :func:`fit_memory` names the problem)."""
-    fitting = [node for node in select(nodes, constraint=constraint, gpu_model=gpu_model)
+    partition (the job's ``partition``, when known) that has a node with ``cpus`` CPUs, ``gpus``
+    GPUs (of ``gpu_model``) and ``constraint``'s features (no such node: ``runtime``,
+    :func:`fit_memory` names the problem)."""
+    fitting = [node for node in select(nodes, constraint=constraint, gpu_model=gpu_model, partition=partition)
                if can_run(node, cpus, gpus)]
     if not fitting or any(node.time_limit is None for node in fitting):
         return runtime

@@ -119,15 +119,16 @@ def _job_class(kind, overrides):
     return job_class
 
 
-# the keys that decide which nodes can run a job (modsent.cluster.select)
-NODE_KEYS = ("constraint", "gpu_model")
+# the keys that decide which nodes can run a job, and the name modsent.cluster.select and
+# fit_memory give each
+NODE_KEYS = {"constraint": "constraint", "gpu_model": "gpu_model", "slurm_partition": "partition"}
 
 
 def _profile_values(rulename):
-    """The profile's (or command line's) constraint and GPU model for jobs of `rulename`:
-    ({key: value} of its set-resources, which replace the rule's own, {key: value} of
-    default-resources, which apply where the rule has none); values Snakemake would compute
-    (expressions) are left out."""
+    """The profile's (or command line's) constraint, GPU model and partition for jobs of
+    `rulename`: ({key: value} of its set-resources, which replace the rule's own, {key: value}
+    of default-resources, which apply where the rule has none); values Snakemake would compute
+    (expressions) are left out. An empty partition is kept: the cluster's default one."""
     settings = getattr(globals().get("workflow"), "resource_settings", None)
     if settings is None:
         return {}, {}
@@ -137,7 +138,7 @@ def _profile_values(rulename):
         for key in NODE_KEYS:
             resource = resources.get(key) if resources is not None else None
             raw = getattr(resource, "raw", None)
-            if isinstance(raw, str) and raw.strip("'\""):
+            if isinstance(raw, str) and (raw.strip("'\"") or key == "slurm_partition"):
                 found[key] = raw.strip("'\"")
         return found
 
@@ -146,24 +147,27 @@ def _profile_values(rulename):
 
 
 def _node_choice(values, gpus, setting, rulename=None):
-    """The job's constraint and, for a GPU job, GPU model, which decide the nodes that can run it
-    (modsent.cluster.select), and the key each comes from (for errors): the profile's
+    """The job's constraint, GPU model (a GPU job's) and partition, which decide the nodes that
+    can run it (modsent.cluster.select), and the key each comes from (for errors): the profile's
     set-resources for the rule (which win), else the config (`values`, the job's own or its
-    kind's, named by `setting`), else the profile's default-resources."""
+    kind's, named by `setting`), else the profile's default-resources. As fit_memory's
+    keyword arguments."""
     overwrite, default = _profile_values(rulename)
     choice = {}
-    for key in NODE_KEYS:
+    for key, name in NODE_KEYS.items():
+        # an empty constraint or GPU model asks for nothing; an empty partition for the default
+        given = key in values and (values[key] or key == "slurm_partition")
         if key == "gpu_model" and not gpus:
             value, source = None, None
         elif key in overwrite:
             value, source = overwrite[key], f"the profile's set-resources: {rulename}: {key}"
-        elif values.get(key):
+        elif given:
             value, source = values[key], f"{setting}.{key}"
         elif key in default and key not in values:
             value, source = default[key], f"the profile's default-resources: {key}"
         else:
             value, source = None, None
-        choice[key], choice[f"{key}_setting"] = value, source
+        choice[name], choice[f"{name}_setting"] = value, source
     return choice
 
 
@@ -224,7 +228,7 @@ def job_resources(kind, gpus=None, overrides=None, own_keys=()):
         return modsent_cluster.fit_runtime(nodes, runtime=wanted, cpus=int(values["cpus"]) * max(count, 1),
                                            gpus=count, **{key: value for key, value in
                                                           _node_choice(values, count, setting, rulename).items()
-                                                          if key in NODE_KEYS})
+                                                          if key in NODE_KEYS.values()})
 
     resources = {"mem_mb": mem_mb, "runtime": runtime}
     if kind_gpus > 0:

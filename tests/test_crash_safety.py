@@ -250,6 +250,49 @@ def test_runtimes_fit_the_longest_partition_that_can_run_the_job():
     assert [n.time_limit for n in cluster.parse_sinfo(SINFO)] == [None, None, None]  # no %l: unlimited
 
 
+# sinfo with partitions (%P): node1 in gpu (1 day) and gpu-long (3 days), node4 (more memory)
+# in gpu-long only, node2 in the default partition cpu (unlimited)
+SINFO_PARTITIONS = """node1|192000|64|gpu:a100:4|1-00:00:00|a100|gpu
+node1|192000|64|gpu:a100:4|3-00:00:00|a100|gpu-long
+node4|512000|64|gpu:a100:4|3-00:00:00|a100|gpu-long
+node2|20000|16|(null)|infinite|(null)|cpu*
+"""
+
+
+def test_a_job_s_partition_chooses_the_nodes_and_the_time_limit():
+    """The job's partition (the profile's or the config's; "" the default one) decides which
+    nodes' memory and which partition's time limit bound it; one sinfo does not list stops the
+    run; sinfo without partitions: every node, as before."""
+    nodes = cluster.parse_sinfo(SINFO_PARTITIONS)
+    assert [(n.name, n.time_limit, n.partitions) for n in nodes] == [
+        ("node1", 4320, (("gpu", 1440, False), ("gpu-long", 4320, False))),
+        ("node4", 4320, (("gpu-long", 4320, False),)), ("node2", None, (("cpu", None, True),))]
+    assert cluster.partition_names(nodes) == ["cpu*", "gpu", "gpu-long"]
+    fit, runtime = cluster.fit_memory, cluster.fit_runtime
+    # the 1-day partition: node1 alone, its limit there (not its 3-day one elsewhere)
+    assert runtime(nodes, runtime=5000, cpus=8, gpus=1, partition="gpu") == 1440
+    assert fit("gpu_train", nodes, mem_mb=100000, attempt=9, cpus=8, gpus=1, partition="gpu") == 192000
+    # the long partition, or both: node4's memory and 3 days
+    assert runtime(nodes, runtime=5000, cpus=8, gpus=1, partition="gpu-long") == 4320
+    assert fit("gpu_train", nodes, mem_mb=100000, attempt=9, cpus=8, gpus=1, partition="gpu,gpu-long") == 512000
+    assert runtime(nodes, runtime=5000, cpus=8, gpus=1, partition="gpu,gpu-long") == 4320
+    # "" is the default partition (cpu*): a GPU job there fits no node
+    assert fit("cpu", nodes, mem_mb=8000, attempt=9, cpus=1, gpus=0, partition="") == 20000
+    assert runtime(nodes, runtime=5000, cpus=1, gpus=0, partition="") == 5000
+    with pytest.raises(cluster.ClusterFitError, match="need a GPU"):
+        fit("gpu_train", nodes, mem_mb=1000, attempt=1, cpus=8, gpus=1, partition="")
+    with pytest.raises(cluster.ClusterFitError, match=r"jobs of kind gpu_train go to the profile's set-resources: "
+                                                      r"language_adapter: slurm_partition 'gpus', but sinfo lists no "
+                                                      r"node in it \(sinfo %P: cpu\*, gpu, gpu-long\); change it in "
+                                                      r"the profile"):
+        fit("gpu_train", nodes, mem_mb=1000, attempt=1, cpus=8, gpus=1, partition="gpus",
+            partition_setting="the profile's set-resources: language_adapter: slurm_partition")
+    # sinfo without %P: the partition is not known, every node counts
+    old = cluster.parse_sinfo("\n".join(line.rsplit("|", 1)[0] for line in SINFO_PARTITIONS.splitlines()))
+    assert runtime(old, runtime=5000, cpus=8, gpus=1, partition="gpu") == 4320
+    assert fit("gpu_train", old, mem_mb=1000, attempt=1, cpus=8, gpus=1, partition="nowhere") == 1000
+
+
 # sinfo with features (%f): node1 (4 A100s) in a 1-day partition, node4 (2 H100s and 2 A100s of
 # another kind) in a 2-day one, node2 without GPUs or features
 SINFO_FEATURES = """node1|192000|64|gpu:a100:4(S:0-1)|1-00:00:00|a100,ib
@@ -324,14 +367,14 @@ def test_the_profile_s_constraint_and_gpu_model_choose_the_nodes_too():
     from snakemake.cli import parse_set_resources
     from snakemake.resources import Resources
 
-    def resources(config, set_resources=(), default_resources=()):
+    def resources(config, set_resources=(), default_resources=(), sinfo=SINFO_FEATURES):
         settings = SimpleNamespace(overwrite_resources=parse_set_resources(list(set_resources)),
                                    default_resources=Resources.parse(list(default_resources), defaults="bare",
                                                                      allow_expressions=True))
         namespace = {"config": config, "WorkflowError": ValueError,
                      "workflow": SimpleNamespace(resource_settings=settings)}
         exec(compile((REPO / "rules" / "resources.smk").read_text(), "resources.smk", "exec"), namespace)
-        namespace["_CLUSTER_NODES"].append(cluster.parse_sinfo(SINFO_FEATURES))
+        namespace["_CLUSTER_NODES"].append(cluster.parse_sinfo(sinfo))
         return namespace["job_resources"]
 
     def fitted(job, rulename):  # (memory of the 20th attempt, time of the 3rd) of a rule's job
@@ -363,3 +406,15 @@ def test_the_profile_s_constraint_and_gpu_model_choose_the_nodes_too():
     job = resources({}, default_resources=["constraint=bigmem"])("cpu_heavy")
     with pytest.raises(ValueError, match=r"the profile's default-resources: constraint 'bigmem', but no node"):
         job["mem_mb"](None, 1, rulename="corpus")
+    # the partitions, as the repository's profile sets them: the GPU rules' own, "" (the default
+    # partition) for the others; a config's partition for a kind where the profile sets none
+    profile = (["language_adapter:slurm_partition=gpu"], ["slurm_partition=''"])
+    job = resources({"resources": {"cpu": {**big_cpu, "mem_mb": 10000}}}, *profile, sinfo=SINFO_PARTITIONS)
+    assert fitted(job("gpu_train"), "language_adapter") == (192000, 1440)  # node1 in gpu, 1 day
+    assert fitted(job("cpu"), "corpus") == (20000, 2880)  # node2 in cpu*: its memory, no time limit
+    job = resources({"resources": {"gpu_train": {"slurm_partition": "gpu-long"}}}, [], ["slurm_partition=''"],
+                    sinfo=SINFO_PARTITIONS)
+    assert fitted(job("gpu_train"), "full_baseline") == (512000, 2880)
+    with pytest.raises(ValueError, match=r"go to the profile's set-resources: train_method: slurm_partition 'gpu_a100'"):
+        resources({}, ["train_method:slurm_partition=gpu_a100"], sinfo=SINFO_PARTITIONS)("gpu_train")["mem_mb"](
+            None, 1, rulename="train_method")

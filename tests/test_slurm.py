@@ -532,11 +532,13 @@ def test_a_restart_does_not_submit_a_job_whose_earlier_job_still_runs(slurm_run)
     assert sorted(p.name for p in (root / merged).iterdir()) == before
 
 
-def _refused(root: Path, env: dict, config: dict, target: str, rule: str, *messages: str) -> None:
-    """A run with ``config`` that forces ``rule`` for ``target`` stops before anything is
-    submitted, with ``messages`` in its output, and leaves ``target`` in place."""
+def _refused(root: Path, env: dict, config: dict, target: str, rule: str, *messages: str, args=()) -> None:
+    """A run with ``config`` (and command-line ``args``) that forces ``rule`` for ``target``
+    stops before anything is submitted, with ``messages`` in its output, and leaves ``target``
+    in place."""
     (root / "slurm-refused.yaml").write_text(yaml.safe_dump(config))
-    proc = _snakemake_slurm(root, env, target, "--configfile", "slurm-refused.yaml", "--forcerun", rule, timeout=300)
+    proc = _snakemake_slurm(root, env, target, "--configfile", "slurm-refused.yaml", "--forcerun", rule, *args,
+                            timeout=300)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output[-3000:]
     for message in messages:
@@ -560,3 +562,9 @@ def test_a_request_no_node_can_meet_stops_the_run_naming_the_key(slurm_run):
     _refused(root, env, config, f"results/{BASE}/methods/mST5-en", "train_method",
              f"methods.mST5-en.resources.constraint 'h200', but no node of this cluster has those features "
              f"(sinfo %f: {FEATURE})")
+    # the partition and GPU model the profile gives a rule are checked too (sinfo %P, %G)
+    config = yaml.safe_load((root / "slurm-test.yaml").read_text())
+    _refused(root, env, config, f"results/{BASE}/methods/mST5-en", "train_method",
+             "jobs of kind gpu_train go to the profile's set-resources: train_method: slurm_partition 'gpu_a100', "
+             "but sinfo lists no node in it (sinfo %P: cpu*, gpu); change it in the profile",
+             args=("--set-resources", "train_method:slurm_partition=gpu_a100"))
