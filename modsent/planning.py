@@ -46,6 +46,9 @@ class Rates:
     translation_sentences_per_s: dict = dataclasses.field(default_factory=dict)
     # the LA with language_adapter.residual_stream: bf16, where measured (else the fp32 stream's rate)
     la_bf16_stream_tokens_per_s: float | None = None
+    # SE and CLA with their `compile: true` (a runtime setting), where measured (else the eager rate)
+    se_compiled_pairs_per_s: float | None = None
+    cla_compiled_pairs_per_s: float | None = None
 
 
 RATES = {
@@ -64,7 +67,9 @@ RATES = {
                   {("ctranslate2", "600M"): 364.0, ("transformers", "600M"): 82.3,
                    ("ctranslate2", "3.3B"): 175.2, ("transformers", "3.3B"): 51.2},
                   # the same run: 1.19x the fp32 stream
-                  la_bf16_stream_tokens_per_s=625_900),
+                  la_bf16_stream_tokens_per_s=625_900,
+                  # pair_throughput_compiled_se_h200.txt: the SE step compiled at 128 pairs (the CLA's not measured)
+                  se_compiled_pairs_per_s=3_400),
     "h100": Rates("h100", "benchmarks/results/*_fast_h100.txt (H100 SXM, bf16, fused AdamW, fast LoRA)",
                   441_800, 1_822, 1_823),
 }
@@ -212,10 +217,14 @@ def _estimate_job(config: dict, rule: str, wildcards: dict, item: Estimate, dire
             if not counted:
                 assumed.add(rule)
             pairs = settings.get("epochs", 1) * n
-        rate = rates.se_pairs_per_s if section == "sentence_adapter" else rates.cla_pairs_per_s
+        se = section == "sentence_adapter"
+        rate, how = (rates.se_pairs_per_s if se else rates.cla_pairs_per_s), ""
+        if modsent_config.runtime_settings(config, section, lang).get("compile"):
+            compiled = rates.se_compiled_pairs_per_s if se else rates.cla_compiled_pairs_per_s
+            rate, how = (compiled, ", compiled") if compiled else (rate, ", compiled but priced eager (no rate measured)")
         item.gpu_hours = (item.gpu_hours or 0) + scale * pairs / rate / 3600
-        item.note = "epochs x pairs" + (f" ({PAPER_PAIRS:,} pairs per language assumed: not prepared yet)"
-                                        if rule in assumed else "")
+        item.note = "epochs x pairs" + how + (f" ({PAPER_PAIRS:,} pairs per language assumed: not prepared yet)"
+                                              if rule in assumed else "")
     elif rule == "translate_shard":
         settings = config["translation"]
         size = translation_size(str(settings["model"]))

@@ -86,6 +86,15 @@ def test_the_plan_counts_snakemake_s_jobs_and_prices_each_training_job_from_its_
     h100_bf16 = {e.rule: e for e in planning.estimate(bf16, jobs, tmp_path / "work", planning.RATES["h100"])}
     assert h100_bf16["language_adapter"].gpu_hours == h100["language_adapter"].gpu_hours
     assert "no rate measured" in h100_bf16["language_adapter"].note
+    # compiled SE (a runtime setting) at its measured rate (H200); the CLA's compiled step has none
+    compiled = {**config, "sentence_adapter": {**config["sentence_adapter"], "compile": True},
+                "alignment": {**config["alignment"], "compile": True}}
+    h200_rules = {e.rule: e for e in h200}
+    fast = {e.rule: e for e in planning.estimate(compiled, jobs, tmp_path / "work", planning.RATES["h200"])}
+    assert fast["sentence_adapter"].gpu_hours == pytest.approx(h200_rules["sentence_adapter"].gpu_hours * 1_998 / 3_400)
+    assert "compiled" in fast["sentence_adapter"].note and "compiled" in fast["ablation_sentence_adapter"].note
+    assert fast["alignment_adapter"].gpu_hours == pytest.approx(h200_rules["alignment_adapter"].gpu_hours)
+    assert "priced eager" in fast["alignment_adapter"].note
 
 
 def test_translation_is_priced_from_the_units_and_the_measured_rate_of_its_engine_and_size(tmp_path):
