@@ -307,10 +307,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     rates = planning.RATES[args.rates]
     with tempfile.TemporaryDirectory() as scratch:
         directory = args.directory or scratch
-        jobs = planning.planned_jobs(args.configfile, directory)
+        jobs = planning.planned_jobs(args.configfile, directory, profile=args.profile)
         estimates = planning.estimate(config, jobs, directory, rates, args.scale)
         print(planning.format_plan(estimates, rates, args.configfile,
-                                   args.directory or "a new directory (everything)", args.scale))
+                                   args.directory or "a new directory (everything)", args.scale,
+                                   profile=args.profile))
     return 0
 
 
@@ -436,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="per-stage GPU rates: h200 or h100 (measured by modsent's benchmarks) or a100-paper (Table 5)")
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiply every time (a body larger than LaBSE's 12 x 768, a slower GPU)")
+    p.add_argument("--profile", help="the Snakemake profile the run will use (e.g. slurm): its set-resources "
+                   "and default-resources decide the time each job asks for")
     p.set_defaults(func=cmd_plan)
     p = sub.add_parser("outputs", help="a language's existing outputs (for snakemake --forcerun)")
     p.add_argument("--lang", action="append", required=True, help="language code (repeatable)")

@@ -150,6 +150,9 @@ def select(nodes: list[Node], *, constraint: str | None = None, gpu_model: str |
         gpu_model = None
     if partition is not None and not any(node.partitions for node in nodes):
         partition = None
+    if partition is not None and not partition.strip() and not any(
+            default for node in nodes for _, _, default in node.partitions):
+        partition = None  # no default partition: sbatch decides (SBATCH_PARTITION, a submit plugin)
     chosen = []
     for node in nodes:
         if partition is not None:
@@ -247,59 +250,73 @@ def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus:
     per = max(gpus, 1)
     first, wanted = mem_mb * per, mem_mb * per * attempt
     setting = setting or f"resources.{kind}"
+    all_nodes = nodes
     key = "your config (defaults in rules/resources.smk)"
 
     def where(source):
         return "the profile (slurm/config.yaml)" if source.startswith("the profile") else key
 
+    scope = "of this cluster"
     if partition is not None:
         in_partition = select(nodes, partition=partition)
+        named = partition.strip()
+        # where the partition comes from; none given (""): the default one, set nowhere
+        source = partition_setting if partition_setting is not None or named else None
+        source = source or (f"{setting}.slurm_partition" if named else None)
+        listed = ', '.join(partition_names(nodes)) or 'none'
         if not in_partition:
-            source = partition_setting or f"{setting}.slurm_partition"
+            asked = f"{source} {partition!r}" + ("" if named else " (the default partition)") if source \
+                else "the default partition"
             raise ClusterFitError(
-                f"jobs of kind {kind} go to {source} {partition!r}"
-                f"{' (the default partition)' if not partition.strip() else ''}, but sinfo lists no node in "
-                f"{'it' if partition.strip() else 'one'} (sinfo %P: {', '.join(partition_names(nodes)) or 'none'}); "
-                f"change it in {where(source)}")
+                f"jobs of kind {kind} go to {asked}, but sinfo lists no node in {'it' if named else 'one'} "
+                f"(sinfo %P: {listed}); " + (f"change it in {where(source)}" if source else
+                                             "set slurm_partition in the profile"))
+        if in_partition != nodes:
+            scope = (f"in partition {partition!r}" if named else "in the default partition") + \
+                (f" ({source})" if source else "")
         nodes = in_partition
     featured = select(nodes, constraint=constraint)
     if constraint and not featured:
         source = constraint_setting or f"{setting}.constraint"
         features = sorted(set().union(*(node.features for node in nodes)))
         raise ClusterFitError(
-            f"jobs of kind {kind} ask for nodes with {source} {constraint!r}, but no node of "
-            f"this cluster has those features (sinfo %f: {', '.join(features) or 'none'}); change it in "
+            f"jobs of kind {kind} ask for nodes with {source} {constraint!r}, but no node "
+            f"{scope} has those features (sinfo %f: {', '.join(features) or 'none'}); change it in "
             f"{where(source)}")
     chosen = select(nodes, constraint=constraint, gpu_model=gpu_model)
     if gpu_model and not chosen:
         source = gpu_model_setting or f"{setting}.gpu_model"
         models = sorted({model for node in featured for model, _ in node.gpu_models})
         raise ClusterFitError(
-            f"jobs of kind {kind} ask for {source} {gpu_model!r}, but no node of this cluster "
+            f"jobs of kind {kind} ask for {source} {gpu_model!r}, but no node {scope} "
             f"{'with its constraint ' if constraint else ''}has GPUs of that type (sinfo %G: "
             f"{', '.join(models) or 'no typed GPUs'}); change it in {where(source)}")
     nodes = chosen
     if gpus and not any(node.gpus for node in nodes):
+        if scope != "of this cluster":
+            raise ClusterFitError(
+                f"jobs of kind {kind} need a GPU, but no node {scope} has one (sinfo); send them to a "
+                f"partition with GPUs (sinfo %P: {', '.join(partition_names(all_nodes))})")
         raise ClusterFitError(
             f"jobs of kind {kind} need a GPU, but sinfo reports no node with gpu GRES on this "
             "cluster (run Snakemake where sinfo sees the GPU partitions, or check gres.conf)")
     if gpus and not any(node.gpus >= gpus for node in nodes):
         most = max(node.gpus for node in nodes)
         raise ClusterFitError(
-            f"jobs of kind {kind} ask for {gpus} GPUs on one node, but no node of this cluster has "
+            f"jobs of kind {kind} ask for {gpus} GPUs on one node, but no node {scope} has "
             f"more than {most} (sinfo); lower the job's GPU count (language_adapter.gpus, "
             f"baselines.gpus or methods.METHOD.gpus) to at most {most}")
     fitting = [node for node in nodes if node.gpus >= gpus]
     if not any(node.cpus >= cpus for node in fitting):
         most = max(node.cpus for node in fitting)
         raise ClusterFitError(
-            f"jobs of kind {kind} ask for {cpus} CPUs, but no node of this cluster "
+            f"jobs of kind {kind} ask for {cpus} CPUs, but no node {scope} "
             f"{f'with {gpus} GPUs ' if gpus else ''}has more than {most} (sinfo); set "
             f"{setting}.cpus{' (per GPU)' if gpus else ''} to at most {most // per} in {key}")
     largest = max(node.mem_mb for node in nodes if can_run(node, cpus, gpus))
     if first > largest:
         raise ClusterFitError(
-            f"jobs of kind {kind} ask for {first} MB of memory, but no node of this cluster that has "
+            f"jobs of kind {kind} ask for {first} MB of memory, but no node {scope} that has "
             f"their {cpus} CPUs{f' and {gpus} GPUs' if gpus else ''} has more than {largest} MB "
             f"(sinfo); set {setting}.mem_mb{' (per GPU)' if gpus else ''} to at most "
             f"{largest // per} in {key}")

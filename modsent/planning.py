@@ -98,16 +98,21 @@ class Estimate:
     longest_hours: float | None = None
     runtime_minutes: int | None = None
     over_runtime: int = 0  # priced jobs whose estimate exceeds their first attempt's time
+    # (hours, minutes asked) of the job that most outgrows its first attempt's time
+    worst: tuple[float, int] | None = None
 
 
-def planned_jobs(configfile: str | Path, directory: str | Path, snakefile: Path = REPO / "Snakefile"
-                 ) -> list[tuple[str, dict, dict]]:
+def planned_jobs(configfile: str | Path, directory: str | Path, snakefile: Path = REPO / "Snakefile",
+                 profile: str | None = None) -> list[tuple[str, dict, dict]]:
     """(rule, wildcards, resources) of every job Snakemake would run in ``directory`` for
-    ``configfile``; resources: the dry run's integer ones (runtime in minutes, gpu, mem_mb) of a
-    first attempt, without SLURM (so not capped by a cluster's partitions)."""
+    ``configfile`` (under ``profile``, when given: its set-resources and default-resources
+    apply); resources: the dry run's integer ones (runtime in minutes, gpu, mem_mb) of a first
+    attempt, without asking the cluster (so not capped by its partitions)."""
     exe = Path(sys.executable).parent / "snakemake"
     cmd = [str(exe) if exe.exists() else "snakemake", "--snakefile", str(snakefile), "--configfile",
            str(Path(configfile).resolve()), "--directory", str(directory), "--dry-run"]
+    if profile:
+        cmd += ["--profile", str(profile)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise InputError(f"snakemake --dry-run of {configfile} in {directory} failed (a config with relative "
@@ -184,8 +189,12 @@ def estimate(config: dict, jobs: list[tuple], directory: str | Path, rates: Rate
             hours = (item.gpu_hours - before) / max(resources.get("gpu", 1), 1)
             item.longest_hours = max(item.longest_hours or 0, hours)
             if "runtime" in resources:
-                item.runtime_minutes = max(item.runtime_minutes or 0, resources["runtime"])
-                item.over_runtime += hours * 60 > resources["runtime"]
+                asked = resources["runtime"]
+                item.runtime_minutes = max(item.runtime_minutes or 0, asked)
+                if hours * 60 > asked:
+                    item.over_runtime += 1
+                    if item.worst is None or hours * 60 / asked > item.worst[0] * 60 / item.worst[1]:
+                        item.worst = (hours, asked)
     return list(out.values())
 
 
@@ -240,7 +249,8 @@ def _estimate_job(config: dict, rule: str, wildcards: dict, item: Estimate, dire
                                             f"; {2 * PAPER_PAIRS:,} units assumed: not prepared yet"))
 
 
-def format_plan(estimates: list[Estimate], rates: Rates, configfile: str, directory: str, scale: float) -> str:
+def format_plan(estimates: list[Estimate], rates: Rates, configfile: str, directory: str, scale: float,
+                profile: str | None = None) -> str:
     lines = [f"modsent plan: {configfile} in {directory}",
              f"rates: {rates.name} — {rates.source}; a LaBSE-sized body" + (f", times x{scale:g}" if scale != 1 else ""),
              "", f"{'rule':32} {'jobs':>5} {'GPU-hours':>10} {'disk GB':>8} {'job h':>7} {'asks h':>7}  how"]
@@ -255,16 +265,20 @@ def format_plan(estimates: list[Estimate], rates: Rates, configfile: str, direct
     lines += ["", f"{'total':32} {total_jobs:5d} {total_hours:10.2f}",
               "GPU-hours cover the language, sentence-encoding and alignment adapters and, where measured, "
               "translation; full baselines, recipes and evaluation have no measured rate yet (their jobs "
-              "are listed). job h: the longest job's hours on its GPUs; asks h: the time its first attempt "
-              "asks the cluster for (rules/resources.smk and the config's resources:)."]
+              "are listed). job h: the longest job's hours on its GPUs; asks h: the longest time a first "
+              "attempt of the rule asks the cluster for (rules/resources.smk, the config's resources:"
+              + (f", the profile {profile}'s set-resources)." if profile else
+                 "; the profile's set-resources apply with --profile).")]
     for item in estimates:
         if item.over_runtime:
             kind = RULE_KINDS.get(item.rule, "KIND")
-            lines.append(f"warning: {item.over_runtime} {item.rule} job(s) need more than their first attempt's "
-                         f"{item.runtime_minutes / 60:g} h (the longest {item.longest_hours:.1f} h at these rates): "
-                         f"each times out and resumes from its checkpoint on a retry (1.5x the time each, "
-                         f"the profile's retries: 2), or set resources.{kind}.runtime to at least "
-                         f"{math.ceil(round(item.longest_hours * 60 * 1.2, 6))} minutes (its estimate and a fifth)")
+            hours, asked = item.worst
+            lines.append(f"warning: {item.over_runtime} {item.rule} job(s) need more time than their first attempt "
+                         f"asks for (one: {hours:.1f} h at these rates, against {asked / 60:g} h): each times out "
+                         f"and resumes from its checkpoint on a retry (the profile's `retries`, 1.5x the time "
+                         f"each), or set resources.{kind}.runtime (or the rule's runtime in the profile's "
+                         f"set-resources) to at least {math.ceil(round(item.longest_hours * 60 * 1.2, 6))} "
+                         f"minutes (the longest estimate and a fifth)")
     return "\n".join(lines)
 
 

@@ -19,6 +19,8 @@
 # from sharing a local GPU, and `--resources gpu=K` on a K-GPU machine runs K one-GPU jobs at once,
 # each on its own GPU (modsent.devices, claimed when the job's script starts).
 
+import re
+
 from modsent import cluster as modsent_cluster
 from modsent import config as modsent_config
 from modsent import methods as modsent_methods
@@ -122,51 +124,98 @@ def _job_class(kind, overrides):
 # the keys that decide which nodes can run a job, and the name modsent.cluster.select and
 # fit_memory give each
 NODE_KEYS = {"constraint": "constraint", "gpu_model": "gpu_model", "slurm_partition": "partition"}
+# resources that send a job to another cluster (the SLURM plugin's): local sinfo does not know its partitions
+CLUSTER_KEYS = ("slurm_cluster", "cluster", "clusters")
+# a value the profile gives that Snakemake computes (an expression): not known before it does
+COMPUTED = "<computed>"
+_BARE = re.compile(r"^[\w.,&|:+*\-\[\]()]*$")
+
+
+def _literal(raw):
+    """The value a resource of the profile stands for: its text when quoted ('a100', "a100") or
+    bare (a100, a100&ib), COMPUTED for an expression, None for a number or no value."""
+    if not isinstance(raw, str):
+        return None
+    text = raw.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" and text[0] not in text[1:-1]:
+        return text[1:-1]
+    return text if _BARE.match(text) else COMPUTED
 
 
 def _profile_values(rulename):
-    """The profile's (or command line's) constraint, GPU model and partition for jobs of
-    `rulename`: ({key: value} of its set-resources, which replace the rule's own, {key: value}
-    of default-resources, which apply where the rule has none); values Snakemake would compute
-    (expressions) are left out. An empty partition is kept: the cluster's default one."""
+    """The profile's (or command line's) constraint, GPU model, partition and cluster keys for
+    jobs of `rulename`: ({key: value} of its set-resources, which replace the rule's own,
+    {key: value} of default-resources, which apply where the rule has none); empty values kept
+    (no constraint; the default partition), expressions as COMPUTED."""
     settings = getattr(globals().get("workflow"), "resource_settings", None)
     if settings is None:
         return {}, {}
 
     def plain(resources):
         found = {}
-        for key in NODE_KEYS:
+        for key in (*NODE_KEYS, *CLUSTER_KEYS):
             resource = resources.get(key) if resources is not None else None
-            raw = getattr(resource, "raw", None)
-            if isinstance(raw, str) and (raw.strip("'\"") or key == "slurm_partition"):
-                found[key] = raw.strip("'\"")
+            value = _literal(getattr(resource, "raw", None))
+            if value is not None:
+                found[key] = value
         return found
 
     overwrite = (settings.overwrite_resources or {}).get(rulename) if rulename else None
     return plain(overwrite), plain(settings.default_resources)
 
 
-def _node_choice(values, gpus, setting, rulename=None):
+def _automatic_partition():
+    """Whether the SLURM plugin chooses a partition for jobs that name none (its partition
+    config: --slurm-partition-config, or $SNAKEMAKE_SLURM_PARTITIONS) rather than the default."""
+    import os
+
+    settings = getattr(globals().get("workflow"), "executor_settings", None)
+    return bool(getattr(settings, "partition_config", None) or os.environ.get("SNAKEMAKE_SLURM_PARTITIONS"))
+
+
+def _config_source(kind, setting, key):
+    """The config key a job's `key` comes from: `setting`'s, or, for a kind of KIND_PARENTS that
+    inherited it, its parent's (resources.gpu_train.constraint for a gpu_adapter job)."""
+    overrides = config.get("resources") or {}
+    if kind in KIND_PARENTS and setting == f"resources.{kind}" and key not in (overrides.get(kind) or {}):
+        parent = KIND_PARENTS[kind][0]
+        if key in (overrides.get(parent) or {}):
+            return f"resources.{parent}.{key}"
+    return f"{setting}.{key}"
+
+
+def _node_choice(kind, values, gpus, setting, rulename=None, rule_keys=()):
     """The job's constraint, GPU model (a GPU job's) and partition, which decide the nodes that
-    can run it (modsent.cluster.select), and the key each comes from (for errors): the profile's
-    set-resources for the rule (which win), else the config (`values`, the job's own or its
-    kind's, named by `setting`), else the profile's default-resources. As fit_memory's
-    keyword arguments."""
+    can run it (modsent.cluster.select), and the key each comes from (for errors), as Snakemake
+    resolves them: the profile's set-resources for the rule (which replace the rule's own),
+    else the rule's own (`rule_keys`: the config's for the kind, `values`, or the job's own,
+    named by `setting`; None when the job sets none), else the profile's default-resources.
+    An empty constraint or GPU model asks for none; a job without a partition, or with "",
+    goes to the default one. A value Snakemake computes, or a partition on another cluster or
+    chosen by the plugin, chooses no nodes (every node counts). As fit_memory's keywords."""
     overwrite, default = _profile_values(rulename)
     choice = {}
     for key, name in NODE_KEYS.items():
-        # an empty constraint or GPU model asks for nothing; an empty partition for the default
-        given = key in values and (values[key] or key == "slurm_partition")
         if key == "gpu_model" and not gpus:
             value, source = None, None
         elif key in overwrite:
             value, source = overwrite[key], f"the profile's set-resources: {rulename}: {key}"
-        elif given:
-            value, source = values[key], f"{setting}.{key}"
-        elif key in default and key not in values:
+        elif key in rule_keys:
+            value, source = values.get(key), _config_source(kind, setting, key)
+        elif key in default:
             value, source = default[key], f"the profile's default-resources: {key}"
         else:
             value, source = None, None
+        if value == COMPUTED:
+            value = None
+        if key == "slurm_partition":
+            other_cluster = any(overwrite.get(k) or default.get(k) or values.get(k) for k in CLUSTER_KEYS)
+            if other_cluster or (not value and _automatic_partition()) or (value is None and source):
+                value = None  # every node (a computed partition: source set, value None)
+            elif value is None:
+                value, source = "", None  # none set: the default partition
+        elif not value:
+            value = None
         choice[name], choice[f"{name}_setting"] = value, source
     return choice
 
@@ -197,6 +246,9 @@ def job_resources(kind, gpus=None, overrides=None, own_keys=()):
         raise WorkflowError(f"resource kind {kind!r} requests no GPU; gpus= is for GPU kinds")
     gpus = kind_gpus if gpus is None else gpus
     job_class = _job_class(kind, overrides)
+    # the keys the rule sets itself (the kind's from the config, and own_keys): the profile's
+    # default-resources do not reach them
+    rule_keys = {key for key in static if key not in ("gpu", *SIZES)} | set(own_keys)
 
     def gpu_count(wildcards):
         return _gpu_count(gpus, wildcards) if kind_gpus else 0
@@ -211,7 +263,8 @@ def job_resources(kind, gpus=None, overrides=None, own_keys=()):
         try:  # never more than the largest node that can run the job has (sbatch would reject it)
             return modsent_cluster.fit_memory(kind, nodes, mem_mb=int(values["mem_mb"]), attempt=attempt,
                                               cpus=int(values["cpus"]) * max(count, 1), gpus=count,
-                                              setting=setting, **_node_choice(values, count, setting, rulename))
+                                              setting=setting,
+                                              **_node_choice(kind, values, count, setting, rulename, rule_keys))
         except modsent_cluster.ClusterFitError as err:
             raise WorkflowError(str(err)) from None
 
@@ -227,7 +280,8 @@ def job_resources(kind, gpus=None, overrides=None, own_keys=()):
         count = gpu_count(wildcards)
         return modsent_cluster.fit_runtime(nodes, runtime=wanted, cpus=int(values["cpus"]) * max(count, 1),
                                            gpus=count, **{key: value for key, value in
-                                                          _node_choice(values, count, setting, rulename).items()
+                                                          _node_choice(kind, values, count, setting, rulename,
+                                                                       rule_keys).items()
                                                           if key in NODE_KEYS.values()})
 
     resources = {"mem_mb": mem_mb, "runtime": runtime}

@@ -358,28 +358,37 @@ def test_the_resource_functions_ask_the_cluster_only_when_they_submit_to_slurm()
         namespace["job_resources"]("gpu_train")["mem_mb"](None, 1)
 
 
-def test_the_profile_s_constraint_and_gpu_model_choose_the_nodes_too():
-    """A GPU model or constraint set in the profile (set-resources for a rule: it wins over the
-    config's; default-resources: where the config sets none) chooses the nodes the memory and
-    time are fitted to, as the config's do, and one no node has names the profile."""
+def _with_profile(config, set_resources=(), default_resources=(), sinfo=SINFO_FEATURES, namespace_out=None):
+    """rules/resources.smk's job_resources over ``config``, under a profile with these
+    set-resources ("RULE:KEY=VALUE", as Snakemake parses them) and default-resources, on a
+    cluster whose sinfo says ``sinfo``."""
     from types import SimpleNamespace
 
     from snakemake.cli import parse_set_resources
     from snakemake.resources import Resources
 
-    def resources(config, set_resources=(), default_resources=(), sinfo=SINFO_FEATURES):
-        settings = SimpleNamespace(overwrite_resources=parse_set_resources(list(set_resources)),
-                                   default_resources=Resources.parse(list(default_resources), defaults="bare",
-                                                                     allow_expressions=True))
-        namespace = {"config": config, "WorkflowError": ValueError,
-                     "workflow": SimpleNamespace(resource_settings=settings)}
-        exec(compile((REPO / "rules" / "resources.smk").read_text(), "resources.smk", "exec"), namespace)
-        namespace["_CLUSTER_NODES"].append(cluster.parse_sinfo(sinfo))
-        return namespace["job_resources"]
+    settings = SimpleNamespace(overwrite_resources=parse_set_resources(list(set_resources)),
+                               default_resources=Resources.parse(list(default_resources), defaults="bare",
+                                                                 allow_expressions=True))
+    namespace = {"config": config, "WorkflowError": ValueError,
+                 "workflow": SimpleNamespace(resource_settings=settings, executor_settings=None)}
+    exec(compile((REPO / "rules" / "resources.smk").read_text(), "resources.smk", "exec"), namespace)
+    namespace["_CLUSTER_NODES"].append(cluster.parse_sinfo(sinfo))
+    if namespace_out is not None:
+        namespace_out.update(namespace)
+    return namespace["job_resources"]
 
-    def fitted(job, rulename):  # (memory of the 20th attempt, time of the 3rd) of a rule's job
-        return job["mem_mb"](None, 20, rulename=rulename), job["runtime"](None, 3, rulename=rulename)
 
+def _fitted(job, rulename, wildcards=None):
+    """(memory of the 20th attempt, time of the 3rd) of a rule's job."""
+    return job["mem_mb"](wildcards, 20, rulename=rulename), job["runtime"](wildcards, 3, rulename=rulename)
+
+
+def test_the_profile_s_constraint_and_gpu_model_choose_the_nodes_too():
+    """A GPU model or constraint set in the profile (set-resources for a rule: it wins over the
+    config's; default-resources: where the config sets none) chooses the nodes the memory and
+    time are fitted to, as the config's do, and one no node has names the profile."""
+    resources, fitted = _with_profile, _fitted
     big_cpu = {"mem_mb": 50000, "runtime": 2000}  # CPU jobs that reach the caps too
     # nothing in the profile: every GPU node (node4's 512 GB, 2-day partition)
     assert fitted(resources({})("gpu_train"), "language_adapter") == (512000, 2880)
@@ -418,3 +427,59 @@ def test_the_profile_s_constraint_and_gpu_model_choose_the_nodes_too():
     with pytest.raises(ValueError, match=r"go to the profile's set-resources: train_method: slurm_partition 'gpu_a100'"):
         resources({}, ["train_method:slurm_partition=gpu_a100"], sinfo=SINFO_PARTITIONS)("gpu_train")["mem_mb"](
             None, 1, rulename="train_method")
+
+
+def test_the_node_choice_follows_what_snakemake_and_the_plugin_will_send():
+    """Only what will reach sbatch chooses nodes: a computed profile value, an empty one that
+    cancels the config's, a default that a rule's own key (even unset) shadows, no partition
+    (the default one), a partition the plugin picks itself; errors name the partition and the
+    key a job inherited."""
+    import os
+
+    class Wildcards(dict):
+        method = property(lambda self: self["method"])
+
+    # an expression in the profile is Snakemake's to compute: it chooses no nodes (no refusal)
+    job = _with_profile({}, ["language_adapter:gpu_model='v1' + '00'"])("gpu_train")
+    assert _fitted(job, "language_adapter") == (512000, 2880)
+    # an empty constraint in set-resources replaces the config's (sbatch gets none)
+    config = {"resources": {"gpu_train": {"constraint": "h200"}}}
+    with pytest.raises(ValueError, match=r"resources\.gpu_train\.constraint 'h200'"):
+        _with_profile(config)("gpu_train")["mem_mb"](None, 1, rulename="language_adapter")
+    assert _fitted(_with_profile(config, ["language_adapter:constraint=''"])("gpu_train"), "language_adapter") == \
+        (512000, 2880)
+    # a key the rule sets for some jobs (one method's constraint) shadows default-resources for
+    # all its jobs: the method without one sends no constraint, so the default does not count
+    config = {"methods": {"A": {"resources": {"constraint": "a100"}}, "B": {}}}
+    smk = {}
+    _with_profile(config, default_resources=["constraint=bigmem"], namespace_out=smk)
+    train = smk["job_resources"]("gpu_train", overrides=smk["method_resources"], own_keys=smk["method_resource_keys"]())
+    assert _fitted(train, "train_method", Wildcards(method="A")) == (192000, 1440)
+    assert _fitted(train, "train_method", Wildcards(method="B")) == (512000, 2880)
+    # no partition anywhere: the default one (node2 in cpu*); a GPU job there names the partition
+    job = _with_profile({"resources": {"cpu": {"mem_mb": 10000}}}, sinfo=SINFO_PARTITIONS)
+    assert job("cpu")["mem_mb"](None, 20, rulename="corpus") == 20000
+    with pytest.raises(ValueError, match=r"need a GPU, but no node in the default partition has one \(sinfo\); send "
+                                         r"them to a partition with GPUs \(sinfo %P: cpu\*, gpu, gpu-long\)"):
+        job("gpu_encode")["mem_mb"](None, 1, rulename="english_embeddings")
+    # a cluster without a default partition: sbatch decides, every node counts
+    no_default = SINFO_PARTITIONS.replace("cpu*", "cpu")
+    assert _with_profile({}, sinfo=no_default)("gpu_encode")["mem_mb"](None, 99, rulename="english_embeddings") == 512000
+    # the plugin's partition config picks a partition for jobs without one: every node counts
+    os.environ["SNAKEMAKE_SLURM_PARTITIONS"] = "partitions.yaml"
+    try:
+        assert _with_profile({}, sinfo=SINFO_PARTITIONS)("gpu_encode")["mem_mb"](
+            None, 99, rulename="english_embeddings") == 512000
+    finally:
+        del os.environ["SNAKEMAKE_SLURM_PARTITIONS"]
+    # a partition on another cluster (slurm_cluster): local sinfo does not know it
+    job = _with_profile({}, ["language_adapter:slurm_partition=remote", "language_adapter:slurm_cluster=other"],
+                        sinfo=SINFO_PARTITIONS)
+    assert job("gpu_train")["mem_mb"](None, 99, rulename="language_adapter") == 512000
+    # errors after a partition narrowed the nodes say so; an inherited key names its own section
+    job = _with_profile({"resources": {"gpu_train": {"constraint": "h100"}}},
+                        ["sentence_adapter:slurm_partition=gpu"], sinfo=SINFO_PARTITIONS)
+    with pytest.raises(ValueError, match=r"jobs of kind gpu_adapter ask for nodes with resources\.gpu_train\.constraint "
+                                         r"'h100', but no node in partition 'gpu' \(the profile's set-resources: "
+                                         r"sentence_adapter: slurm_partition\) has those features \(sinfo %f: a100\)"):
+        job("gpu_adapter")["mem_mb"](None, 1, rulename="sentence_adapter")

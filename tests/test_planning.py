@@ -59,12 +59,20 @@ def test_the_plan_counts_snakemake_s_jobs_and_prices_each_training_job_from_its_
     (slow,) = planning.estimate(config, la_jobs[:1], tmp_path / "work", rates, scale=30 / hours)
     assert (slow.longest_hours, slow.over_runtime) == (pytest.approx(30), 1)
     text = planning.format_plan([slow], rates, "c.yaml", "d", 1.0)
-    assert "warning: 1 language_adapter job(s) need more than their first attempt's 24 h (the longest 30.0 h" in text
-    assert "resources.gpu_train.runtime to at least 2160 minutes" in text
+    assert "warning: 1 language_adapter job(s) need more time than their first attempt asks for (one: 30.0 h " \
+           "at these rates, against 24 h)" in text
+    assert "resources.gpu_train.runtime (or the rule's runtime in the profile's set-resources) to at least 2160 " \
+           "minutes" in text
     two = [(rule, w, {**r, "gpu": 2}) for rule, w, r in la_jobs[:1]]
     (fits,) = planning.estimate(config, two, tmp_path / "work", rates, scale=30 / hours)
     assert (fits.longest_hours, fits.over_runtime, one["gpu"]) == (pytest.approx(15), 0, 1)
     assert "warning" not in planning.format_plan([fits], rates, "c.yaml", "d", 1.0)
+    # under the profile, its set-resources decide what a job asks for (a rule's runtime there)
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    (profile / "config.yaml").write_text("set-resources:\n  sentence_adapter:\n    runtime: 17\n")
+    under = {job[0]: job[2] for job in planning.planned_jobs(configfile, tmp_path / "work2", profile=str(profile))}
+    assert (under["sentence_adapter"]["runtime"], under["alignment_adapter"]["runtime"]) == (17, 240)
 
     assert main(["plan", "--configfile", str(configfile), "--rates", "h200"]) == 0
     out = capsys.readouterr().out
