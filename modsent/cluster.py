@@ -296,7 +296,8 @@ def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus:
         if scope != "of this cluster":
             raise ClusterFitError(
                 f"jobs of kind {kind} need a GPU, but no node {scope} has one (sinfo); send them to a "
-                f"partition with GPUs (sinfo %P: {', '.join(partition_names(all_nodes))})")
+                f"partition with GPUs (sinfo %P: {', '.join(partition_names(all_nodes))}): the rule's "
+                f"slurm_partition in the profile's set-resources (slurm/config.yaml)")
         raise ClusterFitError(
             f"jobs of kind {kind} need a GPU, but sinfo reports no node with gpu GRES on this "
             "cluster (run Snakemake where sinfo sees the GPU partitions, or check gres.conf)")

@@ -189,7 +189,7 @@ def estimate(config: dict, jobs: list[tuple], directory: str | Path, rates: Rate
             hours = (item.gpu_hours - before) / max(resources.get("gpu", 1), 1)
             item.longest_hours = max(item.longest_hours or 0, hours)
             if "runtime" in resources:
-                asked = resources["runtime"]
+                asked = max(resources["runtime"], 1)
                 item.runtime_minutes = max(item.runtime_minutes or 0, asked)
                 if hours * 60 > asked:
                     item.over_runtime += 1

@@ -133,10 +133,18 @@ _BARE = re.compile(r"^[\w.,&|:+*\-\[\]()]*$")
 
 def _literal(raw):
     """The value a resource of the profile stands for: its text when quoted ('a100', "a100") or
-    bare (a100, a100&ib), COMPUTED for an expression, None for a number or no value."""
+    bare (a100, a100&ib), a number as text, "" for None (YAML null or an empty value: Snakemake
+    drops the key, so no constraint and the default partition), COMPUTED for an expression or
+    an environment variable (Snakemake expands and evaluates those), None for no value."""
+    if isinstance(raw, int):
+        return str(raw)
     if not isinstance(raw, str):
         return None
     text = raw.strip()
+    if text == "None":
+        return ""
+    if "$" in text or text.startswith("~"):
+        return COMPUTED
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" and text[0] not in text[1:-1]:
         return text[1:-1]
     return text if _BARE.match(text) else COMPUTED
@@ -173,18 +181,22 @@ def _automatic_partition():
     return bool(getattr(settings, "partition_config", None) or os.environ.get("SNAKEMAKE_SLURM_PARTITIONS"))
 
 
-def _config_source(kind, setting, key):
-    """The config key a job's `key` comes from: `setting`'s, or, for a kind of KIND_PARENTS that
-    inherited it, its parent's (resources.gpu_train.constraint for a gpu_adapter job)."""
+def _config_source(kind, setting, key, own=None):
+    """The config key a job's `key` comes from: `setting`'s (a job's own, `own`, when it sets
+    the key), else the kind's, or, for a kind of KIND_PARENTS that inherited it, its parent's
+    (resources.gpu_train.constraint for a gpu_adapter job)."""
+    if own is not None and key in own:
+        return f"{setting}.{key}"
+    setting = f"resources.{kind}"
     overrides = config.get("resources") or {}
-    if kind in KIND_PARENTS and setting == f"resources.{kind}" and key not in (overrides.get(kind) or {}):
+    if kind in KIND_PARENTS and key not in (overrides.get(kind) or {}):
         parent = KIND_PARENTS[kind][0]
         if key in (overrides.get(parent) or {}):
             return f"resources.{parent}.{key}"
     return f"{setting}.{key}"
 
 
-def _node_choice(kind, values, gpus, setting, rulename=None, rule_keys=()):
+def _node_choice(kind, values, gpus, setting, rulename=None, rule_keys=(), own=None):
     """The job's constraint, GPU model (a GPU job's) and partition, which decide the nodes that
     can run it (modsent.cluster.select), and the key each comes from (for errors), as Snakemake
     resolves them: the profile's set-resources for the rule (which replace the rule's own),
@@ -201,7 +213,7 @@ def _node_choice(kind, values, gpus, setting, rulename=None, rule_keys=()):
         elif key in overwrite:
             value, source = overwrite[key], f"the profile's set-resources: {rulename}: {key}"
         elif key in rule_keys:
-            value, source = values.get(key), _config_source(kind, setting, key)
+            value, source = values.get(key), _config_source(kind, setting, key, own)
         elif key in default:
             value, source = default[key], f"the profile's default-resources: {key}"
         else:
@@ -253,6 +265,9 @@ def job_resources(kind, gpus=None, overrides=None, own_keys=()):
     def gpu_count(wildcards):
         return _gpu_count(gpus, wildcards) if kind_gpus else 0
 
+    def job_own(wildcards):  # the job's own keys (a method's resources), for errors
+        return overrides(wildcards)[1] if overrides is not None else None
+
     def mem_mb(wildcards, attempt, rulename=None):
         # an out-of-memory kill is the usual reason for a retry; each GPU process holds a copy
         values, setting = job_class(wildcards)
@@ -264,7 +279,8 @@ def job_resources(kind, gpus=None, overrides=None, own_keys=()):
             return modsent_cluster.fit_memory(kind, nodes, mem_mb=int(values["mem_mb"]), attempt=attempt,
                                               cpus=int(values["cpus"]) * max(count, 1), gpus=count,
                                               setting=setting,
-                                              **_node_choice(kind, values, count, setting, rulename, rule_keys))
+                                              **_node_choice(kind, values, count, setting, rulename, rule_keys,
+                                                             job_own(wildcards)))
         except modsent_cluster.ClusterFitError as err:
             raise WorkflowError(str(err)) from None
 

@@ -429,25 +429,36 @@ def test_the_profile_s_constraint_and_gpu_model_choose_the_nodes_too():
             None, 1, rulename="train_method")
 
 
-def test_the_node_choice_follows_what_snakemake_and_the_plugin_will_send():
+def test_the_node_choice_follows_what_snakemake_and_the_plugin_will_send(monkeypatch):
     """Only what will reach sbatch chooses nodes: a computed profile value, an empty one that
     cancels the config's, a default that a rule's own key (even unset) shadows, no partition
     (the default one), a partition the plugin picks itself; errors name the partition and the
     key a job inherited."""
-    import os
-
     class Wildcards(dict):
         method = property(lambda self: self["method"])
 
     # an expression in the profile is Snakemake's to compute: it chooses no nodes (no refusal)
     job = _with_profile({}, ["language_adapter:gpu_model='v1' + '00'"])("gpu_train")
     assert _fitted(job, "language_adapter") == (512000, 2880)
-    # an empty constraint in set-resources replaces the config's (sbatch gets none)
+    # so is an environment variable (Snakemake expands it)
+    job = _with_profile({}, ["language_adapter:slurm_partition='$GPU_PARTITION'"], sinfo=SINFO_PARTITIONS)
+    assert job("gpu_train")["mem_mb"](None, 99, rulename="language_adapter") == 512000
+    # an empty constraint in set-resources replaces the config's (sbatch gets none), as does
+    # None (YAML null, or an empty value: Snakemake drops the key)
     config = {"resources": {"gpu_train": {"constraint": "h200"}}}
     with pytest.raises(ValueError, match=r"resources\.gpu_train\.constraint 'h200'"):
         _with_profile(config)("gpu_train")["mem_mb"](None, 1, rulename="language_adapter")
-    assert _fitted(_with_profile(config, ["language_adapter:constraint=''"])("gpu_train"), "language_adapter") == \
-        (512000, 2880)
+    for empty in ("''", "None"):
+        job = _with_profile(config, [f"language_adapter:constraint={empty}"])("gpu_train")
+        assert _fitted(job, "language_adapter") == (512000, 2880), empty
+    job = _with_profile({}, ["language_adapter:slurm_partition=None", "language_adapter:gpu_model=None"],
+                        default_resources=["constraint=None"], sinfo=SINFO_PARTITIONS)
+    with pytest.raises(ValueError, match=r"need a GPU, but no node in the default partition"):  # sent to cpu*
+        job("gpu_train")["mem_mb"](None, 1, rulename="language_adapter")
+    # a number is a partition's name too
+    with pytest.raises(ValueError, match=r"slurm_partition '7', but sinfo lists no node in it"):
+        _with_profile({}, ["language_adapter:slurm_partition=7"], sinfo=SINFO_PARTITIONS)("gpu_train")["mem_mb"](
+            None, 1, rulename="language_adapter")
     # a key the rule sets for some jobs (one method's constraint) shadows default-resources for
     # all its jobs: the method without one sends no constraint, so the default does not count
     config = {"methods": {"A": {"resources": {"constraint": "a100"}}, "B": {}}}
@@ -456,6 +467,15 @@ def test_the_node_choice_follows_what_snakemake_and_the_plugin_will_send():
     train = smk["job_resources"]("gpu_train", overrides=smk["method_resources"], own_keys=smk["method_resource_keys"]())
     assert _fitted(train, "train_method", Wildcards(method="A")) == (192000, 1440)
     assert _fitted(train, "train_method", Wildcards(method="B")) == (512000, 2880)
+    # a method's job that keeps the kind's constraint: an error names the kind's key, not the method's
+    config = {"resources": {"gpu_train": {"constraint": "h200"}},
+              "methods": {"A": {"resources": {"gpu_model": "a100"}}, "B": {"resources": {"constraint": "a100"}}}}
+    smk = {}
+    _with_profile(config, namespace_out=smk)
+    train = smk["job_resources"]("gpu_train", overrides=smk["method_resources"], own_keys=smk["method_resource_keys"]())
+    with pytest.raises(ValueError, match=r"ask for nodes with resources\.gpu_train\.constraint 'h200'"):
+        train["mem_mb"](Wildcards(method="A"), 1, rulename="train_method")
+    assert train["mem_mb"](Wildcards(method="B"), 99, rulename="train_method") == 192000
     # no partition anywhere: the default one (node2 in cpu*); a GPU job there names the partition
     job = _with_profile({"resources": {"cpu": {"mem_mb": 10000}}}, sinfo=SINFO_PARTITIONS)
     assert job("cpu")["mem_mb"](None, 20, rulename="corpus") == 20000
@@ -466,12 +486,10 @@ def test_the_node_choice_follows_what_snakemake_and_the_plugin_will_send():
     no_default = SINFO_PARTITIONS.replace("cpu*", "cpu")
     assert _with_profile({}, sinfo=no_default)("gpu_encode")["mem_mb"](None, 99, rulename="english_embeddings") == 512000
     # the plugin's partition config picks a partition for jobs without one: every node counts
-    os.environ["SNAKEMAKE_SLURM_PARTITIONS"] = "partitions.yaml"
-    try:
-        assert _with_profile({}, sinfo=SINFO_PARTITIONS)("gpu_encode")["mem_mb"](
-            None, 99, rulename="english_embeddings") == 512000
-    finally:
-        del os.environ["SNAKEMAKE_SLURM_PARTITIONS"]
+    monkeypatch.setenv("SNAKEMAKE_SLURM_PARTITIONS", "partitions.yaml")
+    assert _with_profile({}, sinfo=SINFO_PARTITIONS)("gpu_encode")["mem_mb"](
+        None, 99, rulename="english_embeddings") == 512000
+    monkeypatch.delenv("SNAKEMAKE_SLURM_PARTITIONS")
     # a partition on another cluster (slurm_cluster): local sinfo does not know it
     job = _with_profile({}, ["language_adapter:slurm_partition=remote", "language_adapter:slurm_cluster=other"],
                         sinfo=SINFO_PARTITIONS)
