@@ -258,7 +258,7 @@ def job_resources(kind, gpus=None, overrides=None, own_keys=()):
         raise WorkflowError(f"resource kind {kind!r} requests no GPU; gpus= is for GPU kinds")
     gpus = kind_gpus if gpus is None else gpus
     job_class = _job_class(kind, overrides)
-    # the keys the rule sets itself (the kind's from the config, and own_keys): the profile's
+    # the keys the rule sets itself (the kind's from the config, and own_keys); the profile's
     # default-resources do not reach them
     rule_keys = {key for key in static if key not in ("gpu", *SIZES)} | set(own_keys)
 
