@@ -261,8 +261,7 @@ def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus:
         in_partition = select(nodes, partition=partition)
         named = partition.strip()
         # where the partition comes from; none given (""): the default one, set nowhere
-        source = partition_setting if partition_setting is not None or named else None
-        source = source or (f"{setting}.slurm_partition" if named else None)
+        source = partition_setting or (f"{setting}.slurm_partition" if named else None)
         listed = ', '.join(partition_names(nodes)) or 'none'
         if not in_partition:
             asked = f"{source} {partition!r}" + ("" if named else " (the default partition)") if source \

@@ -182,11 +182,13 @@ def estimate(config: dict, jobs: list[tuple], directory: str | Path, rates: Rate
     assumed = set()
     for rule, wildcards, *rest in jobs:
         item = out[rule]
-        before = item.gpu_hours or 0
-        _estimate_job(config, rule, wildcards, item, directory, rates, scale, hidden, assumed)
-        if item.gpu_hours is not None and item.gpu_hours > before and rest:
+        job_hours = _estimate_job(config, rule, wildcards, item, directory, rates, scale, hidden, assumed)
+        if job_hours is None:
+            continue
+        item.gpu_hours = (item.gpu_hours or 0) + job_hours
+        if rest:
             resources = rest[0]
-            hours = (item.gpu_hours - before) / max(resources.get("gpu", 1), 1)
+            hours = job_hours / max(resources.get("gpu", 1), 1)
             item.longest_hours = max(item.longest_hours or 0, hours)
             if "runtime" in resources:
                 asked = max(resources["runtime"], 1)
@@ -199,8 +201,9 @@ def estimate(config: dict, jobs: list[tuple], directory: str | Path, rates: Rate
 
 
 def _estimate_job(config: dict, rule: str, wildcards: dict, item: Estimate, directory: Path, rates: Rates,
-                  scale: float, hidden: int, assumed: set) -> None:
-    """Add one job's GPU-hours (and disk) to ``item``, its rule's estimate."""
+                  scale: float, hidden: int, assumed: set) -> float | None:
+    """One job's GPU-hours (None: not priced); its disk and the rule's note go to ``item``, its
+    rule's estimate."""
     from modsent import config as modsent_config
 
     lang = wildcards.get("lang")
@@ -214,8 +217,8 @@ def _estimate_job(config: dict, rule: str, wildcards: dict, item: Estimate, dire
                 rate, item.note = rates.la_bf16_stream_tokens_per_s, item.note + ", bf16 residual stream"
             else:
                 item.note += ", bf16 residual stream priced as fp32 (no rate measured)"
-        item.gpu_hours = (item.gpu_hours or 0) + scale * tokens / rate / 3600
         item.disk_gb = (item.disk_gb or 0) + vocab * hidden * 4 / 1e9  # the trained fp32 embeddings
+        return scale * tokens / rate / 3600
     elif rule in PAIR_STAGES and lang:
         section = PAIR_STAGES[rule]
         settings = modsent_config.job_settings(config, section)
@@ -231,9 +234,9 @@ def _estimate_job(config: dict, rule: str, wildcards: dict, item: Estimate, dire
         if modsent_config.runtime_settings(config, section, lang).get("compile"):
             compiled = rates.se_compiled_pairs_per_s if se else rates.cla_compiled_pairs_per_s
             rate, how = (compiled, ", compiled") if compiled else (rate, ", compiled but priced eager (no rate measured)")
-        item.gpu_hours = (item.gpu_hours or 0) + scale * pairs / rate / 3600
         item.note = "epochs x pairs" + how + (f" ({PAPER_PAIRS:,} pairs per language assumed: not prepared yet)"
                                               if rule in assumed else "")
+        return scale * pairs / rate / 3600
     elif rule == "translate_shard":
         settings = config["translation"]
         size = translation_size(str(settings["model"]))
@@ -241,12 +244,13 @@ def _estimate_job(config: dict, rule: str, wildcards: dict, item: Estimate, dire
         if rate is None:
             item.note = (f"no measured rate for {settings['engine']} with {settings['model']} "
                          f"on {rates.name}")
-            return
+            return None
         units, counted = _translation_units(directory)
-        item.gpu_hours = (item.gpu_hours or 0) + scale * units / settings["shards"] / rate / 3600
         item.note = (f"units / shards at {rate:g} sentences/s ({settings['engine']}, NLLB-{size}, bf16, "
                      f"32 tokens each)" + ("" if counted else
                                             f"; {2 * PAPER_PAIRS:,} units assumed: not prepared yet"))
+        return scale * units / settings["shards"] / rate / 3600
+    return None
 
 
 def format_plan(estimates: list[Estimate], rates: Rates, configfile: str, directory: str, scale: float,

@@ -108,15 +108,16 @@ def _gpu_count(gpus, wildcards):
 
 def _job_class(kind, overrides):
     """A function of the wildcards: the class `kind` (resource_class) with the job's own
-    resources over it, and the config key that sets them (for errors). `overrides` (None, or a
-    function of the wildcards returning (config key, {key: value})): a method's `resources`."""
+    resources over it, the config key that sets them and those own resources (None without
+    `overrides`; both for errors). `overrides` (None, or a function of the wildcards returning
+    (config key, {key: value})): a method's `resources`."""
     values = resource_class(kind)
 
     def job_class(wildcards):
         if overrides is None:
-            return values, f"resources.{kind}"
+            return values, f"resources.{kind}", None
         setting, own = overrides(wildcards)
-        return {**values, **own}, setting
+        return {**values, **own}, setting, own
 
     return job_class
 
@@ -265,12 +266,9 @@ def job_resources(kind, gpus=None, overrides=None, own_keys=()):
     def gpu_count(wildcards):
         return _gpu_count(gpus, wildcards) if kind_gpus else 0
 
-    def job_own(wildcards):  # the job's own keys (a method's resources), for errors
-        return overrides(wildcards)[1] if overrides is not None else None
-
     def mem_mb(wildcards, attempt, rulename=None):
         # an out-of-memory kill is the usual reason for a retry; each GPU process holds a copy
-        values, setting = job_class(wildcards)
+        values, setting, own = job_class(wildcards)
         count = gpu_count(wildcards)
         nodes = cluster_nodes()
         if nodes is None:
@@ -280,12 +278,12 @@ def job_resources(kind, gpus=None, overrides=None, own_keys=()):
                                               cpus=int(values["cpus"]) * max(count, 1), gpus=count,
                                               setting=setting,
                                               **_node_choice(kind, values, count, setting, rulename, rule_keys,
-                                                             job_own(wildcards)))
+                                                             own))
         except modsent_cluster.ClusterFitError as err:
             raise WorkflowError(str(err)) from None
 
     def runtime(wildcards, attempt, rulename=None):
-        values, setting = job_class(wildcards)
+        values, setting, _ = job_class(wildcards)
         base = int(values["runtime"])
         wanted = min(int(base * RUNTIME_GROWTH ** (attempt - 1)), max(int(values["max_runtime"]), base))
         nodes = cluster_nodes()

@@ -7,6 +7,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+
+def rule_blocks() -> dict[str, str]:
+    """rule name -> its text, for every rule in rules/*.smk and rules/methods/*.smk."""
+    import re
+
+    blocks = {}
+    for smk in sorted((REPO / "rules").glob("*.smk")) + sorted((REPO / "rules" / "methods").glob("*.smk")):
+        parts = re.split(r"^[ \t]*rule (\w+):", smk.read_text(), flags=re.M)
+        blocks.update(zip(parts[1::2], parts[2::2]))
+    return blocks
+
 # deepfocus (the FOCUS reference implementation) lives outside site-packages: see ./run
 sys.path.append(str(REPO / ".venv" / "reference"))
 

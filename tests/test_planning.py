@@ -1,26 +1,14 @@
 """modsent plan: Snakemake's own job counts, and GPU-hours computed from each job's settings."""
 
+import re
+
 import pytest
 
 from modsent import config as modsent_config
 from modsent import planning
 from modsent.cli import main
 
-from conftest import REPO
-
-
-def _rule_kinds() -> dict[str, str]:
-    """The resource kind each rule of rules/*.smk declares (job_resources("KIND"...))."""
-    import re
-
-    kinds = {}
-    for path in sorted((REPO / "rules").rglob("*.smk")):
-        for block in re.split(r"(?m)^(?=[ \t]*rule \w+:)", path.read_text(encoding="utf-8")):
-            rule = re.match(r"\s*rule (\w+):", block)
-            kind = re.search(r'job_resources\("(\w+)"', block)
-            if rule and kind:
-                kinds[rule.group(1)] = kind.group(1)
-    return kinds
+from conftest import REPO, rule_blocks
 
 
 def test_the_plan_counts_snakemake_s_jobs_and_prices_each_training_job_from_its_settings(tmp_path, capsys):
@@ -50,7 +38,8 @@ def test_the_plan_counts_snakemake_s_jobs_and_prices_each_training_job_from_its_
     assert estimates["sentence_adapter"].longest_hours == pytest.approx(per_job / 600_000 * (20 / 60) * 2.0)
     assert (estimates["language_adapter"].runtime_minutes, estimates["sentence_adapter"].runtime_minutes) == (1440, 240)
     assert estimates["corpus"].longest_hours is None and estimates["sentence_adapter"].over_runtime == 0
-    kinds = {rule: kind for rule, kind in _rule_kinds().items() if rule in planning.RULE_KINDS}
+    blocks = rule_blocks()
+    kinds = {rule: re.search(r'job_resources\("(\w+)"', blocks[rule]).group(1) for rule in planning.RULE_KINDS}
     assert kinds == planning.RULE_KINDS  # the kind a warning names is the rule's own
     # a language adapter of 30 GPU-hours on one GPU outgrows its first attempt's 24 h, on 2 GPUs not
     la_jobs = [job for job in jobs if job[0] == "language_adapter"]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, rule_blocks
 
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
 GRES_CONF = Path("/etc/slurm/gres.conf")
@@ -49,20 +49,11 @@ METHOD = {"mST5-en": {"datasets": None, "batch_size": 8, "seq_len": 32, "max_ste
                       "resources": {"constraint": FEATURE, "runtime": 77, "cpus": 3}}}
 
 
-def _rule_blocks() -> dict[str, str]:
-    """rule name -> its text, for every rule in rules/*.smk and rules/methods/*.smk."""
-    blocks = {}
-    for smk in sorted((REPO / "rules").glob("*.smk")) + sorted((REPO / "rules" / "methods").glob("*.smk")):
-        parts = re.split(r"^[ \t]*rule (\w+):", smk.read_text(), flags=re.M)
-        blocks.update(zip(parts[1::2], parts[2::2]))
-    return blocks
-
-
 def test_every_rule_declares_its_resources_in_the_profile_s_terms():
     """Every rule takes a kind's resources from rules/resources.smk and no thread count from
     workflow.cores (a SLURM run has no --cores, so it would stop planning), and the profile
     sends exactly the GPU kinds' rules to the GPU partition."""
-    blocks = _rule_blocks()
+    blocks = rule_blocks()
     assert len(blocks) > 20
     kinds = {}
     for rule, text in blocks.items():
@@ -136,7 +127,7 @@ def test_the_adapters_jobs_ask_for_less_time_and_follow_the_training_jobs_other_
     assert (adapter["runtime"](None, 1), adapter["constraint"], adapter["cpus_per_gpu"]) == (30, "v100", 4)
     assert smk["job_resources"]("gpu_train")["constraint"] == "a100"
     # the rules of the adapters take the kind; the language adapter keeps gpu_train's
-    blocks = _rule_blocks()
+    blocks = rule_blocks()
     for rule in ("sentence_adapter", "alignment_adapter", "ablation_sentence_adapter", "ablation_alignment_adapter"):
         assert 'job_resources("gpu_adapter")' in blocks[rule], rule
     assert 'job_resources("gpu_train"' in blocks["language_adapter"]
@@ -182,7 +173,7 @@ def test_a_method_s_own_resources_apply_to_its_training_job_only():
                                  own_keys=smk["method_resource_keys"]())
     assert "constraint" not in train and "gpu_model" not in train and train["qos"] == "normal"
     # the rule's definition: a method's resources reach its job, none of them its params
-    assert "overrides=method_resources, own_keys=method_resource_keys()" in _rule_blocks()["train_method"]
+    assert "overrides=method_resources, own_keys=method_resource_keys()" in rule_blocks()["train_method"]
 
 
 def test_a_translation_model_s_conversion_asks_for_memory_by_its_size():
@@ -199,7 +190,7 @@ def test_a_translation_model_s_conversion_asks_for_memory_by_its_size():
     assert memory("facebook/nllb-200-distilled-1.3B") == (16000, 32000, 480)  # 10,400 MB: the kind's 16 GB
     assert memory("my/local-nllb") == (16000, 32000, 480)  # no size in the name
     assert memory("facebook/nllb-200-3.3B", {"cpu_heavy": {"mem_mb": 20000}}) == (20000, 40000, 480)
-    assert "overrides=conversion_resources" in _rule_blocks()["convert_translation_model"]
+    assert "overrides=conversion_resources" in rule_blocks()["convert_translation_model"]
 
 
 def _cluster_config(state: Path) -> str:
