@@ -70,11 +70,14 @@ onstart:
         modsent_leases.check_no_running_holders(outputs=[str(f) for job in jobs for f in job.output])
     except modsent_leases.LeaseError as err:
         raise WorkflowError(str(err)) from None
-    # every job's resources now, under SLURM checked against the nodes (rules/resources.smk):
-    # a request no node can meet stops the run here, before any job is submitted, not when
-    # the scheduler reaches that job (it would cancel the jobs already running)
+    # every job's resources now, under SLURM checked against the nodes (rules/resources.smk),
+    # the profile's values too: a request no node can meet stops the run here, before any job
+    # is submitted, not when the scheduler reaches that job (it would cancel the jobs already
+    # running)
     for job in jobs:
-        job.resources
+        resources = job.resources
+        if not job.is_local:  # a local rule's job runs here, not through sbatch
+            check_request(job.rule.name, resources, job.threads)
 
 
 rule all:

@@ -13,7 +13,9 @@ with the attempt). Instead, rules/resources.smk asks sinfo once for the nodes an
   (or be rejected); shorter, a training job that times out resumes from its checkpoint;
 - stops the run when a job's ``constraint`` (node features: ``a100_80gb``, ``a100&ib``,
   ``h100|h200``) or ``gpu_model`` names what no node has: sbatch would reject the job when its
-  turn comes, hours into the run. A node runs a job only with its features and GPU model.
+  turn comes, hours into the run. A node runs a job only with its features and GPU model;
+- checks every job's final request, as sbatch will get it, once more (:func:`check_request`):
+  what the profile sets in place of the rule's fitted memory, time or CPUs is sent unchanged.
 
 The nodes considered are those of the job's partition (the profile's, or the config's; "" the
 cluster's default), with its time limit, when sinfo reports partitions; a partition that sinfo
@@ -321,6 +323,61 @@ def fit_memory(kind: str, nodes: list[Node], *, mem_mb: int, attempt: int, cpus:
             f"(sinfo); set {setting}.mem_mb{' (per GPU)' if gpus else ''} to at most "
             f"{largest // per} in {key}")
     return min(wanted, largest)
+
+
+def check_request(nodes: list[Node], what: str, *, mem_mb: int | None, runtime: int | None, cpus: int,
+                  gpus: int, constraint: str | None = None, gpu_model: str | None = None,
+                  partition: str | None = None, source=lambda key: key) -> None:
+    """Raise :class:`ClusterFitError` when no node can run a job whose request sbatch will get
+    as given (``what``: "jobs of rule R", for the message): none in its ``partition`` ("" the
+    default one, None every node) meets its ``constraint`` and has ``gpus`` GPUs (of
+    ``gpu_model``) and ``cpus`` CPUs, none of those has ``mem_mb`` MB (per node), or none of
+    their partitions allows ``runtime`` minutes (longer, SLURM keeps the job pending, or
+    rejects it). ``source(key)`` names where a key's value comes from, for the message.
+
+    The last check of a job's resources, with every value final: the rule's own are fitted to
+    the nodes by :func:`fit_memory` and :func:`fit_runtime` before this runs, so what it finds
+    comes from elsewhere (the profile's set-resources or default-resources, or a value
+    Snakemake computed)."""
+    chosen = select(nodes, partition=partition) if partition is not None else nodes
+    if not chosen:
+        raise ClusterFitError(
+            f"{what} go to partition {partition or '(the default)'!r} ({source('slurm_partition')}), but sinfo "
+            f"lists no node in it (sinfo %P: {', '.join(partition_names(nodes)) or 'none'})")
+    scope = f"in partition {partition!r}" if partition else (
+        "in the default partition" if partition is not None and chosen != nodes else "of this cluster")
+    featured = select(chosen, constraint=constraint)
+    if constraint and not featured:
+        raise ClusterFitError(
+            f"{what} ask for nodes with constraint {constraint!r} ({source('constraint')}), but no node {scope} "
+            f"has those features (sinfo %f: {', '.join(sorted(set().union(*(n.features for n in chosen)))) or 'none'})")
+    typed = select(featured, gpu_model=gpu_model) if gpus else featured
+    if gpus and gpu_model and not typed:
+        raise ClusterFitError(
+            f"{what} ask for GPUs of type {gpu_model!r} ({source('gpu_model')}), but no node {scope} has them "
+            f"(sinfo %G: {', '.join(sorted({m for n in featured for m, _ in n.gpu_models})) or 'no typed GPUs'})")
+    if not any(node.gpus >= gpus for node in typed):
+        raise ClusterFitError(
+            f"{what} ask for {gpus} GPUs on one node ({source('gpu')}), but no node {scope} has more than "
+            f"{max((node.gpus for node in typed), default=0)} (sinfo %G)")
+    with_gpus = [node for node in typed if node.gpus >= gpus]
+    fitting = [node for node in with_gpus if node.cpus >= cpus]
+    if not fitting:
+        raise ClusterFitError(
+            f"{what} ask for {cpus} CPUs ({source('cpus')}), but no node {scope}"
+            f"{f' with {gpus} GPUs' if gpus else ''} has more than {max(n.cpus for n in with_gpus)} (sinfo %c)")
+    largest = max(node.mem_mb for node in fitting)
+    if mem_mb is not None and mem_mb > largest:
+        raise ClusterFitError(
+            f"{what} ask for {mem_mb} MB of memory ({source('mem_mb')}), but no node {scope} that has their "
+            f"{cpus} CPUs{f' and {gpus} GPUs' if gpus else ''} has more than {largest} MB (sinfo %m); sbatch "
+            f"would reject them: ask for at most {largest}")
+    limits = [node.time_limit for node in fitting]
+    if runtime is not None and None not in limits and runtime > max(limits):
+        raise ClusterFitError(
+            f"{what} ask for {runtime} minutes ({source('runtime')}), but the longest time limit {scope} for "
+            f"a node that can run them is {max(limits)} minutes (sinfo %l); SLURM would keep them pending "
+            f"(or reject them): ask for at most {max(limits)}")
 
 
 def fit_runtime(nodes: list[Node], *, runtime: int, cpus: int, gpus: int, constraint: str | None = None,

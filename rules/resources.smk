@@ -233,6 +233,72 @@ def _node_choice(kind, values, gpus, setting, rulename=None, rule_keys=(), own=N
     return choice
 
 
+# the keys a rule's job_resources always sets (a GPU kind's: also gpu, cpus_per_gpu): the
+# profile's default-resources do not reach them
+RULE_OWN_KEYS = ("mem_mb", "runtime")
+
+
+def _number(value):
+    """A resource's value as an int, or None when it has none or is not a number (sbatch judges it)."""
+    try:
+        return int(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def check_request(rulename, resources, threads):
+    """Stop the run when no node can take a job's request as sbatch will get it (`resources`,
+    the job's final values, and `threads`; modsent.cluster.check_request): the rule's own
+    memory and time are fitted to the nodes by job_resources, but a value the profile sets
+    (set-resources for the rule, or a default-resources one the rule does not set) replaces
+    them unchecked: more memory than any node has is rejected at every retry, a runtime over
+    the partition's time limit waits in the queue forever. Under SLURM only (cluster_nodes)."""
+    nodes = cluster_nodes()
+    if nodes is None:
+        return
+    settings = getattr(globals().get("workflow"), "resource_settings", None)
+    overwrite = set((getattr(settings, "overwrite_resources", None) or {}).get(rulename) or ())
+    default = getattr(settings, "default_resources", None)
+    gres = str(resources.get("gres") or "")
+    gpus = _number(resources.get("gpu")) or modsent_cluster.gpu_count(gres)
+    own = {*RULE_OWN_KEYS, *(("gpu", "cpus_per_gpu") if gpus and "gpu" not in overwrite else ())}
+    if _number(resources.get("cpus_per_task")) is not None:  # as the SLURM plugin decides --cpus-per-task
+        cpus, cpus_key = max(1, _number(resources.get("cpus_per_task"))), "cpus_per_task"
+    elif gpus and _number(resources.get("cpus_per_gpu")):
+        cpus, cpus_key = _number(resources.get("cpus_per_gpu")) * gpus, "cpus_per_gpu"
+    else:
+        cpus, cpus_key = int(threads), "threads"
+    if _number(resources.get("mem_mb_per_cpu")):  # --mem-per-cpu, which the plugin prefers to --mem
+        mem_mb, mem_key = _number(resources.get("mem_mb_per_cpu")) * cpus, "mem_mb_per_cpu"
+    else:
+        mem_mb, mem_key = _number(resources.get("mem_mb")) or None, "mem_mb"
+    keys = {"cpus": cpus_key, "mem_mb": mem_key, "gpu": "gpu" if resources.get("gpu") else "gres"}
+
+    def source(key):
+        key = keys.get(key, key)
+        if key in overwrite:
+            return f"the profile's set-resources: {rulename}: {key}"
+        if key == "threads":
+            return "the rule's threads, or the profile's set-threads"
+        if key not in own and default is not None and key in default:
+            return f"the profile's default-resources: {key}"
+        return f"the rule's {key} (rules/resources.smk, your config's resources:)"
+
+    partition = resources.get("slurm_partition")
+    if any(resources.get(key) for key in CLUSTER_KEYS) or (not partition and _automatic_partition()):
+        partition = None  # another cluster's, or the plugin's choice: every node
+    else:
+        partition = str(partition or "")  # none: the default partition
+    model = resources.get("gpu_model") or next((m for m, _ in modsent_cluster.gpu_models(gres)), None)
+    try:
+        modsent_cluster.check_request(
+            nodes, f"jobs of rule {rulename}", mem_mb=mem_mb, runtime=_number(resources.get("runtime")) or None,
+            cpus=cpus, gpus=gpus, constraint=resources.get("constraint") or None, gpu_model=model,
+            partition=partition, source=source)
+    except modsent_cluster.ClusterFitError as err:
+        raise WorkflowError(str(err)) from None
+
+
 def job_threads(kind, gpus=None, overrides=None):
     """The thread count of a job of `kind` (Snakemake caps it at --cores when run locally):
     the kind's CPUs (or the job's own: `overrides`, as in job_resources), times the job's GPUs

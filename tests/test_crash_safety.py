@@ -490,6 +490,73 @@ def test_the_node_choice_follows_what_snakemake_and_the_plugin_will_send(monkeyp
     assert _with_profile({}, sinfo=SINFO_PARTITIONS)("gpu_encode")["mem_mb"](
         None, 99, rulename="english_embeddings") == 512000
     monkeypatch.delenv("SNAKEMAKE_SLURM_PARTITIONS")
+
+
+def test_the_profile_s_own_sizes_are_checked_against_the_nodes(monkeypatch):
+    """What the profile sets in place of the rule's fitted memory, time and CPUs (set-resources,
+    or default-resources the rule does not set), and what Snakemake computes, is checked as
+    sbatch will get it (the onstart's check_request): a runtime over the partition's time limit
+    (the job would wait forever), memory or CPUs no node has; each error names the key."""
+    def checker(set_resources=(), default_resources=()):
+        smk = {}
+        _with_profile({}, set_resources, default_resources, sinfo=SINFO_PARTITIONS, namespace_out=smk)
+        return smk["job_resources"], smk["check_request"]
+
+    la = {"gpu": 1, "cpus_per_gpu": 8, "nodes": 1, "mem_mb": 32000, "runtime": 1440, "slurm_partition": "gpu"}
+    # the rule's own values, fitted by job_resources, pass
+    job_resources, check = checker(["language_adapter:slurm_partition=gpu"])
+    job = job_resources("gpu_train")
+    fitted = {**la, "mem_mb": job["mem_mb"](None, 1, rulename="language_adapter"),
+              "runtime": job["runtime"](None, 1, rulename="language_adapter")}
+    assert (fitted["mem_mb"], fitted["runtime"]) == (32000, 1440)
+    check("language_adapter", fitted, 8)
+    # the profile's time for the 1-day partition: two days would never start
+    _, check = checker(["language_adapter:slurm_partition=gpu", "language_adapter:runtime=2880"])
+    with pytest.raises(ValueError, match=r"^jobs of rule language_adapter ask for 2880 minutes \(the profile's "
+                                         r"set-resources: language_adapter: runtime\), but the longest time limit in "
+                                         r"partition 'gpu' for a node that can run them is 1440 minutes \(sinfo %l\)"):
+        check("language_adapter", {**la, "runtime": 2880}, 8)
+    check("language_adapter", {**la, "runtime": 2880, "slurm_partition": "gpu-long"}, 8)  # 3 days there
+    check("language_adapter", {**la, "runtime": 2880, "slurm_partition": "gpu,gpu-long"}, 8)
+    # the profile's memory: more than gpu-long's largest node
+    _, check = checker(["language_adapter:mem_mb=600000"])
+    with pytest.raises(ValueError, match=r"ask for 600000 MB of memory \(the profile's set-resources: language_adapter: "
+                                         r"mem_mb\), but no node in partition 'gpu-long' that has their 8 CPUs and 1 "
+                                         r"GPUs has more than 512000 MB \(sinfo %m\); sbatch would reject them: ask for "
+                                         r"at most 512000"):
+        check("language_adapter", {**la, "mem_mb": 600000, "slurm_partition": "gpu-long"}, 8)
+    # --mem-per-cpu (which the plugin prefers) times the CPUs; CPUs per task from default-resources
+    _, check = checker(["corpus:mem_mb_per_cpu=6000"], ["cpus_per_task=4"])
+    cpu_job = {"mem_mb": 8000, "runtime": 120}
+    check("corpus", {**cpu_job, "mem_mb_per_cpu": 4000, "cpus_per_task": 4}, 1)  # 16000 of node2's 20000
+    with pytest.raises(ValueError, match=r"jobs of rule corpus ask for 24000 MB of memory \(the profile's "
+                                         r"set-resources: corpus: mem_mb_per_cpu\), but no node in the default "
+                                         r"partition that has their 4 CPUs has more than 20000 MB"):
+        check("corpus", {**cpu_job, "mem_mb_per_cpu": 6000, "cpus_per_task": 4}, 1)
+    with pytest.raises(ValueError, match=r"ask for 32 CPUs \(the profile's default-resources: cpus_per_task\), but "
+                                         r"no node in the default partition has more than 16 \(sinfo %c\)"):
+        check("corpus", {**cpu_job, "cpus_per_task": 32}, 1)
+    with pytest.raises(ValueError, match=r"ask for 32 CPUs \(the rule's threads, or the profile's set-threads\)"):
+        check("corpus", cpu_job, 32)
+    # a value Snakemake computed (an environment variable), which job_resources let through,
+    # is checked as it came out; so are typed GPUs asked for through gres
+    job_resources, check = checker(["language_adapter:gpu_model='$GPU_MODEL'",
+                                    "language_adapter:slurm_partition=gpu"])
+    assert job_resources("gpu_train")["mem_mb"](None, 1, rulename="language_adapter") == 32000
+    with pytest.raises(ValueError, match=r"ask for GPUs of type 'v100' \(the profile's set-resources: "
+                                         r"language_adapter: gpu_model\), but no node in partition 'gpu' has them "
+                                         r"\(sinfo %G: a100\)"):
+        check("language_adapter", {**la, "gpu_model": "v100"}, 8)
+    _, check = checker()
+    with pytest.raises(ValueError, match=r"ask for 8 GPUs on one node \(the rule's gres"):
+        check("language_adapter", {"gres": "gpu:a100:8", "mem_mb": 1000, "slurm_partition": "gpu"}, 1)
+    check("language_adapter", {"gres": "gpu:a100:4", "mem_mb": 1000, "slurm_partition": "gpu"}, 1)
+    # no default partition, or the plugin's partition config: every node counts (node4's 3 days)
+    monkeypatch.setenv("SNAKEMAKE_SLURM_PARTITIONS", "partitions.yaml")
+    check("language_adapter", {**la, "runtime": 4000, "slurm_partition": None}, 8)
+    monkeypatch.delenv("SNAKEMAKE_SLURM_PARTITIONS")
+    with pytest.raises(ValueError, match=r"ask for 1 GPUs on one node .*no node in the default partition has more than 0"):
+        check("language_adapter", {**la, "slurm_partition": None}, 8)
     # a partition on another cluster (slurm_cluster): local sinfo does not know it
     job = _with_profile({}, ["language_adapter:slurm_partition=remote", "language_adapter:slurm_cluster=other"],
                         sinfo=SINFO_PARTITIONS)

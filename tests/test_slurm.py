@@ -541,8 +541,8 @@ def _refused(root: Path, env: dict, config: dict, target: str, rule: str, *messa
 @pytest.mark.workflow
 def test_a_request_no_node_can_meet_stops_the_run_naming_the_key(slurm_run):
     """More memory than any node has, or a node feature none has: an error naming the kind and
-    the config key before anything is submitted, not a rejected sbatch retried with even more
-    memory (or, for the feature, rejected when the job's turn comes)."""
+    the config key (or the profile's) before anything is submitted, not a rejected sbatch
+    retried with even more memory (or, for the feature, rejected when the job's turn comes)."""
     root, _, _, env = slurm_run
     config = yaml.safe_load((root / "slurm-test.yaml").read_text())
     config["resources"] = {"cpu_heavy": {"mem_mb": 300000}}  # the test node has 256000 MB
@@ -559,3 +559,9 @@ def test_a_request_no_node_can_meet_stops_the_run_naming_the_key(slurm_run):
              "jobs of kind gpu_train go to the profile's set-resources: train_method: slurm_partition 'gpu_a100', "
              "but sinfo lists no node in it (sinfo %P: cpu*, gpu); change it in the profile",
              args=("--set-resources", "train_method:slurm_partition=gpu_a100"))
+    # and the memory the profile gives a rule in place of the rule's own (which is fitted to the
+    # nodes): sbatch would reject it at every retry
+    _refused(root, env, config, f"results/{BASE}/tokenizers/ky", "tokenizer",
+             "jobs of rule tokenizer ask for 300000 MB of memory (the profile's set-resources: tokenizer: mem_mb), "
+             "but no node", "has more than 256000 MB (sinfo %m); sbatch would reject them: ask for at most 256000",
+             args=("--set-resources", "tokenizer:mem_mb=300000"))
