@@ -19,7 +19,9 @@ with the attempt). Instead, rules/resources.smk asks sinfo once for the nodes an
 
 The nodes considered are those of the job's partition (the profile's, or the config's; "" the
 cluster's default), with its time limit, when sinfo reports partitions; a partition that sinfo
-does not list stops the run too. A request no node can meet is certainly rejected.
+does not list stops the run too. A request no node can meet is rejected, or, for a runtime over
+its partition's limit, left pending (unless a QOS allows more: a job with one is not checked
+for it). A job sent to another cluster (slurm_cluster) is neither fitted nor checked.
 """
 
 from __future__ import annotations
@@ -69,6 +71,22 @@ def gpu_models(gres: str) -> tuple[tuple[str, int], ...]:
         if parts[0] == "gpu" and len(parts) >= 3 and parts[-1].isdigit():
             found.append((":".join(parts[1:-1]), int(parts[-1])))
     return tuple(found)
+
+
+def requested_gpus(gres: str) -> tuple[int, str | None]:
+    """(GPUs, model) a job's ``gres`` resource asks for: "gpu:a100:2" → (2, "a100"); "gpu" or
+    "gpu:a100" one GPU; none → (0, None)."""
+    count, model = 0, None
+    for item in gres.split(","):
+        parts = item.strip().split(":")
+        if parts[0] != "gpu":
+            continue
+        if len(parts) >= 2 and parts[-1].isdigit():
+            count, typed = count + int(parts[-1]), parts[1:-1]
+        else:
+            count, typed = count + 1, parts[1:]
+        model = model or ":".join(typed) or None
+    return count, model
 
 
 def parse_features(text: str) -> frozenset[str]:
@@ -342,7 +360,8 @@ def check_request(nodes: list[Node], what: str, *, mem_mb: int | None, runtime: 
     chosen = select(nodes, partition=partition) if partition is not None else nodes
     if not chosen:
         raise ClusterFitError(
-            f"{what} go to partition {partition or '(the default)'!r} ({source('slurm_partition')}), but sinfo "
+            f"{what} go to {f'partition {partition!r}' if partition else 'the default partition'} "
+            f"({source('slurm_partition')}), but sinfo "
             f"lists no node in it (sinfo %P: {', '.join(partition_names(nodes)) or 'none'})")
     scope = f"in partition {partition!r}" if partition else (
         "in the default partition" if partition is not None and chosen != nodes else "of this cluster")

@@ -233,9 +233,8 @@ def _node_choice(kind, values, gpus, setting, rulename=None, rule_keys=(), own=N
     return choice
 
 
-# the keys a rule's job_resources always sets (a GPU kind's: also gpu, cpus_per_gpu): the
-# profile's default-resources do not reach them
-RULE_OWN_KEYS = ("mem_mb", "runtime")
+# the names Snakemake turns into mem_mb
+SIZE_ALIASES = {"mem": "mem_mb", "mem_mib": "mem_mb"}
 
 
 def _number(value):
@@ -246,33 +245,70 @@ def _number(value):
         return None
 
 
+def _elsewhere(rulename, values):
+    """Whether a job of `rulename` (the kind's or the job's own `values`) goes to another
+    cluster (the SLURM plugin's slurm_cluster, cluster or clusters, from the config or the
+    profile): local sinfo does not know its nodes, so nothing is fitted or checked."""
+    overwrite, default = _profile_values(rulename)
+    return any(overwrite.get(key) or default.get(key) or values.get(key) for key in CLUSTER_KEYS)
+
+
+def _from_default(rulename, key, default):
+    """Whether the value of `key` that jobs of `rulename` get is the profile's
+    default-resources one (the rule sets none of its own, and set-resources none)."""
+    if default is None or key not in default:
+        return False
+    lookup = getattr(globals().get("workflow"), "get_rule", None)
+    if lookup is None:  # no workflow (the tests' namespace); these keys are set by every rule
+        return key not in ("mem_mb", "runtime", "gpu", "cpus_per_gpu", "nodes")
+    ours = lookup(rulename).resources
+    if key not in ours:
+        return False
+    return getattr(ours[key], "raw", None) == getattr(default[key], "raw", object())
+
+
 def check_request(rulename, resources, threads):
     """Stop the run when no node can take a job's request as sbatch will get it (`resources`,
     the job's final values, and `threads`; modsent.cluster.check_request): the rule's own
     memory and time are fitted to the nodes by job_resources, but a value the profile sets
     (set-resources for the rule, or a default-resources one the rule does not set) replaces
     them unchecked: more memory than any node has is rejected at every retry, a runtime over
-    the partition's time limit waits in the queue forever. Under SLURM only (cluster_nodes)."""
+    the partition's time limit waits in the queue forever. A CPU job with a GPU model (from
+    default-resources, say) is refused too: the plugin would give it a GPU. Under SLURM only
+    (cluster_nodes); not a job for another cluster, nor the runtime of one with a QOS (which
+    may allow more than the partition), nor a value Snakemake has not computed yet."""
     nodes = cluster_nodes()
     if nodes is None:
         return
+
+    def get(key):  # the job's value; None for one not known until its inputs exist (<TBD>)
+        value = resources.get(key)
+        return None if type(value).__name__ == "TBDString" else value
+
+    if any(get(key) for key in CLUSTER_KEYS):
+        return
     settings = getattr(globals().get("workflow"), "resource_settings", None)
-    overwrite = set((getattr(settings, "overwrite_resources", None) or {}).get(rulename) or ())
+    # the keys set-resources gives the rule (mem and mem_mib arrive as mem_mb, as Snakemake renames them)
+    overwrite = {SIZE_ALIASES.get(key, key)
+                 for key in (getattr(settings, "overwrite_resources", None) or {}).get(rulename) or ()}
     default = getattr(settings, "default_resources", None)
-    gres = str(resources.get("gres") or "")
-    gpus = _number(resources.get("gpu")) or modsent_cluster.gpu_count(gres)
-    own = {*RULE_OWN_KEYS, *(("gpu", "cpus_per_gpu") if gpus and "gpu" not in overwrite else ())}
-    if _number(resources.get("cpus_per_task")) is not None:  # as the SLURM plugin decides --cpus-per-task
-        cpus, cpus_key = max(1, _number(resources.get("cpus_per_task"))), "cpus_per_task"
-    elif gpus and _number(resources.get("cpus_per_gpu")):
-        cpus, cpus_key = _number(resources.get("cpus_per_gpu")) * gpus, "cpus_per_gpu"
+    gres = str(get("gres") or "")
+    gres_gpus, gres_model = modsent_cluster.requested_gpus(gres)
+    # as the SLURM plugin builds sbatch's options (--gpus, --gres, --cpus-per-*, --mem*)
+    gpus = _number(get("gpu")) or gres_gpus
+    if _number(get("cpus_per_task")):
+        cpus, cpus_key = max(1, _number(get("cpus_per_task"))), "cpus_per_task"
+    elif gpus and _number(get("cpus_per_gpu")):
+        cpus, cpus_key = max(1, _number(get("cpus_per_gpu"))) * gpus, "cpus_per_gpu"
     else:
         cpus, cpus_key = int(threads), "threads"
-    if _number(resources.get("mem_mb_per_cpu")):  # --mem-per-cpu, which the plugin prefers to --mem
-        mem_mb, mem_key = _number(resources.get("mem_mb_per_cpu")) * cpus, "mem_mb_per_cpu"
+    if _number(get("mem_mb_per_cpu")):  # --mem-per-cpu, which the plugin prefers to --mem
+        mem_mb, mem_key = _number(get("mem_mb_per_cpu")) * cpus, "mem_mb_per_cpu"
     else:
-        mem_mb, mem_key = _number(resources.get("mem_mb")) or None, "mem_mb"
-    keys = {"cpus": cpus_key, "mem_mb": mem_key, "gpu": "gpu" if resources.get("gpu") else "gres"}
+        mem_mb, mem_key = _number(get("mem_mb")) or None, "mem_mb"
+    model = get("gpu_model") or gres_model
+    keys = {"cpus": cpus_key, "mem_mb": mem_key, "gpu": "gpu" if _number(get("gpu")) else "gres",
+            "gpu_model": "gpu_model" if get("gpu_model") else "gres"}
 
     def source(key):
         key = keys.get(key, key)
@@ -280,20 +316,28 @@ def check_request(rulename, resources, threads):
             return f"the profile's set-resources: {rulename}: {key}"
         if key == "threads":
             return "the rule's threads, or the profile's set-threads"
-        if key not in own and default is not None and key in default:
+        if _from_default(rulename, key, default):
             return f"the profile's default-resources: {key}"
         return f"the rule's {key} (rules/resources.smk, your config's resources:)"
 
-    partition = resources.get("slurm_partition")
-    if any(resources.get(key) for key in CLUSTER_KEYS) or (not partition and _automatic_partition()):
-        partition = None  # another cluster's, or the plugin's choice: every node
+    if get("gpu_model") and get("gpu") is None and not gres_gpus:
+        # the plugin sends --gpus=MODEL:1 for a job with a GPU model and no count
+        raise WorkflowError(
+            f"jobs of rule {rulename} have gpu_model {model!r} "
+            f"({source('gpu_model')}) but ask for no GPU; the SLURM plugin would ask for one GPU of that "
+            f"model for each (--gpus={model}:1), so give a GPU model to the GPU rules only (the profile's "
+            f"set-resources block for them, or the config's resources.gpu_train)")
+    partition = get("slurm_partition")
+    if not partition and _automatic_partition():
+        partition = None  # the plugin's choice: every node
     else:
         partition = str(partition or "")  # none: the default partition
-    model = resources.get("gpu_model") or next((m for m, _ in modsent_cluster.gpu_models(gres)), None)
+    qos = get("qos") or getattr(getattr(globals().get("workflow"), "executor_settings", None), "qos", None)
     try:
         modsent_cluster.check_request(
-            nodes, f"jobs of rule {rulename}", mem_mb=mem_mb, runtime=_number(resources.get("runtime")) or None,
-            cpus=cpus, gpus=gpus, constraint=resources.get("constraint") or None, gpu_model=model,
+            nodes, f"jobs of rule {rulename}", mem_mb=mem_mb,
+            runtime=None if qos else _number(get("runtime")) or None,
+            cpus=cpus, gpus=gpus, constraint=get("constraint") or None, gpu_model=model,
             partition=partition, source=source)
     except modsent_cluster.ClusterFitError as err:
         raise WorkflowError(str(err)) from None
@@ -337,7 +381,7 @@ def job_resources(kind, gpus=None, overrides=None, own_keys=()):
         values, setting, own = job_class(wildcards)
         count = gpu_count(wildcards)
         nodes = cluster_nodes()
-        if nodes is None:
+        if nodes is None or _elsewhere(rulename, values):
             return int(values["mem_mb"] * attempt * max(count, 1))
         try:  # never more than the largest node that can run the job has (sbatch would reject it)
             return modsent_cluster.fit_memory(kind, nodes, mem_mb=int(values["mem_mb"]), attempt=attempt,
@@ -353,7 +397,7 @@ def job_resources(kind, gpus=None, overrides=None, own_keys=()):
         base = int(values["runtime"])
         wanted = min(int(base * RUNTIME_GROWTH ** (attempt - 1)), max(int(values["max_runtime"]), base))
         nodes = cluster_nodes()
-        if nodes is None:
+        if nodes is None or _elsewhere(rulename, values):
             return wanted
         # never more than the longest time limit of a partition that can run the job (longer,
         # it would wait forever); a training job that times out resumes from its checkpoint

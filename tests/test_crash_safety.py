@@ -490,6 +490,18 @@ def test_the_node_choice_follows_what_snakemake_and_the_plugin_will_send(monkeyp
     assert _with_profile({}, sinfo=SINFO_PARTITIONS)("gpu_encode")["mem_mb"](
         None, 99, rulename="english_embeddings") == 512000
     monkeypatch.delenv("SNAKEMAKE_SLURM_PARTITIONS")
+    # a partition on another cluster (slurm_cluster): local sinfo does not know it
+    job = _with_profile({}, ["language_adapter:slurm_partition=remote", "language_adapter:slurm_cluster=other"],
+                        sinfo=SINFO_PARTITIONS)
+    # (nor its nodes: the memory is not capped at a local node's, as without sinfo)
+    assert job("gpu_train")["mem_mb"](None, 99, rulename="language_adapter") == 99 * 32000
+    # errors after a partition narrowed the nodes say so; an inherited key names its own section
+    job = _with_profile({"resources": {"gpu_train": {"constraint": "h100"}}},
+                        ["sentence_adapter:slurm_partition=gpu"], sinfo=SINFO_PARTITIONS)
+    with pytest.raises(ValueError, match=r"jobs of kind gpu_adapter ask for nodes with resources\.gpu_train\.constraint "
+                                         r"'h100', but no node in partition 'gpu' \(the profile's set-resources: "
+                                         r"sentence_adapter: slurm_partition\) has those features \(sinfo %f: a100\)"):
+        job("gpu_adapter")["mem_mb"](None, 1, rulename="sentence_adapter")
 
 
 def test_the_profile_s_own_sizes_are_checked_against_the_nodes(monkeypatch):
@@ -497,6 +509,8 @@ def test_the_profile_s_own_sizes_are_checked_against_the_nodes(monkeypatch):
     or default-resources the rule does not set), and what Snakemake computes, is checked as
     sbatch will get it (the onstart's check_request): a runtime over the partition's time limit
     (the job would wait forever), memory or CPUs no node has; each error names the key."""
+    from types import SimpleNamespace
+
     def checker(set_resources=(), default_resources=()):
         smk = {}
         _with_profile({}, set_resources, default_resources, sinfo=SINFO_PARTITIONS, namespace_out=smk)
@@ -551,20 +565,41 @@ def test_the_profile_s_own_sizes_are_checked_against_the_nodes(monkeypatch):
     with pytest.raises(ValueError, match=r"ask for 8 GPUs on one node \(the rule's gres"):
         check("language_adapter", {"gres": "gpu:a100:8", "mem_mb": 1000, "slurm_partition": "gpu"}, 1)
     check("language_adapter", {"gres": "gpu:a100:4", "mem_mb": 1000, "slurm_partition": "gpu"}, 1)
+    # a GPU model for every job (default-resources) would give each CPU job a GPU of that model
+    _, check = checker(default_resources=["gpu_model=a100"])
+    check("language_adapter", {**la, "gpu_model": "a100"}, 8)
+    with pytest.raises(ValueError, match=r"jobs of rule corpus have gpu_model 'a100' \(the profile's default-resources: "
+                                         r"gpu_model\) but ask for no GPU; the SLURM plugin would ask for one GPU of "
+                                         r"that model for each \(--gpus=a100:1\)"):
+        check("corpus", {**cpu_job, "gpu_model": "a100"}, 1)
+    # a job for another cluster: local sinfo knows none of its nodes, so nothing is fitted or checked
+    job_resources, check = checker(["language_adapter:slurm_cluster=other"])
+    assert job_resources("gpu_train")["mem_mb"](None, 20, rulename="language_adapter") == 20 * 32000
+    check("language_adapter", {**la, "mem_mb": 10 ** 7, "runtime": 10 ** 5, "slurm_cluster": "other"}, 8)
+    # a QOS may allow more time than the partition: the runtime is sbatch's to judge
+    _, check = checker(["language_adapter:qos=long", "language_adapter:runtime=2880"])
+    check("language_adapter", {**la, "runtime": 2880, "qos": "long"}, 8)
+    # GPUs through gres, as the plugin reads them: "gpu" is one GPU, whose CPUs are cpus_per_gpu
+    _, check = checker(["language_adapter:gres='gpu:v100:1'"])
+    check("language_adapter", {"gres": "gpu", "cpus_per_gpu": 8, "slurm_partition": "gpu"}, 128)
+    with pytest.raises(ValueError, match=r"ask for GPUs of type 'v100' \(the profile's set-resources: "
+                                         r"language_adapter: gres\)"):
+        check("language_adapter", {"gres": "gpu:v100:1", "slurm_partition": "gpu"}, 8)
+    # a key the rule sets itself wins over default-resources, and the error says so (the rule's
+    # resources as Snakemake merges them: default-resources, then the rule's own)
+    smk = {}
+    _with_profile({}, (), ["cpus_per_task=32"], sinfo=SINFO_PARTITIONS, namespace_out=smk)
+    default = smk["workflow"].resource_settings.default_resources
+    rules = {"corpus": default.copy(), "fasttext": default.copy()}
+    rules["fasttext"].update({"cpus_per_task": 48})
+    smk["workflow"].get_rule = lambda name: SimpleNamespace(resources=rules[name])
+    for rule, cpus, source in (("corpus", 32, "the profile's default-resources: cpus_per_task"),
+                               ("fasttext", 48, "the rule's cpus_per_task")):
+        with pytest.raises(ValueError, match=rf"ask for {cpus} CPUs \({source}"):
+            smk["check_request"](rule, {**cpu_job, "cpus_per_task": cpus}, 1)
     # no default partition, or the plugin's partition config: every node counts (node4's 3 days)
     monkeypatch.setenv("SNAKEMAKE_SLURM_PARTITIONS", "partitions.yaml")
     check("language_adapter", {**la, "runtime": 4000, "slurm_partition": None}, 8)
     monkeypatch.delenv("SNAKEMAKE_SLURM_PARTITIONS")
     with pytest.raises(ValueError, match=r"ask for 1 GPUs on one node .*no node in the default partition has more than 0"):
         check("language_adapter", {**la, "slurm_partition": None}, 8)
-    # a partition on another cluster (slurm_cluster): local sinfo does not know it
-    job = _with_profile({}, ["language_adapter:slurm_partition=remote", "language_adapter:slurm_cluster=other"],
-                        sinfo=SINFO_PARTITIONS)
-    assert job("gpu_train")["mem_mb"](None, 99, rulename="language_adapter") == 512000
-    # errors after a partition narrowed the nodes say so; an inherited key names its own section
-    job = _with_profile({"resources": {"gpu_train": {"constraint": "h100"}}},
-                        ["sentence_adapter:slurm_partition=gpu"], sinfo=SINFO_PARTITIONS)
-    with pytest.raises(ValueError, match=r"jobs of kind gpu_adapter ask for nodes with resources\.gpu_train\.constraint "
-                                         r"'h100', but no node in partition 'gpu' \(the profile's set-resources: "
-                                         r"sentence_adapter: slurm_partition\) has those features \(sinfo %f: a100\)"):
-        job("gpu_adapter")["mem_mb"](None, 1, rulename="sentence_adapter")
