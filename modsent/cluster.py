@@ -234,6 +234,20 @@ def parse_sinfo(text: str) -> list[Node]:
     return list(nodes.values())
 
 
+def local_cluster_name() -> str | None:
+    """The name of the cluster this machine's sinfo describes (``scontrol show config``'s
+    ClusterName), or None when it cannot be asked."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return None
+    try:
+        proc = subprocess.run([scontrol, "show", "config"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"^ClusterName\s*=\s*(\S+)", proc.stdout, flags=re.M)
+    return match.group(1) if proc.returncode == 0 and match else None
+
+
 def query_nodes() -> list[Node] | None:
     """The cluster's nodes (sinfo), or None when sinfo is missing or fails."""
     sinfo = shutil.which("sinfo")

@@ -221,9 +221,8 @@ def _node_choice(kind, values, gpus, setting, rulename=None, rule_keys=(), own=N
             value, source = None, None
         if value == COMPUTED:
             value = None
-        if key == "slurm_partition":
-            other_cluster = any(overwrite.get(k) or default.get(k) or values.get(k) for k in CLUSTER_KEYS)
-            if other_cluster or (not value and _automatic_partition()) or (value is None and source):
+        if key == "slurm_partition":  # (a job for another cluster is not fitted: _elsewhere)
+            if (not value and _automatic_partition()) or (value is None and source):
                 value = None  # every node (a computed partition: source set, value None)
             elif value is None:
                 value, source = "", None  # none set: the default partition
@@ -245,12 +244,30 @@ def _number(value):
         return None
 
 
+# the name of the cluster sinfo describes (scontrol show config), asked once, when a job names a cluster
+_LOCAL_CLUSTER = []
+
+
+def _other_cluster(names):
+    """Whether a job whose cluster keys hold `names` (the values of slurm_cluster, cluster or
+    clusters; "a,b" lists several) may run on a cluster other than the one sinfo describes."""
+    names = {name.strip() for value in names for name in str(value or "").split(",") if name.strip()}
+    if not names:
+        return False
+    if not _LOCAL_CLUSTER:
+        _LOCAL_CLUSTER.append(modsent_cluster.local_cluster_name())
+    return names != {_LOCAL_CLUSTER[0]}
+
+
 def _elsewhere(rulename, values):
     """Whether a job of `rulename` (the kind's or the job's own `values`) goes to another
-    cluster (the SLURM plugin's slurm_cluster, cluster or clusters, from the config or the
-    profile): local sinfo does not know its nodes, so nothing is fitted or checked."""
+    cluster (the SLURM plugin's slurm_cluster, cluster or clusters, as Snakemake resolves them:
+    the profile's set-resources, else the rule's own, else default-resources): local sinfo does
+    not know its nodes, so nothing is fitted or checked. A computed value counts as another."""
     overwrite, default = _profile_values(rulename)
-    return any(overwrite.get(key) or default.get(key) or values.get(key) for key in CLUSTER_KEYS)
+    names = [overwrite[key] if key in overwrite else values[key] if key in values else default.get(key)
+             for key in CLUSTER_KEYS]
+    return _other_cluster(names)
 
 
 def _from_default(rulename, key, default):
@@ -285,7 +302,7 @@ def check_request(rulename, resources, threads):
         value = resources.get(key)
         return None if type(value).__name__ == "TBDString" else value
 
-    if any(get(key) for key in CLUSTER_KEYS):
+    if _other_cluster([get(key) for key in CLUSTER_KEYS]):
         return
     settings = getattr(globals().get("workflow"), "resource_settings", None)
     # the keys set-resources gives the rule (mem and mem_mib arrive as mem_mb, as Snakemake renames them)
@@ -332,7 +349,10 @@ def check_request(rulename, resources, threads):
         partition = None  # the plugin's choice: every node
     else:
         partition = str(partition or "")  # none: the default partition
-    qos = get("qos") or getattr(getattr(globals().get("workflow"), "executor_settings", None), "qos", None)
+    # a QOS may allow more time than the partition (its PartitionTimeLimit flag): sbatch judges
+    # the runtime of a job with one (the qos resource, the plugin's --slurm-qos, or -q in slurm_extra)
+    qos = get("qos") or getattr(getattr(globals().get("workflow"), "executor_settings", None), "qos", None) \
+        or re.search(r"(^|\s)(-q\b|--qos\b)", str(get("slurm_extra") or ""))
     try:
         modsent_cluster.check_request(
             nodes, f"jobs of rule {rulename}", mem_mb=mem_mb,

@@ -374,6 +374,7 @@ def _with_profile(config, set_resources=(), default_resources=(), sinfo=SINFO_FE
                  "workflow": SimpleNamespace(resource_settings=settings, executor_settings=None)}
     exec(compile((REPO / "rules" / "resources.smk").read_text(), "resources.smk", "exec"), namespace)
     namespace["_CLUSTER_NODES"].append(cluster.parse_sinfo(sinfo))
+    namespace["_LOCAL_CLUSTER"].append("here")  # scontrol show config's ClusterName
     if namespace_out is not None:
         namespace_out.update(namespace)
     return namespace["job_resources"]
@@ -504,6 +505,17 @@ def test_the_node_choice_follows_what_snakemake_and_the_plugin_will_send(monkeyp
         job("gpu_adapter")["mem_mb"](None, 1, rulename="sentence_adapter")
 
 
+def test_the_local_cluster_s_name_comes_from_scontrol(tmp_path, monkeypatch):
+    script = tmp_path / "scontrol"
+    script.write_text("#!/bin/sh\necho 'Configuration data as of 2026-12-01T10:00:00'\n"
+                      "echo 'AccountingStorageType   = (null)'\necho 'ClusterName             = gpu-east'\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert cluster.local_cluster_name() == "gpu-east"
+    script.write_text("#!/bin/sh\necho 'slurm_load_ctl_conf error: Unable to contact slurm controller' >&2\nexit 1\n")
+    assert cluster.local_cluster_name() is None
+
+
 def test_the_profile_s_own_sizes_are_checked_against_the_nodes(monkeypatch):
     """What the profile sets in place of the rule's fitted memory, time and CPUs (set-resources,
     or default-resources the rule does not set), and what Snakemake computes, is checked as
@@ -576,9 +588,21 @@ def test_the_profile_s_own_sizes_are_checked_against_the_nodes(monkeypatch):
     job_resources, check = checker(["language_adapter:slurm_cluster=other"])
     assert job_resources("gpu_train")["mem_mb"](None, 20, rulename="language_adapter") == 20 * 32000
     check("language_adapter", {**la, "mem_mb": 10 ** 7, "runtime": 10 ** 5, "slurm_cluster": "other"}, 8)
+    check("language_adapter", {**la, "mem_mb": 10 ** 7, "clusters": "here,other"}, 8)  # either
+    # this cluster by its name is this cluster; an emptied set-resources value wins over a default
+    long = "language_adapter:slurm_partition=gpu-long"
+    for profile in (([long, "language_adapter:slurm_cluster=here"], []),
+                    ([long, "language_adapter:slurm_cluster=None"], ["slurm_cluster=other"])):
+        job_resources, check = checker(*profile)
+        assert job_resources("gpu_train")["mem_mb"](None, 20, rulename="language_adapter") == 512000
+    with pytest.raises(ValueError, match=r"ask for 10000000 MB of memory"):
+        check("language_adapter", {**la, "mem_mb": 10 ** 7, "slurm_cluster": "here"}, 8)
     # a QOS may allow more time than the partition: the runtime is sbatch's to judge
     _, check = checker(["language_adapter:qos=long", "language_adapter:runtime=2880"])
     check("language_adapter", {**la, "runtime": 2880, "qos": "long"}, 8)
+    check("language_adapter", {**la, "runtime": 2880, "slurm_extra": "--exclusive -q long"}, 8)
+    with pytest.raises(ValueError, match=r"ask for 2880 minutes"):  # not a QOS option
+        check("language_adapter", {**la, "runtime": 2880, "slurm_extra": "--exclusive --quiet"}, 8)
     # GPUs through gres, as the plugin reads them: "gpu" is one GPU, whose CPUs are cpus_per_gpu
     _, check = checker(["language_adapter:gres='gpu:v100:1'"])
     check("language_adapter", {"gres": "gpu", "cpus_per_gpu": 8, "slurm_partition": "gpu"}, 128)

@@ -560,8 +560,9 @@ def test_a_request_no_node_can_meet_stops_the_run_naming_the_key(slurm_run):
              "but sinfo lists no node in it (sinfo %P: cpu*, gpu); change it in the profile",
              args=("--set-resources", "train_method:slurm_partition=gpu_a100"))
     # and the memory the profile gives a rule in place of the rule's own (which is fitted to the
-    # nodes): sbatch would reject it at every retry
+    # nodes): sbatch would reject it at every retry; this cluster named by its name
+    # (scontrol's ClusterName) is still the one sinfo describes
     _refused(root, env, config, f"results/{BASE}/tokenizers/ky", "tokenizer",
              "jobs of rule tokenizer ask for 300000 MB of memory (the profile's set-resources: tokenizer: mem_mb), "
              "but no node", "has more than 256000 MB (sinfo %m); sbatch would reject them: ask for at most 256000",
-             args=("--set-resources", "tokenizer:mem_mb=300000"))
+             args=("--set-resources", "tokenizer:mem_mb=300000", "tokenizer:slurm_cluster=modsenttest"))
