@@ -410,7 +410,7 @@ def check_request(nodes: list[Node], what: str, *, mem_mb: int | None, runtime: 
         raise ClusterFitError(
             f"{what} ask for {runtime} minutes ({source('runtime')}), but the longest time limit {scope} for "
             f"a node that can run them is {max(limits)} minutes (sinfo %l); SLURM would keep them pending "
-            f"(or reject them): ask for at most {max(limits)}")
+            f"(or reject them): ask for at most {max(limits)}, or give them a QOS that allows more (qos)")
 
 
 def fit_runtime(nodes: list[Node], *, runtime: int, cpus: int, gpus: int, constraint: str | None = None,
