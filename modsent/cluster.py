@@ -51,42 +51,38 @@ class Node:
     partitions: tuple[tuple[str, int | None, bool], ...] = ()
 
 
+def _gpu_items(gres: str) -> list[tuple[str | None, int | None]]:
+    """(model, count) of each GPU item of a gres string, sinfo's %G field or a job's ``gres``:
+    "gpu:a100:4(S:0-1),gpu:2,mps:100" → [("a100", 4), (None, 2)]; no count (a job's "gpu",
+    "gpu:a100") → None; ``no_consume`` dropped ("gpu:a100:no_consume:4")."""
+    found = []
+    for item in re.sub(r"\(.*?\)", "", gres).split(","):  # "(S:0,2)" holds commas too
+        parts = [part for part in item.strip().split(":") if part != "no_consume"]
+        if parts[0] != "gpu":
+            continue
+        counted = len(parts) >= 2 and parts[-1].isdigit()
+        found.append((":".join(parts[1:-1] if counted else parts[1:]) or None,
+                      int(parts[-1]) if counted else None))
+    return found
+
+
 def gpu_count(gres: str) -> int:
     """GPUs in a sinfo %G field: "gpu:2", "gpu:a100:4(S:0-1)", "gpu:a100:2,mps:100", "(null)"."""
-    total = 0
-    for item in re.sub(r"\(.*?\)", "", gres).split(","):  # "(S:0,2)" holds commas too
-        parts = item.strip().split(":")
-        if parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
-            total += int(parts[-1])
-    return total
+    return sum(count for _, count in _gpu_items(gres) if count is not None)
 
 
 def gpu_models(gres: str) -> tuple[tuple[str, int], ...]:
     """(model, count) of the typed GPUs in a sinfo %G field: "gpu:a100:4(S:0-1),gpu:v100:2" →
     (("a100", 4), ("v100", 2)); untyped ("gpu:2") none."""
-    found = []
-    for item in re.sub(r"\(.*?\)", "", gres).split(","):
-        parts = item.strip().split(":")
-        parts = [part for part in parts if part != "no_consume"]  # "gpu:a100:no_consume:4"
-        if parts[0] == "gpu" and len(parts) >= 3 and parts[-1].isdigit():
-            found.append((":".join(parts[1:-1]), int(parts[-1])))
-    return tuple(found)
+    return tuple((model, count) for model, count in _gpu_items(gres) if model and count is not None)
 
 
 def requested_gpus(gres: str) -> tuple[int, str | None]:
     """(GPUs, model) a job's ``gres`` resource asks for: "gpu:a100:2" → (2, "a100"); "gpu" or
-    "gpu:a100" one GPU; none → (0, None)."""
-    count, model = 0, None
-    for item in gres.split(","):
-        parts = item.strip().split(":")
-        if parts[0] != "gpu":
-            continue
-        if len(parts) >= 2 and parts[-1].isdigit():
-            count, typed = count + int(parts[-1]), parts[1:-1]
-        else:
-            count, typed = count + 1, parts[1:]
-        model = model or ":".join(typed) or None
-    return count, model
+    "gpu:a100" one GPU (SLURM's default count); none → (0, None)."""
+    items = _gpu_items(gres)
+    return (sum(1 if count is None else count for _, count in items),
+            next((model for model, _ in items if model), None))
 
 
 def parse_features(text: str) -> frozenset[str]:

@@ -275,10 +275,7 @@ def _from_default(rulename, key, default):
     default-resources one (the rule sets none of its own, and set-resources none)."""
     if default is None or key not in default:
         return False
-    lookup = getattr(globals().get("workflow"), "get_rule", None)
-    if lookup is None:  # no workflow (the tests' namespace); these keys are set by every rule
-        return key not in ("mem_mb", "runtime", "gpu", "cpus_per_gpu", "nodes")
-    ours = lookup(rulename).resources
+    ours = workflow.get_rule(rulename).resources
     if key not in ours:
         return False
     return getattr(ours[key], "raw", None) == getattr(default[key], "raw", object())
@@ -312,19 +309,21 @@ def check_request(rulename, resources, threads):
     gres = str(get("gres") or "")
     gres_gpus, gres_model = modsent_cluster.requested_gpus(gres)
     # as the SLURM plugin builds sbatch's options (--gpus, --gres, --cpus-per-*, --mem*)
-    gpus = _number(get("gpu")) or gres_gpus
-    if _number(get("cpus_per_task")):
-        cpus, cpus_key = max(1, _number(get("cpus_per_task"))), "cpus_per_task"
-    elif gpus and _number(get("cpus_per_gpu")):
-        cpus, cpus_key = max(1, _number(get("cpus_per_gpu"))) * gpus, "cpus_per_gpu"
+    number = {key: _number(get(key)) for key in ("gpu", "cpus_per_task", "cpus_per_gpu", "mem_mb_per_cpu",
+                                                 "mem_mb", "runtime")}
+    gpus = number["gpu"] or gres_gpus
+    if number["cpus_per_task"]:
+        cpus, cpus_key = max(1, number["cpus_per_task"]), "cpus_per_task"
+    elif gpus and number["cpus_per_gpu"]:
+        cpus, cpus_key = max(1, number["cpus_per_gpu"]) * gpus, "cpus_per_gpu"
     else:
         cpus, cpus_key = int(threads), "threads"
-    if _number(get("mem_mb_per_cpu")):  # --mem-per-cpu, which the plugin prefers to --mem
-        mem_mb, mem_key = _number(get("mem_mb_per_cpu")) * cpus, "mem_mb_per_cpu"
+    if number["mem_mb_per_cpu"]:  # --mem-per-cpu, which the plugin prefers to --mem
+        mem_mb, mem_key = number["mem_mb_per_cpu"] * cpus, "mem_mb_per_cpu"
     else:
-        mem_mb, mem_key = _number(get("mem_mb")) or None, "mem_mb"
+        mem_mb, mem_key = number["mem_mb"] or None, "mem_mb"
     model = get("gpu_model") or gres_model
-    keys = {"cpus": cpus_key, "mem_mb": mem_key, "gpu": "gpu" if _number(get("gpu")) else "gres",
+    keys = {"cpus": cpus_key, "mem_mb": mem_key, "gpu": "gpu" if number["gpu"] else "gres",
             "gpu_model": "gpu_model" if get("gpu_model") else "gres"}
 
     def source(key):
@@ -356,7 +355,7 @@ def check_request(rulename, resources, threads):
     try:
         modsent_cluster.check_request(
             nodes, f"jobs of rule {rulename}", mem_mb=mem_mb,
-            runtime=None if qos else _number(get("runtime")) or None,
+            runtime=None if qos else number["runtime"] or None,
             cpus=cpus, gpus=gpus, constraint=get("constraint") or None, gpu_model=model,
             partition=partition, source=source)
     except modsent_cluster.ClusterFitError as err:

@@ -370,8 +370,12 @@ def _with_profile(config, set_resources=(), default_resources=(), sinfo=SINFO_FE
     settings = SimpleNamespace(overwrite_resources=parse_set_resources(list(set_resources)),
                                default_resources=Resources.parse(list(default_resources), defaults="bare",
                                                                  allow_expressions=True))
+    # each rule's resources as Snakemake merges them (default-resources, then the rule's own:
+    # here the rule sets none of the default's keys)
     namespace = {"config": config, "WorkflowError": ValueError,
-                 "workflow": SimpleNamespace(resource_settings=settings, executor_settings=None)}
+                 "workflow": SimpleNamespace(resource_settings=settings, executor_settings=None,
+                                             get_rule=lambda name: SimpleNamespace(
+                                                 resources=settings.default_resources.copy()))}
     exec(compile((REPO / "rules" / "resources.smk").read_text(), "resources.smk", "exec"), namespace)
     namespace["_CLUSTER_NODES"].append(cluster.parse_sinfo(sinfo))
     namespace["_LOCAL_CLUSTER"].append("here")  # scontrol show config's ClusterName
