@@ -83,7 +83,7 @@ def main() -> None:
     from modsent.modular.language_adapter import mlm_loss
     from modsent.training import fastpath
     from modsent.training.loop import optimizer_step
-    from modsent.training.optim import fused_options
+    from modsent.training.optim import step_options
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default=str(REPO / "resources/base_models/me5-small"),
@@ -183,7 +183,7 @@ def main() -> None:
             fastpath.bf16_residual_stream(model, name.endswith("bf16 residual"))  # language_adapter.residual_stream
             fastpath.attention_outside_graph(mlm_parts(model)[0], "attention outside" in name)
             graphs = "graphs" in name
-            optimizer = torch.optim.AdamW(params, lr=1e-4, **(fused_options(params) if fused else {}))
+            optimizer = torch.optim.AdamW(params, lr=1e-4, **(step_options(params) if fused else {}))
             autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and cuda
                         else torch.autocast(args.device.split(":")[0], enabled=False))
 

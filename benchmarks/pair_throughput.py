@@ -249,7 +249,7 @@ def main() -> None:
     from modsent.training import fastpath
 
     from modsent.training.loop import CPU_CHUNK_SENTENCES, LengthChunks, optimizer_step, split_by_length
-    from modsent.training.optim import fused_options
+    from modsent.training.optim import step_options
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--labse-random", action="store_true", help="a LaBSE-sized BERT (default: a small one)")
@@ -348,7 +348,7 @@ def main() -> None:
             for name, (bf16, group, _) in variants.items():
                 activate(name)
                 net = compiled if name.endswith(("compiled", "graphs")) else model
-                optimizer = torch.optim.AdamW(trainable, lr=2e-5, **(fused_options(trainable) if bf16 else {}))
+                optimizer = torch.optim.AdamW(trainable, lr=2e-5, **(step_options(trainable) if bf16 else {}))
                 autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and cuda
                             else torch.autocast(args.device.split(":")[0], enabled=False))
                 pool = max(group, 1) * args.batch_size

@@ -101,14 +101,14 @@ def profile_la(args, speed_up, cuda: bool, autocast) -> None:
     from modsent.modular.language_adapter import mlm_loss
     from modsent.training import fastpath
     from modsent.training.loop import optimizer_step, to_device
-    from modsent.training.optim import fused_options
+    from modsent.training.optim import step_options
 
     # LA: packed sequences of exactly seq_len, 15% masked, LoRA on q/k/v + trainable embeddings
     la_args = argparse.Namespace(labse_random=True, device=args.device)
     model, vocab = mlm_throughput.build(la_args)
     speed_up(model)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-4, **fused_options(params))
+    optimizer = torch.optim.AdamW(params, lr=1e-4, **step_options(params))
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(5, vocab, (args.la_batch, args.la_seq_len), generator=generator)
     chosen = torch.rand(ids.shape, generator=generator) < 0.15
@@ -148,7 +148,7 @@ def profile_se(args, speed_up, cuda: bool, autocast) -> None:
     from modsent.losses import MultipleNegativesRankingLoss
     from modsent.modular.sentence_adapter import pass_loss
     from modsent.training.loop import optimizer_step
-    from modsent.training.optim import fused_options
+    from modsent.training.optim import step_options
 
     generator = torch.Generator().manual_seed(0)
 
@@ -157,7 +157,7 @@ def profile_se(args, speed_up, cuda: bool, autocast) -> None:
     encoder, config = pair_throughput.build("labse", args.device)
     speed_up(encoder)
     trainable = [p for p in encoder.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=2e-5, **fused_options(trainable))
+    optimizer = torch.optim.AdamW(trainable, lr=2e-5, **step_options(trainable))
     lengths = pair_throughput.sentence_lengths(128)
     batches = pair_throughput.make_batches(lengths, (args.steps + 4) * args.se_batch, args.se_batch, 1, seed=1,
                                            negative_share=pair_throughput.PAPER_NEGATIVE_SHARE)

@@ -52,7 +52,7 @@ from modsent.losses import MaskedLanguageModelingLoss, mlm_parts
 from modsent.training import fastpath, schedules, tracking
 from modsent.training.checkpoints import RUNTIME_SETTINGS, load_checkpoint, save_checkpoint
 from modsent.training.loop import LossScaleWatch, optimizer_step, report_step, to_device
-from modsent.training.optim import adamw, fused_options
+from modsent.training.optim import adamw, step_options
 from modsent.training.precision import autocast, default_device, grad_scaler, resolve as resolve_precision
 from modsent.training.seeding import dropout_seed, step_generator
 from modsent.training.tracking import Tracker
@@ -371,7 +371,7 @@ def warm_up_head(model, train: torch.Tensor, tokenizer, cfg: LanguageAdapterConf
     frozen = [p for p in model.parameters() if p.requires_grad and all(p is not q for q in params)]
     for p in frozen:
         p.requires_grad_(False)
-    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, **fused_options(params))
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, **step_options(params))
     scaler = grad_scaler(device, cfg.precision)
     model.train()
     for i in range(cfg.head_warmup_steps):

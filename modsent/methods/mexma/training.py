@@ -69,7 +69,7 @@ from modsent.methods.mexma import model as mm
 from modsent.methods.mexma.model import MEXMAModel, build_model
 from modsent.modular import sentence_adapter as sa
 from modsent.training import checkpoints, fastpath, schedules
-from modsent.training.optim import fused_options
+from modsent.training.optim import step_options
 from modsent.tokenizing import encoder_attention_mask
 from modsent.training.loop import (TrainingLog, ahead, checkpoint_due, optimizer_step, pinned, set_learning_rate,
                                    to_device)
@@ -401,7 +401,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_encoder = sum(p.numel() for p in model.body.parameters())
     optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                                  **fused_options(trainable))
+                                  **step_options(trainable))
     scaler = grad_scaler(device, cfg.precision)
     objective = Objective(cfg)
     log.info("%s: %d bitext pairs (%s), %d held-out English sentences; %d steps of %d x %d pairs (%d per epoch); "

@@ -66,7 +66,7 @@ from modsent.losses import TripletInfoNCELoss
 from modsent.methods import baselines as bl
 from modsent.modular import sentence_adapter as sa
 from modsent.training import checkpoints, fastpath, schedules
-from modsent.training.optim import fused_options
+from modsent.training.optim import step_options
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import no_duplicate_batches
 from modsent.training.precision import autocast, default_device, for_model as precision_for, grad_scaler
@@ -348,7 +348,7 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
              "English" if english_only else "cross-lingual", rows["pair_id"].nunique(), ", ".join(langs),
              len(heldout[pivot]), epoch_batches, total_steps, source, cfg.targets, n_trainable, n_total)
     optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                                  **fused_options(trainable))
+                                  **step_options(trainable))
     loss_fn = TripletInfoNCELoss(cfg.temperature)
     eval_batch = max(1, min(cfg.batch_size, 64))
 
