@@ -213,6 +213,44 @@ def test_a_tiny_mt5_trains_and_reloads_with_sentence_transformers_to_the_same_ve
     assert len(targets) == 2 * 7
 
 
+def test_a_bfloat16_body_is_merged_and_saved_in_float32_and_encodes_as_it_trained(data, tmp_path):
+    """dtype: bfloat16 holds the frozen weights in bfloat16 while training; the saved model is
+    float32 with the LoRA merged at full precision, so it encodes as the trained (unmerged) model
+    computed in float32. The update here is ~0.3% of each weight, finer than bfloat16's
+    resolution of it: merged into bfloat16 weights, most of it would round away."""
+    import copy
+
+    from sentence_transformers import SentenceTransformer
+
+    cfg = mt.MST5Config.from_settings("mST5-xnli", {**SETTINGS, "model": str(data["mt5"]), "dtype": "bfloat16"})
+    model = mt.build_model(data["mt5"], cfg).model
+    assert {p.dtype for n, p in model.encoder.named_parameters() if "lora_" not in n} == {torch.bfloat16}
+    generator = torch.Generator().manual_seed(0)
+    frozen = copy.deepcopy(model)
+    with torch.no_grad():  # a trained-looking LoRA: B·A·scaling ~0.3% of the weight it adds to
+        for module in model.encoder.modules():
+            if hasattr(module, "lora_B") and "default" in module.lora_B:
+                b, a = module.lora_B["default"].weight, module.lora_A["default"].weight
+                b.copy_(torch.randn(b.shape, generator=generator))
+                delta = module.scaling["default"] * b @ a
+                b.mul_(0.003 * module.base_layer.weight.float().norm() / delta.norm())
+
+    def in_float32(encoder_model):
+        unmerged = copy.deepcopy(encoder_model)
+        unmerged.encoder = unmerged.encoder.float()
+        return unmerged.encode(TEXTS)
+
+    trained, before = in_float32(model), in_float32(frozen)
+    effect = np.abs(trained - before).max()
+    assert effect > 1e-4  # the LoRA moves the vectors measurably
+    mt.write_output(mt.TrainingResult(model, str(data["mt5"]), {"method": "mST5-xnli"}, [[1, 1.0, 1e-3]]),
+                    tmp_path / "out")
+    weights = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert {tensor.dtype for tensor in weights.values()} == {torch.float32}
+    saved = SentenceTransformer(str(tmp_path / "out"), device="cpu").encode(TEXTS, normalize_embeddings=True)
+    assert np.abs(saved - trained).max() < effect / 100
+
+
 def test_a_killed_run_resumes_to_the_weights_of_an_unbroken_one(data, tmp_path):
     settings = {**SETTINGS, "model": str(data["mt5"]), "max_steps": 5, "checkpoint_every": 2}
     straight = mt.train_mst5("mST5-xnli", data["inputs"], tmp_path / "straight", settings, english_only=False,

@@ -56,7 +56,8 @@ def settings_schema(*, learning_rate: float, targets: str) -> dict[str, dict]:
                      "description": "Hub revision of model (commit, tag, branch or refs/pr/N): one with "
                                     "model.safetensors"},
         "dtype": {"enum": ["float32", "bfloat16"], "default": "float32",
-                  "description": "dtype of the frozen weights (LoRA is float32); bfloat16 halves their memory"},
+                  "description": "dtype of the frozen weights in training (LoRA is float32); bfloat16 halves their "
+                                 "memory. The saved model is float32: the LoRA merged at full precision"},
         "targets": {"enum": list(TARGETS), "default": targets,
                     "description": "LoRA on the attention query and value (T5: q, v; BERT-like: query, value) "
                                    "or on every linear layer of the encoder (T5: q, k, v, o, wi_0, wi_1, wo)"},

@@ -70,6 +70,7 @@ from modsent.training.optim import step_options
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import no_duplicate_batches
 from modsent.training.precision import autocast, default_device, for_model as precision_for, grad_scaler
+from modsent.training.precision import resolve as resolve_precision
 from modsent.training.seeding import dropout_seed, private_cpu_stream
 
 log = logging.getLogger(__name__)
@@ -353,6 +354,10 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
     eval_batch = max(1, min(cfg.batch_size, 64))
 
     precision = precision_for(model, device, cfg.precision)  # mT5 stays out of fp16
+    if cfg.dtype == "bfloat16" and resolve_precision(device, "auto") == "fp16":
+        log.warning("%s: dtype bfloat16 on a GPU without bf16 units (%s): it still halves the frozen weights' "
+                    "memory, but their products are emulated, at about fp32's speed; a GPU with bf16 (A100, "
+                    "H100) runs them several times faster", name, device)
 
     def evaluate():
         return bl._heldout_accuracies(model, heldout, pivot, eval_batch, precision)
@@ -411,9 +416,13 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
 
 def write_output(result: TrainingResult, out_dir: str | Path) -> None:
     """``out_dir`` (atomically): the LoRA merged into the encoder, saved as a
-    sentence-transformers directory, with ``metrics.json``, ``loss.tsv`` and ``loss.png``."""
+    sentence-transformers directory, with ``metrics.json``, ``loss.tsv`` and ``loss.png``. The
+    merge and the saved weights are float32 whatever ``dtype`` the frozen weights trained in: a
+    LoRA update is often finer than a bfloat16 weight's resolution (8 bits of mantissa), so
+    merging into bfloat16 weights would round much of what was learnt away. The saved model
+    computes what the trained one did: its frozen weights' values and the LoRA's product."""
     model = result.model
-    model.encoder = model.encoder.merge_and_unload()  # a plain Hugging Face model again
+    model.encoder = model.encoder.float().merge_and_unload()  # a plain Hugging Face model again
     with atomic_path(out_dir, directory=True) as tmp:
         tf.save_sentence_transformer(model.encoder, model.tokenizer, model.head, model.max_seq_length, tmp,
                                      source=result.source)
