@@ -484,6 +484,31 @@ def test_convert_checkpoint_writes_a_self_contained_directory(ct2, root, nllb):
         T.load_translator("ctranslate2", nllb, src_lang="en", tgt_lang="de")
 
 
+@pytest.mark.parametrize("bf16_units", [True, False])
+def test_the_default_gpu_type_is_the_half_type_the_gpu_computes_natively(bf16_units, ct2, monkeypatch):
+    """compute_type auto (or none given) on a GPU: bfloat16 where it has bf16 units (A100, H100),
+    float16 where it has not (V100, T4: bf16 emulated at about fp32's speed in PyTorch, refused by
+    CTranslate2), for both engines; float32 on the CPU."""
+    import ctranslate2
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16_units)
+    half = torch.bfloat16 if bf16_units else torch.float16
+    assert T._torch_dtype("auto", "cuda") == T._torch_dtype(None, "cuda:1") == half
+    assert T._torch_dtype("auto", "cpu") == torch.float32
+    assert T._torch_dtype("float32", "cuda") == torch.float32  # an explicit type is kept
+
+    class Recorded:  # CTranslate2's Translator on a GPU this machine lacks: what it is asked for
+        def __init__(self, path, **kwargs):
+            asked.append(kwargs)
+
+    monkeypatch.setattr(ctranslate2, "Translator", Recorded)
+    T.load_translator("ctranslate2", ct2["nllb"], src_lang="en", tgt_lang="de", device="cuda", **OPTIONS)
+    T.load_translator("ctranslate2", ct2["nllb"], src_lang="en", tgt_lang="de", device="cuda",
+                      compute_type="auto", **OPTIONS)
+    assert [kwargs["compute_type"] for kwargs in asked] == ["bfloat16" if bf16_units else "float16", "auto"]
+
+
 @pytest.mark.parametrize("family", ["nllb", "m2m100"])
 def test_ctranslate2_tokens_and_agreement_with_transformers(family, ct2, nllb, m2m100, units):
     _, frame = units

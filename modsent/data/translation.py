@@ -11,7 +11,8 @@ Engines, one interface (:func:`translate_shard`, or :func:`load_translator` for 
 :class:`Translator` object):
 
 - ``transformers``: ``AutoModelForSeq2SeqLM`` + ``AutoTokenizer`` on an NLLB (default
-  ``facebook/nllb-200-3.3B``) or M2M100 checkpoint; bfloat16 on a GPU, float32 on a CPU.
+  ``facebook/nllb-200-3.3B``) or M2M100 checkpoint; bfloat16 on a GPU (float16 on one without
+  bf16 units: V100, T4), float32 on a CPU.
 - ``ctranslate2``: the same checkpoint converted by :func:`convert_checkpoint` (CTranslate2's
   ``TransformersConverter``, the Python API behind ``ct2-transformers-converter``), translated
   with ``ctranslate2.Translator``.
@@ -431,11 +432,21 @@ def _load_tokenizer(location: str, family: str, src_code: str, revision: str | N
     return AutoTokenizer.from_pretrained(location, **options)
 
 
+def _gpu_half(device: str) -> str:
+    """The half type a GPU computes natively: ``bfloat16`` where it has bf16 units (A100, H100),
+    ``float16`` where it has not (V100, T4: PyTorch and CTranslate2 emulate bf16 there at about
+    fp32's speed, or CTranslate2 refuses it); the training stages decide the same way
+    (modsent.training.precision.resolve)."""
+    from modsent.training import precision
+
+    return "bfloat16" if precision.resolve(device, "auto") == "bf16" else "float16"
+
+
 def _torch_dtype(compute_type: str | None, device: str):
     import torch
 
     if compute_type in _DEFAULT_COMPUTE:
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+        return getattr(torch, _gpu_half(device)) if device.startswith("cuda") else torch.float32
     if compute_type not in TORCH_COMPUTE_TYPES:
         raise InputError(f"compute_type {compute_type!r}: the transformers engine runs "
                          f"{', '.join(TORCH_COMPUTE_TYPES)} (or auto); int8 types are ctranslate2's")
@@ -454,9 +465,10 @@ def load_translator(engine: str, model: str | os.PathLike, *, src_lang: str, tgt
     the tokenizer from (default: the checkpoint; for ``ctranslate2`` the copy the conversion
     saved). ``max_length``: most generated tokens, the target language token included;
     ``max_input_length``: source tokens kept. ``device``: ``cuda`` when there is a GPU, else
-    ``cpu``. ``compute_type``: transformers ``float32``/``bfloat16``/``float16`` (default bfloat16
-    on a GPU, float32 on a CPU); ctranslate2 any of its compute types (default bfloat16 on a GPU,
-    the converted weights' type on a CPU; ``auto`` lets CTranslate2 pick the fastest).
+    ``cpu``. ``compute_type``: transformers ``float32``/``bfloat16``/``float16`` (default: bfloat16
+    on a GPU with bf16 units, float16 on one without, such as a V100 or T4; float32 on a CPU);
+    ctranslate2 any of its compute types (default: the same half type on a GPU, the converted
+    weights' type on a CPU; ``auto`` lets CTranslate2 pick the fastest).
     ``revision``: the Hub revision of the checkpoint. Weights are read from safetensors only
     (facebook/nllb-200-3.3B has them on revision refs/pr/10; its main branch has pickles only).
     """
@@ -490,7 +502,7 @@ def load_translator(engine: str, model: str | os.PathLike, *, src_lang: str, tgt
         raise InputError(f"{location}: no {CONVERTED_TOKENIZER_DIR}/ inside; pass tokenizer= (the checkpoint)")
     tok = _load_tokenizer(tokenizer_location, family, codes[src_lang])
     if compute_type is None:
-        compute_type = "bfloat16" if device.startswith("cuda") else "default"
+        compute_type = _gpu_half(device) if device.startswith("cuda") else "default"
     log.info("loading CTranslate2 model %s (%s) on %s, compute type %s", location, family, device, compute_type)
     translator = ctranslate2.Translator(
         str(path), device=device, compute_type=compute_type,
