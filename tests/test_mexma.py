@@ -467,6 +467,39 @@ def test_the_workflow_trains_mexma_on_the_translations_and_provided_ones(tmp_pat
     assert "gpu=2," in mexma and "gpu=1," in no_tok
 
 
+def test_provided_translations_reach_their_language_in_this_process_and_through_the_launcher(tmp_path, monkeypatch):
+    """The workflow lists the provided translation files in the languages' order; each reaches
+    the trainer as its own language's, when the method trains here and when the torchrun
+    launcher's command line carries the inputs (which once sorted them: de, ky, zh against the
+    files of de, zh, ky, so zh trained on Kyrgyz and ky on Chinese with gpus: 2)."""
+    from modsent import distributed
+    from modsent.methods import launch
+    from modsent.methods.mexma import provided_by_language
+
+    methods.load()
+    seen = []
+    monkeypatch.setattr(mt, "train_mexma", lambda name, inputs, *args, **kwargs: seen.append(inputs["provided"]))
+    monkeypatch.setattr(distributed, "process_logging", lambda *args: None)
+    for name in distributed.LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    langs = ["de", "zh", "ky"]
+    inputs = {"base": "base", "translations": {lang: f"results/translation/{lang}.parquet" for lang in langs},
+              "provided": [f"resources/translations/{lang}.parquet" for lang in langs]}
+    expected = {lang: f"resources/translations/{lang}.parquet" for lang in langs}
+    methods.get("MEXMA").train(inputs, tmp_path / "out", {})
+    arguments = launch.cli_arguments("MEXMA", inputs, tmp_path / "out", {"gpus": 2}, progress=False)
+    assert launch.main(arguments + ["--device", "cpu"]) == 0
+    assert seen == [expected, expected] and list(seen[1]) == langs
+
+    # by the path, whatever the order of either list; other names follow the languages in order
+    assert provided_by_language(["zh", "de"], ["/run/resources/translations/de.parquet",
+                                               "/run/resources/translations/zh.parquet"]) == {
+        "zh": "/run/resources/translations/zh.parquet", "de": "/run/resources/translations/de.parquet"}
+    assert provided_by_language(["de", "zh"], ["b.parquet", "a.parquet"]) == {"de": "b.parquet", "zh": "a.parquet"}
+    with pytest.raises(ValueError):
+        provided_by_language(["de", "zh"], ["a.parquet"])
+
+
 def test_provided_translations_need_a_provided_source():
     import yaml
 

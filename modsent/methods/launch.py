@@ -49,8 +49,10 @@ def cli_arguments(name: str, inputs: Mapping, out_dir, settings: Mapping, *, mod
     """The arguments of ``python -m modsent.methods.launch`` that train method ``name`` as
     ``methods.get(name).train(inputs, out_dir, settings)`` does (:func:`main` reads them back);
     ``modules``: the config's ``method_modules`` (where a method outside modsent lives). No
-    option is a prefix of torchrun's own (see ``distributed.launch_command``)."""
-    args = ["--method", name, "--inputs", json.dumps(_plain(inputs), sort_keys=True), "--out", str(out_dir),
+    option is a prefix of torchrun's own (see ``distributed.launch_command``). The inputs keep
+    their order (a method may pair one input's entries with another's, as MEXMA's provided
+    translations follow the translations' languages): JSON objects keep it, sorting would not."""
+    args = ["--method", name, "--inputs", json.dumps(_plain(inputs)), "--out", str(out_dir),
             "--settings", json.dumps(_plain(training_settings(settings)), sort_keys=True)]
     for module in modules:
         args += ["--method-module", module]

@@ -27,6 +27,7 @@ This module imports nothing heavy: the workflow imports it while planning.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from modsent import layout
 from modsent.languages import PIVOT_LANGUAGE
@@ -65,7 +66,10 @@ def settings_schema(*, alignment: str, align_weight: float, koleo_weight: float,
                                       "script's 1 x their mean)"},
         "koleo_weight": {**_WEIGHT, "default": koleo_weight,
                          "description": "weight of KoLeo(S_A) + KoLeo(S_B) (0.005 = the public script's 0.01 x "
-                                        "their mean)"},
+                                        "their mean). KoLeo's nearest neighbours are found within each GPU's "
+                                        "share of a batch (as the public script does): with gpus > 1 the "
+                                        "term, unlike the others, differs from one GPU's, and a run resumed "
+                                        "with another gpus continues under the other term"},
         "detach_tokens": {"type": "boolean", "default": detach_tokens,
                           "description": "no-tok ablation: the masked passes' states are detached before the head"},
         "provided_translations": {"type": "boolean", "default": False,
@@ -118,11 +122,26 @@ def _trainer(name: str, schema: dict[str, dict]):
 
         inputs = dict(inputs)
         provided = inputs.get("provided")
-        if isinstance(provided, (list, tuple)):  # the workflow's list, in the languages' order
-            inputs["provided"] = dict(zip(list(inputs.get("translations") or {}), provided, strict=True))
+        if isinstance(provided, (list, tuple)):  # the workflow's list (_provided_inputs)
+            inputs["provided"] = provided_by_language(list(inputs.get("translations") or {}), provided)
         return training.train_mexma(name, inputs, out_dir, {**defaults, **settings}, device=device, progress=progress)
 
     return train
+
+
+def provided_by_language(languages: Sequence[str], paths: Sequence[str]) -> dict[str, str]:
+    """{language: provided translation file}: each of ``paths`` goes to the language whose
+    workflow file (``resources/translations/{lang}.parquet``) it is, whatever the order of
+    either; paths named otherwise (a library caller's) follow ``languages`` in order."""
+    owner = {}
+    for path in paths:
+        owners = [lang for lang in languages
+                  if Path(path).as_posix().endswith(layout.PROVIDED_TRANSLATIONS.format(lang=lang))]
+        owner[path] = owners[0] if len(owners) == 1 else None
+    if len(paths) == len(languages) and None not in owner.values() and len(set(owner.values())) == len(paths):
+        path_of = {lang: path for path, lang in owner.items()}
+        return {lang: path_of[lang] for lang in languages}
+    return dict(zip(languages, paths, strict=True))
 
 
 VARIANTS = {  # name: (description, alignment, align weight, KoLeo weight, detach tokens)
