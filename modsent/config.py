@@ -123,6 +123,13 @@ def semantic_errors(config: dict) -> list[str]:
             if code not in langs:
                 problems.append(f"{section}.per_language.{code}: {code!r} is not in `languages` "
                                 f"({', '.join(langs)})")
+    la = config.get("language_adapter")
+    if isinstance(la, dict) and not la.get("skip"):
+        gpus, batch = la.get("gpus"), la.get("batch_size")
+        if isinstance(gpus, int) and isinstance(batch, int) and batch < gpus:
+            problems.append(f"language_adapter: batch_size {batch} cannot be split over gpus {gpus} (one "
+                            "data-parallel process per GPU, each a share of every batch): raise batch_size "
+                            "or lower gpus")
     sections = {f"methods.{name}": settings for name, settings in (config.get("methods") or {}).items()}
     sections["alignment"] = config.get("alignment")
     if not (config.get("translation") or {}).get("provided"):

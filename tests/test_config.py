@@ -91,6 +91,8 @@ CASES = [
      ["translation.provided: language 'ky' is not in XNLI"]),
     ("bool as count", lambda c: c["paraphrases"]["builtin"].update(max_pairs=True),
      ["paraphrases.builtin.max_pairs"]),
+    ("LA batch smaller than its GPUs", lambda c: c["language_adapter"].update(gpus=4, batch_size=2),
+     ["language_adapter: batch_size 2 cannot be split over gpus 4", "raise batch_size or lower gpus"]),
 ]
 
 
