@@ -139,6 +139,10 @@ def export_card(*, language: str, base_model: str | None, system: str, modules: 
              "## Usage", "", "```python", "from sentence_transformers import SentenceTransformer", "",
              'model = SentenceTransformer("PATH_OR_HUB_ID")',
              "embeddings = model.encode([...])  # L2-normalised when the base model normalises", "```", ""]
+    if modules.get("alignment") is not None:
+        lines += ["Run it in float32 or bfloat16, not float16: its feed-forward layers carry the alignment "
+                  "adapter folded in, its ReLU written as GELU(1000·x)/1000, and those scaled activations "
+                  "can exceed float16's range.", ""]
     lines += ["## Training", ""]
     stages = _stage_rows(modules)
     if not stages:

@@ -49,8 +49,10 @@ def test_card_metadata_training_and_scores(tmp_path):
         results / "eval" / "per_language" / "rsim.csv", index=False)
     assert cards._score_tables(results, ["Mod_mc"], "zh")[1] == {"rsim": {"ky-zh": "0.5"}}
     assert cards._score_tables(results, ["Mod_mc"], "zh-Hant")[1] == {"rsim": {"en-zh-Hant": "0.3", "zh-Hant": "0.4"}}
+    assert "not float16" in body  # the folded alignment adapter's scaled activations
     bare = cards.export_card(language="ky", base_model=None, system="base", modules={"language_adapter": None})
     assert "base_model" not in cards.check_card(bare) and "## Evaluation" not in bare and "Data notices" not in bare
+    assert "float16" not in bare
     with pytest.raises(InputError, match="lacks library_name, pipeline_tag"):
         cards.check_card("---\nlanguage: [ky]\ntags: [x]\n---\ntext")
 

@@ -221,8 +221,11 @@ def test_export_reloads_with_sentence_transformers(inputs, modular, tmp_path, la
     assert not info["missing_keys"] and any("pooler" in k for k in load_file(str(out / "model.safetensors")))
 
 
-def test_export_with_alignment_adapter(inputs, modular, tmp_path):
+def test_export_with_alignment_adapter(inputs, modular, tmp_path, monkeypatch):
     from sentence_transformers import SentenceTransformer
+
+    from modsent.encoders.systems import SentenceTransformerEncoder, folded_adapter
+    from modsent.training import precision
 
     out = modular.export("de", tmp_path / "export-de")
     assert not list(out.rglob("*.bin")) and not list(out.rglob("parallel_adapter*"))
@@ -239,6 +242,12 @@ def test_export_with_alignment_adapter(inputs, modular, tmp_path):
     # without the adapter the export would be another model
     plain = sa.load_sentence_encoder(inputs["base"], *inputs["de"], device="cpu").encode(GERMAN)
     assert np.abs(plain - mine).max() > 1e-3
+    # its folded ReLU, GELU(1000·x)/1000, can exceed fp16's range: where auto would encode in fp16
+    # (a GPU without bf16 units), modsent's encoder takes fp32 for it, not for other directories
+    assert folded_adapter(out) and not folded_adapter(inputs["base"])
+    monkeypatch.setattr(precision, "resolve", lambda device, name="auto": "fp32" if name == "fp32" else "fp16")
+    assert SentenceTransformerEncoder(out, device="cpu").precision == "fp32"
+    assert SentenceTransformerEncoder(inputs["base"], device="cpu").precision == "auto"
 
 
 @pytest.mark.parametrize("act", ["relu", "gelu"])

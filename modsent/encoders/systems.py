@@ -45,6 +45,8 @@ the workflow's rule files import it while planning.
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -55,6 +57,7 @@ from modsent.io import InputError
 from modsent.languages import PIVOT_LANGUAGE
 from modsent.methods import PairTraining
 
+log = logging.getLogger(__name__)
 BASE = "base"
 BASELINES_DIR = layout.BASELINES
 ABLATION_SE_DIR = layout.ABLATION_SENTENCE_ADAPTERS
@@ -279,10 +282,14 @@ class SentenceTransformerEncoder:
         self.model_dir = Path(model_dir)
         self.language = language
         self.model = load_sentence_transformer(self.model_dir, device)
-        from modsent.training.precision import for_model
+        from modsent.training.precision import for_model, resolve
 
         # bf16 autocast where ``auto`` runs it; fp32 for a T5 body on a GPU without bf16 (fp16 overflows it)
         self.precision = for_model(self.model, self.model.device, "auto")
+        if self.precision == "auto" and folded_adapter(self.model_dir) and resolve(self.model.device) == "fp16":
+            log.warning("%s: an export with a folded alignment adapter (GELU(1000·x)/1000), whose activations "
+                        "can exceed fp16's range: encoding in fp32 on this GPU without bf16", self.model_dir)
+            self.precision = "fp32"
 
     @property
     def embedding_dimension(self) -> int:
@@ -372,6 +379,19 @@ def encode_sentence_transformer(model, sentences: Sequence[str], batch_size: int
 # modsent's own sentence-transformers module classes (a saved system's modules.json may name them):
 # sentence-transformers >= 6 imports a class outside its namespace only with trust_remote_code
 MODSENT_MODULE_CLASSES = ("modsent.encoders.intemats.InteMATsTransformer",)
+
+
+def folded_adapter(model_dir: str | Path) -> bool:
+    """Whether ``model_dir`` is a modular export whose feed-forward layers carry a folded
+    alignment adapter (its ``export_info.json``: modsent.encoders.modular.ModularEncoder.export)."""
+    path = Path(model_dir) / "export_info.json"
+    if not path.is_file():
+        return False
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return bool(isinstance(info, dict) and (info.get("parallel_adapter") or {}).get("folded_into_ffn"))
 
 
 def load_sentence_transformer(model_dir: str | Path, device: str | None = None):
