@@ -108,7 +108,11 @@ def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
 def average_gradients(params: Iterable[torch.Tensor]) -> None:
     """Replace each parameter's gradient by its mean over the processes, as DDP does after
     backward. A parameter that got no gradient in this process counts as zero (every process
-    must take part in every all-reduce, in the same order)."""
+    must take part in every all-reduce, in the same order). So a trainable parameter that no
+    process's loss reaches ends with a zero gradient, not None: AdamW then decays it and moves
+    its moments, where one process would leave it alone (finding out would cost every step a
+    wait for the GPU). A data-parallel trainer freezes what its loss does not reach, as DuEAM
+    freezes its pooler (tests/test_distributed.py checks the pooler stays unchanged)."""
     if not is_initialized():
         return
     world = torch.distributed.get_world_size()
@@ -273,18 +277,27 @@ def add_process_arguments(parser: argparse.ArgumentParser) -> None:
 
 def process_logging(log_path: str | None, rank: int) -> None:
     """The main process logs to stderr and appends to ``log_path`` (the workflow script that
-    started torchrun wrote the log's first lines); the others report warnings and errors only."""
-    from modsent.logs import FORMAT, attempts_log
+    started torchrun wrote the log's first lines); the others report warnings and errors on
+    stderr and append their errors to ``log_path`` too. In every process, as in a workflow
+    script (:func:`modsent.logs.log_warnings_and_failures`), an exception that ends it is
+    written to the log with its traceback (bad input that only several processes meet, such as
+    a batch too small to split, included) and the libraries' known warnings are left out."""
+    from modsent.logs import FORMAT, ConsoleFormatter, attempts_log, log_warnings_and_failures
 
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if rank == 0 and log_path:
+    form = FORMAT if rank == 0 else f"[rank {rank}] {FORMAT}"
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(ConsoleFormatter(form))  # bad input: its message, the traceback in the log
+    handlers: list[logging.Handler] = [console]
+    if log_path:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         for path in (log_path, attempts_log(log_path)):  # the attempt's log and the history
-            handlers.append(logging.FileHandler(path, mode="a", encoding="utf-8"))
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format=FORMAT if rank == 0 else f"[rank {rank}] {FORMAT}",
-                        handlers=handlers, force=True)
-    logging.captureWarnings(True)
+            handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+            if rank != 0:  # (each record is one appending write: the processes' lines do not mix)
+                handler.setLevel(logging.ERROR)
+            handlers.append(handler)
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format=form, handlers=handlers,
+                        force=True)
+    log_warnings_and_failures()
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ def _user_error(kind) -> bool:
     return isinstance(kind, type) and issubclass(kind, InputError)
 
 
-class _ConsoleFormatter(logging.Formatter):
+class ConsoleFormatter(logging.Formatter):
     """The console's records as the log's, but a record of bad input (:class:`modsent.io.InputError`)
     without its traceback: the message says what to change; the log keeps the traceback."""
 
@@ -57,6 +57,39 @@ GPU_MEMORY_HINT = (
     "smaller batches (the stage's or method's batch_size, grad_accum where it has one: a change of the method)")
 
 
+def log_warnings_and_failures() -> logging.Logger:
+    """Python's warnings to the log (but :data:`LIBRARY_NOISE`), and an exception that ends the
+    process written to the log with its traceback (an out-of-memory error on a GPU with
+    :data:`GPU_MEMORY_HINT`); on the console, bad input (:class:`modsent.io.InputError`, whose
+    message says what to change) is one line, any other failure its traceback as always. For
+    the root logger's handlers as they are: :func:`setup_logging` (a workflow script) and
+    :func:`modsent.distributed.process_logging` (each process torchrun starts) call it after
+    setting them. Returns modsent's logger."""
+    logging.captureWarnings(True)
+    for category, message in LIBRARY_NOISE:
+        warnings.filterwarnings("ignore", message=re.escape(message), category=category)
+    logger = logging.getLogger("modsent")
+    previous_hook = sys.excepthook
+    if getattr(previous_hook, "_modsent_logs", False):  # set up again in this process: keep the first's
+        previous_hook = previous_hook._modsent_previous
+
+    def log_uncaught(kind, value, traceback):
+        if not issubclass(kind, KeyboardInterrupt):
+            logger.critical("the job failed: %s: %s", kind.__name__, value, exc_info=(kind, value, traceback))
+            if kind.__name__ == "OutOfMemoryError":  # torch's, on a GPU (not imported here for it)
+                logger.critical(GPU_MEMORY_HINT)
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+        # bad input (InputError: its message names the file or key) is one line on the console, its
+        # traceback in the log only; any other failure is also printed with its traceback, as always
+        if not _user_error(kind):
+            previous_hook(kind, value, traceback)
+
+    log_uncaught._modsent_logs, log_uncaught._modsent_previous = True, previous_hook
+    sys.excepthook = log_uncaught
+    return logger
+
+
 def setup_logging(log_path: str | None = None, level: int = logging.INFO) -> logging.Logger:
     """Send modsent's and the libraries' log records to ``log_path`` and to stderr.
 
@@ -69,7 +102,7 @@ def setup_logging(log_path: str | None = None, level: int = logging.INFO) -> log
     its message says what to change). Python's warnings are logged too, but for
     :data:`LIBRARY_NOISE`."""
     console = logging.StreamHandler(sys.stderr)
-    console.setFormatter(_ConsoleFormatter(FORMAT))
+    console.setFormatter(ConsoleFormatter(FORMAT))
     handlers: list[logging.Handler] = [console]
     if log_path:
         path = Path(log_path)
@@ -83,25 +116,7 @@ def setup_logging(log_path: str | None = None, level: int = logging.INFO) -> log
                 log.write(f"{ATTEMPT} {attempt} ====\n")
             handlers.append(logging.FileHandler(target, mode="a", encoding="utf-8"))
     logging.basicConfig(level=level, format=FORMAT, handlers=handlers, force=True)
-    logging.captureWarnings(True)
-    for category, message in LIBRARY_NOISE:
-        warnings.filterwarnings("ignore", message=re.escape(message), category=category)
-    logger = logging.getLogger("modsent")
-    previous_hook = sys.excepthook
-
-    def log_uncaught(kind, value, traceback):
-        if not issubclass(kind, KeyboardInterrupt):
-            logger.critical("the job failed: %s: %s", kind.__name__, value, exc_info=(kind, value, traceback))
-            if kind.__name__ == "OutOfMemoryError":  # torch's, on a GPU (not imported here for it)
-                logger.critical(GPU_MEMORY_HINT)
-            for handler in logging.getLogger().handlers:
-                handler.flush()
-        # bad input (InputError: its message names the file or key) is one line on the console, its
-        # traceback in the log only; any other failure is also printed with its traceback, as always
-        if previous_hook is not log_uncaught and not _user_error(kind):
-            previous_hook(kind, value, traceback)
-
-    sys.excepthook = log_uncaught
+    logger = log_warnings_and_failures()
     logger.info("host %s, SLURM job %s, CUDA_VISIBLE_DEVICES=%s", socket.gethostname(),
                 os.environ.get("SLURM_JOB_ID", "none"), os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
     return logger

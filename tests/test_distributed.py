@@ -429,3 +429,61 @@ def test_run_launched_hands_the_log_to_the_trainers_and_takes_it_back_on_failure
     assert "the job starts" in lines[2] and "python" in lines[3]  # the host line, then the command
     assert lines[4] == "the trainer writes" and lines[5] == "the trainer writes"
     assert "torchrun exited with status 3" in lines[6] and "after the failure" in lines[7]
+
+
+def test_a_failure_in_the_trainer_processes_reaches_the_job_s_log(inputs, tmp_path):
+    """An error that only several processes meet (a batch of 1 sequence over 2 processes) ends
+    the trainer processes; the rule's log gets its message and traceback (not only "torchrun
+    exited"), after the script's lines, and the console gets bad input as its message, not a
+    traceback. (Which process logs first is a race: torchrun stops the other when one fails.)"""
+    import dataclasses
+
+    log = tmp_path / "de.log"
+    log.write_text("the workflow script's lines\n")
+    command = distributed.launch_command(
+        "modsent.modular.language_adapter",
+        la.cli_arguments(*_arguments(inputs), tmp_path / "de", dataclasses.replace(CFG, batch_size=1),
+                         log_path=log, threads=1, progress=False) + ["--device", "cpu"], 2)
+    result = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode != 0
+    text = log.read_text(encoding="utf-8")
+    message = "a batch of 1 sequences cannot be split over 2 processes: raise language_adapter.batch_size"
+    assert text.startswith("the workflow script's lines\n")
+    assert f"the job failed: InputError: {message}" in text and "Traceback (most recent call last)" in text
+    assert f"InputError: {message}" in result.stderr
+    assert 'raise InputError(f"a batch of' not in result.stderr  # the traceback stays in the log
+    assert not (tmp_path / "de").exists()
+
+
+def test_a_trainer_process_other_than_the_main_appends_its_errors_to_the_log(tmp_path):
+    """Process 1 of a group: warnings and errors on the console, errors (a failure's record
+    with its traceback) also in the rule's log, which the main process writes."""
+    import logging
+
+    log = tmp_path / "job.log"
+    log.write_text("the workflow script's lines\n")
+    root = logging.getLogger()
+    kept = root.handlers[:], root.level, sys.excepthook
+    try:
+        distributed.process_logging(str(log), 1)
+        assert sys.excepthook is not kept[2]  # a failure that ends the process is logged
+        logging.getLogger("modsent.x").info("progress of process 1")
+        logging.getLogger("modsent.x").warning("a warning of process 1")
+        try:
+            raise ValueError("process 1 broke")
+        except ValueError:
+            logging.getLogger("modsent.x").error("the job failed", exc_info=True)
+    finally:
+        for handler in root.handlers[:]:
+            root.removeHandler(handler)
+            handler.close()
+        for handler in kept[0]:
+            root.addHandler(handler)
+        root.setLevel(kept[1])
+        sys.excepthook = kept[2]
+    lines = log.read_text().splitlines()
+    assert lines[0] == "the workflow script's lines"
+    assert lines[1].startswith("[rank 1] ") and lines[1].endswith("the job failed")
+    assert "ValueError: process 1 broke" in lines[-1] and len(lines) > 3  # with its traceback
+    assert "progress" not in "\n".join(lines) and "warning" not in "\n".join(lines)

@@ -448,6 +448,47 @@ def test_steps_tokenised_ahead_on_a_thread_train_what_tokenising_in_the_step_tra
     assert_same_model(tmp_path / "threaded", tmp_path / "serial", threaded, serial)
 
 
+def test_the_checkpoint_outlives_a_failure_at_the_last_barrier(data, tmp_path, monkeypatch):
+    """The main process writes the output, then waits for the others at a barrier: the checkpoint
+    is removed only after it, so a process group that fails there (another process crashed)
+    leaves the checkpoint for the rerun, which resumes near the end instead of from scratch.
+    Shown in one process, whose barrier fails as a group's would."""
+    dw.run_shard(data["paths"], None, config(), data["base"], 0, 1, tmp_path / "wmd.parquet", cache_dir=None)
+    inputs = {**data["inputs"], "wmd": [tmp_path / "wmd.parquet"]}
+
+    def failed_group():
+        raise RuntimeError("another process of the group failed")
+
+    monkeypatch.setattr(dt.distributed, "barrier", failed_group)
+    with pytest.raises(RuntimeError, match="another process"):
+        dt.train_dueam("DuEAM-weak", inputs, tmp_path / "out", {**SETTINGS, "checkpoint_every": 2}, device="cpu",
+                       progress=False)
+    assert (tmp_path / "out" / "model.safetensors").is_file()  # written before the barrier
+    assert (tmp_path / "out.checkpoint").is_dir()
+
+
+def test_a_learner_that_overflows_fp16_trains_in_fp32_where_auto_would_run_fp16(data, tmp_path, monkeypatch, caplog):
+    """precision auto on a GPU without bf16 (V100, T4) means fp16, in which T5-family bodies
+    overflow: DuEAM's learner then trains and is evaluated in fp32 (precision.for_model), as
+    m-ST5's does. Shown on the CPU with such a GPU's answer and the tiny learner's family taken
+    as fp16-unsafe: the run is the plain fp32 run, bit for bit."""
+    from modsent.training import precision
+
+    dw.run_shard(data["paths"], None, config(), data["base"], 0, 1, tmp_path / "wmd.parquet", cache_dir=None)
+    inputs = {**data["inputs"], "wmd": [tmp_path / "wmd.parquet"]}
+    plain = dt.train_dueam("DuEAM-weak", inputs, tmp_path / "plain", SETTINGS, device="cpu", progress=False)
+    monkeypatch.setattr(precision, "resolve",  # a GPU without bf16 units: auto is fp16
+                        lambda device, mode="auto": "fp32" if mode == "fp32" else "fp16")
+    monkeypatch.setattr(precision, "FP16_UNSAFE", (*precision.FP16_UNSAFE, "xlm-roberta"))
+    scalers = []
+    monkeypatch.setattr(dt, "grad_scaler", lambda device, mode: scalers.append(mode) or precision.grad_scaler(device, mode))
+    with caplog.at_level("WARNING", logger="modsent.training.precision"):
+        guarded = dt.train_dueam("DuEAM-weak", inputs, tmp_path / "guarded", SETTINGS, device="cpu", progress=False)
+    assert scalers == ["fp32"]
+    assert "has no bf16 and xlm-roberta overflows in fp16; fp32 instead" in caplog.text
+    assert_same_model(tmp_path / "plain", tmp_path / "guarded", plain, guarded)
+
+
 def test_compile_routes_the_learner_through_dynamo_and_trains_what_eager_trains(data, tmp_path, traced_compile):
     """methods.DuEAM-*.compile: the learner's encoder is compiled in place (Dynamo graphs run
     eagerly: the traced_compile fixture) and trains the eager run's weights, losses and loss

@@ -78,7 +78,9 @@ class Method:
     ``data_parallel``: ``train`` may run in every process of a torchrun group (one per GPU):
     each process takes its share of every batch, gradients are averaged, only the main process
     (rank 0) evaluates and writes ``out_dir``, and the others return None after it. The
-    settings then get the runtime key ``gpus`` (:data:`GPUS_SETTING`).
+    settings then get the runtime key ``gpus`` (:data:`GPUS_SETTING`). Every trainable
+    parameter must reach the loss: freeze the others (an unused pooler), or several processes
+    would decay them where one leaves them alone (:func:`modsent.distributed.average_gradients`).
 
     ``requires``: other methods whose outputs it reads (named in ``extra_inputs`` through
     :func:`modsent.layout.method_output`, so Snakemake trains them first); a config that

@@ -538,12 +538,12 @@ def train_full_baseline(name: str, start_dir: str | Path, pairs_paths: Mapping[s
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
         write_loss_curve(result.history, tmp, title=f"{name} (all weights)",
                          ylabel=f"{type(objective).__name__ if objective is not None else 'MNRL'} loss")
-    shutil.rmtree(checkpoint_dir, ignore_errors=True)
     log.info("%s: MNRL %.3f → %.3f; held-out retrieval accuracy (mean over %d languages) %s → %s; %.1f pairs/s",
              name, metrics["loss_first"] or 0, metrics["loss_last"] or 0, len(metrics["languages"]),
              metrics["heldout_retrieval_accuracy_mean_before"], metrics["heldout_retrieval_accuracy_mean_after"],
              metrics["pairs_per_second"] or 0)
-    distributed.barrier()
+    distributed.barrier()  # every process got here: only now is the checkpoint not needed by a rerun
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
     return metrics
 
 

@@ -556,10 +556,10 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
         write_loss_curve(history, tmp, title=f"language adapter {out_dir.name}", ylabel="MLM loss",
                          lines={"held-out before": loss_before, "held-out after": loss_after})
-    shutil.rmtree(checkpoint_dir, ignore_errors=True)
     log.info("LA %s: held-out MLM loss %s → %s; %.0f tokens/s", out_dir.name,
              _fmt(loss_before), _fmt(loss_after), metrics["tokens_per_second"] or 0)
-    distributed.barrier()
+    distributed.barrier()  # every process got here: only now is the checkpoint not needed by a rerun
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
     return metrics
 
 

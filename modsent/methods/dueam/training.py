@@ -70,7 +70,7 @@ from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.optim import adamw
 from modsent.training.loop import (TrainingLog, ahead, checkpoint_due, optimizer_step, pinned, set_learning_rate,
                                    to_device)
-from modsent.training.precision import autocast, default_device, grad_scaler
+from modsent.training.precision import autocast, default_device, for_model as precision_for, grad_scaler
 from modsent.training.seeding import dropout_seed, private_cpu_stream
 
 log = logging.getLogger(__name__)
@@ -280,12 +280,14 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
     sample = np.sort(np.random.default_rng([cfg.seed, 4]).permutation(len(rows))[:min(cfg.eval_pairs,
                                                                                            CORRELATION_SAMPLE)])
 
-    def evaluate() -> dict:
-        return {**evaluate_heldout(model, pairs.heldout, pairs.pivot, eval_batch, cfg.precision),
-                "correlation": _distance_correlation(model, rows.iloc[sample], d_wmd[sample], eval_batch,
-                                                     cfg.precision)}
+    precision = precision_for(model, device, cfg.precision)  # a T5-family learner stays out of fp16
 
-    scaler = grad_scaler(device, cfg.precision)  # fp16: the loss scaler; else a pass-through
+    def evaluate() -> dict:
+        return {**evaluate_heldout(model, pairs.heldout, pairs.pivot, eval_batch, precision),
+                "correlation": _distance_correlation(model, rows.iloc[sample], d_wmd[sample], eval_batch,
+                                                     precision)}
+
+    scaler = grad_scaler(device, precision)  # fp16: the loss scaler; else a pass-through
     fingerprint = training_fingerprint(name, cfg, source, inputs) if checkpoint_dir is not None else None
     resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint, scaler) if checkpoint_dir else None
     start = resumed["step"] if resumed else 0
@@ -316,7 +318,7 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
         parts = torch.zeros(3, device=device)  # the batch's loss, L_A and L_B: this process's shares
         if local:
             wmd = to_device(wmd, device)
-            with autocast(device, cfg.precision):
+            with autocast(device, precision):
                 sources, targets = pair_embeddings(model, rows.iloc[local], features)
                 loss = loss_fn(sources, targets, wmd) * share
             scaler.scale(loss * world).backward()  # the average over the processes is then the batch's gradient
@@ -415,8 +417,8 @@ def train_dueam(name: str, inputs: Mapping, out_dir: str | Path, settings: Mappi
         distributed.barrier()  # while the main process evaluates and writes the output
         return None
     write_output(result, out_dir)
+    distributed.barrier()  # every process got here: only now is the checkpoint not needed by a rerun
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    distributed.barrier()
     m = result.metrics
     log.info("%s: loss %.4f → %.4f; held-out retrieval accuracy (mean over %d languages) %s → %s; mean cosine "
              "of unrelated pairs %s → %s; %.1f pairs/s", name, m["loss_first"] or 0, m["loss_last"] or 0,

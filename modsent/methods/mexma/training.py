@@ -523,8 +523,8 @@ def train_mexma(name: str, inputs: Mapping, out_dir: str | Path, settings: Mappi
         distributed.barrier()
         return None
     write_output(result, out_dir)
+    distributed.barrier()  # every process got here: only now is the checkpoint not needed by a rerun
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    distributed.barrier()
     m = result.metrics
     log.info("%s: loss %.4f → %.4f; held-out mining error %s → %s; mean pairwise cosine %s → %s; %.1f pairs/s",
              name, m["loss_first"] or 0, m["loss_last"] or 0, m["heldout_mining_error_before"],
