@@ -417,10 +417,14 @@ def method_errors(config: dict) -> list[str]:
                             f"(it reads {'their outputs' if len(missing) > 1 else 'its output'}; "
                             f"{missing[0]}: {{}} trains with the defaults)")
         validator = jsonschema.Draft202012Validator(registry[name].schema())
-        for error in sorted(validator.iter_errors(settings or {}), key=lambda e: list(map(str, e.absolute_path))):
+        errors = sorted(validator.iter_errors(settings or {}), key=lambda e: list(map(str, e.absolute_path)))
+        for error in errors:
             error.path.appendleft(name)
             error.path.appendleft("methods")
             problems.append(_describe(error))
+        if not errors and registry[name].check_settings is not None:  # what the schema cannot say
+            filled = fill_defaults(settings or {}, registry[name].schema())
+            problems += [f"methods.{name}.{problem}" for problem in registry[name].check_settings(filled)]
     return problems
 
 

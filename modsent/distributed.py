@@ -304,15 +304,28 @@ def process_logging(log_path: str | None, rank: int) -> None:
 def trainer_process(args: argparse.Namespace):
     """One trainer process started from the command line (the options of
     :func:`add_process_arguments`): its threads, the process group when torchrun started it,
-    its logging; yields its device and leaves the group at the end."""
+    its logging; yields its device and leaves the group at the end. A failure is written to the
+    log first (:func:`modsent.logs.log_failure`), and the group is then left without the
+    collective goodbye: when one process fails alone, the others wait inside a collective, and
+    destroying the group could hang until the timeout before anything reached the log; torchrun
+    stops the others once this process exits."""
+    from modsent.logs import log_failure
+
     if args.threads:
         torch.set_num_threads(args.threads)
     rank, world, device = setup(args.device)
+    failed = False
     try:
         process_logging(args.log_file, rank)  # the main process's records reach the rule's log
         if world > 1:
             logging.getLogger(__name__).info("process group: %d processes (%s), this one on %s",
                                              world, torch.distributed.get_backend(), device)
         yield device
+    except BaseException as error:
+        failed = True
+        if not isinstance(error, (KeyboardInterrupt, SystemExit)):
+            log_failure(error)
+        raise
     finally:
-        cleanup()
+        if not failed:
+            cleanup()

@@ -57,6 +57,27 @@ GPU_MEMORY_HINT = (
     "smaller batches (the stage's or method's batch_size, grad_accum where it has one: a change of the method)")
 
 
+LOGGED = "_modsent_logged"  # set on an exception log_failure wrote down
+
+
+def log_failure(error: BaseException) -> None:
+    """Write the failure ``error`` to modsent's logger (the log's handlers, flushed) with its
+    traceback, and an out-of-memory error on a GPU with :data:`GPU_MEMORY_HINT`; the exception
+    is marked, so that the process's exception hook (:func:`log_warnings_and_failures`) does
+    not write it again."""
+    logger = logging.getLogger("modsent")
+    logger.critical("the job failed: %s: %s", type(error).__name__, error,
+                    exc_info=(type(error), error, error.__traceback__))
+    if type(error).__name__ == "OutOfMemoryError":  # torch's, on a GPU (not imported here for it)
+        logger.critical(GPU_MEMORY_HINT)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    try:
+        setattr(error, LOGGED, True)
+    except AttributeError:  # an exception type that takes no attributes: logged twice at worst
+        pass
+
+
 def log_warnings_and_failures() -> logging.Logger:
     """Python's warnings to the log (but :data:`LIBRARY_NOISE`), and an exception that ends the
     process written to the log with its traceback (an out-of-memory error on a GPU with
@@ -74,12 +95,8 @@ def log_warnings_and_failures() -> logging.Logger:
         previous_hook = previous_hook._modsent_previous
 
     def log_uncaught(kind, value, traceback):
-        if not issubclass(kind, KeyboardInterrupt):
-            logger.critical("the job failed: %s: %s", kind.__name__, value, exc_info=(kind, value, traceback))
-            if kind.__name__ == "OutOfMemoryError":  # torch's, on a GPU (not imported here for it)
-                logger.critical(GPU_MEMORY_HINT)
-            for handler in logging.getLogger().handlers:
-                handler.flush()
+        if not issubclass(kind, KeyboardInterrupt) and not getattr(value, LOGGED, False):
+            log_failure(value)
         # bad input (InputError: its message names the file or key) is one line on the console, its
         # traceback in the log only; any other failure is also printed with its traceback, as always
         if not _user_error(kind):

@@ -93,6 +93,10 @@ CASES = [
      ["paraphrases.builtin.max_pairs"]),
     ("LA batch smaller than its GPUs", lambda c: c["language_adapter"].update(gpus=4, batch_size=2),
      ["language_adapter: batch_size 2 cannot be split over gpus 4", "raise batch_size or lower gpus"]),
+    ("MEXMA batch too small for its GPUs and KoLeo",
+     lambda c: c.update(methods={"MEXMA": {"batch_size": 3, "gpus": 2}, "MEXMA-no-koleo": {"batch_size": 2, "gpus": 2}}),
+     ["methods.MEXMA.batch_size: 3 pairs over gpus 2 leave a GPU no pair or, with KoLeo, no nearest neighbour: "
+      "at least 4"]),
 ]
 
 
@@ -102,6 +106,8 @@ def test_broken_configs_rejected_naming_the_key(what, mutate, expected):
         check_config(broken(mutate))
     for text in expected:
         assert text in str(err.value), f"{what}: {text!r} not in {err.value}"
+    if what.startswith("MEXMA"):  # without KoLeo one pair per GPU is enough
+        assert "MEXMA-no-koleo" not in str(err.value)
 
 
 def run_snakemake(*args, cwd=REPO, check=True):

@@ -456,34 +456,66 @@ def test_a_failure_in_the_trainer_processes_reaches_the_job_s_log(inputs, tmp_pa
     assert not (tmp_path / "de").exists()
 
 
-def test_a_trainer_process_other_than_the_main_appends_its_errors_to_the_log(tmp_path):
+@pytest.fixture
+def restored_logging():
+    """Logging as it was before the test: process_logging sets the root logger's handlers and
+    level, the exception hook and the warnings' capture for the whole process."""
+    import logging
+
+    root = logging.getLogger()
+    kept = root.handlers[:], root.level, sys.excepthook
+    yield
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+        handler.close()
+    for handler in kept[0]:
+        root.addHandler(handler)
+    root.setLevel(kept[1])
+    sys.excepthook = kept[2]
+    logging.captureWarnings(False)
+
+
+def test_a_trainer_process_other_than_the_main_appends_its_errors_to_the_log(tmp_path, restored_logging):
     """Process 1 of a group: warnings and errors on the console, errors (a failure's record
     with its traceback) also in the rule's log, which the main process writes."""
     import logging
 
     log = tmp_path / "job.log"
     log.write_text("the workflow script's lines\n")
-    root = logging.getLogger()
-    kept = root.handlers[:], root.level, sys.excepthook
+    hook = sys.excepthook
+    distributed.process_logging(str(log), 1)
+    assert sys.excepthook is not hook  # a failure that ends the process is logged
+    logging.getLogger("modsent.x").info("progress of process 1")
+    logging.getLogger("modsent.x").warning("a warning of process 1")
     try:
-        distributed.process_logging(str(log), 1)
-        assert sys.excepthook is not kept[2]  # a failure that ends the process is logged
-        logging.getLogger("modsent.x").info("progress of process 1")
-        logging.getLogger("modsent.x").warning("a warning of process 1")
-        try:
-            raise ValueError("process 1 broke")
-        except ValueError:
-            logging.getLogger("modsent.x").error("the job failed", exc_info=True)
-    finally:
-        for handler in root.handlers[:]:
-            root.removeHandler(handler)
-            handler.close()
-        for handler in kept[0]:
-            root.addHandler(handler)
-        root.setLevel(kept[1])
-        sys.excepthook = kept[2]
+        raise ValueError("process 1 broke")
+    except ValueError:
+        logging.getLogger("modsent.x").error("the job failed", exc_info=True)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
     lines = log.read_text().splitlines()
     assert lines[0] == "the workflow script's lines"
     assert lines[1].startswith("[rank 1] ") and lines[1].endswith("the job failed")
     assert "ValueError: process 1 broke" in lines[-1] and len(lines) > 3  # with its traceback
     assert "progress" not in "\n".join(lines) and "warning" not in "\n".join(lines)
+
+
+def test_a_trainer_process_logs_its_failure_before_leaving_the_group(tmp_path, monkeypatch, restored_logging):
+    """A process that fails writes the failure to the log first and then leaves without the
+    group's collective goodbye (with the others inside a collective it could hang until the
+    timeout, the failure unlogged); a process that finishes leaves the group as usual."""
+    import argparse
+
+    log = tmp_path / "job.log"
+    left = []
+    monkeypatch.setattr(distributed, "setup", lambda device: (0, 1, "cpu"))
+    monkeypatch.setattr(distributed, "cleanup", lambda: left.append(log.read_text()))
+    args = argparse.Namespace(threads=None, device="cpu", log_file=str(log))
+    with pytest.raises(ValueError, match="one process broke"):
+        with distributed.trainer_process(args):
+            raise ValueError("one process broke")
+    text = log.read_text()
+    assert left == [] and "the job failed: ValueError: one process broke" in text and "Traceback" in text
+    with distributed.trainer_process(args):
+        pass
+    assert len(left) == 1

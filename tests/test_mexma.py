@@ -496,6 +496,10 @@ def test_provided_translations_reach_their_language_in_this_process_and_through_
                                                "/run/resources/translations/zh.parquet"]) == {
         "zh": "/run/resources/translations/zh.parquet", "de": "/run/resources/translations/de.parquet"}
     assert provided_by_language(["de", "zh"], ["b.parquet", "a.parquet"]) == {"de": "b.parquet", "zh": "a.parquet"}
+    assert provided_by_language(["de", "zh"], ["resources/translations/zh.parquet", "other/de.parquet"]) == {
+        "de": "other/de.parquet", "zh": "resources/translations/zh.parquet"}  # the named one keeps its language
+    assert provided_by_language(["de", "zh"], ["C:\\run\\resources\\translations\\zh.parquet", "x.parquet"])["zh"] \
+        == "C:\\run\\resources\\translations\\zh.parquet"
     with pytest.raises(ValueError):
         provided_by_language(["de", "zh"], ["a.parquet"])
 

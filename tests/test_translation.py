@@ -503,10 +503,15 @@ def test_the_default_gpu_type_is_the_half_type_the_gpu_computes_natively(bf16_un
             asked.append(kwargs)
 
     monkeypatch.setattr(ctranslate2, "Translator", Recorded)
-    T.load_translator("ctranslate2", ct2["nllb"], src_lang="en", tgt_lang="de", device="cuda", **OPTIONS)
+    queried = []  # CTranslate2 is asked for its own types on the device (torch may be a CPU build)
+    monkeypatch.setattr(ctranslate2, "get_supported_compute_types", lambda device, index=0: queried.append(
+        (device, index)) or ({"float32", "float16", "bfloat16"} if bf16_units else {"float32", "float16"}))
+    T.load_translator("ctranslate2", ct2["nllb"], src_lang="en", tgt_lang="de", device="cuda:1", **OPTIONS)
+    assert queried == [("cuda", 1)]
     T.load_translator("ctranslate2", ct2["nllb"], src_lang="en", tgt_lang="de", device="cuda",
                       compute_type="auto", **OPTIONS)
     assert [kwargs["compute_type"] for kwargs in asked] == ["bfloat16" if bf16_units else "float16", "auto"]
+    assert [(kwargs["device"], kwargs["device_index"]) for kwargs in asked] == [("cuda", 1), ("cuda", 0)]
 
 
 @pytest.mark.parametrize("family", ["nllb", "m2m100"])

@@ -432,11 +432,17 @@ def _load_tokenizer(location: str, family: str, src_code: str, revision: str | N
     return AutoTokenizer.from_pretrained(location, **options)
 
 
-def _gpu_half(device: str) -> str:
+def _gpu_half(device: str, engine: str = "transformers") -> str:
     """The half type a GPU computes natively: ``bfloat16`` where it has bf16 units (A100, H100),
-    ``float16`` where it has not (V100, T4: PyTorch and CTranslate2 emulate bf16 there at about
-    fp32's speed, or CTranslate2 refuses it); the training stages decide the same way
-    (modsent.training.precision.resolve)."""
+    ``float16`` where it has not (V100, T4: PyTorch emulates bf16 there at about fp32's speed,
+    CTranslate2 refuses it). Asked of the engine that will run: CTranslate2 for its own
+    (``get_supported_compute_types``, the device's index included, whatever torch was built
+    for), else torch, as the training stages decide (modsent.training.precision.resolve)."""
+    if engine == "ctranslate2":
+        import ctranslate2
+
+        index = int(device.partition(":")[2] or 0)
+        return "bfloat16" if "bfloat16" in ctranslate2.get_supported_compute_types("cuda", index) else "float16"
     from modsent.training import precision
 
     return "bfloat16" if precision.resolve(device, "auto") == "bf16" else "float16"
@@ -502,10 +508,11 @@ def load_translator(engine: str, model: str | os.PathLike, *, src_lang: str, tgt
         raise InputError(f"{location}: no {CONVERTED_TOKENIZER_DIR}/ inside; pass tokenizer= (the checkpoint)")
     tok = _load_tokenizer(tokenizer_location, family, codes[src_lang])
     if compute_type is None:
-        compute_type = _gpu_half(device) if device.startswith("cuda") else "default"
+        compute_type = _gpu_half(device, engine) if device.startswith("cuda") else "default"
     log.info("loading CTranslate2 model %s (%s) on %s, compute type %s", location, family, device, compute_type)
+    kind, _, index = device.partition(":")  # CTranslate2 takes "cuda" and an index, not "cuda:1"
     translator = ctranslate2.Translator(
-        str(path), device=device, compute_type=compute_type,
+        str(path), device=kind, device_index=int(index or 0), compute_type=compute_type,
         intra_threads=torch.get_num_threads() if device == "cpu" else 0,
     )
     return CTranslate2Translator(translator, tok, family, codes[src_lang], codes[tgt_lang], **options)

@@ -86,6 +86,11 @@ class Method:
     :func:`modsent.layout.method_output`, so Snakemake trains them first); a config that
     configures it without them is an error naming the missing ``methods.NAME`` keys.
 
+    ``check_settings(settings) -> [problem]``: what the settings schema cannot say (settings
+    that contradict each other or the GPU count), given the settings with their defaults filled
+    in (``gpus`` included); each problem starts with the key it names. ``check-config`` and
+    the workflow report them before any job runs.
+
     ``family``: the evaluation-embeddings group of the system (default: its own name). The
     systems of one family (a recipe and its ablations) encode each language's evaluation
     sentences in one job, which loads the libraries and the data once; adding a system
@@ -101,6 +106,7 @@ class Method:
     requires: tuple[str, ...] = ()
     data_parallel: bool = False
     family: str = ""
+    check_settings: Callable[[Mapping], list[str]] | None = None
 
     def __post_init__(self):
         for what, value in (("name", self.name), ("family", self.group)):

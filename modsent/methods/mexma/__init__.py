@@ -27,7 +27,6 @@ This module imports nothing heavy: the workflow imports it while planning.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from modsent import layout
 from modsent.languages import PIVOT_LANGUAGE
@@ -132,16 +131,29 @@ def _trainer(name: str, schema: dict[str, dict]):
 def provided_by_language(languages: Sequence[str], paths: Sequence[str]) -> dict[str, str]:
     """{language: provided translation file}: each of ``paths`` goes to the language whose
     workflow file (``resources/translations/{lang}.parquet``) it is, whatever the order of
-    either; paths named otherwise (a library caller's) follow ``languages`` in order."""
-    owner = {}
+    either; paths named otherwise (a library caller's) take the other languages in order."""
+    if len(paths) != len(languages):
+        raise ValueError(f"{len(paths)} provided translation files for {len(languages)} languages")
+    owners: list[str | None] = []
     for path in paths:
-        owners = [lang for lang in languages
-                  if Path(path).as_posix().endswith(layout.PROVIDED_TRANSLATIONS.format(lang=lang))]
-        owner[path] = owners[0] if len(owners) == 1 else None
-    if len(paths) == len(languages) and None not in owner.values() and len(set(owner.values())) == len(paths):
-        path_of = {lang: path for path, lang in owner.items()}
-        return {lang: path_of[lang] for lang in languages}
-    return dict(zip(languages, paths, strict=True))
+        text = str(path).replace("\\", "/")
+        found = [lang for lang in languages if text.endswith(layout.PROVIDED_TRANSLATIONS.format(lang=lang))]
+        owners.append(found[0] if len(found) == 1 and found[0] not in owners else None)
+    rest = iter([lang for lang in languages if lang not in owners])
+    path_of = {owner or next(rest): path for owner, path in zip(owners, paths)}
+    return {lang: path_of[lang] for lang in languages}
+
+
+def check_settings(settings: Mapping) -> list[str]:
+    """Each GPU's share of a batch needs a pair (and, with KoLeo, a second one: a nearest
+    neighbour); the trainers would find out only inside torchrun (training.run_training)."""
+    gpus, batch = settings.get("gpus", 1), settings["batch_size"]
+    least = (2 if settings["koleo_weight"] else 1) * gpus
+    if batch < least:
+        return [f"batch_size: {batch} pairs over gpus {gpus} leave a GPU no pair"
+                + (" or, with KoLeo, no nearest neighbour" if settings["koleo_weight"] else "")
+                + f": at least {least}, or fewer gpus"]
+    return []
 
 
 VARIANTS = {  # name: (description, alignment, align weight, KoLeo weight, detach tokens)
@@ -159,4 +171,4 @@ VARIANTS = {  # name: (description, alignment, align weight, KoLeo weight, detac
 for _name, (_description, _alignment, _align, _koleo, _detach) in VARIANTS.items():
     _schema = settings_schema(alignment=_alignment, align_weight=_align, koleo_weight=_koleo, detach_tokens=_detach)
     register(Method(_name, _description, _trainer(_name, _schema), ("base", "translations"), _schema,
-                    extra_inputs=_provided_inputs, data_parallel=True, family="MEXMA"))
+                    extra_inputs=_provided_inputs, data_parallel=True, family="MEXMA", check_settings=check_settings))

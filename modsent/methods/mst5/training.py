@@ -420,9 +420,11 @@ def write_output(result: TrainingResult, out_dir: str | Path) -> None:
     merge and the saved weights are float32 whatever ``dtype`` the frozen weights trained in: a
     LoRA update is often finer than a bfloat16 weight's resolution (8 bits of mantissa), so
     merging into bfloat16 weights would round much of what was learnt away. The saved model
-    computes what the trained one did: its frozen weights' values and the LoRA's product."""
+    computes what the trained one did: its frozen weights' values and the LoRA's product. The
+    merge runs on the host (the job's memory, not what the GPU's allocator keeps after training:
+    mt5-xxl's encoder is 22.6 GB in float32)."""
     model = result.model
-    model.encoder = model.encoder.float().merge_and_unload()  # a plain Hugging Face model again
+    model.encoder = model.encoder.to("cpu").float().merge_and_unload()  # a plain Hugging Face model again
     with atomic_path(out_dir, directory=True) as tmp:
         tf.save_sentence_transformer(model.encoder, model.tokenizer, model.head, model.max_seq_length, tmp,
                                      source=result.source)
