@@ -314,7 +314,6 @@ def trainer_process(args: argparse.Namespace):
     if args.threads:
         torch.set_num_threads(args.threads)
     rank, world, device = setup(args.device)
-    failed = False
     try:
         process_logging(args.log_file, rank)  # the main process's records reach the rule's log
         if world > 1:
@@ -322,10 +321,7 @@ def trainer_process(args: argparse.Namespace):
                                              world, torch.distributed.get_backend(), device)
         yield device
     except BaseException as error:
-        failed = True
         if not isinstance(error, (KeyboardInterrupt, SystemExit)):
             log_failure(error)
         raise
-    finally:
-        if not failed:
-            cleanup()
+    cleanup()  # reached only when the work finished

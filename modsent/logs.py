@@ -90,9 +90,8 @@ def log_warnings_and_failures() -> logging.Logger:
     for category, message in LIBRARY_NOISE:
         warnings.filterwarnings("ignore", message=re.escape(message), category=category)
     logger = logging.getLogger("modsent")
-    previous_hook = sys.excepthook
-    if getattr(previous_hook, "_modsent_logs", False):  # set up again in this process: keep the first's
-        previous_hook = previous_hook._modsent_previous
+    # set up again in this process: chain to the hook the first set-up found, not to the first's
+    previous_hook = getattr(sys.excepthook, "_modsent_previous", sys.excepthook)
 
     def log_uncaught(kind, value, traceback):
         if not issubclass(kind, KeyboardInterrupt) and not getattr(value, LOGGED, False):
@@ -102,7 +101,7 @@ def log_warnings_and_failures() -> logging.Logger:
         if not _user_error(kind):
             previous_hook(kind, value, traceback)
 
-    log_uncaught._modsent_logs, log_uncaught._modsent_previous = True, previous_hook
+    log_uncaught._modsent_previous = previous_hook
     sys.excepthook = log_uncaught
     return logger
 

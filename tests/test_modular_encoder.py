@@ -224,7 +224,8 @@ def test_export_reloads_with_sentence_transformers(inputs, modular, tmp_path, la
 def test_export_with_alignment_adapter(inputs, modular, tmp_path, monkeypatch):
     from sentence_transformers import SentenceTransformer
 
-    from modsent.encoders.systems import SentenceTransformerEncoder, folded_adapter
+    from modsent.encoders.modular import folded_adapter
+    from modsent.encoders.systems import SentenceTransformerEncoder
     from modsent.training import precision
 
     out = modular.export("de", tmp_path / "export-de")

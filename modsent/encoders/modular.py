@@ -693,6 +693,18 @@ def export_info(export_dir: str | Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def folded_adapter(model_dir: str | Path) -> bool:
+    """Whether ``model_dir`` is an export whose feed-forward layers carry a folded alignment
+    adapter (:func:`export_info`); False for any other directory, or an unreadable record."""
+    if not (Path(model_dir) / EXPORT_INFO).is_file():
+        return False
+    try:
+        info = export_info(model_dir)
+    except (OSError, ValueError):
+        return False
+    return bool(isinstance(info, dict) and (info.get("parallel_adapter") or {}).get("folded_into_ffn"))
+
+
 def load_exported(export_dir: str | Path, device: str | None = None):
     """A :meth:`ModularEncoder.export` directory as a SentenceTransformer: what
     ``SentenceTransformer(export_dir)`` does, after checking it is an export (no custom code)."""

@@ -45,7 +45,6 @@ the workflow's rule files import it while planning.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import re
 from collections.abc import Collection, Sequence
@@ -282,6 +281,7 @@ class SentenceTransformerEncoder:
         self.model_dir = Path(model_dir)
         self.language = language
         self.model = load_sentence_transformer(self.model_dir, device)
+        from modsent.encoders.modular import folded_adapter
         from modsent.training.precision import for_model, resolve
 
         # bf16 autocast where ``auto`` runs it; fp32 for a T5 body on a GPU without bf16 (fp16 overflows it)
@@ -379,19 +379,6 @@ def encode_sentence_transformer(model, sentences: Sequence[str], batch_size: int
 # modsent's own sentence-transformers module classes (a saved system's modules.json may name them):
 # sentence-transformers >= 6 imports a class outside its namespace only with trust_remote_code
 MODSENT_MODULE_CLASSES = ("modsent.encoders.intemats.InteMATsTransformer",)
-
-
-def folded_adapter(model_dir: str | Path) -> bool:
-    """Whether ``model_dir`` is a modular export whose feed-forward layers carry a folded
-    alignment adapter (its ``export_info.json``: modsent.encoders.modular.ModularEncoder.export)."""
-    path = Path(model_dir) / "export_info.json"
-    if not path.is_file():
-        return False
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return bool(isinstance(info, dict) and (info.get("parallel_adapter") or {}).get("folded_into_ffn"))
 
 
 def load_sentence_transformer(model_dir: str | Path, device: str | None = None):
