@@ -144,17 +144,11 @@ def provided_by_language(languages: Sequence[str], paths: Sequence[str]) -> dict
     return {lang: path_of[lang] for lang in languages}
 
 
-def least_batch(koleo_weight: float, processes: int) -> int:
-    """The smallest batch that ``processes`` can share: each process's share needs a pair and,
-    with KoLeo, a second one (a nearest neighbour)."""
-    return (2 if koleo_weight else 1) * processes
-
-
 def check_settings(settings: Mapping) -> list[str]:
-    """A batch the GPUs can share (:func:`least_batch`), checked before any job runs; the
-    trainers would find out only inside torchrun (training.run_training)."""
+    """Each GPU's share of a batch needs a pair (and, with KoLeo, a second one: a nearest
+    neighbour); the trainers would find out only inside torchrun (training.run_training)."""
     gpus, batch = settings.get("gpus", 1), settings["batch_size"]
-    least = least_batch(settings["koleo_weight"], gpus)
+    least = (2 if settings["koleo_weight"] else 1) * gpus
     if batch < least:
         return [f"batch_size: {batch} pairs over gpus {gpus} leave a GPU no pair"
                 + (" or, with KoLeo, no nearest neighbour" if settings["koleo_weight"] else "")

@@ -65,7 +65,7 @@ from modsent.evaluation.plots import write_loss_curve
 from modsent.io import InputError, atomic_path
 from modsent.losses import CrossUnmaskingLoss, KoLeoLoss, SymmetricInfoNCELoss
 from modsent.methods import baselines as bl
-from modsent.methods.mexma import least_batch, model as mm
+from modsent.methods.mexma import model as mm
 from modsent.methods.mexma.model import MEXMAModel, build_model
 from modsent.modular import sentence_adapter as sa
 from modsent.training import checkpoints, fastpath, schedules
@@ -364,7 +364,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
     rank, world = distributed.rank(), distributed.world_size()
     main = rank == 0
-    if cfg.batch_size < least_batch(cfg.koleo_weight, world):
+    if cfg.batch_size < (2 if cfg.koleo_weight else 1) * world:
         raise InputError(f"{key}.batch_size: {cfg.batch_size} pairs over {world} processes leave a process "
                          "no pair (or, with KoLeo, no nearest neighbour)")
 
