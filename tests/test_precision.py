@@ -15,17 +15,38 @@ from modsent.training import checkpoints, precision
 from modsent.training.loop import TrainingLog, optimizer_step
 
 
+def simulated_gpus(monkeypatch, bf16_units: list[bool]) -> None:
+    """GPUs 0, 1, ... of which ``bf16_units[i]`` says whether GPU i has bf16 units; torch's
+    ``is_bf16_supported`` answers for the current device, as it does on a node."""
+    current = [0]
+
+    @contextlib.contextmanager
+    def device(index):
+        before, current[0] = current[0], index
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16_units[current[0]])
+
+
 def test_resolve_says_what_runs_on_each_device(monkeypatch):
     for name in PRECISIONS:
         assert precision.resolve("cpu", name) == "fp32"  # never CPU autocast
         assert isinstance(precision.autocast("cpu", name), contextlib.nullcontext)
         assert not precision.grad_scaler("cpu", name).is_enabled()
     for has_bf16, auto in ((True, "bf16"), (False, "fp16")):  # A100/H100; V100/T4
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True, v=has_bf16: v)
+        simulated_gpus(monkeypatch, [has_bf16, has_bf16])
         for device in ("cuda", "cuda:1", torch.device("cuda", 0)):
             assert precision.resolve(device, "auto") == auto
             assert precision.resolve(device, "fp16") == "fp16"
             assert precision.resolve(device, "fp32") == "fp32"
+    # a node of mixed GPUs (an A100 as GPU 0, a V100 as GPU 1): each device is asked about itself
+    simulated_gpus(monkeypatch, [True, False])
+    assert [precision.resolve(d, "auto") for d in ("cuda", "cuda:0", "cuda:1", torch.device("cuda", 1))] == \
+        ["bf16", "bf16", "fp16", "fp16"]
     with pytest.raises(ValueError, match="precision must be one of auto, fp16, fp32"):
         precision.resolve("cuda", "bf16")
     assert load_schema()["$defs"]["precision"]["enum"] == list(PRECISIONS)

@@ -72,8 +72,11 @@ def resolve(device, precision: str = "auto") -> str:
     if precision == "fp16":
         return "fp16"
     # bf16 emulated on a GPU without bf16 units is slower than fp16 and gains nothing in range
-    # over fp16 with a loss scaler
-    return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
+    # over fp16 with a loss scaler. Asked of the device itself: ``cuda:1`` on a node of mixed GPUs
+    # is not the current device (torch asks about the current one)
+    index = torch.device(device).index
+    with torch.cuda.device(index) if index is not None else contextlib.nullcontext():
+        return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
 
 
 def autocast(device, precision: str = "auto") -> contextlib.AbstractContextManager:
