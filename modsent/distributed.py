@@ -308,7 +308,10 @@ def trainer_process(args: argparse.Namespace):
     log first (:func:`modsent.logs.log_failure`), and the group is then left without the
     collective goodbye: when one process fails alone, the others wait inside a collective, and
     destroying the group could hang until the timeout before anything reached the log; torchrun
-    stops the others once this process exits."""
+    stops the others once this process exits. A failure to leave the group after the work
+    finished (the backend's teardown) is a warning, not the job's failure: the outputs are
+    complete, and a failed job would have Snakemake delete them and retrain from the start,
+    the checkpoint removed."""
     from modsent.logs import log_failure
 
     if args.threads:
@@ -324,4 +327,9 @@ def trainer_process(args: argparse.Namespace):
         if not isinstance(error, (KeyboardInterrupt, SystemExit)):
             log_failure(error)
         raise
-    cleanup()  # reached only when the work finished
+    try:  # reached only when the work finished: its outputs are complete
+        cleanup()
+    except Exception as error:  # noqa: BLE001 - the job's result is written; failing now would delete it
+        logging.getLogger(__name__).warning(
+            "leaving the process group failed after the work finished (%s: %s); the outputs are complete",
+            type(error).__name__, error)

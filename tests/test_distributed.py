@@ -519,3 +519,12 @@ def test_a_trainer_process_logs_its_failure_before_leaving_the_group(tmp_path, m
     with distributed.trainer_process(args):
         pass
     assert len(left) == 1
+
+    def teardown_fails():
+        raise RuntimeError("NCCL communicator abort")
+
+    monkeypatch.setattr(distributed, "cleanup", teardown_fails)
+    with distributed.trainer_process(args):  # the work finished: the job succeeds, the log says why
+        pass
+    assert "leaving the process group failed after the work finished (RuntimeError: NCCL communicator abort); " \
+           "the outputs are complete" in log.read_text()
