@@ -218,8 +218,7 @@ def system_card(*, system: str, system_dir: Path, base_model: str | None, result
              f"{' for ' + ', '.join(f'`{code}`' for code in languages) if languages else ''}. One model encodes "
              "every language; it is a plain sentence-transformers model and encodes without a prompt, as it "
              "was trained and evaluated.", "",
-             "## Usage", "", "```python", "from sentence_transformers import SentenceTransformer", "",
-             'model = SentenceTransformer("PATH_OR_HUB_ID")', "embeddings = model.encode([...])", "```", "",
+             *_system_usage(Path(system_dir)),
              "## Training", ""]
     if metrics:
         lines += ["| figure | value |", "|---|---|"]
@@ -234,6 +233,33 @@ def system_card(*, system: str, system_dir: Path, base_model: str | None, result
     lines += _closing_sections(system, [system], None, results_dir, base_model, license, builtin_data,
                                languages or None)
     return "\n".join(lines)
+
+
+def _system_usage(system_dir: Path) -> list[str]:
+    """The card's usage section for a monolithic system: loaded as modsent evaluated it, in
+    float32 from weights stored in half precision (a ``storage_dtype``: sentence-transformers
+    would compute in the stored dtype), and with ``trust_remote_code`` for a system whose first
+    module is modsent's own class (InteMATs)."""
+    config_path, modules_path = system_dir / "config.json", system_dir / "modules.json"
+    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    stored = config.get("dtype") or config.get("torch_dtype")
+    modules = json.loads(modules_path.read_text(encoding="utf-8")) if modules_path.is_file() else []
+    custom = [m["type"] for m in modules if not str(m.get("type", "")).startswith("sentence_transformers.")]
+    half = stored in ("float16", "bfloat16")
+    options = (['model_kwargs={"dtype": torch.float32}'] if half else []) + (["trust_remote_code=True"] if custom else [])
+    lines = ["## Usage", "", "```python"] + (["import torch"] if half else []) + [
+        "from sentence_transformers import SentenceTransformer", "",
+        f'model = SentenceTransformer("PATH_OR_HUB_ID"{"".join(", " + o for o in options)})',
+        "embeddings = model.encode([...])", "```", ""]
+    if half:
+        lines += [f"Its weights are stored in {stored} (half the disk of float32). modsent evaluated it computing "
+                  "in float32 from them, as `model_kwargs` asks above; without it sentence-transformers computes "
+                  f"in {stored}.", ""]
+    if custom:
+        lines += [f"Its first module is modsent's own class (`{custom[0]}`: adapters that cannot be folded into "
+                  "the weights), so loading needs the modsent package installed; `trust_remote_code=True` lets "
+                  "sentence-transformers import it (no code is read from the model's directory).", ""]
+    return lines
 
 
 def check_card(text: str) -> dict:

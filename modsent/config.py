@@ -405,7 +405,7 @@ def method_errors(config: dict) -> list[str]:
         registry = methods.load(config.get("method_modules") or [])
     except InputError as err:
         return [str(err)]
-    problems = []
+    problems, filled = [], {}
     for name, settings in configured.items():
         if name not in registry:
             problems.append(f"methods.{name}: unknown method; registered: {', '.join(sorted(registry)) or 'none'} "
@@ -422,9 +422,15 @@ def method_errors(config: dict) -> list[str]:
             error.path.appendleft(name)
             error.path.appendleft("methods")
             problems.append(_describe(error))
-        if not errors and registry[name].check_settings is not None:  # what the schema cannot say
-            filled = fill_defaults(settings or {}, registry[name].schema())
-            problems += [f"methods.{name}.{problem}" for problem in registry[name].check_settings(filled)]
+        if errors:
+            continue
+        filled[name] = fill_defaults(settings or {}, registry[name].schema())
+        if registry[name].check_settings is not None:  # what the schema cannot say
+            problems += [f"methods.{name}.{problem}" for problem in registry[name].check_settings(filled[name])]
+    for name in filled:  # what a method and those it reads must agree on (Method.check_required)
+        required = registry[name].requires
+        if registry[name].check_required is not None and all(other in filled for other in required):
+            problems += registry[name].check_required({key: filled[key] for key in (name, *required)})
     return problems
 
 

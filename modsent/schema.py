@@ -22,6 +22,8 @@ OMIT_DEFAULT_KEY = "x-omit-default"
 RUNTIME, SELECTION = "runtime", "selection"
 # $defs/precision's values (modsent.training.precision says what each runs)
 PRECISIONS = ("auto", "fp16", "fp32")
+# $defs/storage_dtype's values: the dtypes a trained system's weights may be saved in
+STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 
 
 @functools.cache
@@ -45,6 +47,12 @@ def compile_property() -> dict:
     """A method's ``compile`` key (modsent.methods): the workflow schema's ``$defs/compile``
     (modsent.training.fastpath.compile_in_place), default false, a runtime setting."""
     return {**copy.deepcopy(load_schema()["$defs"]["compile"]), "default": False, ROLE_KEY: RUNTIME}
+
+
+def storage_dtype_property() -> dict:
+    """A method's ``storage_dtype`` key (modsent.methods): the workflow schema's
+    ``$defs/storage_dtype`` (float32 by default, left out of the params at its default)."""
+    return copy.deepcopy(load_schema()["$defs"]["storage_dtype"])
 
 
 def resolve(node: dict, schema: dict) -> dict:

@@ -80,6 +80,17 @@ def test_a_monolithic_system_card_lists_its_languages_figures_and_every_score(tm
     mexma = _module(results / "methods" / "MEXMA", method="MEXMA", languages=["de", "ky"], steps=8)
     assert cards.check_card(cards.system_card(system="MEXMA", system_dir=mexma, base_model=None))["language"] == [
         "en", "de", "ky"]
+    assert 'model = SentenceTransformer("PATH_OR_HUB_ID")\n' in body and "import torch" not in body
+    # weights stored in half precision (storage_dtype) load in float32, as evaluated; modsent's own
+    # module class (InteMATs) needs trust_remote_code (tests/test_intemats.py runs the line)
+    (mexma / "config.json").write_text(json.dumps({"dtype": "float16"}))
+    (mexma / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "modsent.encoders.intemats.InteMATsTransformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.sentence_transformer.modules.Pooling"}]))
+    body = ModelCard(cards.system_card(system="MEXMA", system_dir=mexma, base_model=None)).text
+    assert 'import torch\nfrom sentence_transformers import SentenceTransformer\n\nmodel = SentenceTransformer(' \
+           '"PATH_OR_HUB_ID", model_kwargs={"dtype": torch.float32}, trust_remote_code=True)' in body
+    assert "stored in float16" in body and "`modsent.encoders.intemats.InteMATsTransformer`" in body
 
 
 def test_card_keeps_the_notices_the_run_s_translations_recorded(tmp_path, monkeypatch):

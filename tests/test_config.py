@@ -97,6 +97,10 @@ CASES = [
      lambda c: c.update(methods={"MEXMA": {"batch_size": 3, "gpus": 2}, "MEXMA-no-koleo": {"batch_size": 2, "gpus": 2}}),
      ["methods.MEXMA.batch_size: 3 pairs over gpus 2 leave a GPU no pair or, with KoLeo, no nearest neighbour: "
       "at least 4"]),
+    ("InteMATs-ST and -DT saved in two dtypes",  # the fusion reads ST's backbone with DT's adapters
+     lambda c: c["methods"]["InteMATs-DT"].update(storage_dtype="float32"),
+     ["methods.InteMATs-DT.storage_dtype: float32, but methods.InteMATs-ST.storage_dtype is float16: the fusion "
+      "(InteMATs) attaches InteMATs-DT's adapters to InteMATs-ST's saved backbone"]),
 ]
 
 
@@ -301,6 +305,13 @@ def test_a_key_added_later_at_its_default_is_not_in_the_params():
         assert method_job_settings(config, "Omit-test")["storage_dtype"] == "bfloat16"
     finally:
         del registry.REGISTRY[method.name]
+    # the recipes' storage_dtype likewise (the schema's $defs/storage_dtype): the demo sets float16
+    recipes = ["mST5-xnli", "DuEAM-weak", "MEXMA", "InteMATs-ST", "InteMATs-DT", "InteMATs"]
+    config = normalize_config(filled(load("config.yaml")))
+    for name in recipes:
+        assert method_job_settings(config, name)["storage_dtype"] == "float16"
+        config["methods"][name]["storage_dtype"] = "float32"
+        assert "storage_dtype" not in method_job_settings(config, name)
 
 
 def test_local_inputs_that_do_not_exist_are_errors_naming_the_key(tmp_path):

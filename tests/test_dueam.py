@@ -18,7 +18,7 @@ from modsent.methods.dueam import pairs as dp
 from modsent.methods.dueam import training as dt
 from modsent.methods.dueam import wmd as dw
 from modsent.methods.dueam.settings import DuEAMConfig
-from tiny_modules import assert_same_model, pairs_in, tiny_base_and_data
+from tiny_modules import assert_same_model, assert_stored_in_half, pairs_in, tiny_base_and_data
 
 LANGS = ["en", "de", "ky"]
 # the built-in pairs have no mnli rows; a tiny random model moves only with a large learning rate
@@ -431,6 +431,21 @@ def test_a_killed_run_resumes_to_the_weights_of_an_unbroken_one(data, tmp_path):
 
 
 # ---- the workflow --------------------------------------------------------------------------------
+
+
+def test_storage_dtype_float16_saves_the_same_training_rounded(data, tmp_path):
+    """methods.DuEAM-weak.storage_dtype: the same training (and checkpoint fingerprint), the
+    saved learner the float32 run's rounded to float16."""
+    methods.load()
+    dw.run_shard(data["paths"], None, config(), data["base"], 0, 1, tmp_path / "wmd.parquet", cache_dir=tmp_path / "c")
+    inputs = {**data["inputs"], "wmd": [tmp_path / "wmd.parquet"]}
+    metrics = {dtype: methods.get("DuEAM-weak").train(inputs, tmp_path / dtype, {**SETTINGS, "storage_dtype": dtype},
+                                                      device="cpu", progress=False) for dtype in ("float32", "float16")}
+    assert metrics["float16"]["loss_last"] == metrics["float32"]["loss_last"]
+    assert_stored_in_half(tmp_path / "float32", tmp_path / "float16", TEXTS)
+    fingerprints = {dt.training_fingerprint("DuEAM-weak", config(storage_dtype=dtype), str(data["base"]), inputs)
+                    for dtype in ("float32", "float16")}
+    assert len(fingerprints) == 1
 
 
 def test_steps_tokenised_ahead_on_a_thread_train_what_tokenising_in_the_step_trains(data, tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ from modsent.io import InputError
 from modsent.methods import intemats
 from modsent.methods.intemats import training as it
 from modsent.modular import serial_adapter as sad
-from tiny_modules import assert_close_model, pairs_in, tiny_base_and_data
+from tiny_modules import assert_close_model, assert_stored_in_half, pairs_in, tiny_base_and_data
 
 LANGS = ["en", "de", "ky"]
 # a tiny random model moves only with a large learning rate; few steps, short texts
@@ -330,6 +330,38 @@ def test_a_killed_run_resumes_to_the_weights_of_an_unbroken_one(data, trained, t
     other = it.train_intemats(intemats.ST, data["inputs"], tmp_path / "other", {**settings, "temperature": 0.2},
                               device="cpu", progress=False)
     assert other["resumed_from_step"] == 0
+
+
+def test_storage_dtype_float16_rounds_the_backbone_keeps_the_adapters_and_fuses(data, trained, tmp_path):
+    """storage_dtype: float16 stores the (frozen) backbone rounded, the adapters float32 as
+    trained; modsent's loader computes in float32 from both; the same training as the fixture's
+    float32 run. The fusion built from half-stored ST and DT (the demo's) trains on ST's stored
+    backbone with DT's adapters and encodes as the float32 systems' fusion up to that rounding."""
+    from modsent.encoders.systems import load_sentence_transformer
+
+    for name, settings in ((intemats.ST, SETTINGS), (intemats.DT, DT_SETTINGS)):
+        metrics = methods.get(name).train(data["inputs"], tmp_path / name, {**settings, "storage_dtype": "float16"},
+                                          device="cpu", progress=False)
+        full_dir, full = trained[name]
+        assert metrics["loss_last"] == full["loss_last"]
+        assert_stored_in_half(full_dir, tmp_path / name, TEXTS, kept_float32=(sad.WEIGHTS_NAME,))
+    inputs = {**data["inputs"], "st": tmp_path / intemats.ST, "dt": tmp_path / intemats.DT}
+    fused = methods.get(intemats.FUSED).train(inputs, tmp_path / intemats.FUSED,
+                                              {**SETTINGS, "storage_dtype": "float16"}, device="cpu", progress=False)
+    assert fused["loss_last"] == pytest.approx(trained[intemats.FUSED][1]["loss_last"], rel=1e-2)
+    a, b = (load_sentence_transformer(d, device="cpu").encode(TEXTS, normalize_embeddings=True)
+            for d in (trained[intemats.FUSED][0], tmp_path / intemats.FUSED))
+    assert np.min(np.sum(a * b, axis=1)) > 0.999
+    # the model card's usage line loads it as the evaluation does: float32, modsent's module class
+    from modsent import cards
+
+    card = cards.system_card(system=intemats.FUSED, system_dir=tmp_path / intemats.FUSED, base_model=None)
+    line = next(text for text in card.splitlines() if text.startswith("model = SentenceTransformer("))
+    scope = {}
+    exec("import torch\nfrom sentence_transformers import SentenceTransformer\n"
+         + line.replace("PATH_OR_HUB_ID", str(tmp_path / intemats.FUSED)), scope)
+    assert {p.dtype for p in scope["model"].parameters()} == {torch.float32}
+    assert np.array_equal(scope["model"].encode(TEXTS, normalize_embeddings=True), b)
 
 
 def test_compile_routes_the_encoder_through_dynamo_and_trains_what_eager_trains(data, trained, tmp_path,

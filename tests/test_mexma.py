@@ -17,7 +17,7 @@ from modsent.io import InputError
 from modsent.methods.mexma import model as mm
 from modsent.methods.mexma import training as mt
 from modsent.training import schedules
-from tiny_modules import assert_close_model, assert_same_model, tiny_base_and_data
+from tiny_modules import assert_close_model, assert_same_model, assert_stored_in_half, tiny_base_and_data
 
 LANGS = ["de", "ky"]
 # a tiny head; the tiny random model moves only with a large learning rate
@@ -297,6 +297,22 @@ def test_a_tiny_encoder_trains_and_reloads_with_sentence_transformers(data, tmp_
     assert trained and sum(not torch.equal(changed[k], original[k]) for k in trained) > 0.9 * len(trained)
     pooler = [k for k in changed if "pooler" in k]  # the untrained pooler, for a plain load
     assert all(torch.equal(changed[k], original[k]) for k in pooler)
+
+
+def test_storage_dtype_float16_saves_the_same_training_rounded(data, tmp_path):
+    """methods.MEXMA.storage_dtype: how the result is saved, not how it trains (the same
+    training and checkpoint fingerprint); the saved encoder is the float32 run's, rounded."""
+    methods.load()
+    method = methods.get("MEXMA")
+    metrics = {dtype: method.train(data["inputs"], tmp_path / dtype, {**SETTINGS, "storage_dtype": dtype},
+                                   device="cpu", progress=False) for dtype in ("float32", "float16")}
+    assert metrics["float16"]["loss_last"] == metrics["float32"]["loss_last"]
+    assert metrics["float16"]["config"]["storage_dtype"] == "float16"
+    assert_stored_in_half(tmp_path / "float32", tmp_path / "float16", TEXTS)
+    cfgs = [mt.MEXMAConfig.from_settings("MEXMA", {"storage_dtype": dtype}) for dtype in ("float32", "bfloat16")]
+    assert len({mt.training_fingerprint("MEXMA", cfg, str(data["base"]), []) for cfg in cfgs}) == 1
+    with pytest.raises(InputError, match="methods.MEXMA.storage_dtype: invalid value 'int8'"):
+        mt.MEXMAConfig.from_settings("MEXMA", {"storage_dtype": "int8"})
 
 
 def test_a_killed_run_resumes_to_the_weights_of_an_unbroken_one(data, tmp_path):

@@ -16,7 +16,7 @@ from modsent.io import InputError
 from modsent.methods.mst5 import training as mt
 from modsent.testing import _sentencepiece, make_tiny_bert, sample_texts
 from modsent.training.seeding import private_cpu_stream
-from tiny_modules import pairs_in, tiny_base_and_data
+from tiny_modules import assert_stored_in_half, pairs_in, tiny_base_and_data
 
 LANGS = ["en", "de", "ky"]
 # a tiny random model moves only with a large learning rate; the built-in pairs have no mnli rows
@@ -211,6 +211,21 @@ def test_a_tiny_mt5_trains_and_reloads_with_sentence_transformers_to_the_same_ve
     targets = mt.lora_targets(body, "all-linear")
     assert {name.rsplit(".", 1)[-1] for name in targets} == {"q", "k", "v", "o", "wi_0", "wi_1", "wo"}
     assert len(targets) == 2 * 7
+
+
+def test_storage_dtype_float16_saves_the_merged_training_rounded(data, tmp_path):
+    """methods.mST5-xnli.storage_dtype: the LoRA merged in float32 as always, then every weight
+    of the body rounded to float16; the same training and checkpoint fingerprint."""
+    methods.load()
+    settings = {**SETTINGS, "model": str(data["mt5"])}
+    metrics = {dtype: methods.get("mST5-xnli").train(data["inputs"], tmp_path / dtype,
+                                                     {**settings, "storage_dtype": dtype}, device="cpu",
+                                                     progress=False) for dtype in ("float32", "float16")}
+    assert metrics["float16"]["loss_last"] == metrics["float32"]["loss_last"]
+    assert_stored_in_half(tmp_path / "float32", tmp_path / "float16", TEXTS)
+    cfgs = [mt.MST5Config.from_settings("mST5-xnli", {**settings, "storage_dtype": d}) for d in ("float32", "float16")]
+    paths = data["inputs"]["pairs"]
+    assert len({mt.training_fingerprint("mST5-xnli", cfg, str(data["mt5"]), LANGS, paths) for cfg in cfgs}) == 1
 
 
 def test_a_bfloat16_body_is_merged_and_saved_in_float32_and_encodes_as_it_trained(data, tmp_path):

@@ -170,3 +170,36 @@ def assert_trained_alike(tmp_path, weights: str, zero_started: tuple[str, ...], 
     a, b = (torch.cat([t[k].float().flatten() for k in trained]) for t in (x, y))
     assert float(a.norm()) > 0 and float(torch.nn.functional.cosine_similarity(a, b, dim=0)) >= cosine
     assert float(b.norm() / a.norm()) == pytest.approx(1, abs=1 - cosine)  # and as far
+
+
+def assert_stored_in_half(full_dir, half_dir, texts, *, kept_float32=()) -> None:
+    """``half_dir``: the same training as ``full_dir`` saved with ``storage_dtype: float16`` (a
+    method's setting): each weights file of the model holds the float32 run's tensors rounded to
+    float16 (``kept_float32``: files that stay float32, equal to the float32 run's), the config
+    names float16, and modsent's loader computes in float32 from them, the vectors those of the
+    float32 model up to that rounding."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+
+    from modsent.encoders.systems import load_sentence_transformer
+
+    full_dir, half_dir = Path(full_dir), Path(half_dir)
+    files = sorted(p.relative_to(full_dir) for p in full_dir.rglob("*.safetensors"))
+    assert files == sorted(p.relative_to(half_dir) for p in half_dir.rglob("*.safetensors"))
+    assert json.loads((half_dir / "config.json").read_text())["dtype"] == "float16"
+    for name in files:
+        full, half = load_file(str(full_dir / name)), load_file(str(half_dir / name))
+        assert sorted(full) == sorted(half)
+        for key, tensor in full.items():
+            if str(name) in kept_float32 or not tensor.is_floating_point():
+                assert torch.equal(half[key], tensor), (name, key)
+            else:
+                assert half[key].dtype == torch.float16 and torch.equal(half[key], tensor.half()), (name, key)
+    weights = full_dir / "model.safetensors"
+    assert (half_dir / "model.safetensors").stat().st_size < 0.55 * weights.stat().st_size
+    models = [load_sentence_transformer(d, device="cpu") for d in (full_dir, half_dir)]
+    assert all(p.dtype == torch.float32 for p in models[1].parameters())
+    a, b = (m.encode(texts, prompt="", normalize_embeddings=True) for m in models)
+    assert np.min(np.sum(a * b, axis=1)) > 0.999 and not np.array_equal(a, b)

@@ -145,17 +145,20 @@ def class_path() -> str:
     return f"{InteMATsTransformer.__module__}.{InteMATsTransformer.__qualname__}"
 
 
-def save_system(model, out_dir: str | Path, *, source: str | Path | None = None, metadata: dict | None = None) -> None:
+def save_system(model, out_dir: str | Path, *, source: str | Path | None = None, metadata: dict | None = None,
+                dtype: str = "float32") -> None:
     """Write a trained InteMATs model (:class:`~modsent.modular.sentence_adapter.SentenceEncoderModel`
     around an :class:`InteMATsBody`, mean pooling head) into the existing directory ``out_dir``
     as a sentence-transformers directory whose first module is :class:`InteMATsTransformer`: the
-    backbone (unchanged, ``model.safetensors``), tokenizer, ``modules.json`` (InteMATsTransformer,
-    Pooling), the adapters (``serial_adapters.*``) and ``intemats_config.json``."""
+    backbone (frozen, ``model.safetensors``), tokenizer, ``modules.json`` (InteMATsTransformer,
+    Pooling), the adapters (``serial_adapters.*``) and ``intemats_config.json``. ``dtype``: the
+    backbone's saved weights (:func:`modsent.encoders.transformer.save_sentence_transformer`,
+    which casts it in place); the adapters, a few MB, stay float32."""
     from modsent.encoders import transformer as tf
 
     inner: InteMATsBody = model.encoder
     tf.save_sentence_transformer(inner.body, model.tokenizer, model.head, model.max_seq_length, out_dir,
-                                 source=source)
+                                 source=source, dtype=dtype)
     modules_path = Path(out_dir) / tf.MODULES_JSON
     modules = json.loads(modules_path.read_text(encoding="utf-8"))
     modules[0]["type"] = class_path()

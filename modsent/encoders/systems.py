@@ -390,6 +390,7 @@ def load_sentence_transformer(model_dir: str | Path, device: str | None = None):
 
     import torch
     from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Transformer
     from sentence_transformers.util import import_from_string
 
     from modsent.training.precision import default_device
@@ -399,7 +400,7 @@ def load_sentence_transformer(model_dir: str | Path, device: str | None = None):
     modules_json = model_dir / "modules.json"
     entries = json.loads(modules_json.read_text(encoding="utf-8")) if modules_json.is_file() else []
     custom = [e["type"] for e in entries if not e["type"].startswith("sentence_transformers.")]
-    if not custom:  # weights stored in half precision (baselines.storage_dtype) compute in float32
+    if not custom:  # weights stored in half precision (a storage_dtype) compute in float32
         return SentenceTransformer(str(model_dir), device=device,
                                    model_kwargs={"dtype": torch.float32})
     unknown = sorted(set(custom) - set(MODSENT_MODULE_CLASSES))
@@ -412,7 +413,10 @@ def load_sentence_transformer(model_dir: str | Path, device: str | None = None):
         if sub.is_absolute() or ".." in sub.parts:
             raise InputError(f"{modules_json}: module path {entry.get('path')!r} leaves the model directory")
         module_class = import_from_string(entry["type"])
-        modules.append(module_class.load(str(model_dir), subfolder=entry.get("path", ""), local_files_only=True))
+        # a transformer stored in half precision (a method's storage_dtype) computes in float32
+        kwargs = {"model_kwargs": {"dtype": torch.float32}} if issubclass(module_class, Transformer) else {}
+        modules.append(module_class.load(str(model_dir), subfolder=entry.get("path", ""), local_files_only=True,
+                                         **kwargs))
     return SentenceTransformer(modules=modules, device=device, similarity_fn_name="cosine")
 
 

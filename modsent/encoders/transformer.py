@@ -35,6 +35,7 @@ from torch import nn
 
 from modsent.io import InputError, record_added_tokens
 from modsent.modular import sentence_adapter as sa
+from modsent.schema import STORAGE_DTYPES
 
 # transformers' model types whose checkpoints hold an encoder and a decoder, the encoder loadable
 # alone; other encoder-decoder models are refused rather than loaded whole
@@ -146,15 +147,26 @@ def _class_path(module: nn.Module | type) -> str:
 
 
 def save_sentence_transformer(body: nn.Module, tokenizer, head: Sequence[nn.Module], max_seq_length: int,
-                              out_dir: str | Path, *, source: str | Path | None = None) -> None:
+                              out_dir: str | Path, *, source: str | Path | None = None,
+                              dtype: str = "float32") -> None:
     """Write ``body`` (a plain Hugging Face model: LoRA merged), ``tokenizer`` and ``head`` into
     the existing directory ``out_dir`` as a sentence-transformers model (classic layout: the
     transformer at the top, ``{i}_{Module}/`` per head module). ``source``: the directory the
     model came from; when it is a sentence-transformers one its prompts and similarity function
-    are kept, with no default prompt (modsent trains without prompts)."""
+    are kept, with no default prompt (modsent trains without prompts). ``dtype``: the saved
+    weights' (a method's ``storage_dtype``); another than float32 casts ``body`` and ``head``
+    to it in place (no copy of a large model: the caller saves them last), and the config names
+    it, as ``SentenceTransformer(...).to(dtype).save(...)`` would."""
     from sentence_transformers.sentence_transformer.modules import Transformer
 
     out_dir = Path(out_dir)
+    if dtype not in STORAGE_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(STORAGE_DTYPES)}, got {dtype!r}")
+    if dtype != "float32":
+        stored = getattr(torch, dtype)
+        body.to(stored)
+        for module in head:
+            module.to(stored)
     body.save_pretrained(str(out_dir))  # safetensors (transformers 5 writes no pickles)
     tokenizer.model_max_length = max_seq_length
     tokenizer.save_pretrained(str(out_dir))

@@ -91,6 +91,12 @@ class Method:
     in (``gpus`` included); each problem starts with the key it names. ``check-config`` and
     the workflow report them before any job runs.
 
+    ``check_required(settings_by_name) -> [problem]``: what its settings and those of the
+    methods it ``requires`` must agree on (InteMATs' fusion attaches InteMATs-DT's adapters to
+    InteMATs-ST's saved backbone, so the two are saved in one dtype), given every configured
+    method's settings with their defaults filled in; each problem starts with
+    ``methods.NAME.key``. Reported like ``check_settings``'s.
+
     ``family``: the evaluation-embeddings group of the system (default: its own name). The
     systems of one family (a recipe and its ablations) encode each language's evaluation
     sentences in one job, which loads the libraries and the data once; adding a system
@@ -107,6 +113,7 @@ class Method:
     data_parallel: bool = False
     family: str = ""
     check_settings: Callable[[Mapping], list[str]] | None = None
+    check_required: Callable[[Mapping[str, Mapping]], list[str]] | None = None
 
     def __post_init__(self):
         for what, value in (("name", self.name), ("family", self.group)):

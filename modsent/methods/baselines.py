@@ -78,11 +78,11 @@ from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import no_duplicate_batches, read_pairs, split_heldout, steps_of_epochs
 from modsent.training.precision import autocast, default_device, grad_scaler
+from modsent.schema import STORAGE_DTYPES
 from modsent.training.seeding import dropout_seed
 
 log = logging.getLogger(__name__)
 
-STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 SELECTION_KEYS = ("full", "ablations")  # the config section's choice of systems, not hyperparameters
 # where and how a job runs, not what it trains: not FullTrainingConfig fields, not rule params
 EXECUTION_KEYS = ("gpus",)
@@ -331,11 +331,10 @@ def _check_start(name: str, start_dir: Path, init: str | None) -> None:
 def training_fingerprint(name: str, cfg: FullTrainingConfig, start_dir: str | Path,
                          pairs_paths: Mapping[str, str | Path]) -> str:
     """What a checkpoint must match to be resumed (:func:`modsent.training.checkpoints.fingerprint`):
-    the baseline, its languages, the hyperparameters (the log and checkpoint cadence may
-    change) and the content of the inputs: every file of the starting directory (a retrained
+    the baseline, its languages, the hyperparameters (the log and checkpoint cadence and the
+    storage dtype may change) and the content of the inputs: every file of the starting directory (a retrained
     Full_m must not resume a stale Full_mc) and each language's pair file."""
     settings = {"baseline": name, "languages": sorted(pairs_paths), **dataclasses.asdict(cfg)}
-    del settings["storage_dtype"]  # how the result is saved, not how it trains: a checkpoint stays valid
     return checkpoints.fingerprint(settings, start_dir, *(pairs_paths[lang] for lang in sorted(pairs_paths)))
 
 

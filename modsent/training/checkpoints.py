@@ -29,6 +29,8 @@ META = "meta.json"
 # The trainers' settings that say how a run goes, not what it trains (modsent.config's
 # `x-role: runtime` among them): left out of fingerprints, so a checkpoint resumes whatever they are
 RUNTIME_SETTINGS = ("checkpoint_every", "log_every", "compile")
+# The settings that say how the result is saved, not how it trains: left out of fingerprints too
+OUTPUT_SETTINGS = ("storage_dtype",)
 
 
 def checkpoint_path(out_dir: str | Path) -> Path:
@@ -135,9 +137,10 @@ def resume(checkpoint_dir: Path, model, optimizer, fingerprint: str, scaler=None
 
 def fingerprint(settings: dict, *inputs) -> str:
     """What a checkpoint must match to be resumed: the settings (but how often to log and
-    checkpoint, and whether the encoder is compiled) and the content of the inputs: a file's bytes, a directory's files (names and
-    bytes, hidden files aside), a data frame's values, or None (an absent input)."""
-    relevant = {k: v for k, v in settings.items() if k not in RUNTIME_SETTINGS}
+    checkpoint, whether the encoder is compiled and the saved weights' dtype) and the content of
+    the inputs: a file's bytes, a directory's files (names and bytes, hidden files aside), a
+    data frame's values, or None (an absent input)."""
+    relevant = {k: v for k, v in settings.items() if k not in RUNTIME_SETTINGS + OUTPUT_SETTINGS}
     digest = hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode())
     for item in inputs:
         if item is None:

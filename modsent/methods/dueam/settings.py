@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from modsent.io import InputError
-from modsent.schema import PRECISIONS
+from modsent.schema import PRECISIONS, STORAGE_DTYPES
 
 DATA = ("weak", "unsup", "parallel", "weak+parallel")
 OBJECTIVES = ("joint", "LA", "LB")
@@ -66,6 +66,7 @@ class DuEAMConfig:
     seq_len: int = 128
     seed: int = 0
     precision: str = "auto"
+    storage_dtype: str = "float32"  # the saved weights (how the result is saved: not in the fingerprint)
     compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place); a runtime setting
     wmd_shards: int = 1
     wmd_batch_size: int = 64
@@ -100,6 +101,7 @@ class DuEAMConfig:
             "seq_len": self.seq_len < 3,
             "seed": self.seed < 0,
             "precision": self.precision not in PRECISIONS,
+            "storage_dtype": self.storage_dtype not in STORAGE_DTYPES,
             "wmd_shards": self.wmd_shards < 1,
         }
         bad = [key for key, wrong in problems.items() if wrong]

@@ -205,7 +205,7 @@ def epoch_batches(n: int, batch_size: int, seed: int) -> Callable[[int], list[li
 
 def training_fingerprint(name: str, cfg: DuEAMConfig, source: str, inputs: Mapping) -> str:
     """What a checkpoint must match to be resumed: the method, its settings (the log and
-    checkpoint cadence and the WMD batch size may change) and the inputs' content (a local
+    checkpoint cadence, the WMD batch size and the storage dtype may change) and the inputs' content (a local
     model directory's files, each pair file, the translation files it reads, the WMD files)."""
     settings = {"method": name, **{k: v for k, v in dataclasses.asdict(cfg).items() if k not in RUNTIME_FIELDS}}
     files = [inputs["pairs"][lang] for lang in sorted(inputs["pairs"])]
@@ -389,13 +389,13 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
     return TrainingResult(model, source, metrics, history)
 
 
-def write_output(result: TrainingResult, out_dir: str | Path) -> None:
+def write_output(result: TrainingResult, out_dir: str | Path, dtype: str = "float32") -> None:
     """``out_dir`` (atomically): a sentence-transformers directory (the trained transformer and
     mean pooling), ``metrics.json``, ``loss.tsv`` and ``loss.png``."""
     model = result.model
     with atomic_path(out_dir, directory=True) as tmp:
         tf.save_sentence_transformer(model.encoder, model.tokenizer, model.head, model.max_seq_length, tmp,
-                                     source=result.source)
+                                     source=result.source, dtype=dtype)
         (tmp / "metrics.json").write_text(json.dumps(result.metrics, indent=2) + "\n", encoding="utf-8")
         m = result.metrics
         write_loss_curve(result.history, tmp, title=f"{m['method']} (all weights)",
@@ -416,7 +416,7 @@ def train_dueam(name: str, inputs: Mapping, out_dir: str | Path, settings: Mappi
     if result is None:
         distributed.barrier()  # while the main process evaluates and writes the output
         return None
-    write_output(result, out_dir)
+    write_output(result, out_dir, cfg.storage_dtype)
     distributed.barrier()  # every process got here: only now is the checkpoint not needed by a rerun
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     m = result.metrics

@@ -26,8 +26,8 @@ Data (:mod:`modsent.methods.intemats.training`): the multi-parallel paraphrase f
 pair ids in every language) stand in for the paper's entity-aligned Wikipedia summaries; the
 pair ids held out (``eval_pairs``, the English pairs' smallest hashes, as the other recipes)
 leave every stage's training data. Output: a sentence-transformers directory whose first module
-is :class:`modsent.encoders.intemats.InteMATsTransformer` (the backbone unchanged, the adapters
-and fusion in ``serial_adapters.safetensors``), mean pooling over ``pooling_layers``.
+is :class:`modsent.encoders.intemats.InteMATsTransformer` (the backbone unchanged or rounded to
+``storage_dtype``, the adapters and fusion in ``serial_adapters.safetensors``), mean pooling over ``pooling_layers``.
 
 This module imports nothing heavy: the workflow imports it while planning.
 """
@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from modsent import layout
 from modsent.methods import Method, register
 from modsent.methods.intemats.settings import DT, FUSED, FUSION_PAIRS, SITES, ST
-from modsent.schema import ROLE_KEY, RUNTIME, compile_property, precision_property
+from modsent.schema import ROLE_KEY, RUNTIME, compile_property, precision_property, storage_dtype_property
 
 __all__ = ["DT", "FUSED", "FUSION_PAIRS", "SITES", "ST", "adapter_schema", "fusion_schema"]
 
@@ -87,6 +87,7 @@ def _training_schema(*, epochs: int, warmup_steps: int) -> dict[str, dict]:
                  "description": "initialisation, batches and dropout"},
         "precision": precision_property(),
         "compile": compile_property(),
+        "storage_dtype": storage_dtype_property(),
         "log_every": {**_COUNT, "default": 10, ROLE_KEY: RUNTIME, "description": "steps between logged losses"},
         "checkpoint_every": {**_COUNT, "default": 500, ROLE_KEY: RUNTIME,
                              "description": "optimizer steps between resumable checkpoints ({out}.checkpoint/: the "
@@ -152,6 +153,17 @@ def _fusion_inputs(base: str, settings: Mapping, languages: Sequence[str]) -> di
     return {"st": layout.method_output(base, ST), "dt": layout.method_output(base, DT)}
 
 
+def _same_storage(settings: Mapping[str, Mapping]) -> list[str]:
+    """InteMATs-ST and -DT saved in one dtype: the fusion attaches DT's adapters to ST's saved
+    backbone and checks that they were trained on that backbone by its fingerprint, which a
+    backbone rounded to another dtype does not match."""
+    st, dt = settings[ST].get("storage_dtype", "float32"), settings[DT].get("storage_dtype", "float32")
+    if st == dt:
+        return []
+    return [f"methods.{DT}.storage_dtype: {dt}, but methods.{ST}.storage_dtype is {st}: the fusion ({FUSED}) "
+            f"attaches {DT}'s adapters to {ST}'s saved backbone, so both must be saved in one dtype"]
+
+
 _ST_SCHEMA, _DT_SCHEMA = adapter_schema(documents=False), adapter_schema(documents=True)
 _FUSION_SCHEMA = fusion_schema()
 register(Method(ST, "InteMATs MATs-ST: serial adapters on the frozen backbone, InfoNCE on English-X sentence pairs",
@@ -160,4 +172,4 @@ register(Method(DT, "InteMATs MATs-DT: serial adapters on the frozen backbone, I
                     "pseudo-documents", _trainer(DT, _DT_SCHEMA), ("base", "pairs"), _DT_SCHEMA, family=FUSED))
 register(Method(FUSED, "InteMATs: MATs-ST and MATs-DT frozen, AdapterFusion trained with MNRL on paraphrase pairs",
                 _trainer(FUSED, _FUSION_SCHEMA), ("base", "pairs"), _FUSION_SCHEMA,
-                extra_inputs=_fusion_inputs, requires=(ST, DT), family=FUSED))
+                extra_inputs=_fusion_inputs, requires=(ST, DT), family=FUSED, check_required=_same_storage))

@@ -77,6 +77,7 @@ from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_
 from modsent.training.optim import adamw
 from modsent.training.pairs import no_duplicate_batches, steps_of_epochs
 from modsent.training.precision import PRECISIONS, autocast, default_device, grad_scaler
+from modsent.schema import STORAGE_DTYPES
 from modsent.training.seeding import dropout_seed, private_cpu_stream
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,7 @@ class InteMATsConfig:
     eval_pairs: int = 500
     seed: int = 0
     precision: str = "auto"
+    storage_dtype: str = "float32"  # the saved weights (how the result is saved: not in the fingerprint)
     compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place); a runtime setting
     log_every: int = 10
     checkpoint_every: int = 500
@@ -146,6 +148,7 @@ class InteMATsConfig:
             "eval_pairs": self.eval_pairs < 0,
             "seed": self.seed < 0,
             "precision": self.precision not in PRECISIONS,
+            "storage_dtype": self.storage_dtype not in STORAGE_DTYPES,
             "log_every": self.log_every < 1,
             "checkpoint_every": self.checkpoint_every < 1,
         }
@@ -411,7 +414,7 @@ class TrainingResult:
 
 def training_fingerprint(name: str, cfg: InteMATsConfig, langs: list[str], inputs: Sequence) -> str:
     """What a checkpoint must match to be resumed: the method, its languages, its settings (not
-    the log or checkpoint cadence) and the inputs' content (model directories, pair files)."""
+    the log or checkpoint cadence, nor the storage dtype) and the inputs' content (model directories, pair files)."""
     return checkpoints.fingerprint({"method": name, "languages": langs, **dataclasses.asdict(cfg)}, *inputs)
 
 
@@ -635,12 +638,12 @@ def _fusion_metrics(model, heldout: Heldout, before: dict, inputs: Mapping) -> d
     }
 
 
-def write_output(result: TrainingResult, out_dir: str | Path) -> None:
+def write_output(result: TrainingResult, out_dir: str | Path, dtype: str = "float32") -> None:
     """``out_dir`` (atomically): a sentence-transformers directory with the InteMATs module
     (:func:`modsent.encoders.intemats.save_system`), ``metrics.json``, ``loss.tsv``, ``loss.png``."""
     name = result.metrics["method"]
     with atomic_path(out_dir, directory=True) as tmp:
-        ie.save_system(result.model, tmp, source=result.source, metadata={"method": name})
+        ie.save_system(result.model, tmp, source=result.source, metadata={"method": name}, dtype=dtype)
         (tmp / "metrics.json").write_text(json.dumps(result.metrics, indent=2) + "\n", encoding="utf-8")
         write_loss_curve(result.history, tmp, title=f"{name} ({'fusion' if name == FUSED else 'serial adapters'})",
                          ylabel=result.metrics["loss"])
@@ -657,7 +660,7 @@ def train_intemats(name: str, inputs: Mapping, out_dir: str | Path, settings: Ma
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else checkpoints.checkpoint_path(out_dir)
     result = run_training(name, inputs, cfg, device=device, progress=progress, checkpoint_dir=checkpoint_dir,
                           on_step=on_step)
-    write_output(result, out_dir)
+    write_output(result, out_dir, cfg.storage_dtype)
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     m = result.metrics
     log.info("%s: loss %.3f → %.3f; held-out English→X translation retrieval %s → %s; %.1f rows/s", name,

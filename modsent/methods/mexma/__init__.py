@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from modsent import layout
 from modsent.languages import PIVOT_LANGUAGE
 from modsent.methods import Method, register
-from modsent.schema import ROLE_KEY, RUNTIME, compile_property, precision_property
+from modsent.schema import ROLE_KEY, RUNTIME, compile_property, precision_property, storage_dtype_property
 
 ALIGNMENTS = ("mse", "contrastive")
 _COUNT = {"type": "integer", "minimum": 1}
@@ -99,6 +99,7 @@ def settings_schema(*, alignment: str, align_weight: float, koleo_weight: float,
                  "description": "the head's initialisation, held-out sentences, batches, masking and dropout"},
         "precision": precision_property(),
         "compile": compile_property(),
+        "storage_dtype": storage_dtype_property(),
         "log_every": {**_COUNT, "default": 10, ROLE_KEY: RUNTIME, "description": "steps between logged losses"},
         "checkpoint_every": {**_COUNT, "default": 2000, ROLE_KEY: RUNTIME,
                              "description": "optimizer steps between resumable checkpoints ({out}.checkpoint/: the "

@@ -74,6 +74,7 @@ from modsent.tokenizing import encoder_attention_mask
 from modsent.training.loop import (TrainingLog, ahead, checkpoint_due, optimizer_step, pinned, set_learning_rate,
                                    to_device)
 from modsent.training.precision import PRECISIONS, autocast, default_device, grad_scaler
+from modsent.schema import STORAGE_DTYPES
 from modsent.training.seeding import dropout_seed, step_generator
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ class MEXMAConfig:
     seq_len: int = 200
     seed: int = 0
     precision: str = "auto"
+    storage_dtype: str = "float32"  # the saved weights (how the result is saved: not in the fingerprint)
     compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place); a runtime setting
     log_every: int = 10
     checkpoint_every: int = 2000
@@ -131,6 +133,7 @@ class MEXMAConfig:
             "temperature": not self.temperature > 0,
             "warmup_ratio": not 0 <= self.warmup_ratio < 1,
             "precision": self.precision not in PRECISIONS,
+            "storage_dtype": self.storage_dtype not in STORAGE_DTYPES,
         }
         for key, bad in problems.items():
             if bad:
@@ -496,13 +499,13 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
     return TrainingResult(encoder, source, metrics, history)
 
 
-def write_output(result: TrainingResult, out_dir: str | Path) -> None:
+def write_output(result: TrainingResult, out_dir: str | Path, dtype: str = "float32") -> None:
     """``out_dir`` (atomically): the sentence-transformers directory (encoder + CLS pooling),
     ``metrics.json``, ``loss.tsv`` and ``loss.png``."""
     encoder = result.encoder
     with atomic_path(out_dir, directory=True) as tmp:
         tf.save_sentence_transformer(encoder.encoder, encoder.tokenizer, encoder.head, encoder.max_seq_length, tmp,
-                                     source=result.source)
+                                     source=result.source, dtype=dtype)
         (tmp / "metrics.json").write_text(json.dumps(result.metrics, indent=2) + "\n", encoding="utf-8")
         write_loss_curve(result.history, tmp, title=f"{result.metrics['method']} (all weights)",
                          ylabel="align + unmasking + KoLeo (weighted)")
@@ -522,7 +525,7 @@ def train_mexma(name: str, inputs: Mapping, out_dir: str | Path, settings: Mappi
     if result is None:
         distributed.barrier()
         return None
-    write_output(result, out_dir)
+    write_output(result, out_dir, cfg.storage_dtype)
     distributed.barrier()  # every process got here: only now is the checkpoint not needed by a rerun
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     m = result.metrics

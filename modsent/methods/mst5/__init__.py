@@ -34,7 +34,7 @@ the training code.
 from __future__ import annotations
 
 from modsent.methods import Method, register
-from modsent.schema import ROLE_KEY, RUNTIME, compile_property, precision_property
+from modsent.schema import ROLE_KEY, RUNTIME, compile_property, precision_property, storage_dtype_property
 
 TARGETS = ("qv", "all-linear")
 DATASETS = ["mnli"]
@@ -57,7 +57,8 @@ def settings_schema(*, learning_rate: float, targets: str) -> dict[str, dict]:
                                     "model.safetensors"},
         "dtype": {"enum": ["float32", "bfloat16"], "default": "float32",
                   "description": "dtype of the frozen weights in training (LoRA is float32); bfloat16 halves their "
-                                 "memory. The saved model is float32: the LoRA merged at full precision"},
+                                 "memory. The LoRA is merged at full precision, and the model saved in storage_dtype (float32 by "
+                                 "default)"},
         "targets": {"enum": list(TARGETS), "default": targets,
                     "description": "LoRA on the attention query and value (T5: q, v; BERT-like: query, value) "
                                    "or on every linear layer of the encoder (T5: q, k, v, o, wi_0, wi_1, wo)"},
@@ -94,6 +95,7 @@ def settings_schema(*, learning_rate: float, targets: str) -> dict[str, dict]:
                  "description": "the triplets' languages, batches, LoRA initialisation and dropout"},
         "precision": precision_property(),
         "compile": compile_property(),
+        "storage_dtype": storage_dtype_property(),
         "log_every": {**_COUNT, "default": 10, ROLE_KEY: RUNTIME, "description": "steps between logged losses"},
         "checkpoint_every": {**_COUNT, "default": 500, ROLE_KEY: RUNTIME,
                              "description": "optimizer steps between resumable checkpoints ({out}.checkpoint/: "

@@ -71,6 +71,7 @@ from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_
 from modsent.training.pairs import no_duplicate_batches
 from modsent.training.precision import autocast, default_device, for_model as precision_for, grad_scaler
 from modsent.training.precision import resolve as resolve_precision
+from modsent.schema import STORAGE_DTYPES
 from modsent.training.seeding import dropout_seed, private_cpu_stream
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ class MST5Config:
     gradient_checkpointing: bool = False
     seed: int = 0
     precision: str = "auto"
+    storage_dtype: str = "float32"  # the saved weights (how the result is saved: not in the fingerprint)
     compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place); a runtime setting
     log_every: int = 10
     checkpoint_every: int = 500
@@ -123,6 +125,7 @@ class MST5Config:
         problems = {
             "targets": self.targets not in ("qv", "all-linear"),
             "dtype": self.dtype not in DTYPES,
+            "storage_dtype": self.storage_dtype not in STORAGE_DTYPES,
             "temperature": not self.temperature > 0,
             "seq_len": self.seq_len < 3,
             "lora_r": self.lora_r < 1,
@@ -295,7 +298,7 @@ class TrainingResult:
 def training_fingerprint(name: str, cfg: MST5Config, source: str, langs: list[str],
                          pairs_paths: Mapping[str, str | Path]) -> str:
     """What a checkpoint must match to be resumed: the method, its languages, its settings (the
-    log and checkpoint cadence may change) and the inputs' content (a local model directory's
+    log and checkpoint cadence and the storage dtype may change) and the inputs' content (a local model directory's
     files; a Hub model by its id and revision, which are settings; each pair file)."""
     settings = {"method": name, "languages": langs, **dataclasses.asdict(cfg)}
     model_dir = source if Path(source).is_dir() else None
@@ -414,11 +417,12 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
     return TrainingResult(model, source, metrics, history)
 
 
-def write_output(result: TrainingResult, out_dir: str | Path) -> None:
+def write_output(result: TrainingResult, out_dir: str | Path, dtype: str = "float32") -> None:
     """``out_dir`` (atomically): the LoRA merged into the encoder, saved as a
-    sentence-transformers directory, with ``metrics.json``, ``loss.tsv`` and ``loss.png``. The
-    merge and the saved weights are float32 whatever ``dtype`` the frozen weights trained in: a
-    LoRA update is often finer than a bfloat16 weight's resolution (8 bits of mantissa), so
+    sentence-transformers directory in ``dtype`` (the setting ``storage_dtype``), with
+    ``metrics.json``, ``loss.tsv`` and ``loss.png``. The merge is float32 whatever the frozen
+    weights trained in (the setting ``dtype``), and so are the saved weights unless
+    ``storage_dtype`` asks for half: a LoRA update is often finer than a bfloat16 weight's resolution (8 bits of mantissa), so
     merging into bfloat16 weights would round much of what was learnt away. The saved model
     computes what the trained one did: its frozen weights' values and the LoRA's product. The
     merge runs on the host (the job's memory, not what the GPU's allocator keeps after training:
@@ -427,7 +431,7 @@ def write_output(result: TrainingResult, out_dir: str | Path) -> None:
     model.encoder = model.encoder.to("cpu").float().merge_and_unload()  # a plain Hugging Face model again
     with atomic_path(out_dir, directory=True) as tmp:
         tf.save_sentence_transformer(model.encoder, model.tokenizer, model.head, model.max_seq_length, tmp,
-                                     source=result.source)
+                                     source=result.source, dtype=dtype)
         (tmp / "metrics.json").write_text(json.dumps(result.metrics, indent=2) + "\n", encoding="utf-8")
         write_loss_curve(result.history, tmp, title=f"{result.metrics['method']} (LoRA)", ylabel="triplet InfoNCE")
 
@@ -443,7 +447,7 @@ def train_mst5(name: str, inputs: Mapping, out_dir: str | Path, settings: Mappin
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else checkpoints.checkpoint_path(out_dir)
     result = run_training(name, inputs, cfg, english_only=english_only, device=device, progress=progress,
                           checkpoint_dir=checkpoint_dir, on_step=on_step)
-    write_output(result, out_dir)
+    write_output(result, out_dir, cfg.storage_dtype)
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     m = result.metrics
     log.info("%s: loss %.3f → %.3f; held-out retrieval accuracy (mean over %d languages) %s → %s; %.1f triplets/s",
