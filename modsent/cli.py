@@ -239,7 +239,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     recipe's model), as a plain sentence-transformers directory with a model card (modsent.cards)."""
     from pathlib import Path
 
-    from modsent import cards
+    from modsent import cards, layout, methods
     from modsent.encoders import systems as variants
     from modsent.encoders.base_models import hub_id
     from modsent.encoders.modular import ModularEncoder
@@ -248,7 +248,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     root = Path(args.model)
     if (root / "modules.json").is_file():
         raise InputError(f"{root} is a sentence-transformers directory already; export reads a results/{{base}} tree")
-    system = variants.variant(args.variant)
+    methods.load()  # modsent's own training methods are systems too
+    try:
+        system = variants.variant(args.variant)
+    except InputError:  # a system of a method outside modsent (the config's method_modules), trained here
+        if not (root / layout.method_relative(args.variant) / "modules.json").is_file():
+            raise
+        system = variants.MethodSystem(args.variant, "")
     out = Path(args.out)
     if out.exists() and not args.force:
         raise InputError(f"{out} exists; remove it or give --force")

@@ -32,10 +32,13 @@ RECIPES = {
                    "gpus": 2},  # a runtime key: one process without CUDA
     "MEXMA": {**_TINY, "provided_translations": True, "head_layers": 1, "head_heads": 2, "batch_size": 8,
               "grad_accum": 1, "seq_len": 32},
-    "InteMATs-ST": {**_TINY, "batch_size": 8, "gradient_accumulation": 1, "max_length": 32, "warmup_steps": 1},
+    # InteMATs stored in float16, as the demo stores its recipes (storage_dtype)
+    "InteMATs-ST": {**_TINY, "batch_size": 8, "gradient_accumulation": 1, "max_length": 32, "warmup_steps": 1,
+                    "storage_dtype": "float16"},
     "InteMATs-DT": {**_TINY, "batch_size": 4, "gradient_accumulation": 1, "max_length": 64, "warmup_steps": 1,
-                    "document_sentences": 3},
-    "InteMATs": {**_TINY, "batch_size": 8, "gradient_accumulation": 1, "max_length": 32, "warmup_steps": 1},
+                    "document_sentences": 3, "storage_dtype": "float16"},
+    "InteMATs": {**_TINY, "batch_size": 8, "gradient_accumulation": 1, "max_length": 32, "warmup_steps": 1,
+                 "storage_dtype": "float16"},
 }
 
 
@@ -672,10 +675,17 @@ def test_a_method_registered_once_trains_evaluates_and_is_a_summary_row(run):
     assert "Toy-cos" in (run / "results/tiny/summary.md").read_text()
 
 
-def test_every_recipe_trains_evaluates_and_is_a_summary_row(run):
+def test_every_recipe_trains_evaluates_and_is_a_summary_row(run, tmp_path):
     """One tiny system of each recipe ran through its own rules (DuEAM's WMD job, InteMATs'
     fusion after its ST and DT systems, MEXMA on the provided translations too), was scored by
-    the same suite and is a row of the same summary."""
+    the same suite and is a row of the same summary. ``modsent export`` (a process of its own,
+    as a user runs it) writes a recipe's system and a system of a method outside modsent."""
+    import sys
+
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file
+
     from modsent.encoders.systems import load_sentence_transformer
 
     table = pd.read_csv(run / "results/tiny/summary.csv", index_col=0)
@@ -688,6 +698,19 @@ def test_every_recipe_trains_evaluates_and_is_a_summary_row(run):
         assert (run / f"logs/tiny/methods/{name}.log").stat().st_size > 0
     assert list((run / "results/tiny/methods/DuEAM.wmd").glob("*/0-of-1.parquet"))
     assert json.loads((run / "results/tiny/methods/MEXMA/metrics.json").read_text())["config"]["provided_translations"]
+    # the fusion's export: the evaluated float16 weights, a card that loads them in float32
+    for name in ("InteMATs", "Toy-cos"):  # the toy method's module is not imported by that process
+        subprocess.run([sys.executable, "-m", "modsent.cli", "export", "--model", str(run / "results/tiny"),
+                        "--variant", name, "--out", str(tmp_path / name)], check=True, env=environment())
+    card = (tmp_path / "InteMATs/README.md").read_text()
+    assert 'model_kwargs={"dtype": torch.float32}, trust_remote_code=True)' in card
+    weights = load_file(str(tmp_path / "InteMATs/model.safetensors"))
+    assert {v.dtype for v in weights.values() if v.is_floating_point()} == {torch.float16}
+    texts = ["Hallo Welt", "Салам дүйнө"]
+    exported, evaluated = (load_sentence_transformer(d, device="cpu").encode(texts)
+                           for d in (tmp_path / "InteMATs", run / "results/tiny/methods/InteMATs"))
+    assert np.array_equal(exported, evaluated)
+    assert "modsent-Toy-cos" in (tmp_path / "Toy-cos/README.md").read_text()
 
 
 def test_every_system_has_mteb_result_files_that_mteb_reads(run):
