@@ -85,3 +85,24 @@ def traced_compile(monkeypatch):
         yield compiled, lambda: torch._dynamo.utils.counters["stats"]["unique_graphs"]
     finally:
         torch._dynamo.reset()
+
+
+def simulated_gpus(monkeypatch, bf16_units: list[bool]) -> None:
+    """GPUs 0, 1, ... of which ``bf16_units[i]`` says whether GPU i has bf16 units; torch's
+    ``is_bf16_supported`` answers for the current device, as it does on a node."""
+    import contextlib
+
+    import torch
+
+    current = [0]
+
+    @contextlib.contextmanager
+    def device(index):
+        before, current[0] = current[0], index
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16_units[current[0]])

@@ -10,26 +10,10 @@ import json
 import pytest
 import torch
 
+from conftest import simulated_gpus
 from modsent.schema import PRECISIONS, load_schema
 from modsent.training import checkpoints, precision
 from modsent.training.loop import TrainingLog, optimizer_step
-
-
-def simulated_gpus(monkeypatch, bf16_units: list[bool]) -> None:
-    """GPUs 0, 1, ... of which ``bf16_units[i]`` says whether GPU i has bf16 units; torch's
-    ``is_bf16_supported`` answers for the current device, as it does on a node."""
-    current = [0]
-
-    @contextlib.contextmanager
-    def device(index):
-        before, current[0] = current[0], index
-        try:
-            yield
-        finally:
-            current[0] = before
-
-    monkeypatch.setattr(torch.cuda, "device", device)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16_units[current[0]])
 
 
 def test_resolve_says_what_runs_on_each_device(monkeypatch):

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 import torch
 
+from conftest import simulated_gpus
 from modsent.data import translation as T
 from modsent.io import InputError
 from modsent import testing
@@ -492,7 +493,7 @@ def test_the_default_gpu_type_is_the_half_type_the_gpu_computes_natively(bf16_un
     import ctranslate2
 
     asked = []
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16_units)
+    simulated_gpus(monkeypatch, [bf16_units, bf16_units])  # torch asked about cuda:1 as about cuda:0
     half = torch.bfloat16 if bf16_units else torch.float16
     assert T._torch_dtype("auto", "cuda") == T._torch_dtype(None, "cuda:1") == half
     assert T._torch_dtype("auto", "cpu") == torch.float32
