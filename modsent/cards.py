@@ -244,7 +244,7 @@ def _system_usage(system_dir: Path) -> list[str]:
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     stored = config.get("dtype") or config.get("torch_dtype")
     modules = json.loads(modules_path.read_text(encoding="utf-8")) if modules_path.is_file() else []
-    custom = [m["type"] for m in modules if not str(m.get("type", "")).startswith("sentence_transformers.")]
+    custom = [str(m.get("type", "")) for m in modules if not str(m.get("type", "")).startswith("sentence_transformers.")]
     half = stored in ("float16", "bfloat16")
     options = (['model_kwargs={"dtype": torch.float32}'] if half else []) + (["trust_remote_code=True"] if custom else [])
     lines = ["## Usage", "", "```python"] + (["import torch"] if half else []) + [
@@ -252,12 +252,12 @@ def _system_usage(system_dir: Path) -> list[str]:
         f'model = SentenceTransformer("PATH_OR_HUB_ID"{"".join(", " + o for o in options)})',
         "embeddings = model.encode([...])", "```", ""]
     if half:
-        lines += [f"Its weights are stored in {stored} (half the disk of float32). modsent evaluated it computing "
-                  "in float32 from them, as `model_kwargs` asks above; without it sentence-transformers computes "
-                  f"in {stored}.", ""]
+        lines += [f"Its weights are stored in {stored} (half the disk of float32). modsent's evaluation loaded them "
+                  "in float32, as `model_kwargs` asks above (and autocast to bfloat16 on GPUs that have it); "
+                  f"without it sentence-transformers computes in {stored}.", ""]
     if custom:
-        lines += [f"Its first module is modsent's own class (`{custom[0]}`: adapters that cannot be folded into "
-                  "the weights), so loading needs the modsent package installed; `trust_remote_code=True` lets "
+        lines += [f"It has a module of modsent's own (`{custom[0]}`: InteMATs' adapters, which cannot be folded "
+                  "into the weights), so loading needs the modsent package installed; `trust_remote_code=True` lets "
                   "sentence-transformers import it (no code is read from the model's directory).", ""]
     return lines
 

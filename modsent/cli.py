@@ -251,8 +251,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     methods.load()  # modsent's own training methods are systems too
     try:
         system = variants.variant(args.variant)
-    except InputError:  # a system of a method outside modsent (the config's method_modules), trained here
-        if not (root / layout.method_relative(args.variant) / "modules.json").is_file():
+    except InputError:  # a system of a method outside modsent (the config's method_modules), trained here:
+        # a method's name (no path of any other directory), whose directory the workflow wrote
+        named = methods.NAME.fullmatch(args.variant) and not methods.RESERVED.fullmatch(args.variant)
+        if not named or not (root / layout.method_relative(args.variant) / "modules.json").is_file():
             raise
         system = variants.MethodSystem(args.variant, "")
     out = Path(args.out)

@@ -56,6 +56,19 @@ def test_device_names_are_checked():
             cli.check_device("cuda:7")
 
 
+def test_export_takes_a_method_s_name_not_a_path(tmp_path, capsys):
+    """--variant of a system outside the registry (a method of the config's method_modules) is
+    a method's name whose directory the workflow wrote under results/{base}/methods, never a
+    path to another directory."""
+    root = tmp_path / "results" / "tiny"
+    (root / "methods").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "modules.json").write_text("[]")
+    for name in ("../../../outside", "Not-trained"):
+        assert cli.main(["export", "--model", str(root), "--variant", name, "--out", str(tmp_path / "out")]) == 2
+        assert f"unknown variant {name!r}" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
 def test_outputs_of_a_base_include_its_seed_replicates(tmp_path):
     """`modsent outputs --lang ky --base tiny` lists results/tiny@seed{r} too (config seeds), and
     no other base whose name merely starts the same."""

@@ -153,7 +153,7 @@ def save_system(model, out_dir: str | Path, *, source: str | Path | None = None,
     backbone (frozen, ``model.safetensors``), tokenizer, ``modules.json`` (InteMATsTransformer,
     Pooling), the adapters (``serial_adapters.*``) and ``intemats_config.json``. ``dtype``: the
     backbone's saved weights (:func:`modsent.encoders.transformer.save_sentence_transformer`,
-    which casts it in place); the adapters, a few MB, stay float32."""
+    which casts it in place); the adapters and the fusion stay float32."""
     from modsent.encoders import transformer as tf
 
     inner: InteMATsBody = model.encoder
