@@ -244,9 +244,11 @@ def _system_usage(system_dir: Path) -> list[str]:
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     stored = config.get("dtype") or config.get("torch_dtype")
     modules = json.loads(modules_path.read_text(encoding="utf-8")) if modules_path.is_file() else []
-    custom = [str(m.get("type", "")) for m in modules if not str(m.get("type", "")).startswith("sentence_transformers.")]
+    types = [str(m.get("type", "")) for m in modules]
+    custom = [t for t in types if not t.startswith("sentence_transformers.")]
     half = stored in ("float16", "bfloat16")
-    options = (['model_kwargs={"dtype": torch.float32}'] if half else []) + (["trust_remote_code=True"] if custom else [])
+    options = (['model_kwargs={"dtype": torch.float32}'] if half else []) + \
+        (["trust_remote_code=True"] if custom else [])
     lines = ["## Usage", "", "```python"] + (["import torch"] if half else []) + [
         "from sentence_transformers import SentenceTransformer", "",
         f'model = SentenceTransformer("PATH_OR_HUB_ID"{"".join(", " + o for o in options)})',

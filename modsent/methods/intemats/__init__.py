@@ -27,7 +27,8 @@ pair ids in every language) stand in for the paper's entity-aligned Wikipedia su
 pair ids held out (``eval_pairs``, the English pairs' smallest hashes, as the other recipes)
 leave every stage's training data. Output: a sentence-transformers directory whose first module
 is :class:`modsent.encoders.intemats.InteMATsTransformer` (the backbone unchanged or rounded to
-``storage_dtype``, the adapters and fusion in ``serial_adapters.safetensors``), mean pooling over ``pooling_layers``.
+``storage_dtype``, the adapters and fusion in ``serial_adapters.safetensors``), mean pooling over
+``pooling_layers``.
 
 This module imports nothing heavy: the workflow imports it while planning.
 """
@@ -158,7 +159,7 @@ def _same_storage(settings: Mapping[str, Mapping]) -> list[str]:
     backbone and checks that they were trained on that backbone by its fingerprint (its
     embeddings rounded to bfloat16), which a backbone rounded through float16 otherwise fails:
     the one rule is simpler than the pairs that happen to agree."""
-    st, dt = settings[ST].get("storage_dtype", "float32"), settings[DT].get("storage_dtype", "float32")
+    st, dt = settings[ST]["storage_dtype"], settings[DT]["storage_dtype"]  # defaults filled in
     if st == dt:
         return []
     return [f"methods.{DT}.storage_dtype: {dt}, but methods.{ST}.storage_dtype is {st}: the fusion ({FUSED}) "

@@ -57,8 +57,8 @@ def settings_schema(*, learning_rate: float, targets: str) -> dict[str, dict]:
                                     "model.safetensors"},
         "dtype": {"enum": ["float32", "bfloat16"], "default": "float32",
                   "description": "dtype of the frozen weights in training (LoRA is float32); bfloat16 halves their "
-                                 "memory. The LoRA is merged at full precision, and the model saved in storage_dtype (float32 by "
-                                 "default)"},
+                                 "memory. The LoRA is merged at full precision, and the model saved in "
+                                 "storage_dtype (float32 by default)"},
         "targets": {"enum": list(TARGETS), "default": targets,
                     "description": "LoRA on the attention query and value (T5: q, v; BERT-like: query, value) "
                                    "or on every linear layer of the encoder (T5: q, k, v, o, wi_0, wi_1, wo)"},

@@ -422,8 +422,9 @@ def write_output(result: TrainingResult, out_dir: str | Path, dtype: str = "floa
     sentence-transformers directory in ``dtype`` (the setting ``storage_dtype``), with
     ``metrics.json``, ``loss.tsv`` and ``loss.png``. The merge is float32 whatever the frozen
     weights trained in (the setting ``dtype``), and so are the saved weights unless
-    ``storage_dtype`` asks for half: a LoRA update is often finer than a bfloat16 weight's resolution (8 bits of mantissa), so
-    merging into bfloat16 weights would round much of what was learnt away. The saved model
+    ``storage_dtype`` asks for half: a LoRA update is often finer than a bfloat16 weight's
+    resolution (8 bits of mantissa), so merging into bfloat16 weights would round much of what
+    was learnt away. The saved model
     computes what the trained one did: its frozen weights' values and the LoRA's product. The
     merge runs on the host (the job's memory, not what the GPU's allocator keeps after training:
     mt5-xxl's encoder is 22.6 GB in float32)."""
