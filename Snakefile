@@ -73,11 +73,16 @@ onstart:
     # every job's resources now, under SLURM checked against the nodes (rules/resources.smk),
     # the profile's values too: a request no node can meet stops the run here, before any job
     # is submitted, not when the scheduler reaches that job (it would cancel the jobs already
-    # running)
-    for job in jobs:
-        resources = job.resources
-        if not job.is_local:  # a local rule's job runs here, not through sbatch
-            check_request(job.rule.name, resources, job.threads)
+    # running); every rule's problem at once
+    problems = request_problems(jobs)
+    if problems:
+        raise WorkflowError("\n".join(problems))
+
+
+if PLAN_REQUESTS is not None:  # a dry run of `modsent plan`: no onstart; the same check at its exit
+    import atexit
+
+    atexit.register(write_planned_requests)
 
 
 rule all:

@@ -18,10 +18,13 @@ only.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -102,24 +105,113 @@ class Estimate:
     worst: tuple[float, int] | None = None
 
 
+# the environment variable through which a dry run learns that it plans a SLURM run (PlanRequests)
+PLAN_REQUESTS_ENV = "MODSENT_PLAN_REQUESTS"
+# the SLURM plugin's settings (profile key: the plugin's name for it) that the checks of a job's
+# request read (rules/resources.smk)
+SLURM_SETTINGS = {"slurm-qos": "qos", "slurm-partition-config": "partition_config"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRequests:
+    """What a dry run of ``modsent plan`` under a SLURM profile gets (``$MODSENT_PLAN_REQUESTS``,
+    JSON): the file to write its check of every job's request to, and the profile's SLURM
+    settings the check reads (``qos``, ``partition_config``), which a dry run does not have."""
+
+    path: Path
+    settings: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterCheck:
+    """The dry run's check of every job's request against the SLURM cluster, as the run makes it
+    before it submits anything: the nodes sinfo listed (None: sinfo did not answer), the jobs
+    checked and every rule's problem (rules/resources.smk: request_problems)."""
+
+    nodes: int | None
+    jobs: int
+    problems: tuple[str, ...]
+
+
+def plan_requests_setting() -> PlanRequests | None:
+    """This process's PlanRequests (a dry run of ``modsent plan`` under a SLURM profile), else None."""
+    value = os.environ.get(PLAN_REQUESTS_ENV)
+    if not value:
+        return None
+    data = json.loads(value)
+    return PlanRequests(Path(data["path"]), dict(data.get("settings") or {}))
+
+
+def profile_settings(profile: str) -> dict:
+    """The settings of the Snakemake profile ``profile`` (its config.yaml, found as Snakemake
+    finds it: a path, or a name in this directory or Snakemake's user and site config folders);
+    empty when none is found (Snakemake's dry run says so)."""
+    import yaml
+    from snakemake.cli import get_profile_dir
+
+    found = get_profile_dir(str(profile))
+    if found is None:
+        return {}
+    return yaml.safe_load(found[1].read_text(encoding="utf-8")) or {}
+
+
 def planned_jobs(configfile: str | Path, directory: str | Path, snakefile: Path = REPO / "Snakefile",
                  profile: str | None = None) -> list[tuple[str, dict, dict]]:
     """(rule, wildcards, resources) of every job Snakemake would run in ``directory`` for
+    ``configfile`` (dry_run's jobs)."""
+    return dry_run(configfile, directory, snakefile, profile)[0]
+
+
+def dry_run(configfile: str | Path, directory: str | Path, snakefile: Path = REPO / "Snakefile",
+            profile: str | None = None) -> tuple[list[tuple[str, dict, dict]], ClusterCheck | None]:
+    """(rule, wildcards, resources) of every job Snakemake would run in ``directory`` for
     ``configfile`` (under ``profile``, when given: its set-resources and default-resources
     apply); resources: the dry run's integer ones (runtime in minutes, gpu, mem_mb) of a first
-    attempt, without asking the cluster (so not capped by its partitions)."""
+    attempt. Under a SLURM profile (``executor: slurm``) the dry run asks sinfo for the nodes as
+    the run would: each rule's memory and time are fitted to them (capped by the partitions'
+    time limits), and every job's request is checked as the run checks it before it submits
+    anything (the ClusterCheck; None for another profile, or none)."""
     exe = Path(sys.executable).parent / "snakemake"
     cmd = [str(exe) if exe.exists() else "snakemake", "--snakefile", str(snakefile), "--configfile",
            str(Path(configfile).resolve()), "--directory", str(directory), "--dry-run"]
-    if profile:
-        cmd += ["--profile", str(profile)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise InputError(f"snakemake --dry-run of {configfile} in {directory} failed (a config with relative "
-                         f"local: paths needs --directory, the run's own directory):\n"
-                         f"{(proc.stderr or proc.stdout)[-3000:]}")
+    env = None
+    settings = profile_settings(profile) if profile else {}
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "requests.json"
+        if profile:
+            cmd += ["--profile", str(profile)]
+        if settings.get("executor") == "slurm":
+            slurm = {name: settings.get(key, settings.get(key.replace("-", "_")))
+                     for key, name in SLURM_SETTINGS.items()}
+            env = {**os.environ, PLAN_REQUESTS_ENV: json.dumps(
+                {"path": str(report), "settings": {key: value for key, value in slurm.items() if value is not None}})}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            error = _dry_run_error(proc.stdout, proc.stderr)
+            hint = ("\n(a config with relative local: paths needs --directory, the run's own directory)"
+                    if re.search(r"missing input|does not exist|no such file", error, flags=re.I) else "")
+            raise InputError(f"snakemake --dry-run of {configfile} in {directory} failed:\n{error}{hint}")
+        check = None
+        if report.is_file():
+            data = json.loads(report.read_text(encoding="utf-8"))
+            check = ClusterCheck(data["nodes"], data["jobs"], tuple(data["problems"]))
+    return _parse_dry_run(proc.stdout), check
+
+
+def _dry_run_error(stdout: str, stderr: str) -> str:
+    """What a failed dry run said: its error onwards (a dry run prints it on stdout, after the
+    jobs it had listed; a failed parse on stderr), at most 3,000 characters."""
+    for text in (stdout, stderr):
+        match = re.search(r"^\S*(Error|Exception)\b.*$", text, flags=re.M)
+        if match:
+            return text[match.start():][:3000]
+    return (stderr + stdout)[-3000:]
+
+
+def _parse_dry_run(stdout: str) -> list[tuple[str, dict, dict]]:
+    """The jobs of a dry run's output (planned_jobs)."""
     jobs, rule = [], None
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         match = re.match(r"^(?:local)?rule (\w+):$", line.strip())
         if match:
             rule = match.group(1)
@@ -254,7 +346,7 @@ def _estimate_job(config: dict, rule: str, wildcards: dict, item: Estimate, dire
 
 
 def format_plan(estimates: list[Estimate], rates: Rates, configfile: str, directory: str, scale: float,
-                profile: str | None = None) -> str:
+                profile: str | None = None, cluster: ClusterCheck | None = None) -> str:
     lines = [f"modsent plan: {configfile} in {directory}",
              f"rates: {rates.name} — {rates.source}; a LaBSE-sized body" + (f", times x{scale:g}" if scale != 1 else ""),
              "", f"{'rule':32} {'jobs':>5} {'GPU-hours':>10} {'disk GB':>8} {'job h':>7} {'asks h':>7}  how"]
@@ -283,7 +375,24 @@ def format_plan(estimates: list[Estimate], rates: Rates, configfile: str, direct
                          f"each), or set resources.{kind}.runtime (or the rule's runtime in the profile's "
                          f"set-resources) to at least {math.ceil(round(item.longest_hours * 60 * 1.2, 6))} "
                          f"minutes (the longest estimate and a fifth)")
+    lines += format_cluster_check(cluster, profile)
     return "\n".join(lines)
+
+
+def format_cluster_check(cluster: ClusterCheck | None, profile: str | None) -> list[str]:
+    """The plan's lines on the SLURM check of every job's request (dry_run)."""
+    if cluster is None:
+        return []
+    if cluster.nodes is None:
+        return [f"SLURM (the profile {profile}): sinfo did not answer here, so the jobs' requests were not "
+                f"checked against the nodes; the run checks them before it submits anything."]
+    if not cluster.problems:
+        return [f"SLURM (the profile {profile}): every job's request ({cluster.jobs} jobs) fits a node of the "
+                f"{cluster.nodes} sinfo lists, as sbatch will get it: the rules' memory and time fitted to the "
+                f"nodes (asks h: capped by the partitions' time limits), the profile's values as it sets them."]
+    return [f"error: SLURM (the profile {profile}): no node of the {cluster.nodes} sinfo lists can run these "
+            f"jobs as they ask; the run would stop before it submits anything:",
+            *(f"  - {problem}" for problem in cluster.problems)]
 
 
 def load_filled_config(configfile: str | Path) -> dict:

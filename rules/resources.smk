@@ -70,17 +70,35 @@ SIZES = ("cpus", "mem_mb", "runtime", "max_runtime")
 
 # the SLURM cluster's nodes (sinfo), asked once per run; see cluster_nodes()
 _CLUSTER_NODES = []
+# `modsent plan --profile P` of a SLURM profile dry-runs the workflow with this set (a file to
+# write): the dry run fits each job to sinfo's nodes as the run would, and writes there, as it
+# exits, what the run's check of every request would find (write_planned_requests;
+# modsent.planning). Its value holds the profile's SLURM settings the checks read (qos,
+# partition_config), which a dry run's workflow does not have.
+PLAN_REQUESTS = modsent_planning.plan_requests_setting()
 
 
 def cluster_nodes():
     """The nodes of the SLURM cluster this run submits its jobs to (modsent.cluster), or None
-    when it does not submit with sbatch (`--cores`, or inside a job) or sinfo cannot be asked."""
+    when it does not submit with sbatch (`--cores`, or inside a job) or sinfo cannot be asked.
+    A dry run asks sinfo too when it plans a SLURM run (PLAN_REQUESTS)."""
     if not _CLUSTER_NODES:
         plugin = getattr(globals().get("workflow"), "executor_plugin", None)
-        if plugin is None:  # not executing (yet): planning, a dry run
+        if plugin is None:  # not executing (yet)
             return None
-        _CLUSTER_NODES.append(modsent_cluster.query_nodes() if plugin.name == "slurm" else None)
+        slurm = plugin.name == "slurm" or (plugin.name == "dryrun" and PLAN_REQUESTS is not None)
+        _CLUSTER_NODES.append(modsent_cluster.query_nodes() if slurm else None)
     return _CLUSTER_NODES[0]
+
+
+def _executor_setting(name):
+    """The SLURM plugin's setting `name` (qos, partition_config) of this run, or of the run a
+    dry run plans (PLAN_REQUESTS)."""
+    settings = getattr(globals().get("workflow"), "executor_settings", None)
+    value = getattr(settings, name, None)
+    if value is None and PLAN_REQUESTS is not None:
+        value = PLAN_REQUESTS.settings.get(name)
+    return value
 
 
 def resource_class(kind):
@@ -178,8 +196,7 @@ def _automatic_partition():
     config: --slurm-partition-config, or $SNAKEMAKE_SLURM_PARTITIONS) rather than the default."""
     import os
 
-    settings = getattr(globals().get("workflow"), "executor_settings", None)
-    return bool(getattr(settings, "partition_config", None) or os.environ.get("SNAKEMAKE_SLURM_PARTITIONS"))
+    return bool(_executor_setting("partition_config") or os.environ.get("SNAKEMAKE_SLURM_PARTITIONS"))
 
 
 def _config_source(kind, setting, key, own=None):
@@ -350,7 +367,7 @@ def check_request(rulename, resources, threads):
         partition = str(partition or "")  # none: the default partition
     # a QOS may allow more time than the partition (its PartitionTimeLimit flag): sbatch judges
     # the runtime of a job with one (the qos resource, the plugin's --slurm-qos, or -q in slurm_extra)
-    qos = get("qos") or getattr(getattr(globals().get("workflow"), "executor_settings", None), "qos", None) \
+    qos = get("qos") or _executor_setting("qos") \
         or re.search(r"(^|\s)(-q\b|--qos\b)", str(get("slurm_extra") or ""))
     try:
         modsent_cluster.check_request(
@@ -360,6 +377,54 @@ def check_request(rulename, resources, threads):
             partition=partition, source=source)
     except modsent_cluster.ClusterFitError as err:
         raise WorkflowError(str(err)) from None
+
+
+def _through_sbatch(job):
+    """Whether the SLURM run submits `job` with sbatch (not a local rule's, which runs in the
+    Snakemake process). A dry run runs every job locally, so for the run it plans
+    (PLAN_REQUESTS) the rule decides, as Snakemake's Workflow.is_local does under SLURM."""
+    if PLAN_REQUESTS is None:
+        return not job.is_local
+    own = job.rule
+    return own.group is not None or not (own.norun or own.name in getattr(workflow, "_localrules", ())
+                                         or getattr(own, "is_template_engine", False))
+
+
+def request_problems(jobs):
+    """What check_request finds in `jobs` (Snakemake's jobs of this run; local ones run here,
+    not through sbatch), every rule's first problem, by the rules' names: empty when every
+    request fits a node (or the run does not submit to a SLURM cluster sinfo describes)."""
+    problems = {}
+    for job in jobs:
+        resources = job.resources  # every job's, local ones too: a fitting error stops the run now
+        if not _through_sbatch(job) or job.rule.name in problems:
+            continue
+        try:
+            check_request(job.rule.name, resources, job.threads)
+        except WorkflowError as err:
+            problems[job.rule.name] = str(err)
+    return [problems[name] for name in sorted(problems)]
+
+
+def write_planned_requests():
+    """At the exit of a dry run that plans a SLURM run (PLAN_REQUESTS): write to its file what
+    the run's check of every job's request (the Snakefile's onstart) would find, as JSON:
+    {"nodes": sinfo's nodes (null: sinfo did not answer), "jobs": the jobs checked, "problems":
+    request_problems' messages}. Nothing when the dry run stopped before its jobs were known,
+    or failed (its own error says why; modsent.planning reports it)."""
+    import json
+
+    dag = getattr(globals().get("workflow"), "dag", None)
+    if dag is None:
+        return
+    try:
+        jobs = [job for job in dag.needrun_jobs(exclude_finished=False) if _through_sbatch(job)]
+        nodes = cluster_nodes()
+        checked = {"nodes": None if nodes is None else len(nodes), "jobs": len(jobs),
+                   "problems": request_problems(jobs) if nodes is not None else []}
+    except Exception:  # a dry run that failed (a job's resources that no node fits): its error stands
+        return
+    PLAN_REQUESTS.path.write_text(json.dumps(checked), encoding="utf-8")
 
 
 def job_threads(kind, gpus=None, overrides=None):

@@ -1,5 +1,6 @@
 """modsent plan: Snakemake's own job counts, and GPU-hours computed from each job's settings."""
 
+import os
 import re
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from modsent import config as modsent_config
 from modsent import planning
 from modsent.cli import main
+from modsent.io import InputError
 
 from conftest import REPO, rule_blocks
 
@@ -124,3 +126,61 @@ def test_translation_is_priced_from_the_units_and_the_measured_rate_of_its_engin
     (item,) = planning.estimate(config, jobs, tmp_path, rates)
     assert item.gpu_hours is None and "no measured rate" in item.note
     assert planning.estimate(config, jobs, tmp_path, planning.RATES["h100"])[0].gpu_hours is None
+
+
+SINFO = """#!/bin/sh
+# sinfo -h -N --all -o "%N|%m|%c|%G|%l|%f|%P" of a one-node cluster: its GPU partition allows 12 h
+echo "node1|256000|32|gpu:2|infinite|bigmem|cpu*"
+echo "node1|256000|32|gpu:2|12:00:00|bigmem|gpu"
+"""
+
+
+def test_the_plan_of_a_slurm_profile_fits_and_checks_every_request_as_the_run_does(tmp_path, monkeypatch):
+    """Under a SLURM profile the plan's dry run asks sinfo (here a script) for the nodes as the
+    run does: each rule's time is fitted to its partition's limit, and every job's request is
+    checked as the run checks it before it submits anything (the Snakefile's onstart, which a
+    dry run skips): every rule's problem at once, exit status 1; a rule's own request that no
+    node fits stops the dry run itself, as it stops the run; without sinfo, a line says so."""
+    import yaml
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sinfo").write_text(SINFO)
+    (bin_dir / "sinfo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    configfile = REPO / "configs" / "test.yaml"
+    settings = yaml.safe_load((REPO / "slurm" / "config.yaml").read_text())
+
+    def profile(name, executor="slurm", **set_resources):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.yaml").write_text(yaml.safe_dump(
+            {**settings, "executor": executor, "set-resources": {**settings["set-resources"], **set_resources}}))
+        return str(folder)
+
+    jobs, cluster = planning.dry_run(configfile, tmp_path / "w1", profile=profile("good"))
+    runtime = {rule: resources["runtime"] for rule, _, resources in jobs}
+    # the GPU partition's 12 h, not the kind's 24 h; the CPU jobs' partition has no limit
+    assert (runtime["language_adapter"], runtime["tokenizer"]) == (720, 480)
+    assert cluster == planning.ClusterCheck(1, len(jobs) - 1, ())  # all: Snakemake's own job
+    text = "\n".join(planning.format_cluster_check(cluster, "good"))
+    assert f"every job's request ({len(jobs) - 1} jobs) fits a node of the 1 sinfo lists" in text
+
+    wrong = profile("wrong", tokenizer={"mem_mb": 300000}, corpus={"cpus_per_task": 64})
+    _, cluster = planning.dry_run(configfile, tmp_path / "w2", profile=wrong)
+    assert [problem.split(" (")[0] for problem in cluster.problems] == [
+        "jobs of rule corpus ask for 64 CPUs", "jobs of rule tokenizer ask for 300000 MB of memory"]
+    assert "the profile's set-resources: tokenizer: mem_mb" in cluster.problems[1]
+    assert main(["plan", "--configfile", str(configfile), "--profile", wrong]) == 1
+
+    with pytest.raises(InputError, match=r"sentence_adapter: slurm_partition 'gpu_a100', but sinfo lists no node in"):
+        planning.dry_run(configfile, tmp_path / "w3", profile=profile("partition", sentence_adapter={
+            "slurm_partition": "gpu_a100"}))
+
+    (bin_dir / "sinfo").write_text("#!/bin/sh\necho 'sinfo: error: Could not establish a configuration' >&2\n"
+                                   "exit 1\n")  # no controller answers
+    jobs, cluster = planning.dry_run(configfile, tmp_path / "w4", profile=wrong)
+    assert cluster == planning.ClusterCheck(None, len(jobs) - 1, ())
+    assert "sinfo did not answer here" in planning.format_cluster_check(cluster, "wrong")[0]
+    # another executor's profile: nothing asked, nothing checked
+    assert planning.dry_run(configfile, tmp_path / "w5", profile=profile("local", executor="local"))[1] is None

@@ -566,3 +566,31 @@ def test_a_request_no_node_can_meet_stops_the_run_naming_the_key(slurm_run):
              "jobs of rule tokenizer ask for 300000 MB of memory (the profile's set-resources: tokenizer: mem_mb), "
              "but no node", "has more than 256000 MB (sinfo %m); sbatch would reject them: ask for at most 256000",
              args=("--set-resources", "tokenizer:mem_mb=300000", "tokenizer:slurm_cluster=modsenttest"))
+
+
+
+@pytest.mark.workflow
+def test_the_plan_of_a_slurm_profile_checks_every_request_against_this_cluster(slurm_run):
+    """`modsent plan --profile slurm` (a dry run, which runs no onstart) checks every job's
+    request against this cluster's sinfo as the run does before it submits anything
+    (tests/test_planning.py checks the cases against a scripted sinfo)."""
+    root, _, _, env = slurm_run
+
+    def plan(profile):
+        return subprocess.run([sys.executable, "-m", "modsent.cli", "plan", "--configfile", "slurm-test.yaml",
+                               "--profile", profile], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+    proc = plan("slurm")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    total = next(line.split() for line in proc.stdout.splitlines() if line.startswith("total"))
+    assert (f"SLURM (the profile slurm): every job's request ({int(total[1]) - 1} jobs) fits a node of the 1 "
+            "sinfo lists") in proc.stdout  # every job but rule all's, which runs in Snakemake's process
+    profile = yaml.safe_load((root / "slurm" / "config.yaml").read_text())
+    profile["set-resources"]["tokenizer"] = {"mem_mb": 300000}  # the node has 256000 MB and 32 CPUs
+    profile["set-resources"]["corpus"] = {"cpus_per_task": 64}
+    (root / "slurm-wrong").mkdir()
+    (root / "slurm-wrong" / "config.yaml").write_text(yaml.safe_dump(profile))
+    proc = plan("slurm-wrong")
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
+    problems = [line for line in proc.stdout.splitlines() if line.startswith("  - ")]
+    assert [line.split(" ask for ")[0] for line in problems] == ["  - jobs of rule corpus", "  - jobs of rule tokenizer"]
