@@ -163,6 +163,28 @@ def check_device(device: str | None) -> str | None:
     return str(parsed)
 
 
+def results_system(root, name: str):
+    """System ``name`` of the results tree ``root`` (results/{base}): modsent's own (the registry,
+    with modsent's training methods loaded), or a system of a method outside modsent (the
+    config's method_modules) that the workflow trained there: a method's name, never a path of
+    another directory, whose directory holds a sentence-transformers model. An InputError
+    ("unknown variant") otherwise."""
+    from pathlib import Path
+
+    from modsent import layout, methods
+    from modsent.encoders import systems as variants
+    from modsent.io import InputError
+
+    methods.load()
+    try:
+        return variants.variant(name)
+    except InputError:
+        named = methods.NAME.fullmatch(name) and not methods.RESERVED.fullmatch(name)
+        if not named or not (Path(root) / layout.method_relative(name) / "modules.json").is_file():
+            raise
+        return variants.MethodSystem(name, "")
+
+
 def load_encoder(model: str, lang: str | None, base: str | None, variant: str, device: str | None = None):
     """An encoder for ``model``: a sentence-transformers directory (an export, one language's:
     another ``lang`` is an InputError; or a method's system, every language's), or a
@@ -171,12 +193,9 @@ def load_encoder(model: str, lang: str | None, base: str | None, variant: str, d
     sentence-encoding adapter); a monolithic system (Full_*, a method's) encodes any language."""
     from pathlib import Path
 
-    from modsent import methods
     from modsent.encoders import systems as variants
     from modsent.io import InputError
     from modsent.encoders.modular import EXPORT_INFO, export_info
-
-    methods.load()  # modsent's own training methods are systems too
 
     root = Path(model)
     if (root / "modules.json").is_file():
@@ -186,8 +205,9 @@ def load_encoder(model: str, lang: str | None, base: str | None, variant: str, d
             raise InputError(f"{root} is the export of {exported!r}: it does not encode {lang!r} "
                              f"(use --lang {exported}, or a results tree for other languages)")
         return variants.SentenceTransformerEncoder(root, device, language=exported)
-    if variants.variant(variant).kind == "full":  # a monolithic system (Full_*, a method's): any language
-        return variants.build_encoder(variant, root, root, [], device=device)
+    system = results_system(root, variant)
+    if system.kind == "full":  # a monolithic system (Full_*, a method's): any language
+        return variants.build_encoder(variant, root, root, [], device=device, system=system)
     base_dir = Path(base) if base else root.parent.parent / "resources" / "base_models" / root.name
     if not (base_dir / "config.json").is_file():
         raise InputError(f"{base_dir}: no base model there; give it with --base")
@@ -239,7 +259,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     recipe's model), as a plain sentence-transformers directory with a model card (modsent.cards)."""
     from pathlib import Path
 
-    from modsent import cards, layout, methods
+    from modsent import cards
     from modsent.encoders import systems as variants
     from modsent.encoders.base_models import hub_id
     from modsent.encoders.modular import ModularEncoder
@@ -248,15 +268,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     root = Path(args.model)
     if (root / "modules.json").is_file():
         raise InputError(f"{root} is a sentence-transformers directory already; export reads a results/{{base}} tree")
-    methods.load()  # modsent's own training methods are systems too
-    try:
-        system = variants.variant(args.variant)
-    except InputError:  # a system of a method outside modsent (the config's method_modules), trained here:
-        # a method's name (no path of any other directory), whose directory the workflow wrote
-        named = methods.NAME.fullmatch(args.variant) and not methods.RESERVED.fullmatch(args.variant)
-        if not named or not (root / layout.method_relative(args.variant) / "modules.json").is_file():
-            raise
-        system = variants.MethodSystem(args.variant, "")
+    system = results_system(root, args.variant)
     out = Path(args.out)
     if out.exists() and not args.force:
         raise InputError(f"{out} exists; remove it or give --force")
@@ -315,12 +327,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     rates = planning.RATES[args.rates]
     with tempfile.TemporaryDirectory() as scratch:
         directory = args.directory or scratch
-        jobs = planning.planned_jobs(args.configfile, directory, profile=args.profile)
+        jobs, cluster = planning.dry_run(args.configfile, directory, profile=args.profile)
         estimates = planning.estimate(config, jobs, directory, rates, args.scale)
         print(planning.format_plan(estimates, rates, args.configfile,
                                    args.directory or "a new directory (everything)", args.scale,
-                                   profile=args.profile))
-    return 0
+                                   profile=args.profile, cluster=cluster))
+    return 1 if cluster is not None and cluster.problems else 0
 
 
 def planning_rates() -> list[str]:
@@ -446,7 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiply every time (a body larger than LaBSE's 12 x 768, a slower GPU)")
     p.add_argument("--profile", help="the Snakemake profile the run will use (e.g. slurm): its set-resources "
-                   "and default-resources decide the time each job asks for")
+                   "and default-resources decide the time each job asks for; under a SLURM profile every "
+                   "job's request is checked against sinfo's nodes, as the run does before it submits "
+                   "anything (exit status 1 when one fits no node)")
     p.set_defaults(func=cmd_plan)
     p = sub.add_parser("outputs", help="a language's existing outputs (for snakemake --forcerun)")
     p.add_argument("--lang", action="append", required=True, help="language code (repeatable)")

@@ -711,6 +711,14 @@ def test_every_recipe_trains_evaluates_and_is_a_summary_row(run, tmp_path):
                            for d in (tmp_path / "InteMATs", run / "results/tiny/methods/InteMATs"))
     assert np.array_equal(exported, evaluated)
     assert "modsent-Toy-cos" in (tmp_path / "Toy-cos/README.md").read_text()
+    # `modsent encode` of the results tree finds that method's system by its name too
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    subprocess.run([sys.executable, "-m", "modsent.cli", "encode", "--model", str(run / "results/tiny"),
+                    "--variant", "Toy-cos", "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "toy.npy"),
+                    "--quiet"], check=True, env=environment())
+    toy = load_sentence_transformer(run / "results/tiny/methods/Toy-cos", device="cpu").encode(texts)
+    toy = toy / np.linalg.norm(toy, axis=1, keepdims=True)
+    assert np.allclose(np.load(tmp_path / "toy.npy"), toy, atol=1e-6)
 
 
 def test_every_system_has_mteb_result_files_that_mteb_reads(run):

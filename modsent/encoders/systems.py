@@ -421,15 +421,17 @@ def load_sentence_transformer(model_dir: str | Path, device: str | None = None):
 
 
 def build_encoder(name: str, results_dir: str | Path, base_model_dir: str | Path, languages: Sequence[str],
-                  *, merge_weights: Sequence[float] | None = None, device: str | None = None):
+                  *, merge_weights: Sequence[float] | None = None, device: str | None = None, system=None):
     """System ``name`` for ``languages``, from a results tree (``results/{base}``): an object with
     ``.encode(sentences, lang=..., batch_size=32) -> np.ndarray`` (L2-normalised float32). A
     ModularEncoder for ``base`` (no modules), the modular variants and the ablations; a
-    :class:`SentenceTransformerEncoder` for ``Full_*``. ``merge_weights``: Mod_c's (its first)."""
+    :class:`SentenceTransformerEncoder` for ``Full_*`` and a method's system. ``merge_weights``:
+    Mod_c's (its first). ``system``: the system itself, when the registry does not hold it (a
+    method outside modsent; modsent.cli.results_system)."""
     from modsent.encoders.modular import ModularEncoder
 
     results_dir = Path(results_dir)
-    system = variant(name, merge_weights)
+    system = system or variant(name, merge_weights)
     if system.kind == "full":
         path = _trained_directory(name, results_dir, system)
         return SentenceTransformerEncoder(path, device)
