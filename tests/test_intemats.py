@@ -352,6 +352,18 @@ def test_storage_dtype_float16_rounds_the_backbone_keeps_the_adapters_and_fuses(
     a, b = (load_sentence_transformer(d, device="cpu").encode(TEXTS, normalize_embeddings=True)
             for d in (trained[intemats.FUSED][0], tmp_path / intemats.FUSED))
     assert np.min(np.sum(a * b, axis=1)) > 0.999
+    # the fusion is stored in float16 too (3 x hidden² per layer), the adapters it fuses float32
+    saved, full = (load_file(str(d / sad.WEIGHTS_NAME)) for d in (tmp_path / intemats.FUSED,
+                                                                   trained[intemats.FUSED][0]))
+    fusion = {key for key in saved if key.startswith(sad.FUSION + ".")}
+    assert fusion and sorted(saved) == sorted(full)
+    assert {saved[key].dtype for key in fusion} == {torch.float16}
+    assert {value.dtype for key, value in saved.items() if key not in fusion} == {torch.float32}
+    # loaded into float32 parameters holding the stored values
+    fusion_state = load_sentence_transformer(tmp_path / intemats.FUSED, device="cpu")[0].stack.fusion.state_dict()
+    assert len(fusion_state) == len(fusion)
+    for key, value in fusion_state.items():
+        assert value.dtype == torch.float32 and torch.equal(value, saved[f"{sad.FUSION}.{key}"].float()), key
     # the model card's usage line loads it as the evaluation does: float32, modsent's module class
     from modsent import cards
 

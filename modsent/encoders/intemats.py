@@ -153,7 +153,8 @@ def save_system(model, out_dir: str | Path, *, source: str | Path | None = None,
     backbone (frozen, ``model.safetensors``), tokenizer, ``modules.json`` (InteMATsTransformer,
     Pooling), the adapters (``serial_adapters.*``) and ``intemats_config.json``. ``dtype``: the
     backbone's saved weights (:func:`modsent.encoders.transformer.save_sentence_transformer`,
-    which casts it in place); the adapters and the fusion stay float32."""
+    which casts it in place) and the fusion's; the adapters stay float32 (a few MB; the fusion
+    of an InteMATs system trains on the saved ST and DT adapters)."""
     from modsent.encoders import transformer as tf
 
     inner: InteMATsBody = model.encoder
@@ -163,5 +164,5 @@ def save_system(model, out_dir: str | Path, *, source: str | Path | None = None,
     modules = json.loads(modules_path.read_text(encoding="utf-8"))
     modules[0]["type"] = class_path()
     modules_path.write_text(json.dumps(modules, indent=2) + "\n", encoding="utf-8")
-    sad.write_serial_adapters(inner.stack, inner.body, out_dir, metadata)
+    sad.write_serial_adapters(inner.stack, inner.body, out_dir, metadata, fusion_dtype=dtype)
     write_pooling_config(out_dir, inner.pooling_layers, metadata)

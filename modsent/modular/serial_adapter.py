@@ -328,19 +328,22 @@ def new_fusion(model: nn.Module, adapters: Mapping[str, SerialAdapterSet]) -> Fu
     return FusionSet(_encoder(model).config.hidden_size, places)
 
 
-def _tensors(stack: SerialAdapterStack) -> dict[str, torch.Tensor]:
+def _tensors(stack: SerialAdapterStack, fusion_dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     state = {f"{name}.{key}": value for name, adapters in stack.adapters.items()
              for key, value in adapters.state_dict().items()}
     if stack.fusion is not None:
-        state.update({f"{FUSION}.{key}": value for key, value in stack.fusion.state_dict().items()})
+        state.update({f"{FUSION}.{key}": value.to(fusion_dtype) if value.is_floating_point() else value
+                      for key, value in stack.fusion.state_dict().items()})
     return {key: value.detach().to("cpu").contiguous() for key, value in state.items()}
 
 
 def write_serial_adapters(stack: SerialAdapterStack, model: nn.Module, directory: str | Path,
-                          metadata: dict | None = None) -> None:
+                          metadata: dict | None = None, fusion_dtype: str = "float32") -> None:
     """Write the stack's weights and config into the existing ``directory`` (not atomically:
     inside a directory being written atomically). ``model``: the encoder they sit on (its
-    identity is recorded)."""
+    identity is recorded). ``fusion_dtype``: the fusion's saved weights (float32, float16 or
+    bfloat16: 3 x hidden² per layer, as large as a third of the body's); the adapters stay
+    float32 (a few MB). :func:`load_serial_adapters` loads either into the model's float32."""
     from safetensors.torch import save_file
 
     record = {"format": FORMAT, "adapters": {name: a.config.to_dict() for name, a in stack.adapters.items()},
@@ -348,7 +351,7 @@ def write_serial_adapters(stack: SerialAdapterStack, model: nn.Module, directory
               "base_model": base_model_identity(model), "metadata": metadata or {}}
     text = json.dumps(record, indent=2, ensure_ascii=False) + "\n"
     directory = Path(directory)
-    save_file(_tensors(stack), str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
+    save_file(_tensors(stack, getattr(torch, fusion_dtype)), str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
     (directory / CONFIG_NAME).write_text(text, encoding="utf-8")
 
 
