@@ -460,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", help="the Snakemake profile the run will use (e.g. slurm): its set-resources "
                    "and default-resources decide the time each job asks for; under a SLURM profile every "
                    "job's request is checked against sinfo's nodes, as the run does before it submits "
-                   "anything (exit status 1 when one fits no node)")
+                   "anything (exit status 1 when a value of the profile fits no node, 2 when a request "
+                   "of the config's does)")
     p.set_defaults(func=cmd_plan)
     p = sub.add_parser("outputs", help="a language's existing outputs (for snakemake --forcerun)")
     p.add_argument("--lang", action="append", required=True, help="language code (repeatable)")

@@ -110,6 +110,9 @@ PLAN_REQUESTS_ENV = "MODSENT_PLAN_REQUESTS"
 # the SLURM plugin's settings (profile key: the plugin's name for it) that the checks of a job's
 # request read (rules/resources.smk)
 SLURM_SETTINGS = {"slurm-qos": "qos", "slurm-partition-config": "partition_config"}
+# the cores a SLURM plan's dry run is given: Snakemake caps a job's threads at them (at one in a
+# dry run without --cores), and a SLURM run caps them at nothing
+UNCAPPED_CORES = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +134,7 @@ class ClusterCheck:
     nodes: int | None
     jobs: int
     problems: tuple[str, ...]
+    error: str | None = None  # why the check could not run
 
 
 def plan_requests_setting() -> PlanRequests | None:
@@ -170,21 +174,27 @@ def dry_run(configfile: str | Path, directory: str | Path, snakefile: Path = REP
     attempt. Under a SLURM profile (``executor: slurm``) the dry run asks sinfo for the nodes as
     the run would: each rule's memory and time are fitted to them (capped by the partitions'
     time limits), and every job's request is checked as the run checks it before it submits
-    anything (the ClusterCheck; None for another profile, or none)."""
+    anything (the ClusterCheck; None for another profile, or none). ``profile`` defaults to
+    $SNAKEMAKE_PROFILE, as Snakemake's."""
     exe = Path(sys.executable).parent / "snakemake"
     cmd = [str(exe) if exe.exists() else "snakemake", "--snakefile", str(snakefile), "--configfile",
            str(Path(configfile).resolve()), "--directory", str(directory), "--dry-run"]
     env = None
+    profile = profile or os.environ.get("SNAKEMAKE_PROFILE") or None
     settings = profile_settings(profile) if profile else {}
+    slurm = settings.get("executor") == "slurm"
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "requests.json"
         if profile:
             cmd += ["--profile", str(profile)]
-        if settings.get("executor") == "slurm":
-            slurm = {name: settings.get(key, settings.get(key.replace("-", "_")))
-                     for key, name in SLURM_SETTINGS.items()}
+        if slurm:
             env = {**os.environ, PLAN_REQUESTS_ENV: json.dumps(
-                {"path": str(report), "settings": {key: value for key, value in slurm.items() if value is not None}})}
+                {"path": str(report), "settings": {name: settings[key] for key, name in SLURM_SETTINGS.items()
+                                                   if settings.get(key) is not None}})}
+            if "cores" not in settings and "c" not in settings:
+                # a dry run caps every job's threads at one core, a SLURM run at none (its jobs'
+                # CPUs are the threads): as many as any job asks for
+                cmd += ["--cores", str(UNCAPPED_CORES)]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             error = _dry_run_error(proc.stdout, proc.stderr)
@@ -194,7 +204,10 @@ def dry_run(configfile: str | Path, directory: str | Path, snakefile: Path = REP
         check = None
         if report.is_file():
             data = json.loads(report.read_text(encoding="utf-8"))
-            check = ClusterCheck(data["nodes"], data["jobs"], tuple(data["problems"]))
+            check = ClusterCheck(data.get("nodes"), data.get("jobs", 0), tuple(data.get("problems", ())),
+                                 data.get("error"))
+        elif slurm:
+            check = ClusterCheck(None, 0, (), "the dry run wrote no report (modsent's Snakefile writes one at its exit)")
     return _parse_dry_run(proc.stdout), check
 
 
@@ -202,7 +215,7 @@ def _dry_run_error(stdout: str, stderr: str) -> str:
     """What a failed dry run said: its error onwards (a dry run prints it on stdout, after the
     jobs it had listed; a failed parse on stderr), at most 3,000 characters."""
     for text in (stdout, stderr):
-        match = re.search(r"^\S*(Error|Exception)\b.*$", text, flags=re.M)
+        match = re.search(r"^(\S*(Error|Exception)\b|\S+: error:).*$", text, flags=re.M)
         if match:
             return text[match.start():][:3000]
     return (stderr + stdout)[-3000:]
@@ -374,7 +387,11 @@ def format_plan(estimates: list[Estimate], rates: Rates, configfile: str, direct
                          f"and resumes from its checkpoint on a retry (the profile's `retries`, 1.5x the time "
                          f"each), or set resources.{kind}.runtime (or the rule's runtime in the profile's "
                          f"set-resources) to at least {math.ceil(round(item.longest_hours * 60 * 1.2, 6))} "
-                         f"minutes (the longest estimate and a fifth)")
+                         f"minutes (the longest estimate and a fifth)"
+                         + ("; under SLURM the run caps a job's time, a retry's too, at the longest time limit "
+                            "of a partition that can run it (sinfo): beyond that, only a partition or a QOS "
+                            "that allows more (the rule's slurm_partition or qos in the profile's set-resources) "
+                            "gives it more" if cluster is not None and cluster.nodes is not None else ""))
     lines += format_cluster_check(cluster, profile)
     return "\n".join(lines)
 
@@ -383,9 +400,14 @@ def format_cluster_check(cluster: ClusterCheck | None, profile: str | None) -> l
     """The plan's lines on the SLURM check of every job's request (dry_run)."""
     if cluster is None:
         return []
+    if cluster.error is not None:
+        return [f"SLURM (the profile {profile}): the jobs' requests could not be checked ({cluster.error}); "
+                f"the run checks them before it submits anything."]
     if cluster.nodes is None:
         return [f"SLURM (the profile {profile}): sinfo did not answer here, so the jobs' requests were not "
                 f"checked against the nodes; the run checks them before it submits anything."]
+    if not cluster.jobs:
+        return [f"SLURM (the profile {profile}): no job to submit."]
     if not cluster.problems:
         return [f"SLURM (the profile {profile}): every job's request ({cluster.jobs} jobs) fits a node of the "
                 f"{cluster.nodes} sinfo lists, as sbatch will get it: the rules' memory and time fitted to the "

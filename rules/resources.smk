@@ -383,7 +383,7 @@ def _through_sbatch(job):
     """Whether the SLURM run submits `job` with sbatch (not a local rule's, which runs in the
     Snakemake process). A dry run runs every job locally, so for the run it plans
     (PLAN_REQUESTS) the rule decides, as Snakemake's Workflow.is_local does under SLURM."""
-    if PLAN_REQUESTS is None:
+    if PLAN_REQUESTS is None or not workflow.dryrun:
         return not job.is_local
     own = job.rule
     return own.group is not None or not (own.norun or own.name in getattr(workflow, "_localrules", ())
@@ -410,20 +410,20 @@ def write_planned_requests():
     """At the exit of a dry run that plans a SLURM run (PLAN_REQUESTS): write to its file what
     the run's check of every job's request (the Snakefile's onstart) would find, as JSON:
     {"nodes": sinfo's nodes (null: sinfo did not answer), "jobs": the jobs checked, "problems":
-    request_problems' messages}. Nothing when the dry run stopped before its jobs were known,
-    or failed (its own error says why; modsent.planning reports it)."""
+    request_problems' messages}, or {"error": why the check failed}. Nothing outside a dry run,
+    or when it stopped before its jobs were known (its own error says why)."""
     import json
 
-    dag = getattr(globals().get("workflow"), "dag", None)
-    if dag is None:
+    dag = getattr(workflow, "dag", None)
+    if dag is None or not workflow.dryrun:
         return
     try:
         jobs = [job for job in dag.needrun_jobs(exclude_finished=False) if _through_sbatch(job)]
         nodes = cluster_nodes()
         checked = {"nodes": None if nodes is None else len(nodes), "jobs": len(jobs),
                    "problems": request_problems(jobs) if nodes is not None else []}
-    except Exception:  # a dry run that failed (a job's resources that no node fits): its error stands
-        return
+    except Exception as err:  # a dry run that failed on a job's resources: its own error says so too
+        checked = {"error": f"{type(err).__name__}: {err}"[:2000]}
     PLAN_REQUESTS.path.write_text(json.dumps(checked), encoding="utf-8")
 
 

@@ -332,11 +332,12 @@ def test_a_killed_run_resumes_to_the_weights_of_an_unbroken_one(data, trained, t
     assert other["resumed_from_step"] == 0
 
 
-def test_storage_dtype_float16_rounds_the_backbone_keeps_the_adapters_and_fuses(data, trained, tmp_path):
+def test_storage_dtype_float16_rounds_the_backbone_and_the_fusion_keeps_the_adapters(data, trained, tmp_path):
     """storage_dtype: float16 stores the (frozen) backbone rounded, the adapters float32 as
     trained; modsent's loader computes in float32 from both; the same training as the fixture's
     float32 run. The fusion built from half-stored ST and DT (the demo's) trains on ST's stored
-    backbone with DT's adapters and encodes as the float32 systems' fusion up to that rounding."""
+    backbone with DT's adapters, is stored rounded too, and encodes as the float32 systems'
+    fusion up to that rounding."""
     from modsent.encoders.systems import load_sentence_transformer
 
     for name, settings in ((intemats.ST, SETTINGS), (intemats.DT, DT_SETTINGS)):

@@ -53,7 +53,11 @@ def test_the_plan_counts_snakemake_s_jobs_and_prices_each_training_job_from_its_
     assert "warning: 1 language_adapter job(s) need more time than their first attempt asks for (one: 30.0 h " \
            "at these rates, against 24 h)" in text
     assert "resources.gpu_train.runtime (or the rule's runtime in the profile's set-resources) to at least 2160 " \
-           "minutes" in text
+           "minutes" in text and "under SLURM" not in text
+    # under SLURM the run caps that time at the partitions' limits: the warning says what gives more
+    text = planning.format_plan([slow], rates, "c.yaml", "d", 1.0, profile="slurm",
+                                cluster=planning.ClusterCheck(1, 1, ()))
+    assert "beyond that, only a partition or a QOS that allows more" in text
     two = [(rule, w, {**r, "gpu": 2}) for rule, w, r in la_jobs[:1]]
     (fits,) = planning.estimate(config, two, tmp_path / "work", rates, scale=30 / hours)
     assert (fits.longest_hours, fits.over_runtime, one["gpu"]) == (pytest.approx(15), 0, 1)
@@ -166,12 +170,26 @@ def test_the_plan_of_a_slurm_profile_fits_and_checks_every_request_as_the_run_do
     text = "\n".join(planning.format_cluster_check(cluster, "good"))
     assert f"every job's request ({len(jobs) - 1} jobs) fits a node of the 1 sinfo lists" in text
 
-    wrong = profile("wrong", tokenizer={"mem_mb": 300000}, corpus={"cpus_per_task": 64})
-    _, cluster = planning.dry_run(configfile, tmp_path / "w2", profile=wrong)
+    # the profile's values that replace the rules' fitted ones: every rule's problem at once
+    # (a SLURM run does not cap threads at any --cores, a dry run at one: the plan's is given many)
+    wrong = profile("wrong", tokenizer={"mem_mb": 300000}, corpus={"cpus_per_task": 64},
+                    language_adapter={"slurm_partition": "gpu", "runtime": 1000})
+    (tmp_path / "wrong" / "config.yaml").write_text((tmp_path / "wrong" / "config.yaml").read_text()
+                                                    + "set-threads:\n  fasttext: 40\n")
+    monkeypatch.chdir(tmp_path)  # the profile by its name, as Snakemake finds it
+    _, cluster = planning.dry_run(configfile, tmp_path / "w2", profile="wrong")
     assert [problem.split(" (")[0] for problem in cluster.problems] == [
-        "jobs of rule corpus ask for 64 CPUs", "jobs of rule tokenizer ask for 300000 MB of memory"]
-    assert "the profile's set-resources: tokenizer: mem_mb" in cluster.problems[1]
-    assert main(["plan", "--configfile", str(configfile), "--profile", wrong]) == 1
+        "jobs of rule corpus ask for 64 CPUs", "jobs of rule fasttext ask for 40 CPUs",
+        "jobs of rule language_adapter ask for 1000 minutes", "jobs of rule tokenizer ask for 300000 MB of memory"]
+    assert "the profile's set-resources: tokenizer: mem_mb" in cluster.problems[-1]
+    assert main(["plan", "--configfile", str(configfile), "--profile", "wrong"]) == 1
+    # a QOS (the profile's slurm-qos) may allow more than the partition: that time is not judged
+    text = (tmp_path / "wrong" / "config.yaml").read_text()
+    (tmp_path / "wrong" / "config.yaml").write_text(text + "slurm-qos: long\n")
+    _, cluster = planning.dry_run(configfile, tmp_path / "w2", profile="wrong")
+    assert [problem.split(" ask")[0] for problem in cluster.problems] == [
+        "jobs of rule corpus", "jobs of rule fasttext", "jobs of rule tokenizer"]
+    (tmp_path / "wrong" / "config.yaml").write_text(text)
 
     with pytest.raises(InputError, match=r"sentence_adapter: slurm_partition 'gpu_a100', but sinfo lists no node in"):
         planning.dry_run(configfile, tmp_path / "w3", profile=profile("partition", sentence_adapter={

@@ -568,7 +568,6 @@ def test_a_request_no_node_can_meet_stops_the_run_naming_the_key(slurm_run):
              args=("--set-resources", "tokenizer:mem_mb=300000", "tokenizer:slurm_cluster=modsenttest"))
 
 
-
 @pytest.mark.workflow
 def test_the_plan_of_a_slurm_profile_checks_every_request_against_this_cluster(slurm_run):
     """`modsent plan --profile slurm` (a dry run, which runs no onstart) checks every job's
