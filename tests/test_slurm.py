@@ -593,3 +593,28 @@ def test_the_plan_of_a_slurm_profile_checks_every_request_against_this_cluster(s
     assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
     problems = [line for line in proc.stdout.splitlines() if line.startswith("  - ")]
     assert [line.split(" ask for ")[0] for line in problems] == ["  - jobs of rule corpus", "  - jobs of rule tokenizer"]
+
+
+@pytest.mark.workflow
+def test_the_jobs_of_a_rule_go_as_one_array_job(slurm_run):
+    """slurm-array-jobs (the plugin's job arrays, a line of the profile): both languages'
+    tokenizer jobs, rerun, go to sbatch once, as an array of two tasks; each task writes its
+    output and log and releases its lease, as a job of its own does."""
+    root, _, state, env = slurm_run
+    targets = [f"results/{BASE}/tokenizers/{lang}" for lang in ("en", "ky")]
+    started = time.time()
+    proc = _snakemake_slurm(root, env, *targets, "--configfile", "slurm-test.yaml", "--forcerun", "tokenizer",
+                            "--slurm-array-jobs", "tokenizer")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert not _submissions(output)  # no job of its own
+    arrays = re.findall(r"Submitted array job with Snakemake IDs \S+ and SLURM job ID (\d+)\. The individual task "
+                        r"IDs are 1-2\.", output)
+    assert len(arrays) == 1, output[-3000:]
+    tasks = {r["ArrayTaskId"]: r["JobState"] for r in _job_records(state).values() if r.get("ArrayJobId") == arrays[0]}
+    assert tasks == {"1": "COMPLETED", "2": "COMPLETED"}  # slurmctld's record of each task
+    for target in targets:
+        assert (root / target / "tokenizer.json").stat().st_mtime > started
+        log = root / f"logs/{BASE}/tokenizers/{Path(target).name}.log"
+        assert log.stat().st_mtime > started and log.stat().st_size > 0
+    assert not list((root / ".modsent" / "leases").glob("*.json"))
