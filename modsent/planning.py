@@ -147,16 +147,19 @@ def plan_requests_setting() -> PlanRequests | None:
 
 
 def profile_settings(profile: str) -> dict:
-    """The settings of the Snakemake profile ``profile`` (its config.yaml, found as Snakemake
-    finds it: a path, or a name in this directory or Snakemake's user and site config folders);
-    empty when none is found (Snakemake's dry run says so)."""
-    import yaml
+    """The settings of the Snakemake profile ``profile`` (its config.yaml, found and read as
+    Snakemake finds and reads it: a path, or a name in this directory or Snakemake's user and
+    site config folders; YAML, with yte's templating where the file asks for it); empty when
+    none is found or it is no mapping (Snakemake's dry run says so)."""
+    import yte
     from snakemake.cli import get_profile_dir
 
     found = get_profile_dir(str(profile))
     if found is None:
         return {}
-    return yaml.safe_load(found[1].read_text(encoding="utf-8")) or {}
+    with open(found[1], encoding="utf-8") as stream:
+        settings = yte.process_yaml(stream, require_use_yte=True)
+    return settings if isinstance(settings, dict) else {}
 
 
 def planned_jobs(configfile: str | Path, directory: str | Path, snakefile: Path = REPO / "Snakefile",

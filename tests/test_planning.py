@@ -202,3 +202,8 @@ def test_the_plan_of_a_slurm_profile_fits_and_checks_every_request_as_the_run_do
     assert "sinfo did not answer here" in planning.format_cluster_check(cluster, "wrong")[0]
     # another executor's profile: nothing asked, nothing checked
     assert planning.dry_run(configfile, tmp_path / "w5", profile=profile("local", executor="local"))[1] is None
+    # a profile that is a yte template is read as Snakemake reads it
+    (tmp_path / "templated").mkdir()
+    (tmp_path / "templated" / "config.yaml").write_text(
+        '__use_yte__: true\nexecutor: ?"slur" + "m"\nslurm-qos: ?"lo" + "ng"\n')
+    assert planning.profile_settings(str(tmp_path / "templated")) == {"executor": "slurm", "slurm-qos": "long"}
