@@ -109,7 +109,7 @@ class Estimate:
 PLAN_REQUESTS_ENV = "MODSENT_PLAN_REQUESTS"
 # the SLURM plugin's settings (profile key: the plugin's name for it) that the checks of a job's
 # request read (rules/resources.smk)
-SLURM_SETTINGS = {"slurm-qos": "qos", "slurm-partition-config": "partition_config"}
+SLURM_SETTINGS = {"slurm-qos": "qos", "slurm-partition-config": "partition_config", "slurm-array-jobs": "array_jobs"}
 # the cores a SLURM plan's dry run is given: Snakemake caps a job's threads at them (at one in a
 # dry run without --cores), and a SLURM run caps them at nothing
 UNCAPPED_CORES = 1_000_000
@@ -119,7 +119,7 @@ UNCAPPED_CORES = 1_000_000
 class PlanRequests:
     """What a dry run of ``modsent plan`` under a SLURM profile gets (``$MODSENT_PLAN_REQUESTS``,
     JSON): the file to write its check of every job's request to, and the profile's SLURM
-    settings the check reads (``qos``, ``partition_config``), which a dry run does not have."""
+    settings the check reads (``qos``, ``partition_config``, ``array_jobs``), which a dry run does not have."""
 
     path: Path
     settings: dict
@@ -406,18 +406,23 @@ def format_cluster_check(cluster: ClusterCheck | None, profile: str | None) -> l
     if cluster.error is not None:
         return [f"SLURM (the profile {profile}): the jobs' requests could not be checked ({cluster.error}); "
                 f"the run checks them before it submits anything."]
+    unchecked = (f"SLURM (the profile {profile}): sinfo did not answer here, so the jobs' requests were not "
+                 f"checked against the nodes; the run checks them before it submits anything.")
+    lines = []
+    if cluster.problems:
+        lines = [f"error: SLURM (the profile {profile}): these jobs cannot be submitted as they ask"
+                 f"{f' to the {cluster.nodes} nodes sinfo lists' if cluster.nodes is not None else ''}; "
+                 f"the run would stop before it submits anything:",
+                 *(f"  - {problem}" for problem in cluster.problems)]
     if cluster.nodes is None:
-        return [f"SLURM (the profile {profile}): sinfo did not answer here, so the jobs' requests were not "
-                f"checked against the nodes; the run checks them before it submits anything."]
+        return [*lines, unchecked]
+    if lines:
+        return lines
     if not cluster.jobs:
         return [f"SLURM (the profile {profile}): no job to submit."]
-    if not cluster.problems:
-        return [f"SLURM (the profile {profile}): every job's request ({cluster.jobs} jobs) fits a node of the "
-                f"{cluster.nodes} sinfo lists, as sbatch will get it: the rules' memory and time fitted to the "
-                f"nodes (asks h: capped by the partitions' time limits), the profile's values as it sets them."]
-    return [f"error: SLURM (the profile {profile}): no node of the {cluster.nodes} sinfo lists can run these "
-            f"jobs as they ask; the run would stop before it submits anything:",
-            *(f"  - {problem}" for problem in cluster.problems)]
+    return [f"SLURM (the profile {profile}): every job's request ({cluster.jobs} jobs) fits a node of the "
+            f"{cluster.nodes} sinfo lists, as sbatch will get it: the rules' memory and time fitted to the "
+            f"nodes (asks h: capped by the partitions' time limits), the profile's values as it sets them."]
 
 
 def load_filled_config(configfile: str | Path) -> dict:

@@ -92,7 +92,7 @@ def cluster_nodes():
 
 
 def _executor_setting(name):
-    """The SLURM plugin's setting `name` (qos, partition_config) of this run, or of the run a
+    """The SLURM plugin's setting `name` (qos, partition_config, array_jobs) of this run, or of the run a
     dry run plans (PLAN_REQUESTS)."""
     settings = getattr(globals().get("workflow"), "executor_settings", None)
     value = getattr(settings, name, None)
@@ -298,7 +298,7 @@ def _from_default(rulename, key, default):
     return getattr(ours[key], "raw", None) == getattr(default[key], "raw", object())
 
 
-def check_request(rulename, resources, threads):
+def check_request(rulename, resources, threads, attempt=1):
     """Stop the run when no node can take a job's request as sbatch will get it (`resources`,
     the job's final values, and `threads`; modsent.cluster.check_request): the rule's own
     memory and time are fitted to the nodes by job_resources, but a value the profile sets
@@ -307,7 +307,8 @@ def check_request(rulename, resources, threads):
     the partition's time limit waits in the queue forever. A CPU job with a GPU model (from
     default-resources, say) is refused too: the plugin would give it a GPU. Under SLURM only
     (cluster_nodes); not a job for another cluster, nor the runtime of one with a QOS (which
-    may allow more than the partition), nor a value Snakemake has not computed yet."""
+    may allow more than the partition), nor a value Snakemake has not computed yet. `attempt`:
+    the attempt `resources` are of (a retry's, _later_attempts), named in the message."""
     nodes = cluster_nodes()
     if nodes is None:
         return
@@ -371,7 +372,8 @@ def check_request(rulename, resources, threads):
         or re.search(r"(^|\s)(-q\b|--qos\b)", str(get("slurm_extra") or ""))
     try:
         modsent_cluster.check_request(
-            nodes, f"jobs of rule {rulename}", mem_mb=mem_mb,
+            nodes, f"jobs of rule {rulename}" + (f" on their attempt {attempt} (the profile's retries)"
+                                                  if attempt > 1 else ""), mem_mb=mem_mb,
             runtime=None if qos else number["runtime"] or None,
             cpus=cpus, gpus=gpus, constraint=get("constraint") or None, gpu_model=model,
             partition=partition, source=source)
@@ -390,19 +392,100 @@ def _through_sbatch(job):
                                          or getattr(own, "is_template_engine", False))
 
 
+def _later_attempts(job):
+    """The retries of `job` whose requests check_request judges too: attempts 2 up to the
+    profile's retries + 1, for a rule that the profile gives a value computed from `attempt`
+    (`mem_mb: 20000 * attempt`); none for the others, whose own values are fitted to the nodes
+    at every attempt (job_resources)."""
+    if not job.restart_times:
+        return ()
+    raws = [getattr(value, "raw", None) for value in job.rule.resources.values()]
+    if not any(isinstance(raw, str) and re.search(r"\battempt\b", raw) for raw in raws):
+        return ()
+    return range(2, job.restart_times + 2)
+
+
+# keys of a job's resources that are no request of their own: Snakemake's internal ones, and
+# those derived from mem_mb and disk_mb
+_DERIVED_KEYS = ("tmpdir", "mem", "mem_mib", "disk", "disk_mib")
+
+
+def _array_rules():
+    """The rules the SLURM plugin submits as job arrays (its array_jobs setting, read as it
+    reads it: names separated by commas or semicolons; "all": every rule), or an empty set."""
+    value = _executor_setting("array_jobs")
+    if not value:
+        return set()
+    return {name.strip() for name in str(value).replace(";", ",").split(",") if name.strip()}
+
+
+def _sbatch_request(job):
+    """The values of `job`'s request that its sbatch call is made of: its resources (not those
+    derived from others, nor Snakemake's internal ones) and threads, as strings; a value not
+    known until the job's inputs exist (<TBD>) as None."""
+    request = {"threads": str(job.threads)}
+    for key, value in job.resources.items():
+        if key.startswith("_") or key in _DERIVED_KEYS:
+            continue
+        request[key] = None if type(value).__name__ == "TBDString" else str(value)
+    return request
+
+
+def _array_problem(rulename, jobs):
+    """Why the jobs `jobs` of rule `rulename`, which the profile's slurm-array-jobs submits as
+    arrays, cannot go as one: the plugin makes an array's sbatch call from its first job and
+    gives every task that request, so jobs that ask differently (a language's GPUs, a method's
+    own memory) would run with another job's. None when they ask alike."""
+    first = _sbatch_request(jobs[0])
+    differ = {}
+    for job in jobs[1:]:
+        request = _sbatch_request(job)
+        for key in sorted(set(first) | set(request)):
+            if key not in differ and first.get(key) != request.get(key) \
+                    and None not in (first.get(key, ""), request.get(key, "")):
+                differ[key] = job
+    if not differ:
+        return None
+
+    def named(job):
+        return ", ".join(f"{key}={value}" for key, value in job.wildcards_dict.items()) or "no wildcards"
+
+    shown = "; ".join(f"{key} {first.get(key, 'unset')} for {named(jobs[0])}, {_sbatch_request(job).get(key, 'unset')} "
+                      f"for {named(job)}" for key, job in list(differ.items())[:3])
+    return (f"jobs of rule {rulename} ask differently ({shown}), but the profile's slurm-array-jobs submits them "
+            f"as job arrays, whose tasks all get the first job's request: leave {rulename} out of "
+            f"slurm-array-jobs (its jobs then go one by one), or make its jobs ask alike")
+
+
 def request_problems(jobs):
     """What check_request finds in `jobs` (Snakemake's jobs of this run; local ones run here,
-    not through sbatch), every rule's first problem, by the rules' names: empty when every
-    request fits a node (or the run does not submit to a SLURM cluster sinfo describes)."""
-    problems = {}
+    not through sbatch), at their first attempt and at the retries whose request the profile
+    computes from the attempt, and the rules of the profile's slurm-array-jobs whose jobs ask
+    differently: every rule's first problem, by the rules' names. Empty when every request fits
+    a node (or the run does not submit to a SLURM cluster sinfo describes) and every array asks
+    alike."""
+    problems, arrays = {}, _array_rules()
+    in_array = {}  # rule: its jobs, for the rules submitted as job arrays
     for job in jobs:
         resources = job.resources  # every job's, local ones too: a fitting error stops the run now
-        if not _through_sbatch(job) or job.rule.name in problems:
+        name = job.rule.name
+        if not _through_sbatch(job) or name in problems:
             continue
         try:
-            check_request(job.rule.name, resources, job.threads)
+            check_request(name, resources, job.threads)
+            for attempt in _later_attempts(job):
+                check_request(name, job.rule.expand_resources(job.wildcards_dict, job.input, attempt,
+                                                              skip_evaluation={"tmpdir"}),
+                              job.threads, attempt=attempt)
         except WorkflowError as err:
-            problems[job.rule.name] = str(err)
+            problems[name] = str(err)
+            continue
+        if "all" in arrays or name in arrays:
+            in_array.setdefault(name, []).append(job)
+    for name, members in in_array.items():
+        problem = _array_problem(name, members) if name not in problems and len(members) > 1 else None
+        if problem:
+            problems[name] = problem
     return [problems[name] for name in sorted(problems)]
 
 
@@ -419,9 +502,9 @@ def write_planned_requests():
         return
     try:
         jobs = [job for job in dag.needrun_jobs(exclude_finished=False) if _through_sbatch(job)]
-        nodes = cluster_nodes()
+        nodes = cluster_nodes()  # None: only the arrays' requests are checked
         checked = {"nodes": None if nodes is None else len(nodes), "jobs": len(jobs),
-                   "problems": request_problems(jobs) if nodes is not None else []}
+                   "problems": request_problems(jobs)}
     except Exception as err:  # a dry run that failed on a job's resources: its own error says so too
         checked = {"error": f"{type(err).__name__}: {err}"[:2000]}
     PLAN_REQUESTS.path.write_text(json.dumps(checked), encoding="utf-8")

@@ -207,3 +207,47 @@ def test_the_plan_of_a_slurm_profile_fits_and_checks_every_request_as_the_run_do
     (tmp_path / "templated" / "config.yaml").write_text(
         '__use_yte__: true\nexecutor: ?"slur" + "m"\nslurm-qos: ?"lo" + "ng"\n')
     assert planning.profile_settings(str(tmp_path / "templated")) == {"executor": "slurm", "slurm-qos": "long"}
+
+
+def test_the_plan_checks_the_retries_the_profile_sizes_by_attempt_and_the_rules_it_submits_as_arrays(
+        tmp_path, monkeypatch):
+    """A profile value computed from the attempt (`mem_mb: 100000 * attempt`) is checked at
+    every retry the profile allows, not at the first attempt alone; a rule listed in
+    slurm-array-jobs whose jobs ask differently is named (an array's tasks all get its first
+    job's request), one whose jobs ask alike is not. The run's onstart checks the same."""
+    import yaml
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sinfo").write_text(SINFO)
+    (bin_dir / "sinfo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    configfile = REPO / "configs" / "test.yaml"
+    settings = yaml.safe_load((REPO / "slurm" / "config.yaml").read_text())
+    assert settings["retries"] == 2
+    folder = tmp_path / "retried"
+    folder.mkdir()
+    set_resources = {**settings["set-resources"],
+                     "tokenizer": {"mem_mb": "100000 * attempt"},  # the third attempt: 300000 MB
+                     "fasttext": {"mem_mb": "50000 * attempt"},  # 150000 at most: fits
+                     "corpus": {"mem_mb": "4000 if wildcards.lang == 'de' else 8000"}}
+    (folder / "config.yaml").write_text(yaml.safe_dump(
+        {**settings, "set-resources": set_resources,
+         "slurm-array-jobs": "corpus; fasttext, evaluation_scores"}))
+    jobs, cluster = planning.dry_run(configfile, tmp_path / "w", profile=str(folder))
+    assert sum(rule == "corpus" for rule, _, _ in jobs) > 1 and sum(rule == "fasttext" for rule, _, _ in jobs) > 1
+    assert cluster.nodes == 1 and len(cluster.problems) == 2, cluster
+    corpus, tokenizer = cluster.problems
+    assert re.match(r"jobs of rule corpus ask differently \(mem_mb (4000 for lang=de, 8000 for lang=\w+|"
+                    r"8000 for lang=\w+, 4000 for lang=de)\)", corpus), corpus
+    assert "slurm-array-jobs" in corpus
+    assert tokenizer.startswith("jobs of rule tokenizer on their attempt 3 (the profile's retries) ask for "
+                                "300000 MB of memory (the profile's set-resources: tokenizer: mem_mb)")
+    lines = planning.format_cluster_check(cluster, str(folder))
+    assert lines[0].startswith("error: SLURM") and lines[1:] == [f"  - {problem}" for problem in cluster.problems]
+
+    # one retry: the second attempt's 200000 MB fits; corpus left out of the arrays
+    (folder / "config.yaml").write_text(yaml.safe_dump(
+        {**settings, "retries": 1, "set-resources": set_resources, "slurm-array-jobs": "fasttext"}))
+    _, cluster = planning.dry_run(configfile, tmp_path / "w", profile=str(folder))
+    assert cluster.problems == (), cluster

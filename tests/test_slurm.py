@@ -599,9 +599,18 @@ def test_the_plan_of_a_slurm_profile_checks_every_request_against_this_cluster(s
 def test_the_jobs_of_a_rule_go_as_one_array_job(slurm_run):
     """slurm-array-jobs (the plugin's job arrays, a line of the profile): both languages'
     tokenizer jobs, rerun, go to sbatch once, as an array of two tasks; each task writes its
-    output and log and releases its lease, as a job of its own does."""
+    output and log and releases its lease, as a job of its own does. Jobs that ask differently
+    (an array's tasks would all get the first one's request) stop the run before it submits
+    anything."""
     root, _, state, env = slurm_run
     targets = [f"results/{BASE}/tokenizers/{lang}" for lang in ("en", "ky")]
+    proc = _snakemake_slurm(root, env, *targets, "--configfile", "slurm-test.yaml", "--forcerun", "tokenizer",
+                            "--slurm-array-jobs", "tokenizer",
+                            "--set-resources", "tokenizer:mem_mb=1000 + 200 * (wildcards.lang == 'ky')")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and not _submissions(output) and "Submitted" not in output, output[-3000:]
+    assert re.search(r"jobs of rule tokenizer ask differently \(mem_mb (1000 for lang=en, 1200 for lang=ky|"
+                     r"1200 for lang=ky, 1000 for lang=en)\)", output), output[-3000:]
     started = time.time()
     proc = _snakemake_slurm(root, env, *targets, "--configfile", "slurm-test.yaml", "--forcerun", "tokenizer",
                             "--slurm-array-jobs", "tokenizer")
