@@ -21,6 +21,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -29,6 +30,11 @@ import torch
 from modsent.training.precision import default_device
 
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+# a folder where each trainer process of a launch (run_launched) marks that its work finished,
+# before it leaves the process group: a crash of that teardown outside Python (NCCL aborting
+# the process) then fails no job whose outputs are complete
+FINISHED_ENV = "MODSENT_FINISHED_DIR"
+FINISHED_MARK = "finished"
 
 # How long a process waits for the others at a collective. The main process evaluates and
 # writes outputs while the others wait at a barrier: minutes, not the 10-minute default's worth.
@@ -244,14 +250,19 @@ def run_launched(command: Sequence[str], log_path: str | Path, threads: int) -> 
     """Run ``command`` (a :func:`launch_command`) from a workflow script whose log is
     ``log_path``; return its exit status. The trainers' main process appends to that log (their
     ``--log-file``): this process's file handlers are closed first, so that neither writes over
-    the other's lines, and reopened to record a failure. ``threads``: OMP threads per process."""
+    the other's lines, and reopened to record a failure. ``threads``: OMP threads per process.
+    A failed torchrun whose processes had all finished their work (:func:`trainer_process`'s
+    mark: one crashed while leaving the group) counts as a success, with a warning in the log."""
     log = logging.getLogger(__name__)
     log.info("%s", shlex.join(command))
     root = logging.getLogger()
     for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
         root.removeHandler(handler)
         handler.close()
-    result = subprocess.run(list(command), env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    with tempfile.TemporaryDirectory(prefix="modsent-finished-") as finished:
+        result = subprocess.run(list(command), env={**os.environ, "OMP_NUM_THREADS": str(threads),
+                                                    FINISHED_ENV: finished})
+        done = (Path(finished) / FINISHED_MARK).is_file()
     if result.returncode:
         from modsent.logs import FORMAT, attempts_log
 
@@ -259,8 +270,33 @@ def run_launched(command: Sequence[str], log_path: str | Path, threads: int) -> 
             handler = logging.FileHandler(path, mode="a", encoding="utf-8")
             handler.setFormatter(logging.Formatter(FORMAT))
             root.addHandler(handler)
+        if done:
+            # every process finished its work (the outputs are written) and one crashed as it
+            # left the group, outside Python (NCCL's teardown aborting): failing the job would
+            # have Snakemake delete complete outputs and retrain from the start
+            log.warning("torchrun exited with status %d after every process had finished its work (a crash "
+                        "while leaving the process group); the outputs are complete", result.returncode)
+            return 0
         log.error("torchrun exited with status %d", result.returncode)
     return result.returncode
+
+
+def _mark_finished(rank: int, world: int) -> None:
+    """Mark, for run_launched, that the work of every process of the group finished (the
+    outputs are written): once all of them are past a barrier, the main process writes the
+    mark. Nothing outside a launch (FINISHED_ENV unset), nor when the barrier fails."""
+    folder = os.environ.get(FINISHED_ENV)
+    if not folder or not os.path.isdir(folder):
+        return
+    if world > 1:
+        try:
+            torch.distributed.barrier()
+        except Exception as error:  # noqa: BLE001 - no mark: a crash while leaving then fails the job
+            logging.getLogger(__name__).warning("the processes could not meet after the work (%s: %s)",
+                                                type(error).__name__, error)
+            return
+    if rank == 0:
+        (Path(folder) / FINISHED_MARK).write_text("finished\n", encoding="utf-8")
 
 
 # ---- a trainer's command line under torchrun ------------------------------------------------------
@@ -311,7 +347,10 @@ def trainer_process(args: argparse.Namespace):
     stops the others once this process exits. A failure to leave the group after the work
     finished (the backend's teardown) is a warning, not the job's failure: the outputs are
     complete, and a failed job would have Snakemake delete them and retrain from the start,
-    the checkpoint removed."""
+    the checkpoint removed. So that a teardown that crashes outside Python (NCCL aborting the
+    process) fails no job either, the processes meet at a barrier when their work is done and
+    the main process then marks it (:data:`FINISHED_ENV`; :func:`run_launched` reads the mark)
+    before any of them leaves the group."""
     from modsent.logs import log_failure
 
     if args.threads:
@@ -327,7 +366,8 @@ def trainer_process(args: argparse.Namespace):
         if not isinstance(error, (KeyboardInterrupt, SystemExit)):
             log_failure(error)
         raise
-    try:  # reached only when the work finished: its outputs are complete
+    _mark_finished(rank, world)  # reached only when the work finished: its outputs are complete
+    try:
         cleanup()
     except Exception as error:  # noqa: BLE001 - the job's result is written; failing now would delete it
         logging.getLogger(__name__).warning(

@@ -528,3 +528,46 @@ def test_a_trainer_process_logs_its_failure_before_leaving_the_group(tmp_path, m
         pass
     assert "leaving the process group failed after the work finished (RuntimeError: NCCL communicator abort); " \
            "the outputs are complete" in log.read_text()
+
+
+TEARDOWN_CRASH = """
+import argparse, os, sys
+from pathlib import Path
+from modsent import distributed
+
+log, crash, out = sys.argv[1:4]
+distributed.cleanup = os.abort  # leaving the group kills the process outside Python, as NCCL can
+with distributed.trainer_process(argparse.Namespace(threads=1, device="cpu", log_file=log)):
+    if crash == "work" and os.environ["RANK"] == "1":
+        os.abort()
+    Path(f"{out}.{os.environ['RANK']}").write_text("written")
+"""
+
+
+def test_a_crash_while_leaving_the_group_after_the_work_finished_fails_no_job(tmp_path):
+    """Two trainer processes that both finish their work and then crash outside Python while
+    leaving the process group (an abort: no exception a process could catch): the job
+    succeeds, its log says why; a crash during the work still fails it."""
+    import logging
+
+    from modsent.logs import setup_logging
+
+    script = tmp_path / "trainer.py"
+    script.write_text(TEARDOWN_CRASH)
+    log_path = tmp_path / "job.log"
+    setup_logging(str(log_path))
+    try:
+        status = distributed.run_launched(distributed.launch_command(
+            script, [log_path, "teardown", tmp_path / "out"], 2), log_path, 1)
+        assert status == 0 and {p.name for p in tmp_path.glob("out.*")} == {"out.0", "out.1"}
+        assert distributed.run_launched(distributed.launch_command(
+            script, [log_path, "work", tmp_path / "again"], 2), log_path, 1) != 0
+    finally:
+        for handler in logging.getLogger().handlers[:]:
+            logging.getLogger().removeHandler(handler)
+            handler.close()
+    text = log_path.read_text()
+    assert "after every process had finished its work (a crash while leaving the process group); " \
+           "the outputs are complete" in text
+    assert text.count("torchrun exited with status") == 2 and text.rstrip().endswith(
+        text[text.rindex("torchrun exited with status"):].splitlines()[0])
