@@ -11,6 +11,9 @@
     modsent push ky-encoder --repo-id ORG/NAME   that directory to the Hugging Face Hub
     modsent outputs --lang de             a language's existing outputs, to rerun it with
                                           snakemake --forcerun $(modsent outputs --lang de)
+    modsent plan --configfile FILE        jobs, GPU-hours and disk of a config's run
+    modsent fetch --configfile FILE       what its run reads from the Hub, fetched here (for
+                                          compute nodes without internet access)
 """
 
 from __future__ import annotations
@@ -335,6 +338,39 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 1 if cluster is not None and cluster.problems else 0
 
 
+def cmd_fetch(args: argparse.Namespace) -> int:
+    """What a config's run reads from the Hub, fetched here for compute nodes without internet
+    access (modsent.fetch): the Hub models jobs load by id into the Hub cache, then the input
+    rules run with Snakemake."""
+    import subprocess
+    from pathlib import Path
+
+    from modsent import fetch, planning
+
+    config = planning.load_filled_config(args.configfile)
+    directory = Path(args.directory)
+    models = fetch.hub_models(config, directory)
+    for model in models:
+        print(f"{model.key}: {model.repo_id} (revision {model.revision or 'main'})")
+    if not models:
+        print("no Hub model that a job loads by id (the base model and the translation model's conversion are "
+              "input rules')")
+    elif not args.dry_run:
+        from huggingface_hub import constants
+
+        folders = fetch.download(models)
+        print(f"downloaded {len(folders)} model(s) into the Hub cache {constants.HF_HUB_CACHE}")
+    rules = fetch.input_rules(args.configfile, directory)
+    cmd = fetch.input_command(args.configfile, directory, args.cores, rules, ["--dry-run"] if args.dry_run else [])
+    print("running the input rules here:", " ".join(cmd[cmd.index("--until"):]), flush=True)
+    status = subprocess.run(cmd).returncode
+    if status == 0 and not args.dry_run:
+        print(f"the inputs are in {directory.resolve() / 'resources'}; submit the rest from there, e.g. "
+              f"HF_HUB_OFFLINE=1 snakemake --profile slurm --configfile {args.configfile}"
+              + (" (the compute nodes need the same Hub cache: HF_HOME on the shared file system)" if models else ""))
+    return status
+
+
 def planning_rates() -> list[str]:
     from modsent.planning import RATES
 
@@ -463,6 +499,16 @@ def main(argv: list[str] | None = None) -> int:
                    "anything (exit status 1 when a value of the profile fits no node, 2 when a request "
                    "of the config's does)")
     p.set_defaults(func=cmd_plan)
+    p = sub.add_parser("fetch", help="what a config's run reads from the Hub, fetched on this machine for compute "
+                       "nodes without internet access: the models jobs load by id into the Hub cache, then the "
+                       "input rules (base model, corpora, datasets, the translation model's conversion)")
+    p.add_argument("--configfile", default="config.yaml", help="the config (default: the demo's config.yaml)")
+    p.add_argument("--directory", default=".", help="the run's working directory, where resources/ is written "
+                   "(default: here)")
+    p.add_argument("--cores", type=int, default=2, help="cores for the input rules (default: 2)")
+    p.add_argument("--dry-run", action="store_true", help="list the models and the input rules' jobs; "
+                   "download and run nothing")
+    p.set_defaults(func=cmd_fetch)
     p = sub.add_parser("outputs", help="a language's existing outputs (for snakemake --forcerun)")
     p.add_argument("--lang", action="append", required=True, help="language code (repeatable)")
     p.add_argument("--base", help="only results/BASE (default: every base model's results)")

@@ -169,6 +169,14 @@ def planned_jobs(configfile: str | Path, directory: str | Path, snakefile: Path 
     return dry_run(configfile, directory, snakefile, profile)[0]
 
 
+def snakemake_command(configfile: str | Path, directory: str | Path, snakefile: Path = REPO / "Snakefile") -> list[str]:
+    """The start of a Snakemake command for modsent's workflow on ``configfile`` in
+    ``directory``: the Snakemake of this interpreter's environment, else the one on PATH."""
+    exe = Path(sys.executable).parent / "snakemake"
+    return [str(exe) if exe.exists() else "snakemake", "--snakefile", str(snakefile), "--configfile",
+            str(Path(configfile).resolve()), "--directory", str(directory)]
+
+
 def dry_run(configfile: str | Path, directory: str | Path, snakefile: Path = REPO / "Snakefile",
             profile: str | None = None) -> tuple[list[tuple[str, dict, dict]], ClusterCheck | None]:
     """(rule, wildcards, resources) of every job Snakemake would run in ``directory`` for
@@ -179,9 +187,7 @@ def dry_run(configfile: str | Path, directory: str | Path, snakefile: Path = REP
     time limits), and every job's request is checked as the run checks it before it submits
     anything (the ClusterCheck; None for another profile, or none). ``profile`` defaults to
     $SNAKEMAKE_PROFILE, as Snakemake's."""
-    exe = Path(sys.executable).parent / "snakemake"
-    cmd = [str(exe) if exe.exists() else "snakemake", "--snakefile", str(snakefile), "--configfile",
-           str(Path(configfile).resolve()), "--directory", str(directory), "--dry-run"]
+    cmd = snakemake_command(configfile, directory, snakefile) + ["--dry-run"]
     env = None
     profile = profile or os.environ.get("SNAKEMAKE_PROFILE") or None
     settings = profile_settings(profile) if profile else {}
