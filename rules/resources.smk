@@ -447,11 +447,13 @@ def _array_problem(rulename, jobs):
     if not differ:
         return None
 
-    def named(job):
-        return ", ".join(f"{key}={value}" for key, value in job.wildcards_dict.items()) or "no wildcards"
+    def named(job, other):  # the wildcards that tell the two jobs apart
+        own, others = job.wildcards_dict, other.wildcards_dict
+        return ", ".join(f"{key}={value}" for key, value in own.items() if others.get(key) != value) or "a job"
 
-    shown = "; ".join(f"{key} {first.get(key, 'unset')} for {named(jobs[0])}, {_sbatch_request(job).get(key, 'unset')} "
-                      f"for {named(job)}" for key, job in list(differ.items())[:3])
+    shown = "; ".join(f"{key} {first.get(key, 'unset')} for {named(jobs[0], job)}, "
+                      f"{_sbatch_request(job).get(key, 'unset')} for {named(job, jobs[0])}"
+                      for key, job in list(differ.items())[:3])
     return (f"jobs of rule {rulename} ask differently ({shown}), but the profile's slurm-array-jobs submits them "
             f"as job arrays, whose tasks all get the first job's request: leave {rulename} out of "
             f"slurm-array-jobs (its jobs then go one by one), or make its jobs ask alike")
