@@ -358,15 +358,17 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     elif not args.dry_run:
         from huggingface_hub import constants
 
-        folders = fetch.download(models)
+        folders = fetch.download(models, directory)
         print(f"downloaded {len(folders)} model(s) into the Hub cache {constants.HF_HUB_CACHE}")
     rules = fetch.input_rules(args.configfile, directory)
-    cmd = fetch.input_command(args.configfile, directory, args.cores, rules, ["--dry-run"] if args.dry_run else [])
+    cmd = fetch.input_command(args.configfile, directory, args.cores, rules, ["--dry-run"] if args.dry_run else [],
+                              profile=args.profile)
     print("running the input rules here:", " ".join(cmd[cmd.index("--until"):]), flush=True)
-    status = subprocess.run(cmd).returncode
+    status = subprocess.run(cmd, env=fetch.local_environment()).returncode
     if status == 0 and not args.dry_run:
-        print(f"the inputs are in {directory.resolve() / 'resources'}; submit the rest from there, e.g. "
-              f"HF_HUB_OFFLINE=1 snakemake --profile slurm --configfile {args.configfile}"
+        print(f"the inputs are in {directory.resolve() / 'resources'}; submit the rest from {directory.resolve()}, "
+              f"e.g. HF_HUB_OFFLINE=1 snakemake --profile {args.profile or 'slurm'} --configfile "
+              f"{Path(args.configfile).resolve()}"
               + (" (the compute nodes need the same Hub cache: HF_HOME on the shared file system)" if models else ""))
     return status
 
@@ -506,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--directory", default=".", help="the run's working directory, where resources/ is written "
                    "(default: here)")
     p.add_argument("--cores", type=int, default=2, help="cores for the input rules (default: 2)")
+    p.add_argument("--profile", help="the cluster run's profile, for its software deployment (conda, ...): the "
+                   "input rules still run here ($SNAKEMAKE_PROFILE is not read)")
     p.add_argument("--dry-run", action="store_true", help="list the models and the input rules' jobs; "
                    "download and run nothing")
     p.set_defaults(func=cmd_fetch)

@@ -284,19 +284,20 @@ def run_launched(command: Sequence[str], log_path: str | Path, threads: int) -> 
 def _mark_finished(rank: int, world: int) -> None:
     """Mark, for run_launched, that the work of every process of the group finished (the
     outputs are written): once all of them are past a barrier, the main process writes the
-    mark. Nothing outside a launch (FINISHED_ENV unset), nor when the barrier fails."""
+    mark. Nothing outside a launch (FINISHED_ENV unset), nor when the barrier fails. (A process
+    that ended its work with SystemExit skips the barrier: the others wait for it there, as
+    they would in any collective of the work.)"""
     folder = os.environ.get(FINISHED_ENV)
     if not folder or not os.path.isdir(folder):
         return
-    if world > 1:
-        try:
-            torch.distributed.barrier()
-        except Exception as error:  # noqa: BLE001 - no mark: a crash while leaving then fails the job
-            logging.getLogger(__name__).warning("the processes could not meet after the work (%s: %s)",
-                                                type(error).__name__, error)
-            return
-    if rank == 0:
-        (Path(folder) / FINISHED_MARK).write_text("finished\n", encoding="utf-8")
+    try:
+        if world > 1:
+            barrier()  # nothing when the work left the group itself
+        if rank == 0:
+            (Path(folder) / FINISHED_MARK).write_text("finished\n", encoding="utf-8")
+    except Exception as error:  # noqa: BLE001 - no mark: a crash while leaving then fails the job
+        logging.getLogger(__name__).warning("the processes could not mark their work finished (%s: %s)",
+                                            type(error).__name__, error)
 
 
 # ---- a trainer's command line under torchrun ------------------------------------------------------

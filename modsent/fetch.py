@@ -48,13 +48,12 @@ class HubModel:
 
 
 def _hub_id(value: object, directory: Path) -> str | None:
-    """The Hub id ``value`` names (``hf:ID`` or a bare id), or None for no value, a local
-    directory (relative to the run's ``directory``), ``local:PATH`` or built-in data."""
+    """The Hub id ``value`` names, or None for no value, a local directory (relative to the
+    run's ``directory``), ``local:PATH`` or built-in data."""
     if not isinstance(value, str) or not value:
         return None
     if value.startswith(("local:", "builtin:")):
         return None
-    value = value.removeprefix("hf:")
     if Path(value).is_absolute() or (directory / value).is_dir() or value.startswith((".", "/", "~")):
         return None
     return value
@@ -63,21 +62,22 @@ def _hub_id(value: object, directory: Path) -> str | None:
 def hub_models(config: Mapping, directory: str | Path = ".") -> list[HubModel]:
     """The Hub models the jobs of ``config`` (schema-filled) load by id themselves, in the
     config's order, each once: each method's ``model``/``*_model`` settings (with
-    ``revision``/``*_revision``), and ``translation.model`` and ``translation.tokenizer`` when
-    the engine is ``transformers``. The base model and the CTranslate2 conversion are input
-    rules' (:data:`INPUT_RULES`), not listed."""
+    ``revision``/``*_revision``), and ``translation.model`` when
+    the engine is ``transformers`` (which reads ``hf:ID`` too). The base model and the
+    CTranslate2 conversion are input rules' (:data:`INPUT_RULES`), not listed."""
     directory = Path(directory)
     found: dict[tuple[str, str | None], HubModel] = {}
 
     def add(value, revision, key):
         repo_id = _hub_id(value, directory)
+        if repo_id is not None and key == "translation.model":
+            repo_id = repo_id.removeprefix("hf:")
         if repo_id is not None:
             found.setdefault((repo_id, revision), HubModel(repo_id, revision, key))
 
     translation = config.get("translation") or {}
     if translation.get("engine") == "transformers":
         add(translation.get("model"), translation.get("revision"), "translation.model")
-        add(translation.get("tokenizer"), None, "translation.tokenizer")
     for name, settings in (config.get("methods") or {}).items():
         for key, value in (settings or {}).items():
             if key == "model" or key.endswith("_model"):
@@ -86,7 +86,7 @@ def hub_models(config: Mapping, directory: str | Path = ".") -> list[HubModel]:
     return list(found.values())
 
 
-def download(models: list[HubModel]) -> list[Path]:
+def download(models: list[HubModel], directory: str | Path = ".") -> list[Path]:
     """Download ``models`` into the Hub cache (huggingface_hub's ``snapshot_download``, the
     :data:`HUB_PATTERNS` files): the local folder of each. A model without safetensors weights
     at that revision is an InputError naming its key (the loaders read no pickles)."""
@@ -99,8 +99,9 @@ def download(models: list[HubModel]) -> list[Path]:
             folder = Path(snapshot_download(repo_id=model.repo_id, revision=model.revision,
                                             allow_patterns=HUB_PATTERNS))
         except Exception as err:  # noqa: BLE001 - every failure of the Hub's, named with the config's key
-            raise InputError(f"{model.key}: {model.repo_id} (revision {model.revision or 'main'}) could not be "
-                             f"downloaded: {type(err).__name__}: {err}") from None
+            raise InputError(f"{model.key}: {model.repo_id} (revision {model.revision or 'main'}) is no local "
+                             f"directory (in {Path(directory).resolve()}) and could not be downloaded from the "
+                             f"Hub: {type(err).__name__}: {err}") from None
         if not any(folder.rglob("*.safetensors")):
             raise InputError(f"{model.key}: {model.repo_id} (revision {model.revision or 'main'}) has no "
                              f"safetensors weights, which modsent's loaders need; name a revision that has "
@@ -115,7 +116,7 @@ def input_rules(configfile: str | Path, directory: str | Path) -> list[str]:
     from modsent.planning import snakemake_command
 
     cmd = snakemake_command(configfile, directory) + ["--list-rules"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=local_environment())
     if proc.returncode != 0:
         from modsent.planning import _dry_run_error
 
@@ -125,9 +126,21 @@ def input_rules(configfile: str | Path, directory: str | Path) -> list[str]:
 
 
 def input_command(configfile: str | Path, directory: str | Path, cores: int, rules: list[str],
-                  extra: list[str] = ()) -> list[str]:
+                  extra: list[str] = (), profile: str | None = None) -> list[str]:
     """The Snakemake command that runs the input rules ``rules`` of ``configfile`` here, in
-    ``directory``, and nothing after them."""
+    ``directory``, and nothing after them: on this machine (the local executor), under
+    ``profile`` when given (the cluster run's, for its software deployment: a run whose
+    software environment differs reruns the rules)."""
     from modsent.planning import snakemake_command
 
-    return snakemake_command(configfile, directory) + ["--cores", str(cores), "--until", *rules, *extra]
+    return snakemake_command(configfile, directory) + [
+        *(["--profile", str(profile)] if profile else []), "--executor", "local", "--cores", str(cores),
+        "--until", *rules, *extra]
+
+
+def local_environment() -> dict[str, str]:
+    """This process's environment without $SNAKEMAKE_PROFILE (a cluster profile there would
+    send the input rules to the compute nodes)."""
+    import os
+
+    return {key: value for key, value in os.environ.items() if key != "SNAKEMAKE_PROFILE"}

@@ -416,9 +416,9 @@ def format_cluster_check(cluster: ClusterCheck | None, profile: str | None) -> l
                  f"checked against the nodes; the run checks them before it submits anything.")
     lines = []
     if cluster.problems:
-        lines = [f"error: SLURM (the profile {profile}): these jobs cannot be submitted as they ask"
-                 f"{f' to the {cluster.nodes} nodes sinfo lists' if cluster.nodes is not None else ''}; "
-                 f"the run would stop before it submits anything:",
+        lines = [f"error: SLURM (the profile {profile}): the run would stop before it submits anything, for these "
+                 f"jobs' requests"
+                 f"{f' (checked against the {cluster.nodes} nodes sinfo lists)' if cluster.nodes is not None else ''}:",
                  *(f"  - {problem}" for problem in cluster.problems)]
     if cluster.nodes is None:
         return [*lines, unchecked]

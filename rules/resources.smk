@@ -393,21 +393,29 @@ def _through_sbatch(job):
 
 
 def _later_attempts(job):
-    """The retries of `job` whose requests check_request judges too: attempts 2 up to the
-    profile's retries + 1, for a rule that the profile gives a value computed from `attempt`
-    (`mem_mb: 20000 * attempt`); none for the others, whose own values are fitted to the nodes
-    at every attempt (job_resources)."""
-    if not job.restart_times:
-        return ()
-    raws = [getattr(value, "raw", None) for value in job.rule.resources.values()]
-    if not any(isinstance(raw, str) and re.search(r"\battempt\b", raw) for raw in raws):
-        return ()
-    return range(2, job.restart_times + 2)
+    """The attempts after the first that `job` may have: 2 up to the profile's retries + 1.
+    The rule's own memory and time are fitted to the nodes at every attempt (job_resources),
+    but a profile value computed from `attempt` (`mem_mb: 20000 * attempt`, `mem: ...`, a
+    set-threads expression) is not: request_problems checks each of them."""
+    return range(2, (job.restart_times or 0) + 2)
 
 
-# keys of a job's resources that are no request of their own: Snakemake's internal ones, and
-# those derived from mem_mb and disk_mb
-_DERIVED_KEYS = ("tmpdir", "mem", "mem_mib", "disk", "disk_mib")
+def _attempt_request(job, attempt):
+    """(resources, threads) of `job` at its attempt `attempt`, as Snakemake computes them for a
+    retry; a value that cannot be computed at that attempt is a WorkflowError naming it."""
+    try:
+        resources = job.rule.expand_resources(job.wildcards_dict, job.input, attempt, skip_evaluation={"tmpdir"})
+    except Exception as err:  # noqa: BLE001 - the retry would fail on it: the rule's problem
+        raise WorkflowError(f"jobs of rule {job.rule.name}: their resources cannot be computed for their attempt "
+                            f"{attempt} (the profile's retries): {type(err).__name__}: {err}") from None
+    return resources, resources.get("_cores", job.threads)
+
+
+# the resources the SLURM plugin makes a job's sbatch call of (its submit string, GPU and CPU
+# settings, partition choice); job arrays compare these, and the threads
+SBATCH_KEYS = ("runtime", "mem_mb", "mem_mb_per_cpu", "cpus_per_task", "cpus_per_gpu", "gpu", "gres", "gpu_model",
+               "constraint", "qos", "nodes", "tasks", "tasks_per_gpu", "tasks_per_node", "mpi", "slurm_partition",
+               "slurm_account", "slurm_extra", "slurm_cluster", "cluster", "clusters")
 
 
 def _array_rules():
@@ -420,14 +428,12 @@ def _array_rules():
 
 
 def _sbatch_request(job):
-    """The values of `job`'s request that its sbatch call is made of: its resources (not those
-    derived from others, nor Snakemake's internal ones) and threads, as strings; a value not
-    known until the job's inputs exist (<TBD>) as None."""
+    """The values of `job`'s request that its sbatch call is made of (SBATCH_KEYS, and its
+    threads), as strings; a value not known until the job's inputs exist (<TBD>) as None."""
     request = {"threads": str(job.threads)}
     for key, value in job.resources.items():
-        if key.startswith("_") or key in _DERIVED_KEYS:
-            continue
-        request[key] = None if type(value).__name__ == "TBDString" else str(value)
+        if key in SBATCH_KEYS:
+            request[key] = None if type(value).__name__ == "TBDString" else str(value)
     return request
 
 
@@ -454,9 +460,11 @@ def _array_problem(rulename, jobs):
     shown = "; ".join(f"{key} {first.get(key, 'unset')} for {named(jobs[0], job)}, "
                       f"{_sbatch_request(job).get(key, 'unset')} for {named(job, jobs[0])}"
                       for key, job in list(differ.items())[:3])
+    leave = (f"replace 'all' in slurm-array-jobs by the rules whose jobs ask alike, without {rulename}"
+             if "all" in _array_rules() else f"leave {rulename} out of slurm-array-jobs")
     return (f"jobs of rule {rulename} ask differently ({shown}), but the profile's slurm-array-jobs submits them "
-            f"as job arrays, whose tasks all get the first job's request: leave {rulename} out of "
-            f"slurm-array-jobs (its jobs then go one by one), or make its jobs ask alike")
+            f"as job arrays, whose tasks all get the first job's request: {leave} (its jobs then go one by one), "
+            f"or make its jobs ask alike")
 
 
 def request_problems(jobs):
@@ -476,13 +484,12 @@ def request_problems(jobs):
         try:
             check_request(name, resources, job.threads)
             for attempt in _later_attempts(job):
-                check_request(name, job.rule.expand_resources(job.wildcards_dict, job.input, attempt,
-                                                              skip_evaluation={"tmpdir"}),
-                              job.threads, attempt=attempt)
+                check_request(name, *_attempt_request(job, attempt), attempt=attempt)
         except WorkflowError as err:
             problems[name] = str(err)
             continue
-        if "all" in arrays or name in arrays:
+        # the plugin submits a group job by itself, never in an array
+        if ("all" in arrays or name in arrays) and job.rule.group is None:
             in_array.setdefault(name, []).append(job)
     for name, members in in_array.items():
         problem = _array_problem(name, members) if name not in problems and len(members) > 1 else None

@@ -73,17 +73,19 @@ def test_download_reads_safetensors_and_no_pickles_and_names_the_key_of_a_model_
         raise OSError("no connection")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
-    with pytest.raises(InputError, match=r"^translation\.model: org/good \(revision r1\) could not be downloaded: "
-                                         r"OSError: no connection"):
-        fetch.download([fetch.HubModel("org/good", "r1", "translation.model")])
+    with pytest.raises(InputError, match=r"^translation\.model: org/good \(revision r1\) is no local directory "
+                                         r"\(in .*\) and could not be downloaded from the Hub: OSError: no connection"):
+        fetch.download([fetch.HubModel("org/good", "r1", "translation.model")], tmp_path)
 
 
-def test_fetch_runs_the_input_rules_so_that_the_run_starts_with_the_training(tmp_path, capsys):
+def test_fetch_runs_the_input_rules_so_that_the_run_starts_with_the_training(tmp_path, capsys, monkeypatch):
     """modsent fetch on the tests' config (no Hub model; built-in inputs): the input rules run
-    here and nothing else; the run that follows plans no input job and every training job."""
+    here and nothing else, even with a cluster profile in $SNAKEMAKE_PROFILE (it would submit
+    them to the compute nodes); the run that follows plans no input job and every training job."""
     configfile = REPO / "configs" / "test.yaml"
     assert main(["fetch", "--configfile", str(configfile), "--directory", str(tmp_path), "--dry-run"]) == 0
     assert not (tmp_path / "resources").exists()  # a dry run writes nothing
+    monkeypatch.setenv("SNAKEMAKE_PROFILE", str(REPO / "slurm"))
     assert main(["fetch", "--configfile", str(configfile), "--directory", str(tmp_path), "--cores", "2"]) == 0
     out = capsys.readouterr().out
     assert "no Hub model that a job loads by id" in out and "HF_HUB_OFFLINE=1 snakemake --profile slurm" in out
@@ -91,3 +93,10 @@ def test_fetch_runs_the_input_rules_so_that_the_run_starts_with_the_training(tmp
     rules = {rule for rule, _, _ in planning.planned_jobs(configfile, tmp_path)}
     assert not rules & set(fetch.INPUT_RULES), rules
     assert {"tokenizer", "language_adapter", "sentence_adapter", "evaluation_embeddings"} <= rules, rules
+
+
+def test_the_input_rules_run_here_under_the_cluster_run_s_profile():
+    """--profile: the cluster run's profile (its software deployment), the local executor."""
+    cmd = fetch.input_command("c.yaml", "d", 4, ["corpus"], profile="slurm")
+    assert cmd[cmd.index("--profile") + 1] == "slurm" and cmd[cmd.index("--executor") + 1] == "local"
+    assert cmd[-2:] == ["--until", "corpus"] and cmd[cmd.index("--cores") + 1] == "4"

@@ -229,25 +229,40 @@ def test_the_plan_checks_the_retries_the_profile_sizes_by_attempt_and_the_rules_
     folder.mkdir()
     set_resources = {**settings["set-resources"],
                      "tokenizer": {"mem_mb": "100000 * attempt"},  # the third attempt: 300000 MB
+                     "focus_embeddings": {"mem": "90000 * attempt"},  # 270000 MB, given as mem
+                     "evaluation_subset": {"mem_mb": "[8000, 16000][attempt - 1]"},  # no third value
                      "fasttext": {"mem_mb": "50000 * attempt"},  # 150000 at most: fits
-                     "corpus": {"mem_mb": "4000 if wildcards.lang == 'de' else 8000"}}
+                     "corpus": {"mem_mb": "4000 if wildcards.lang == 'de' else 8000"},
+                     # sbatch gets no disk: jobs that differ only there go as one array
+                     "evaluation_scores": {"disk_mb": "1000 + len(str(wildcards))"}}
     (folder / "config.yaml").write_text(yaml.safe_dump(
-        {**settings, "set-resources": set_resources,
+        {**settings, "set-resources": set_resources, "set-threads": {"fasttext": "12 * attempt"},
          "slurm-array-jobs": "corpus; fasttext, evaluation_scores"}))
     jobs, cluster = planning.dry_run(configfile, tmp_path / "w", profile=str(folder))
     assert sum(rule == "corpus" for rule, _, _ in jobs) > 1 and sum(rule == "fasttext" for rule, _, _ in jobs) > 1
-    assert cluster.nodes == 1 and len(cluster.problems) == 2, cluster
-    corpus, tokenizer = cluster.problems
+    assert cluster.nodes == 1 and len(cluster.problems) == 5, cluster
+    corpus, subset, fasttext, focus, tokenizer = cluster.problems
     assert re.match(r"jobs of rule corpus ask differently \(mem_mb (4000 for lang=de, 8000 for lang=\w+|"
                     r"8000 for lang=\w+, 4000 for lang=de)\)", corpus), corpus
-    assert "slurm-array-jobs" in corpus
+    assert "leave corpus out of slurm-array-jobs" in corpus
+    assert subset.startswith("jobs of rule evaluation_subset: their resources cannot be computed for their "
+                             "attempt 3 (the profile's retries): "), subset
+    assert focus.startswith("jobs of rule focus_embeddings on their attempt 3 (the profile's retries) ask for "
+                            "270000 MB of memory"), focus
+    assert fasttext.startswith("jobs of rule fasttext on their attempt 3 (the profile's retries) ask for 36 CPUs "
+                               "(the rule's threads, or the profile's set-threads)"), fasttext
     assert tokenizer.startswith("jobs of rule tokenizer on their attempt 3 (the profile's retries) ask for "
                                 "300000 MB of memory (the profile's set-resources: tokenizer: mem_mb)")
     lines = planning.format_cluster_check(cluster, str(folder))
     assert lines[0].startswith("error: SLURM") and lines[1:] == [f"  - {problem}" for problem in cluster.problems]
 
-    # one retry: the second attempt's 200000 MB fits; corpus left out of the arrays
+    # one retry: the second attempt's values fit; corpus left out of the arrays, or every rule in them
     (folder / "config.yaml").write_text(yaml.safe_dump(
         {**settings, "retries": 1, "set-resources": set_resources, "slurm-array-jobs": "fasttext"}))
     _, cluster = planning.dry_run(configfile, tmp_path / "w", profile=str(folder))
     assert cluster.problems == (), cluster
+    (folder / "config.yaml").write_text(yaml.safe_dump(
+        {**settings, "retries": 1, "set-resources": set_resources, "slurm-array-jobs": "all"}))
+    _, cluster = planning.dry_run(configfile, tmp_path / "w", profile=str(folder))
+    assert [problem.split(" (")[0] for problem in cluster.problems] == ["jobs of rule corpus ask differently"], cluster
+    assert "replace 'all' in slurm-array-jobs by the rules whose jobs ask alike, without corpus" in cluster.problems[0]
