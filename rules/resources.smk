@@ -402,10 +402,20 @@ def _later_attempts(job):
 
 def _attempt_request(job, attempt):
     """(resources, threads) of `job` at its attempt `attempt`, as Snakemake computes them for a
-    retry; a value that cannot be computed at that attempt is a WorkflowError naming it."""
+    retry, or None when they cannot be computed now (a value from inputs that do not exist yet:
+    Snakemake computes it when the job is ready, <TBD> until then). A value that can be
+    computed for the first attempt and not for this one (`[8000, 16000][attempt - 1]`) is a
+    WorkflowError naming the attempt: the retry would fail on it."""
+    def expand(number):
+        return job.rule.expand_resources(job.wildcards_dict, job.input, number, skip_evaluation={"tmpdir"})
+
     try:
-        resources = job.rule.expand_resources(job.wildcards_dict, job.input, attempt, skip_evaluation={"tmpdir"})
-    except Exception as err:  # noqa: BLE001 - the retry would fail on it: the rule's problem
+        resources = expand(attempt)
+    except Exception as err:  # noqa: BLE001 - judged against the first attempt's, below
+        try:
+            expand(1)
+        except Exception:  # noqa: BLE001 - not this attempt's doing: not known yet
+            return None
         raise WorkflowError(f"jobs of rule {job.rule.name}: their resources cannot be computed for their attempt "
                             f"{attempt} (the profile's retries): {type(err).__name__}: {err}") from None
     return resources, resources.get("_cores", job.threads)
@@ -484,7 +494,9 @@ def request_problems(jobs):
         try:
             check_request(name, resources, job.threads)
             for attempt in _later_attempts(job):
-                check_request(name, *_attempt_request(job, attempt), attempt=attempt)
+                request = _attempt_request(job, attempt)
+                if request is not None:
+                    check_request(name, *request, attempt=attempt)
         except WorkflowError as err:
             problems[name] = str(err)
             continue
