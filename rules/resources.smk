@@ -493,7 +493,7 @@ def request_problems(jobs):
             continue
         try:
             check_request(name, resources, job.threads)
-            for attempt in _later_attempts(job):
+            for attempt in _later_attempts(job) if cluster_nodes() is not None else ():
                 request = _attempt_request(job, attempt)
                 if request is not None:
                     check_request(name, *request, attempt=attempt)
