@@ -139,7 +139,19 @@ echo "node1|256000|32|gpu:2|12:00:00|bigmem|gpu"
 """
 
 
-def test_the_plan_of_a_slurm_profile_fits_and_checks_every_request_as_the_run_does(tmp_path, monkeypatch):
+@pytest.fixture
+def scripted_sinfo(tmp_path, monkeypatch):
+    """SINFO as the sinfo on PATH; yields its folder (a test rewrites the script to change it)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sinfo").write_text(SINFO)
+    (bin_dir / "sinfo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return bin_dir
+
+
+def test_the_plan_of_a_slurm_profile_fits_and_checks_every_request_as_the_run_does(tmp_path, monkeypatch,
+                                                                                     scripted_sinfo):
     """Under a SLURM profile the plan's dry run asks sinfo (here a script) for the nodes as the
     run does: each rule's time is fitted to its partition's limit, and every job's request is
     checked as the run checks it before it submits anything (the Snakefile's onstart, which a
@@ -147,11 +159,6 @@ def test_the_plan_of_a_slurm_profile_fits_and_checks_every_request_as_the_run_do
     node fits stops the dry run itself, as it stops the run; without sinfo, a line says so."""
     import yaml
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "sinfo").write_text(SINFO)
-    (bin_dir / "sinfo").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     configfile = REPO / "configs" / "test.yaml"
     settings = yaml.safe_load((REPO / "slurm" / "config.yaml").read_text())
 
@@ -195,8 +202,8 @@ def test_the_plan_of_a_slurm_profile_fits_and_checks_every_request_as_the_run_do
         planning.dry_run(configfile, tmp_path / "w3", profile=profile("partition", sentence_adapter={
             "slurm_partition": "gpu_a100"}))
 
-    (bin_dir / "sinfo").write_text("#!/bin/sh\necho 'sinfo: error: Could not establish a configuration' >&2\n"
-                                   "exit 1\n")  # no controller answers
+    (scripted_sinfo / "sinfo").write_text("#!/bin/sh\necho 'sinfo: error: Could not establish a configuration' >&2\n"
+                                          "exit 1\n")  # no controller answers
     jobs, cluster = planning.dry_run(configfile, tmp_path / "w4", profile=wrong)
     assert cluster == planning.ClusterCheck(None, len(jobs) - 1, ())
     assert "sinfo did not answer here" in planning.format_cluster_check(cluster, "wrong")[0]
@@ -210,18 +217,13 @@ def test_the_plan_of_a_slurm_profile_fits_and_checks_every_request_as_the_run_do
 
 
 def test_the_plan_checks_the_retries_the_profile_sizes_by_attempt_and_the_rules_it_submits_as_arrays(
-        tmp_path, monkeypatch):
+        tmp_path, scripted_sinfo):
     """A profile value computed from the attempt (`mem_mb: 100000 * attempt`) is checked at
     every retry the profile allows, not at the first attempt alone; a rule listed in
     slurm-array-jobs whose jobs ask differently is named (an array's tasks all get its first
     job's request), one whose jobs ask alike is not. The run's onstart checks the same."""
     import yaml
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "sinfo").write_text(SINFO)
-    (bin_dir / "sinfo").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     configfile = REPO / "configs" / "test.yaml"
     settings = yaml.safe_load((REPO / "slurm" / "config.yaml").read_text())
     assert settings["retries"] == 2
