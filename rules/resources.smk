@@ -416,8 +416,9 @@ def _attempt_request(job, attempt):
             expand(1)
         except Exception:  # noqa: BLE001 - not this attempt's doing: not known yet
             return None
-        raise WorkflowError(f"jobs of rule {job.rule.name}: their resources cannot be computed for their attempt "
-                            f"{attempt} (the profile's retries): {type(err).__name__}: {err}") from None
+        raise WorkflowError(f"jobs of rule {job.rule.name} have resources that cannot be computed for their "
+                            f"attempt {attempt} (the profile's retries), which sbatch would need; "
+                            f"{type(err).__name__}: {err}") from None
     return resources, resources.get("_cores", job.threads)
 
 

@@ -247,8 +247,8 @@ def test_the_plan_checks_the_retries_the_profile_sizes_by_attempt_and_the_rules_
     assert re.match(r"jobs of rule corpus ask differently \(mem_mb (4000 for lang=de, 8000 for lang=\w+|"
                     r"8000 for lang=\w+, 4000 for lang=de)\)", corpus), corpus
     assert "leave corpus out of slurm-array-jobs" in corpus
-    assert subset.startswith("jobs of rule evaluation_subset: their resources cannot be computed for their "
-                             "attempt 3 (the profile's retries): "), subset
+    assert subset.startswith("jobs of rule evaluation_subset have resources that cannot be computed for their "
+                             "attempt 3 (the profile's retries), which sbatch would need; "), subset
     assert focus.startswith("jobs of rule focus_embeddings on their attempt 3 (the profile's retries) ask for "
                             "270000 MB of memory"), focus
     assert fasttext.startswith("jobs of rule fasttext on their attempt 3 (the profile's retries) ask for 36 CPUs "
