@@ -313,9 +313,8 @@ def check_request(rulename, resources, threads, attempt=1):
     if nodes is None:
         return
 
-    def get(key):  # the job's value; None for one not known until its inputs exist (<TBD>)
-        value = resources.get(key)
-        return None if type(value).__name__ == "TBDString" else value
+    def get(key):
+        return _known(resources.get(key))
 
     if _other_cluster([get(key) for key in CLUSTER_KEYS]):
         return
@@ -392,6 +391,11 @@ def _through_sbatch(job):
                                          or getattr(own, "is_template_engine", False))
 
 
+def _known(value):
+    """A job's resource value, or None for one not known until its inputs exist (<TBD>)."""
+    return None if type(value).__name__ == "TBDString" else value
+
+
 def _later_attempts(job):
     """The attempts after the first that `job` may have: 2 up to the profile's retries + 1.
     The rule's own memory and time are fitted to the nodes at every attempt (job_resources),
@@ -444,23 +448,24 @@ def _sbatch_request(job):
     request = {"threads": str(job.threads)}
     for key, value in job.resources.items():
         if key in SBATCH_KEYS:
-            request[key] = None if type(value).__name__ == "TBDString" else str(value)
+            request[key] = None if _known(value) is None else str(value)
     return request
 
 
-def _array_problem(rulename, jobs):
+def _array_problem(rulename, jobs, arrays):
     """Why the jobs `jobs` of rule `rulename`, which the profile's slurm-array-jobs submits as
     arrays, cannot go as one: the plugin makes an array's sbatch call from its first job and
     gives every task that request, so jobs that ask differently (a language's GPUs, a method's
-    own memory) would run with another job's. None when they ask alike."""
+    own memory) would run with another job's. None when they ask alike. `arrays`: the
+    profile's list (_array_rules), for the advice."""
     first = _sbatch_request(jobs[0])
-    differ = {}
+    differ = {}  # key: (the first job that asks otherwise, its request)
     for job in jobs[1:]:
         request = _sbatch_request(job)
         for key in sorted(set(first) | set(request)):
             if key not in differ and first.get(key) != request.get(key) \
                     and None not in (first.get(key, ""), request.get(key, "")):
-                differ[key] = job
+                differ[key] = job, request
     if not differ:
         return None
 
@@ -469,10 +474,10 @@ def _array_problem(rulename, jobs):
         return ", ".join(f"{key}={value}" for key, value in own.items() if others.get(key) != value) or "a job"
 
     shown = "; ".join(f"{key} {first.get(key, 'unset')} for {named(jobs[0], job)}, "
-                      f"{_sbatch_request(job).get(key, 'unset')} for {named(job, jobs[0])}"
-                      for key, job in list(differ.items())[:3])
+                      f"{request.get(key, 'unset')} for {named(job, jobs[0])}"
+                      for key, (job, request) in list(differ.items())[:3])
     leave = (f"replace 'all' in slurm-array-jobs by the rules whose jobs ask alike, without {rulename}"
-             if "all" in _array_rules() else f"leave {rulename} out of slurm-array-jobs")
+             if "all" in arrays else f"leave {rulename} out of slurm-array-jobs")
     return (f"jobs of rule {rulename} ask differently ({shown}), but the profile's slurm-array-jobs submits them "
             f"as job arrays, whose tasks all get the first job's request: {leave} (its jobs then go one by one), "
             f"or make its jobs ask alike")
@@ -505,7 +510,7 @@ def request_problems(jobs):
         if ("all" in arrays or name in arrays) and job.rule.group is None:
             in_array.setdefault(name, []).append(job)
     for name, members in in_array.items():
-        problem = _array_problem(name, members) if name not in problems and len(members) > 1 else None
+        problem = _array_problem(name, members, arrays) if name not in problems and len(members) > 1 else None
         if problem:
             problems[name] = problem
     return [problems[name] for name in sorted(problems)]
