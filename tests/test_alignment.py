@@ -356,6 +356,30 @@ def _kill_midway(inputs, kind, out, die_at):
 
 
 @pytest.mark.parametrize("kind", ["pp", "pl"])
+def test_grouped_batches_group_by_l_s_texts(inputs, kind, tmp_path, monkeypatch):
+    """alignment.length_groups: each step's rows are the grouped batches of the training pairs,
+    by the length of L's texts (the English side is looked up, not encoded)."""
+    from modsent.training.pairs import batches_of_steps
+
+    seen = []
+    loss_of = al.batch_loss
+
+    def recording(kind_, model, english, rows, *args):
+        seen.append(rows["positive"].tolist())
+        return loss_of(kind_, model, english, rows, *args)
+
+    monkeypatch.setattr(al, "batch_loss", recording)
+    torch.set_num_threads(1)
+    cfg = al.AlignmentConfig(**{**CFG.__dict__, "max_steps": 3, "length_groups": 4})
+    metrics = _train(inputs, kind, tmp_path / kind, cfg)
+    train, _ = al.split_pairs(al.alignment_pairs(kind, inputs[kind]), cfg.eval_pairs)
+    assert ("dataset" in train.columns) == (kind == "pp")  # pl's translations have no datasets
+    steps = batches_of_steps(train, 16, 0, 3, length_groups=4, length_columns=al.L_TEXT_COLUMNS)
+    assert seen == [train.iloc[b]["positive"].tolist() for b in steps]
+    assert metrics["config"]["length_groups"] == 4
+
+
+@pytest.mark.parametrize("kind", ["pp", "pl"])
 def test_killed_job_resumes_from_its_last_checkpoint(inputs, kind, tmp_path):
     straight = tmp_path / "straight"
     cudnn_attention = []  # whether SDPA may take cuDNN's kernel, at each step (a plan per batch shape)

@@ -100,6 +100,30 @@ def test_full_m_batches_are_monolingual_languages_drawn_per_batch_every_pair_onc
     assert bl.monolingual_data(frames, 8, seed=1).epoch_batches(0) != data.epoch_batches(0)
 
 
+def test_grouped_batches_of_both_kinds_keep_their_rules_and_pad_less(frames):
+    """baselines.length_groups: Full_m's batches stay monolingual and Full_c's keep the pair's
+    dataset; each pair once, no text twice in a batch, less padding than random batches."""
+    from modsent.training.pairs import text_lengths
+
+    for make in (bl.monolingual_data, bl.crosslingual_data):
+        random, grouped = make(frames, 8, 0), make(frames, 8, 0, 4)
+        assert "dataset" in grouped.rows.columns
+        batches = grouped.epoch_batches(0)
+        seen = Counter(i for batch in batches for i in batch)
+        assert max(seen.values()) == 1 and len(seen) >= len(grouped.rows) - len(frames)
+        for batch in batches:
+            assert _no_text_twice(grouped.rows.iloc[batch])
+            if make is bl.monolingual_data:
+                assert grouped.rows.iloc[batch]["language"].nunique() == 1
+        lengths = text_lengths(grouped.rows)
+
+        def padding(of):
+            return sum(len(b) * lengths[b].max() - lengths[b].sum() for b in of) / sum(len(b) * lengths[b].max()
+                                                                                        for b in of)
+        assert batches != random.epoch_batches(0)
+        assert padding(batches) < padding(random.epoch_batches(0))
+
+
 def _no_text_twice(rows: pd.DataFrame) -> bool:
     """No text in two rows of a batch (a row may repeat its own text: anchor == positive, as
     sentence-transformers allows)."""

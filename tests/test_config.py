@@ -314,6 +314,25 @@ def test_a_key_added_later_at_its_default_is_not_in_the_params():
         assert "storage_dtype" not in method_job_settings(config, name)
 
 
+@pytest.mark.parametrize("section", ["sentence_adapter", "alignment", "baselines"])
+def test_random_batches_are_not_in_the_params_and_grouped_ones_are(section):
+    """``length_groups`` (x-omit-default): 1, random batches, is how every adapter and baseline
+    trained before the key existed: at 1 no job's params change on upgrading, at 4 they do; the
+    schema refuses 0."""
+    from modsent.config import job_settings, normalize_config
+
+    config = normalize_config(filled(load("config.yaml")))
+    assert config[section]["length_groups"] == 1  # the default, filled in
+    before = job_settings(config, section)
+    assert "length_groups" not in before
+    config[section]["length_groups"] = 4
+    assert job_settings(config, section) == {**before, "length_groups": 4}
+    bad = load("config.yaml")
+    bad.setdefault(section, {})["length_groups"] = 0
+    with pytest.raises(ConfigError, match=f"{section}.length_groups"):
+        check_config(bad)
+
+
 def test_local_inputs_that_do_not_exist_are_errors_naming_the_key(tmp_path):
     config = load("config.yaml")
     (tmp_path / "de.txt").write_text("Hallo Welt\n", encoding="utf-8")

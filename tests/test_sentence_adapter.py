@@ -363,6 +363,29 @@ def _kill_midway(inputs, out, cfg, die_at):
     assert process.exitcode == -signal.SIGKILL
 
 
+def test_grouped_batches_are_the_steps_the_stage_trains_on(inputs, tmp_path, monkeypatch):
+    """sentence_adapter.length_groups: each step's rows are those of the grouped batches of the
+    stage's training pairs (their datasets kept: the built-in ones), and the metrics say so."""
+    seen = []
+    loss_of = sa.batch_loss
+
+    def recording(model, loss_fn, rows, *args):
+        seen.append(rows["anchor"].tolist())
+        return loss_of(model, loss_fn, rows, *args)
+
+    monkeypatch.setattr(sa, "batch_loss", recording)
+    torch.set_num_threads(1)
+    cfg = sa.SentenceAdapterConfig(**{**CFG.__dict__, "max_steps": 4, "length_groups": 4})
+    metrics = sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], tmp_path / "se", cfg,
+                                        device="cpu", progress=False)
+    train, _ = sa.split_heldout(sa.read_pairs(inputs["pairs"]), cfg.eval_pairs)
+    assert train["dataset"].nunique() > 1
+    grouped = [train.iloc[b]["anchor"].tolist() for b in batches_of_steps(train, 16, 0, 4, length_groups=4)]
+    assert seen == grouped
+    assert grouped != [train.iloc[b]["anchor"].tolist() for b in batches_of_steps(train, 16, 0, 4)]
+    assert metrics["config"]["length_groups"] == 4 and metrics["steps"] == 4
+
+
 def test_killed_job_resumes_from_its_last_checkpoint(inputs, tmp_path):
     torch.set_num_threads(1)
     straight = tmp_path / "straight"

@@ -99,8 +99,8 @@ def monolingual_pairs(pairs_l: pd.DataFrame) -> pd.DataFrame:
 def crosslingual_paraphrase_pairs(pairs_en: pd.DataFrame, pairs_l: pd.DataFrame) -> pd.DataFrame:
     """(English anchor, its paraphrase in L): the `pp` alignment data. The hard negative, where
     there is one, is in L too (it competes with the positive)."""
-    joined = pairs_en[["pair_id", "anchor"]].merge(
-        pairs_l[["pair_id", "positive", "negative"]], on="pair_id", how="inner")
+    kept = ["pair_id", "positive", "negative"] + (["dataset"] if "dataset" in pairs_l.columns else [])
+    joined = pairs_en[["pair_id", "anchor"]].merge(pairs_l[kept], on="pair_id", how="inner")
     return joined.reset_index(drop=True)
 
 
@@ -158,5 +158,9 @@ def crosslingual_mix(pairs_by_lang: dict[str, pd.DataFrame], seed: int) -> pd.Da
         rows.append({"pair_id": pid, "anchor_lang": la, "anchor": indexed[la].at[pid, "anchor"],
                      "positive_lang": lp, "positive": indexed[lp].at[pid, "positive"],
                      "negative": indexed[lp].at[pid, "negative"]})
-    return pd.DataFrame(rows, columns=["pair_id", "anchor_lang", "anchor", "positive_lang",
-                                       "positive", "negative"])
+    columns = ["pair_id", "anchor_lang", "anchor", "positive_lang", "positive", "negative"]
+    if all("dataset" in f.columns for f in pairs_by_lang.values()):  # a pair id's dataset (every language's)
+        columns.append("dataset")
+        for row in rows:
+            row["dataset"] = indexed[row["anchor_lang"]].at[row["pair_id"], "dataset"]
+    return pd.DataFrame(rows, columns=columns)

@@ -109,6 +109,7 @@ class FullTrainingConfig:
     precision: str = "auto"  # modsent.training.precision: auto, fp16 or fp32
     compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place); a runtime setting
     storage_dtype: str = "float32"  # the saved weights: float32, or float16/bfloat16 (half the disk)
+    length_groups: int = 1  # > 1: batches grouped by length (training.pairs.no_duplicate_batches)
 
     @classmethod
     def from_config(cls, section: dict) -> "FullTrainingConfig":
@@ -194,11 +195,12 @@ class TrainingData:
     epoch_batches: Callable[[int], list[list[int]]]
 
 
-def monolingual_data(frames: Mapping[str, pd.DataFrame], batch_size: int, seed: int) -> TrainingData:
+def monolingual_data(frames: Mapping[str, pd.DataFrame], batch_size: int, seed: int,
+                     length_groups: int = 1) -> TrainingData:
     """Full_en / Full_m: every language's pairs stacked (column ``language``); an epoch is every
-    language's ``no_duplicate_batches`` (seed: :func:`language_seed`) shuffled together, so a
-    batch holds one language, the language of each step is drawn at random, and every pair of
-    every language is used once per epoch."""
+    language's ``no_duplicate_batches`` (seed: :func:`language_seed`; ``length_groups``: grouped
+    by length) shuffled together, so a batch holds one language, the language of each step is
+    drawn at random, and every pair of every language is used once per epoch."""
     langs = sorted(frames)
     rows = pd.concat([frames[lang].assign(language=lang) for lang in langs], ignore_index=True)
     offsets = np.cumsum([0] + [len(frames[lang]) for lang in langs])
@@ -206,7 +208,8 @@ def monolingual_data(frames: Mapping[str, pd.DataFrame], batch_size: int, seed: 
     def epoch_batches(epoch: int) -> list[list[int]]:
         batches = []
         for lang, offset in zip(langs, offsets):
-            for batch in no_duplicate_batches(frames[lang], batch_size, language_seed(seed, lang), epoch):
+            for batch in no_duplicate_batches(frames[lang], batch_size, language_seed(seed, lang), epoch,
+                                              length_groups=length_groups):
                 batches.append([int(offset) + i for i in batch])
         order = np.random.default_rng([seed, epoch]).permutation(len(batches))
         return [batches[i] for i in order]
@@ -227,10 +230,12 @@ def crosslingual_pairs(frames: Mapping[str, pd.DataFrame], seed: int) -> pd.Data
     return mixed
 
 
-def crosslingual_data(frames: Mapping[str, pd.DataFrame], batch_size: int, seed: int) -> TrainingData:
+def crosslingual_data(frames: Mapping[str, pd.DataFrame], batch_size: int, seed: int,
+                      length_groups: int = 1) -> TrainingData:
     """Full_c / Full_mc: :func:`crosslingual_pairs`, batched by ``no_duplicate_batches``."""
     rows = crosslingual_pairs(frames, seed)
-    return TrainingData(rows, lambda epoch: no_duplicate_batches(rows, batch_size, seed, epoch))
+    return TrainingData(rows, lambda epoch: no_duplicate_batches(rows, batch_size, seed, epoch,
+                                                                 length_groups=length_groups))
 
 
 def iter_steps(data: TrainingData, total_steps: int, start: int = 0) -> Iterator[list[int]]:
@@ -418,9 +423,9 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
     train, heldout = split_heldout_by_pivot(frames, cfg.eval_pairs)
     pivot = pivot_language(frames)
     if recipe.objective == "monolingual":
-        data = monolingual_data(train, cfg.batch_size, cfg.seed)
+        data = monolingual_data(train, cfg.batch_size, cfg.seed, cfg.length_groups)
     else:
-        data = crosslingual_data(train, cfg.batch_size, cfg.seed)
+        data = crosslingual_data(train, cfg.batch_size, cfg.seed, cfg.length_groups)
     epoch_batches = len(data.epoch_batches(0))
     total_steps = cfg.max_steps or cfg.epochs * epoch_batches
     log.info("%s: %s pairs of %s, %d training rows, %d held-out pair ids; %d batches per epoch; %d steps",

@@ -85,6 +85,9 @@ ADAPTER_DIR = "adapter"
 EMBEDDINGS_KEY = "embeddings"
 EMBEDDINGS_FORMAT = "modsent-english-embeddings/1"
 ENGLISH_TEXT_COLUMNS = ("text", "english", "anchor", "positive", "negative")
+#: The texts of a row that L's encoder encodes (the English anchor is looked up): what
+#: length-grouped batches group by
+L_TEXT_COLUMNS = ("positive", "negative")
 
 
 # ---- configuration ---------------------------------------------------------------------------
@@ -111,6 +114,7 @@ class AlignmentConfig:
     checkpoint_every: int = 500  # optimizer steps between resumable checkpoints
     precision: str = "auto"  # modsent.training.precision: auto, fp16 or fp32
     compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place)
+    length_groups: int = 1  # > 1: batches grouped by L's lengths (training.pairs.no_duplicate_batches)
     adapter: pa.ParallelAdapterConfig = dataclasses.field(default_factory=pa.ParallelAdapterConfig)
 
     @classmethod
@@ -310,6 +314,8 @@ def alignment_pairs(kind: str, pairs) -> pd.DataFrame:
                             "negative": frame["negative"] if "negative" in frame.columns else None})
     else:
         out = pd.DataFrame({"anchor": frame["english"], "positive": frame["translation"], "negative": None})
+    if "dataset" in frame.columns:  # length-grouped batches keep each dataset's share
+        out["dataset"] = frame["dataset"].astype(str)
     # texts exactly as given (the English side is looked up by the hash of its exact text)
     for column in PAIR_TEXT_COLUMNS:
         out[column] = out[column].map(lambda t: t if isinstance(t, str) and t.strip() else None)
@@ -456,7 +462,8 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
     train, heldout = split_pairs(data, cfg.eval_pairs)
     if len(train) < 2:
         raise InputError(f"{kind} pairs: {len(train)} training pairs after holding out {len(heldout)}")
-    epoch_batches = len(no_duplicate_batches(train, cfg.batch_size, cfg.seed, 0))
+    grouping = {"length_groups": cfg.length_groups, "length_columns": L_TEXT_COLUMNS}
+    epoch_batches = len(no_duplicate_batches(train, cfg.batch_size, cfg.seed, 0, **grouping))
     total_steps = cfg.max_steps or cfg.epochs * epoch_batches
     log.info("CLA %s %s: %d training pairs, %d held out; %d batches per epoch; %d steps",
              kind, language, len(train), len(heldout), epoch_batches, total_steps)
@@ -483,13 +490,13 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
                                    batch_size=eval_batch, precision=cfg.precision)
 
     scaler = grad_scaler(device, cfg.precision)  # fp16: the loss scaler; else a pass-through
-    fingerprint = cfg.fingerprint(kind, base_model_dir, la_dir, se_dir, data, *english_files)
+    fingerprint = cfg.fingerprint(kind, base_model_dir, la_dir, se_dir, data[list(PAIR_TEXT_COLUMNS)], *english_files)
     resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint, scaler)
     start = resumed["step"] if resumed else 0
     before = resumed["heldout_before"] if resumed and "heldout_before" in resumed else evaluate()
     log_ = TrainingLog(total_steps, start, f"CLA {kind} {language}", progress, cfg.log_every, resumed, scaler)
     model.train()
-    batches = batches_of_steps(train, cfg.batch_size, cfg.seed, total_steps, start)
+    batches = batches_of_steps(train, cfg.batch_size, cfg.seed, total_steps, start, **grouping)
 
     def prepare(batch):  # on a thread, one step ahead: the next batch's vectors and tokens
         return batch_inputs(kind, model, english, train.iloc[batch])

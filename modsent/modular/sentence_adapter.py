@@ -98,6 +98,7 @@ class SentenceAdapterConfig:
     checkpoint_every: int = 500  # optimizer steps between resumable checkpoints
     precision: str = "auto"  # modsent.training.precision: auto, fp16 or fp32
     compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place)
+    length_groups: int = 1  # > 1: batches grouped by length (training.pairs.no_duplicate_batches)
 
     @classmethod
     def from_config(cls, section: dict) -> "SentenceAdapterConfig":
@@ -406,7 +407,7 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
 
     pairs = read_pairs(pairs_path)
     train, heldout = split_heldout(pairs, cfg.eval_pairs)
-    epoch_batches = len(no_duplicate_batches(train, cfg.batch_size, cfg.seed, 0))
+    epoch_batches = len(no_duplicate_batches(train, cfg.batch_size, cfg.seed, 0, length_groups=cfg.length_groups))
     total_steps = cfg.max_steps or cfg.epochs * epoch_batches
     log.info("pairs %s: %d training, %d held out; %d batches per epoch; %d steps",
              pairs_path, len(train), len(heldout), epoch_batches, total_steps)
@@ -434,7 +435,7 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
     accuracy_before = resumed["accuracy_before"] if resumed else evaluate()
     log_ = TrainingLog(total_steps, start, f"SE {out_dir.name}", progress, cfg.log_every, resumed, scaler)
     model.train()
-    batches = batches_of_steps(train, cfg.batch_size, cfg.seed, total_steps, start)
+    batches = batches_of_steps(train, cfg.batch_size, cfg.seed, total_steps, start, length_groups=cfg.length_groups)
 
     def prepare(batch):  # on a thread, one step ahead: the next batch's texts tokenised
         return model.step_features(batch_texts(train.iloc[batch]))

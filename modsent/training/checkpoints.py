@@ -31,6 +31,9 @@ META = "meta.json"
 RUNTIME_SETTINGS = ("checkpoint_every", "log_every", "compile")
 # The settings that say how the result is saved, not how it trains: left out of fingerprints too
 OUTPUT_SETTINGS = ("storage_dtype",)
+# Settings added after checkpoints existed, left out of fingerprints at these defaults (how the
+# earlier code trained), so that an interrupted run's checkpoint still resumes after an upgrade
+LATER_DEFAULTS = {"length_groups": 1}
 
 
 def checkpoint_path(out_dir: str | Path) -> Path:
@@ -137,10 +140,12 @@ def resume(checkpoint_dir: Path, model, optimizer, fingerprint: str, scaler=None
 
 def fingerprint(settings: dict, *inputs) -> str:
     """What a checkpoint must match to be resumed: the settings (but how often to log and
-    checkpoint, whether the encoder is compiled and the saved weights' dtype) and the content of
+    checkpoint, whether the encoder is compiled, the saved weights' dtype and a later setting at
+    its default: ``LATER_DEFAULTS``) and the content of
     the inputs: a file's bytes, a directory's files (names and bytes, hidden files aside), a
     data frame's values, or None (an absent input)."""
-    relevant = {k: v for k, v in settings.items() if k not in RUNTIME_SETTINGS + OUTPUT_SETTINGS}
+    relevant = {k: v for k, v in settings.items() if k not in RUNTIME_SETTINGS + OUTPUT_SETTINGS
+                and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])}
     digest = hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode())
     for item in inputs:
         if item is None:

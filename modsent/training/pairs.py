@@ -5,7 +5,7 @@ other in-batch objectives of :mod:`modsent.losses`."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,8 @@ def read_pairs(path: str | Path) -> pd.DataFrame:
     out = pd.DataFrame({c: frame[c] if c in frame.columns else None for c in PAIR_TEXT_COLUMNS})
     if "pair_id" in frame.columns:
         out.insert(0, "pair_id", frame["pair_id"].astype(str))
+    if "dataset" in frame.columns:  # length-grouped batches keep each dataset's share
+        out["dataset"] = frame["dataset"].astype(str)
     for column in PAIR_TEXT_COLUMNS:
         out[column] = out[column].map(lambda t: t.strip() if isinstance(t, str) and t.strip() else None)
     out = out.dropna(subset=["anchor", "positive"]).reset_index(drop=True)
@@ -53,15 +55,28 @@ def split_heldout(pairs: pd.DataFrame, count: int) -> tuple[pd.DataFrame, pd.Dat
 
 
 def no_duplicate_batches(pairs: pd.DataFrame, batch_size: int, seed: int, epoch: int = 0,
-                         *, min_size: int = 2, group_column: str | None = None) -> list[list[int]]:
+                         *, min_size: int = 2, group_column: str | None = None,
+                         length_groups: int = 1, length_columns: Sequence[str] = PAIR_TEXT_COLUMNS,
+                         strata_column: str | None = "dataset") -> list[list[int]]:
     """Row indices of the batches of one epoch: a seeded shuffle, then each batch takes, in that
     order, the next rows none of whose texts (anchor, positive, negative) is already in the batch
     (sentence-transformers' NoDuplicatesBatchSampler). Rows that clash wait for a later batch.
     The last batch may be smaller; batches under ``min_size`` rows are dropped.
 
     ``group_column`` (e.g. ``pair_id``): rows of one group never share a batch either, so the
-    copies of one pair in other languages are not each other's in-batch negatives."""
+    copies of one pair in other languages are not each other's in-batch negatives.
+
+    ``length_groups`` k > 1: batches grouped by length (:func:`length_grouped_order`): the
+    shuffled rows are ordered by length within pools of k batches' worth before the batches are
+    taken as above, and the epoch's batches are then shuffled. A batch holds texts of similar
+    length (less padding where it is encoded in one pass, as on a GPU), while each dataset of
+    ``strata_column`` keeps its share of the pool in every batch, so the in-batch negatives are
+    not all short sentences of one dataset. k = 1: the random batches above, unchanged."""
     order = np.random.default_rng([seed, epoch]).permutation(len(pairs)).tolist()
+    if length_groups > 1:
+        strata = pairs[strata_column] if strata_column is not None and strata_column in pairs.columns else None
+        order = length_grouped_order(order, text_lengths(pairs, length_columns), length_groups * batch_size,
+                                     strata)
     texts = [tuple(t for t in row if isinstance(t, str))
              for row in pairs[list(PAIR_TEXT_COLUMNS)].itertuples(index=False)]
     if group_column is not None:
@@ -85,7 +100,50 @@ def no_duplicate_batches(pairs: pd.DataFrame, batch_size: int, seed: int, epoch:
             del remaining[index]
         if len(batch) >= min_size:
             batches.append(batch)
+    if length_groups > 1:  # steps in random order, not from short to long within each pool
+        batches = [batches[i] for i in np.random.default_rng([seed, epoch, 1]).permutation(len(batches))]
     return batches
+
+
+def text_lengths(pairs: pd.DataFrame, columns: Sequence[str] = PAIR_TEXT_COLUMNS) -> np.ndarray:
+    """Each row's longest text among ``columns`` (those the frame has), in characters: a batch
+    encoded in one pass is padded to its longest text."""
+    lengths = np.zeros(len(pairs), dtype=np.int64)
+    for column in columns:
+        if column in pairs.columns:
+            lengths = np.maximum(lengths, pairs[column].map(lambda t: len(t) if isinstance(t, str) else 0)
+                                 .to_numpy(dtype=np.int64))
+    return lengths
+
+
+def length_grouped_order(order: Sequence[int], lengths: np.ndarray, pool: int,
+                         strata: Sequence | None = None) -> list[int]:
+    """``order`` (shuffled row indices) in consecutive pools of ``pool`` rows, each pool sorted by
+    its rows' ``lengths``; rows of equal key keep their shuffled order. With ``strata`` (each
+    row's dataset), a row's key is its length's rank among the pool's rows of its dataset, as a
+    share of them (its length quantile within its dataset): the pool's shortest rows of every
+    dataset come first, then the next, so the rows a batch takes in turn hold each dataset about
+    in its share of the pool, each at a similar length quantile."""
+    order = np.asarray(order, dtype=np.int64)
+    lengths = np.asarray(lengths)
+    codes = None if strata is None else pd.factorize(pd.Series(strata).astype(str), sort=True)[0]
+    out = []
+    for start in range(0, len(order), pool):
+        chunk = order[start:start + pool]
+        position = np.arange(len(chunk))
+        length = lengths[chunk]
+        if codes is None:
+            key = length.astype(np.float64)
+        else:
+            stratum = codes[chunk]
+            by_stratum = np.lexsort((position, length, stratum))  # each dataset's rows, shortest first
+            counts = np.bincount(stratum)
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            rank = np.empty(len(chunk), dtype=np.float64)
+            rank[by_stratum] = np.arange(len(chunk)) - starts[stratum[by_stratum]]
+            key = (rank + 0.5) / counts[stratum]
+        out.extend(chunk[np.lexsort((position, key))].tolist())
+    return out
 
 
 def steps_of_epochs(epoch_batches: Callable[[int], list[list[int]]], total_steps: int,
@@ -108,8 +166,10 @@ def steps_of_epochs(epoch_batches: Callable[[int], list[list[int]]], total_steps
 
 
 def batches_of_steps(pairs: pd.DataFrame, batch_size: int, seed: int, total_steps: int, start: int = 0,
-                     *, group_column: str | None = None) -> Iterator[list[int]]:
+                     *, group_column: str | None = None, length_groups: int = 1,
+                     length_columns: Sequence[str] = PAIR_TEXT_COLUMNS) -> Iterator[list[int]]:
     """:func:`steps_of_epochs` over :func:`no_duplicate_batches` of ``pairs``."""
     return steps_of_epochs(
-        lambda epoch: no_duplicate_batches(pairs, batch_size, seed, epoch, group_column=group_column),
+        lambda epoch: no_duplicate_batches(pairs, batch_size, seed, epoch, group_column=group_column,
+                                           length_groups=length_groups, length_columns=length_columns),
         total_steps, start)

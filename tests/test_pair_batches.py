@@ -1,0 +1,119 @@
+"""Length-grouped batches (``training.pairs.no_duplicate_batches(length_groups=k)``): the same
+rules as random batches, less padding, and every dataset in its share of each batch."""
+
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from modsent.sources.builtin import builtin_paraphrases
+from modsent.testing import sample_texts
+from modsent.training import checkpoints
+from modsent.training.pairs import (PAIR_TEXT_COLUMNS, batches_of_steps, length_grouped_order,
+                                    no_duplicate_batches, text_lengths)
+
+
+@pytest.fixture(scope="module")
+def pairs() -> pd.DataFrame:
+    """Two datasets of different lengths: the built-in paraphrases (names of countries, ... and
+    a few UI messages: 5-52 characters) and consecutive sentences of the standard library's
+    docstrings as pairs (a batching fixture, not paraphrases: 30-250 characters)."""
+    names = builtin_paraphrases()[["dataset", "anchor", "positive", "negative"]]
+    sentences = sample_texts(600)
+    docs = pd.DataFrame({"dataset": "docstrings", "anchor": sentences[0::2], "positive": sentences[1::2],
+                         "negative": None})
+    return pd.concat([names, docs], ignore_index=True)
+
+
+def _padding(pairs: pd.DataFrame, batches, columns=PAIR_TEXT_COLUMNS) -> float:
+    """The share of padding when each batch is one pass padded to its longest text (characters)."""
+    real = padded = 0
+    for batch in batches:
+        texts = [len(t) for c in columns for t in pairs.loc[batch, c] if isinstance(t, str)]
+        real += sum(texts)
+        padded += max(texts) * len(texts)
+    return 1 - real / padded
+
+
+def _texts(pairs, index):
+    return {t for t in pairs.loc[index, list(PAIR_TEXT_COLUMNS)] if isinstance(t, str)}
+
+
+def test_grouped_batches_keep_the_rules_of_random_ones(pairs):
+    for seed, epoch in ((0, 0), (0, 1), (5, 0)):
+        random = no_duplicate_batches(pairs, 16, seed, epoch)
+        grouped = no_duplicate_batches(pairs, 16, seed, epoch, length_groups=4)
+        placed = [i for batch in grouped for i in batch]
+        assert len(placed) == len(set(placed)) >= len(pairs) - 16  # each row once (a clash may wait)
+        assert len(placed) >= len([i for batch in random for i in batch]) - 1  # a left-over row may differ
+        for batch in grouped:
+            assert 2 <= len(batch) <= 16
+            seen = set()
+            for i in batch:  # no text of one row in another row of the batch
+                assert not _texts(pairs, i) & seen
+                seen |= _texts(pairs, i)
+        assert grouped == no_duplicate_batches(pairs, 16, seed, epoch, length_groups=4)  # seeded
+    assert no_duplicate_batches(pairs, 16, 0, 0, length_groups=4) != no_duplicate_batches(pairs, 16, 0, 1,
+                                                                                          length_groups=4)
+
+
+def test_the_order_is_the_pools_sorted_by_length_or_by_its_quantile_in_the_dataset(pairs):
+    order = np.random.default_rng(3).permutation(len(pairs)).tolist()
+    lengths = text_lengths(pairs)
+    assert lengths[0] == max(len(t) for t in pairs.loc[0, list(PAIR_TEXT_COLUMNS)] if isinstance(t, str))
+    pool = 64
+    expected = []
+    for start in range(0, len(order), pool):  # Python's sort is stable: ties keep the shuffled order
+        expected += sorted(order[start:start + pool], key=lambda i: lengths[i])
+    assert length_grouped_order(order, lengths, pool) == expected
+    # with datasets: each row's rank among its dataset's rows of the pool (ties in shuffled
+    # order), as a share of them, computed with pandas
+    expected = []
+    for start in range(0, len(order), pool):
+        chunk = pd.DataFrame({"row": order[start:start + pool]})
+        chunk["length"] = lengths[chunk["row"]]
+        chunk["dataset"] = pairs["dataset"].to_numpy()[chunk["row"]]
+        rank = chunk.groupby("dataset")["length"].rank(method="first")
+        chunk["key"] = (rank - 0.5) / chunk.groupby("dataset")["row"].transform("size")
+        expected += chunk.sort_values("key", kind="stable")["row"].tolist()
+    assert length_grouped_order(order, lengths, pool, pairs["dataset"]) == expected
+
+
+def test_grouped_batches_pad_less_and_keep_each_dataset_in_its_share(pairs):
+    share = (pairs["dataset"] == "docstrings").mean()
+    random = no_duplicate_batches(pairs, 16, 0)
+    grouped = no_duplicate_batches(pairs, 16, 0, length_groups=8)
+    by_length_alone = no_duplicate_batches(pairs, 16, 0, length_groups=8, strata_column=None)
+    assert _padding(pairs, grouped) < 0.8 * _padding(pairs, random)
+    assert _padding(pairs, by_length_alone) < _padding(pairs, grouped)  # the price of the shares
+
+    def docstring_shares(batches):
+        return [(pairs.loc[b, "dataset"] == "docstrings").mean() for b in batches if len(b) == 16]
+
+    # sorted by length alone, the short names and the long sentences fill batches of their own
+    assert sum(s in (0.0, 1.0) for s in docstring_shares(by_length_alone)) > 0.5 * len(by_length_alone)
+    # sorted by the quantile within each dataset, every batch holds both, about in their shares
+    shares = docstring_shares(grouped)
+    assert len(shares) > 0.8 * len(grouped)
+    assert all(abs(s - share) <= 0.2 for s in shares), (share, shares)
+    assert abs(np.mean(shares) - share) < 0.05
+
+
+def test_grouped_steps_resume_where_an_unbroken_run_was(pairs):
+    """A resumed run asks for the batches from its step on: the unbroken run's, epoch after epoch."""
+    per_epoch = len(no_duplicate_batches(pairs, 16, 0, 0, length_groups=4))
+    total = 2 * per_epoch + 3
+    unbroken = list(batches_of_steps(pairs, 16, 0, total, length_groups=4))
+    assert unbroken[per_epoch] == no_duplicate_batches(pairs, 16, 0, 1, length_groups=4)[0]
+    for start in (1, per_epoch, total - 1):
+        assert list(batches_of_steps(pairs, 16, 0, total, start, length_groups=4)) == unbroken[start:]
+    counts = Counter(len(b) for b in unbroken)
+    assert counts[16] > 0.8 * len(unbroken)
+
+
+def test_a_checkpoint_of_random_batches_resumes_after_the_key_exists():
+    """``length_groups`` at 1 is how every checkpoint before it trained: left out of fingerprints."""
+    settings = {"batch_size": 16, "seed": 0}
+    assert checkpoints.fingerprint({**settings, "length_groups": 1}) == checkpoints.fingerprint(settings)
+    assert checkpoints.fingerprint({**settings, "length_groups": 4}) != checkpoints.fingerprint(settings)
