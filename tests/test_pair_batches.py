@@ -10,8 +10,10 @@ import pytest
 from modsent.sources.builtin import builtin_paraphrases
 from modsent.testing import sample_texts
 from modsent.training import checkpoints
-from modsent.training.pairs import (PAIR_TEXT_COLUMNS, batches_of_steps, length_grouped_order,
-                                    no_duplicate_batches, text_lengths)
+from modsent.io import InputError
+from modsent.modular.sentence_adapter import SentenceAdapterConfig
+from modsent.training.pairs import (PAIR_TEXT_COLUMNS, batches_of_steps, fingerprinted, length_grouped_order,
+                                    no_duplicate_batches, read_pairs, text_lengths)
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +114,37 @@ def test_grouped_steps_resume_where_an_unbroken_run_was(pairs):
     assert counts[16] > 0.8 * len(unbroken)
 
 
-def test_a_checkpoint_of_random_batches_resumes_after_the_key_exists():
-    """``length_groups`` at 1 is how every checkpoint before it trained: left out of fingerprints."""
+def test_pairs_without_a_dataset_label_form_a_group_of_their_own(pairs, tmp_path):
+    """A pair file whose ``dataset`` has gaps (None, NaN) reads with "" there, and grouped
+    batches treat those pairs as one more dataset."""
+    gaps = pairs.assign(dataset=pairs["dataset"].astype(object))
+    gaps.loc[gaps.index % 5 == 0, "dataset"] = None
+    gaps.loc[gaps.index % 7 == 0, "dataset"] = float("nan")
+    gaps.to_parquet(tmp_path / "pairs.parquet", index=False)
+    read = read_pairs(tmp_path / "pairs.parquet")
+    assert (read["dataset"] == "").sum() == ((pairs.index % 5 == 0) | (pairs.index % 7 == 0)).sum()
+    for frame in (gaps, read):
+        batches = no_duplicate_batches(frame, 16, 0, length_groups=4)
+        placed = [i for batch in batches for i in batch]
+        assert len(placed) == len(set(placed)) >= len(frame) - 16
+
+
+def test_checkpoints_of_random_batches_hash_no_dataset_labels(pairs):
+    """At ``length_groups: 1`` a checkpoint's fingerprint hashes the pairs without their labels
+    (what was hashed before frames kept them: a run interrupted before the upgrade resumes);
+    grouped by them, the labels decide the batches and are hashed."""
     settings = {"batch_size": 16, "seed": 0}
     assert checkpoints.fingerprint({**settings, "length_groups": 1}) == checkpoints.fingerprint(settings)
     assert checkpoints.fingerprint({**settings, "length_groups": 4}) != checkpoints.fingerprint(settings)
+    earlier = pairs.drop(columns="dataset")  # the frame as read before it kept the labels
+    relabelled = pairs.assign(dataset="one")
+    assert checkpoints.fingerprint(settings, fingerprinted(pairs)) == checkpoints.fingerprint(settings, earlier)
+    assert checkpoints.fingerprint(settings, fingerprinted(relabelled)) == checkpoints.fingerprint(settings, earlier)
+    assert checkpoints.fingerprint(settings, fingerprinted(pairs, 4)) != checkpoints.fingerprint(
+        settings, fingerprinted(relabelled, 4))
+
+
+@pytest.mark.parametrize("value", [0, -2, 2.0, True])
+def test_length_groups_must_be_a_positive_integer(value):
+    with pytest.raises(InputError, match=r"sentence_adapter\.length_groups must be an integer of at least 1"):
+        SentenceAdapterConfig(length_groups=value)

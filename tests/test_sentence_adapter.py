@@ -386,6 +386,35 @@ def test_grouped_batches_are_the_steps_the_stage_trains_on(inputs, tmp_path, mon
     assert metrics["config"]["length_groups"] == 4 and metrics["steps"] == 4
 
 
+def test_a_checkpoint_of_random_batches_is_the_one_made_before_pairs_kept_their_datasets(inputs, tmp_path,
+                                                                                      monkeypatch):
+    """The pairs now carry their ``dataset`` labels: at ``length_groups: 1`` the stage's
+    checkpoint fingerprint is the one the frame without them gives (a run interrupted before the
+    upgrade resumes); grouped, the labels are hashed too."""
+    from modsent.training import checkpoints
+
+    asked = []
+    resume = checkpoints.resume
+
+    def recording(directory, model, optimizer, fingerprint, *args, **kwargs):
+        asked.append(fingerprint)
+        return resume(directory, model, optimizer, fingerprint, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoints, "resume", recording)
+    torch.set_num_threads(1)
+    pairs = sa.read_pairs(inputs["pairs"])
+    assert "dataset" in pairs.columns
+    for groups in (1, 4):
+        cfg = sa.SentenceAdapterConfig(**{**CFG.__dict__, "max_steps": 1, "length_groups": groups})
+        sa.train_sentence_adapter(inputs["base"], inputs["la"], inputs["pairs"], tmp_path / str(groups), cfg,
+                                  device="cpu", progress=False)
+    earlier = sa.SentenceAdapterConfig(**{**CFG.__dict__, "max_steps": 1}).fingerprint(
+        inputs["base"], inputs["la"], pairs.drop(columns="dataset"))
+    grouped = sa.SentenceAdapterConfig(**{**CFG.__dict__, "max_steps": 1, "length_groups": 4}).fingerprint(
+        inputs["base"], inputs["la"], pairs)
+    assert asked == [earlier, grouped]
+
+
 def test_killed_job_resumes_from_its_last_checkpoint(inputs, tmp_path):
     torch.set_num_threads(1)
     straight = tmp_path / "straight"

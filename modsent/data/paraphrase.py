@@ -145,7 +145,9 @@ def _usable(text) -> bool:
 
 def crosslingual_mix(pairs_by_lang: dict[str, pd.DataFrame], seed: int) -> pd.DataFrame:
     """Full_c: for every pair id the languages share, the anchor's and the positive's language
-    are drawn at random (independently, from all languages, English included)."""
+    are drawn at random (independently, from all languages, English included). The pair's
+    ``dataset`` is kept where every language's frame has one (else length-grouped batches group
+    by length alone)."""
     langs = sorted(pairs_by_lang)
     shared = set.intersection(*(set(f["pair_id"]) for f in pairs_by_lang.values()))
     ids = sorted(shared)

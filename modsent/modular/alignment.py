@@ -71,7 +71,8 @@ from modsent.training import checkpoints, fastpath
 from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, pinned, set_learning_rate, to_device
 from modsent.training import schedules
-from modsent.training.pairs import PAIR_TEXT_COLUMNS, batches_of_steps, no_duplicate_batches, split_heldout
+from modsent.training.pairs import (PAIR_TEXT_COLUMNS, batches_of_steps, dataset_labels, fingerprinted,
+                                    no_duplicate_batches, split_heldout)
 from modsent.training.precision import autocast, default_device, describe_device, grad_scaler
 from modsent.training.seeding import dropout_seed, private_cpu_stream
 
@@ -315,7 +316,7 @@ def alignment_pairs(kind: str, pairs) -> pd.DataFrame:
     else:
         out = pd.DataFrame({"anchor": frame["english"], "positive": frame["translation"], "negative": None})
     if "dataset" in frame.columns:  # length-grouped batches keep each dataset's share
-        out["dataset"] = frame["dataset"].astype(str)
+        out["dataset"] = dataset_labels(frame["dataset"])
     # texts exactly as given (the English side is looked up by the hash of its exact text)
     for column in PAIR_TEXT_COLUMNS:
         out[column] = out[column].map(lambda t: t if isinstance(t, str) and t.strip() else None)
@@ -490,7 +491,8 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
                                    batch_size=eval_batch, precision=cfg.precision)
 
     scaler = grad_scaler(device, cfg.precision)  # fp16: the loss scaler; else a pass-through
-    fingerprint = cfg.fingerprint(kind, base_model_dir, la_dir, se_dir, data[list(PAIR_TEXT_COLUMNS)], *english_files)
+    fingerprint = cfg.fingerprint(kind, base_model_dir, la_dir, se_dir, fingerprinted(data, cfg.length_groups),
+                                  *english_files)
     resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint, scaler)
     start = resumed["step"] if resumed else 0
     before = resumed["heldout_before"] if resumed and "heldout_before" in resumed else evaluate()

@@ -59,7 +59,8 @@ from modsent.io import InputError, atomic_path, canonical_adapter_config, check_
 from modsent.losses import MultipleNegativesRankingLoss, mlm_parts
 from modsent.tokenizing import BatchTokenizer, encoder_attention_mask
 from modsent.training import checkpoints, fastpath, schedules
-from modsent.training.pairs import batches_of_steps, no_duplicate_batches, read_pairs, split_heldout  # noqa: F401
+from modsent.training.pairs import (batches_of_steps, fingerprinted, no_duplicate_batches, read_pairs,  # noqa: F401
+                                    split_heldout)
 from modsent.training.optim import adamw
 from modsent.training.loop import (LengthChunks, TrainingLog, ahead, checkpoint_due, encode_in_batches,
                                    optimizer_step, pinned, set_learning_rate, split_by_length, to_device,
@@ -140,6 +141,10 @@ def check_contrastive_settings(section: str, cfg) -> None:
         raise InputError(f"{section}.max_steps must be at least 1 or null, got {cfg.max_steps}")
     if cfg.epochs < 1:
         raise InputError(f"{section}.epochs must be at least 1, got {cfg.epochs}")
+    groups = getattr(cfg, "length_groups", 1)
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise InputError(f"{section}.length_groups must be an integer of at least 1 (1: random batches), "
+                         f"got {groups!r}")
 
 
 # ---- data: modsent.training.pairs (read_pairs, split_heldout, no_duplicate_batches) ---------
@@ -429,7 +434,7 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
                                   batch_size=eval_batch, precision=cfg.precision)
 
     scaler = grad_scaler(device, cfg.precision)  # fp16: the loss scaler; else a pass-through
-    fingerprint = cfg.fingerprint(base_model_dir, la_dir, pairs)
+    fingerprint = cfg.fingerprint(base_model_dir, la_dir, fingerprinted(pairs, cfg.length_groups))
     resumed = checkpoints.resume(checkpoint_dir, model, optimizer, fingerprint, scaler)
     start = resumed["step"] if resumed else 0
     accuracy_before = resumed["accuracy_before"] if resumed else evaluate()

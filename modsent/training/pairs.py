@@ -28,7 +28,7 @@ def read_pairs(path: str | Path) -> pd.DataFrame:
     if "pair_id" in frame.columns:
         out.insert(0, "pair_id", frame["pair_id"].astype(str))
     if "dataset" in frame.columns:  # length-grouped batches keep each dataset's share
-        out["dataset"] = frame["dataset"].astype(str)
+        out["dataset"] = dataset_labels(frame["dataset"])
     for column in PAIR_TEXT_COLUMNS:
         out[column] = out[column].map(lambda t: t.strip() if isinstance(t, str) and t.strip() else None)
     out = out.dropna(subset=["anchor", "positive"]).reset_index(drop=True)
@@ -38,6 +38,18 @@ def read_pairs(path: str | Path) -> pd.DataFrame:
     if len(out) < 2:
         raise InputError(f"{path}: {len(out)} usable pairs; MNRL needs at least 2")
     return out
+
+
+def dataset_labels(values) -> list[str]:
+    """A ``dataset`` column as strings, a missing label as "" (one group of its own)."""
+    return ["" if pd.isna(value) else str(value) for value in values]
+
+
+def fingerprinted(pairs: pd.DataFrame, length_groups: int = 1) -> pd.DataFrame:
+    """What of a training frame a checkpoint's fingerprint hashes: the pairs without their
+    ``dataset`` labels, which decide nothing unless batches are grouped by them (so a checkpoint
+    made before the frames kept the labels still resumes with random batches)."""
+    return pairs if length_groups > 1 else pairs.drop(columns="dataset", errors="ignore")
 
 
 def split_heldout(pairs: pd.DataFrame, count: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -126,7 +138,7 @@ def length_grouped_order(order: Sequence[int], lengths: np.ndarray, pool: int,
     in its share of the pool, each at a similar length quantile."""
     order = np.asarray(order, dtype=np.int64)
     lengths = np.asarray(lengths)
-    codes = None if strata is None else pd.factorize(pd.Series(strata).astype(str), sort=True)[0]
+    codes = None if strata is None else pd.factorize(pd.Series(dataset_labels(strata)), sort=True)[0]
     out = []
     for start in range(0, len(order), pool):
         chunk = order[start:start + pool]
