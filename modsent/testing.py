@@ -158,3 +158,23 @@ def make_random_m2m100(out_dir: str | os.PathLike, texts: Sequence[str], *, voca
                         d_model=d_model, layers=layers, heads=heads, ffn_dim=ffn_dim,
                         max_position_embeddings=max_position_embeddings, init_std=init_std,
                         seed=seed, dtype=dtype)
+
+
+# ---- pairs for batching tests and benchmarks -----------------------------------------------
+
+
+def two_length_datasets():
+    """Pairs of two datasets of very different lengths, for batching tests and benchmarks: the
+    built-in paraphrases (names of countries, currencies and a few UI messages: 5-52
+    characters) and consecutive docstring sentences of the standard library as pairs (30-250
+    characters; a batching fixture, not paraphrases). Columns: dataset, anchor, positive,
+    negative."""
+    import pandas as pd
+
+    from modsent.sources.builtin import builtin_paraphrases
+
+    names = builtin_paraphrases()[["dataset", "anchor", "positive", "negative"]]
+    sentences = sample_texts(600)
+    docs = pd.DataFrame({"dataset": "docstrings", "anchor": sentences[0::2], "positive": sentences[1::2],
+                         "negative": None})
+    return pd.concat([names, docs], ignore_index=True)

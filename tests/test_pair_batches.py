@@ -7,25 +7,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from modsent.sources.builtin import builtin_paraphrases
-from modsent.testing import sample_texts
-from modsent.training import checkpoints
 from modsent.io import InputError
 from modsent.modular.sentence_adapter import SentenceAdapterConfig
+from modsent.testing import two_length_datasets
+from modsent.training import checkpoints
 from modsent.training.pairs import (PAIR_TEXT_COLUMNS, batches_of_steps, fingerprinted, length_grouped_order,
                                     no_duplicate_batches, read_pairs, text_lengths)
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def pairs() -> pd.DataFrame:
-    """Two datasets of different lengths: the built-in paraphrases (names of countries, ... and
-    a few UI messages: 5-52 characters) and consecutive sentences of the standard library's
-    docstrings as pairs (a batching fixture, not paraphrases: 30-250 characters)."""
-    names = builtin_paraphrases()[["dataset", "anchor", "positive", "negative"]]
-    sentences = sample_texts(600)
-    docs = pd.DataFrame({"dataset": "docstrings", "anchor": sentences[0::2], "positive": sentences[1::2],
-                         "negative": None})
-    return pd.concat([names, docs], ignore_index=True)
+    """Two datasets of different lengths: short names and long docstring sentences."""
+    return two_length_datasets()
 
 
 def _padding(pairs: pd.DataFrame, batches, columns=PAIR_TEXT_COLUMNS) -> float:
@@ -148,3 +142,13 @@ def test_checkpoints_of_random_batches_hash_no_dataset_labels(pairs):
 def test_length_groups_must_be_a_positive_integer(value):
     with pytest.raises(InputError, match=r"sentence_adapter\.length_groups must be an integer of at least 1"):
         SentenceAdapterConfig(length_groups=value)
+
+
+def test_the_batching_benchmark_counts_padding_as_these_tests_do(pairs):
+    bench = load_benchmark("pair_batching")
+    lengths = bench.lengths_of(pairs, PAIR_TEXT_COLUMNS, None, 128)
+    for strata in ("dataset", None):
+        batches = no_duplicate_batches(pairs, 16, 0, length_groups=8, strata_column=strata)
+        padding, single, gap = bench.describe(pairs, batches, lengths, PAIR_TEXT_COLUMNS)
+        assert padding == pytest.approx(_padding(pairs, batches))
+        assert (single == 0) == (strata is not None) and 0 < gap < 1
