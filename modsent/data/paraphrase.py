@@ -155,14 +155,12 @@ def crosslingual_mix(pairs_by_lang: dict[str, pd.DataFrame], seed: int) -> pd.Da
     rng = np.random.default_rng(seed)
     a_lang = rng.choice(langs, size=len(ids))
     p_lang = rng.choice(langs, size=len(ids))
+    datasets = all("dataset" in f.columns for f in pairs_by_lang.values())  # a pair id's, in every language
     rows = []
     for pid, la, lp in zip(ids, a_lang, p_lang):
         rows.append({"pair_id": pid, "anchor_lang": la, "anchor": indexed[la].at[pid, "anchor"],
                      "positive_lang": lp, "positive": indexed[lp].at[pid, "positive"],
-                     "negative": indexed[lp].at[pid, "negative"]})
-    columns = ["pair_id", "anchor_lang", "anchor", "positive_lang", "positive", "negative"]
-    if all("dataset" in f.columns for f in pairs_by_lang.values()):  # a pair id's dataset (every language's)
-        columns.append("dataset")
-        for row in rows:
-            row["dataset"] = indexed[row["anchor_lang"]].at[row["pair_id"], "dataset"]
-    return pd.DataFrame(rows, columns=columns)
+                     "negative": indexed[lp].at[pid, "negative"],
+                     **({"dataset": indexed[la].at[pid, "dataset"]} if datasets else {})})
+    return pd.DataFrame(rows, columns=["pair_id", "anchor_lang", "anchor", "positive_lang", "positive", "negative",
+                                       *(["dataset"] if datasets else [])])
