@@ -152,3 +152,28 @@ def test_the_batching_benchmark_counts_padding_as_these_tests_do(pairs):
         padding, single, gap = bench.describe(pairs, batches, lengths, PAIR_TEXT_COLUMNS)
         assert padding == pytest.approx(_padding(pairs, batches))
         assert (single == 0) == (strata is not None) and 0 < gap < 1
+
+
+def test_a_stage_makes_the_first_epoch_s_batches_once(pairs, monkeypatch):
+    """Every stage counts its steps from the first epoch's batches and then trains on them: the
+    epochs of ``epochs_of`` and of the baselines' and methods' ``TrainingData`` are made once each."""
+    from modsent.methods.baselines import TrainingData, iter_steps
+    from modsent.training import pairs as pairs_module
+
+    made = []
+    batches_of = pairs_module.no_duplicate_batches
+
+    def counted(frame, batch_size, seed, epoch, **options):
+        made.append(epoch)
+        return batches_of(frame, batch_size, seed, epoch, **options)
+
+    monkeypatch.setattr(pairs_module, "no_duplicate_batches", counted)
+    epochs = pairs_module.epochs_of(pairs, 16, 0, length_groups=4)
+    per_epoch = len(epochs(0))
+    steps = list(pairs_module.steps_of_epochs(epochs, 2 * per_epoch + 1))
+    assert made == [0, 1, 2] and steps[:per_epoch] == batches_of(pairs, 16, 0, 0, length_groups=4)
+    made.clear()
+    data = TrainingData(pairs, lambda epoch: counted(pairs, 16, 0, epoch))
+    assert len(data.epoch_batches(0)) == per_epoch and list(iter_steps(data, per_epoch + 1))[:per_epoch] == \
+        batches_of(pairs, 16, 0, 0)
+    assert made == [0, 1]

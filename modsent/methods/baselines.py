@@ -76,7 +76,7 @@ from modsent.evaluation.plots import write_loss_curve
 from modsent.training import checkpoints, fastpath, schedules
 from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate
-from modsent.training.pairs import no_duplicate_batches, read_pairs, split_heldout, steps_of_epochs
+from modsent.training.pairs import last_epoch_kept, no_duplicate_batches, read_pairs, split_heldout, steps_of_epochs
 from modsent.training.precision import autocast, default_device, grad_scaler
 from modsent.schema import STORAGE_DTYPES
 from modsent.training.seeding import dropout_seed
@@ -193,6 +193,9 @@ class TrainingData:
 
     rows: pd.DataFrame
     epoch_batches: Callable[[int], list[list[int]]]
+
+    def __post_init__(self):  # the first epoch's batches count the steps, then train: made once
+        self.epoch_batches = last_epoch_kept(self.epoch_batches)
 
 
 def monolingual_data(frames: Mapping[str, pd.DataFrame], batch_size: int, seed: int,

@@ -71,8 +71,8 @@ from modsent.training import checkpoints, fastpath
 from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, pinned, set_learning_rate, to_device
 from modsent.training import schedules
-from modsent.training.pairs import (PAIR_TEXT_COLUMNS, batches_of_steps, dataset_labels, fingerprinted,
-                                    no_duplicate_batches, split_heldout)
+from modsent.training.pairs import (PAIR_TEXT_COLUMNS, dataset_labels, epochs_of, fingerprinted, split_heldout,
+                                    steps_of_epochs)
 from modsent.training.precision import autocast, default_device, describe_device, grad_scaler
 from modsent.training.seeding import dropout_seed, private_cpu_stream
 
@@ -463,8 +463,8 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
     train, heldout = split_pairs(data, cfg.eval_pairs)
     if len(train) < 2:
         raise InputError(f"{kind} pairs: {len(train)} training pairs after holding out {len(heldout)}")
-    grouping = {"length_groups": cfg.length_groups, "length_columns": L_TEXT_COLUMNS}
-    epoch_batches = len(no_duplicate_batches(train, cfg.batch_size, cfg.seed, 0, **grouping))
+    epochs = epochs_of(train, cfg.batch_size, cfg.seed, length_groups=cfg.length_groups, length_columns=L_TEXT_COLUMNS)
+    epoch_batches = len(epochs(0))
     total_steps = cfg.max_steps or cfg.epochs * epoch_batches
     log.info("CLA %s %s: %d training pairs, %d held out; %d batches per epoch; %d steps",
              kind, language, len(train), len(heldout), epoch_batches, total_steps)
@@ -498,7 +498,7 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
     before = resumed["heldout_before"] if resumed and "heldout_before" in resumed else evaluate()
     log_ = TrainingLog(total_steps, start, f"CLA {kind} {language}", progress, cfg.log_every, resumed, scaler)
     model.train()
-    batches = batches_of_steps(train, cfg.batch_size, cfg.seed, total_steps, start, **grouping)
+    batches = steps_of_epochs(epochs, total_steps, start)
 
     def prepare(batch):  # on a thread, one step ahead: the next batch's vectors and tokens
         return batch_inputs(kind, model, english, train.iloc[batch])

@@ -59,8 +59,8 @@ from modsent.io import InputError, atomic_path, canonical_adapter_config, check_
 from modsent.losses import MultipleNegativesRankingLoss, mlm_parts
 from modsent.tokenizing import BatchTokenizer, encoder_attention_mask
 from modsent.training import checkpoints, fastpath, schedules
-from modsent.training.pairs import (batches_of_steps, fingerprinted, no_duplicate_batches, read_pairs,  # noqa: F401
-                                    split_heldout)
+from modsent.training.pairs import (epochs_of, fingerprinted, no_duplicate_batches, read_pairs,  # noqa: F401
+                                    split_heldout, steps_of_epochs)
 from modsent.training.optim import adamw
 from modsent.training.loop import (LengthChunks, TrainingLog, ahead, checkpoint_due, encode_in_batches,
                                    optimizer_step, pinned, set_learning_rate, split_by_length, to_device,
@@ -412,7 +412,8 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
 
     pairs = read_pairs(pairs_path)
     train, heldout = split_heldout(pairs, cfg.eval_pairs)
-    epoch_batches = len(no_duplicate_batches(train, cfg.batch_size, cfg.seed, 0, length_groups=cfg.length_groups))
+    epochs = epochs_of(train, cfg.batch_size, cfg.seed, length_groups=cfg.length_groups)
+    epoch_batches = len(epochs(0))
     total_steps = cfg.max_steps or cfg.epochs * epoch_batches
     log.info("pairs %s: %d training, %d held out; %d batches per epoch; %d steps",
              pairs_path, len(train), len(heldout), epoch_batches, total_steps)
@@ -440,7 +441,7 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
     accuracy_before = resumed["accuracy_before"] if resumed else evaluate()
     log_ = TrainingLog(total_steps, start, f"SE {out_dir.name}", progress, cfg.log_every, resumed, scaler)
     model.train()
-    batches = batches_of_steps(train, cfg.batch_size, cfg.seed, total_steps, start, length_groups=cfg.length_groups)
+    batches = steps_of_epochs(epochs, total_steps, start)
 
     def prepare(batch):  # on a thread, one step ahead: the next batch's texts tokenised
         return model.step_features(batch_texts(train.iloc[batch]))

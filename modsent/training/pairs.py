@@ -4,6 +4,7 @@ other in-batch objectives of :mod:`modsent.losses`."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -177,11 +178,19 @@ def steps_of_epochs(epoch_batches: Callable[[int], list[list[int]]], total_steps
         epoch += 1
 
 
+def last_epoch_kept(epoch_batches: Callable[[int], list[list[int]]]) -> Callable[[int], list[list[int]]]:
+    """``epoch_batches`` keeping the batches of the epoch asked last: a stage counts the first
+    epoch's batches for its number of steps and then trains on them, made once."""
+    return functools.lru_cache(maxsize=1)(epoch_batches)
+
+
+def epochs_of(pairs: pd.DataFrame, batch_size: int, seed: int, **options) -> Callable[[int], list[list[int]]]:
+    """The batches of each epoch of ``pairs``: :func:`no_duplicate_batches` with ``options``
+    (``group_column``, ``length_groups``, ``length_columns``), the last epoch kept."""
+    return last_epoch_kept(lambda epoch: no_duplicate_batches(pairs, batch_size, seed, epoch, **options))
+
+
 def batches_of_steps(pairs: pd.DataFrame, batch_size: int, seed: int, total_steps: int, start: int = 0,
-                     *, group_column: str | None = None, length_groups: int = 1,
-                     length_columns: Sequence[str] = PAIR_TEXT_COLUMNS) -> Iterator[list[int]]:
-    """:func:`steps_of_epochs` over :func:`no_duplicate_batches` of ``pairs``."""
-    return steps_of_epochs(
-        lambda epoch: no_duplicate_batches(pairs, batch_size, seed, epoch, group_column=group_column,
-                                           length_groups=length_groups, length_columns=length_columns),
-        total_steps, start)
+                     **options) -> Iterator[list[int]]:
+    """:func:`steps_of_epochs` over the batches of :func:`epochs_of` ``pairs``."""
+    return steps_of_epochs(epochs_of(pairs, batch_size, seed, **options), total_steps, start)
