@@ -55,6 +55,16 @@ def storage_dtype_property() -> dict:
     return copy.deepcopy(load_schema()["$defs"]["storage_dtype"])
 
 
+def length_groups_property(strata: str) -> dict:
+    """A recipe's ``length_groups`` key (modsent.methods): the workflow schema's
+    ``$defs/length_groups`` (modsent.training.pairs.no_duplicate_batches), default 1 (the
+    paper's random batches), left out of the params at its default; ``strata`` says what each
+    batch keeps its share of in this recipe."""
+    prop = copy.deepcopy(load_schema()["$defs"]["length_groups"])
+    return {**prop, "default": 1, OMIT_DEFAULT_KEY: True,
+            "description": f"{prop['description'].strip()}. In this recipe a batch keeps the share of {strata}"}
+
+
 def resolve(node: dict, schema: dict) -> dict:
     """``node`` with a local ``$ref`` (``#/$defs/...``) replaced by its target (siblings kept)."""
     while isinstance(node, dict) and "$ref" in node:

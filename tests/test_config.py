@@ -333,6 +333,38 @@ def test_random_batches_are_not_in_the_params_and_grouped_ones_are(section):
         check_config(bad)
 
 
+def test_the_recipes_random_batches_are_not_in_their_params_and_grouped_ones_are():
+    """Every recipe takes ``length_groups`` too (its paper's random batches at 1, left out of
+    the params, so the demo's recipe jobs keep theirs); 0 is refused naming the method's key,
+    by the schema and by the settings' own check for direct library use."""
+    from modsent import methods as registry
+    from modsent.config import method_job_settings, normalize_config
+    from modsent.io import InputError
+
+    recipes = ["mST5-xnli", "mST5-en", "DuEAM-weak", "MEXMA", "InteMATs-ST", "InteMATs-DT", "InteMATs"]
+    config = normalize_config(filled(load("config.yaml")))
+    for name in recipes:
+        assert registry.get(name).schema()["properties"]["length_groups"]["default"] == 1
+        config["methods"].setdefault(name, {})
+        before = method_job_settings(config, name)
+        assert "length_groups" not in before, name
+        config["methods"][name]["length_groups"] = 4
+        assert method_job_settings(config, name) == {**before, "length_groups": 4}, name
+        bad = load("config.yaml")
+        bad.setdefault("methods", {})[name] = {"length_groups": 0}
+        with pytest.raises(ConfigError, match="length_groups"):
+            check_config(bad)
+    from modsent.methods.dueam.settings import DuEAMConfig
+    from modsent.methods.intemats.training import InteMATsConfig
+    from modsent.methods.mexma.training import MEXMAConfig
+    from modsent.methods.mst5.training import MST5Config
+
+    for cls, name in ((MST5Config, "mST5-xnli"), (DuEAMConfig, "DuEAM-weak"), (MEXMAConfig, "MEXMA"),
+                      (InteMATsConfig, "InteMATs-ST")):
+        with pytest.raises(InputError, match=f"methods.{name}.length_groups"):
+            cls(length_groups=0).check(name)
+
+
 def test_local_inputs_that_do_not_exist_are_errors_naming_the_key(tmp_path):
     config = load("config.yaml")
     (tmp_path / "de.txt").write_text("Hallo Welt\n", encoding="utf-8")

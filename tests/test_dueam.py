@@ -18,7 +18,8 @@ from modsent.methods.dueam import pairs as dp
 from modsent.methods.dueam import training as dt
 from modsent.methods.dueam import wmd as dw
 from modsent.methods.dueam.settings import DuEAMConfig
-from tiny_modules import assert_same_model, assert_stored_in_half, pairs_in, tiny_base_and_data
+from tiny_modules import (assert_same_model, assert_stored_in_half, padding_of, pairs_in, recorded_training_data,
+                          tiny_base_and_data)
 
 LANGS = ["en", "de", "ky"]
 # the built-in pairs have no mnli rows; a tiny random model moves only with a large learning rate
@@ -393,6 +394,30 @@ def test_a_tiny_encoder_trains_every_weight_and_reloads_with_sentence_transforme
     short = dt.run_training("DuEAM-weak", inputs, DuEAMConfig.from_settings("DuEAM-weak", {**SETTINGS, "seq_len": 4}),
                             device="cpu", progress=False)
     assert short.metrics["learner_truncated_texts"] > 0
+
+
+def test_grouped_batches_hold_every_pair_once_keep_each_kind_and_the_run_trains_on_them(data, monkeypatch):
+    """``length_groups``: the run's batches are its pairs grouped by length within each kind and
+    pair of languages (``grouped_runs``), every pair once an epoch, padding less than its random
+    batches, which are still the seeded permutation cut into runs; the metrics record it."""
+    from modsent.training.pairs import grouped_runs, row_strata, text_lengths
+
+    made = recorded_training_data(monkeypatch)
+    result = dt.run_training("DuEAM-weak", data["inputs"], config(length_groups=4, max_steps=1), device="cpu",
+                             progress=False)
+    assert result.metrics["config"]["length_groups"] == 4
+    (run,) = made
+    rows = run.rows
+    assert set(rows["kind"]) == {"mono", "cross"}
+    grouped = run.epoch_batches(0)
+    assert grouped == grouped_runs(text_lengths(rows, ("text_a", "text_b")), 8, 0, 0, 4,
+                                   row_strata(rows, ("kind", "lang_a", "lang_b")))
+    assert sorted(i for batch in grouped for i in batch) == list(range(len(rows)))
+    random_ = dt.epoch_batches(rows, 8, 0)(0)
+    order = np.random.default_rng([0, 0]).permutation(len(rows)).tolist()
+    assert random_ == [order[i:i + 8] for i in range(0, len(rows), 8)]  # as before the setting existed
+    columns = ["text_a", "text_b"]
+    assert padding_of(rows, grouped, columns) < padding_of(rows, random_, columns)
 
 
 def test_a_killed_run_resumes_to_the_weights_of_an_unbroken_one(data, tmp_path):

@@ -20,7 +20,8 @@ from modsent.io import InputError
 from modsent.methods import intemats
 from modsent.methods.intemats import training as it
 from modsent.modular import serial_adapter as sad
-from tiny_modules import assert_close_model, assert_stored_in_half, pairs_in, tiny_base_and_data
+from tiny_modules import (assert_close_model, assert_stored_in_half, padding_of, pairs_in, recorded_training_data,
+                          tiny_base_and_data)
 
 LANGS = ["en", "de", "ky"]
 # a tiny random model moves only with a large learning rate; few steps, short texts
@@ -222,6 +223,35 @@ def test_sentence_pairs_align_english_with_x_and_documents_keep_the_same_ids_on_
     assert first["anchor"] == " ".join(indexed["en"].loc[groups[0], "anchor"])
     assert first["positive"] == " ".join(indexed["de"].loc[groups[0], "anchor"])
     assert len(documents) == 2 * len(groups)
+
+
+def test_grouped_batches_keep_each_language_and_dataset_and_the_runs_train_on_them(data, monkeypatch):
+    """``length_groups``: MATs-ST's pairs carry their pair's dataset and its run's batches are
+    grouped by length within (dataset, X language), still no pair id twice and padding less
+    than its random batches; the fusion's batches are the baselines' grouped ones. The metrics
+    record the setting."""
+    from modsent.methods import baselines as bl
+    from modsent.training.pairs import no_duplicate_batches
+
+    made = recorded_training_data(monkeypatch)
+    cfg = it.InteMATsConfig.from_settings(intemats.ST, {**SETTINGS, "length_groups": 4, "max_steps": 1})
+    result = it.run_training(intemats.ST, data["inputs"], cfg, device="cpu", progress=False)
+    assert result.metrics["config"]["length_groups"] == 4
+    (run,) = made
+    rows = run.rows
+    assert "dataset" in rows.columns and set(rows["lang"]) == {"de", "ky"}
+    grouped = run.epoch_batches(0)
+    assert grouped == no_duplicate_batches(rows, 8, 0, group_column="group", length_groups=4,
+                                           strata_column=("dataset", "lang"))
+    assert all(rows.iloc[batch]["group"].is_unique for batch in grouped)
+    random_ = it.grouped_data(rows, 8, 0).epoch_batches(0)
+    assert grouped != random_
+    assert padding_of(rows, grouped, ["anchor", "positive"]) < padding_of(rows, random_, ["anchor", "positive"])
+
+    frames = it.read_frames(data["paths"], None, "k")
+    fusion = it.InteMATsConfig.from_settings(intemats.FUSED, {**SETTINGS, "length_groups": 4})
+    assert it.fusion_data(frames, fusion).epoch_batches(0) == bl.crosslingual_data(frames, 8, 0, 4).epoch_batches(0)
+    assert it.fusion_data(frames, fusion).epoch_batches(0) != bl.crosslingual_data(frames, 8, 0).epoch_batches(0)
 
 
 # ---- training ------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ from modsent.io import InputError
 from modsent.methods.mexma import model as mm
 from modsent.methods.mexma import training as mt
 from modsent.training import schedules
-from tiny_modules import assert_close_model, assert_same_model, assert_stored_in_half, tiny_base_and_data
+from tiny_modules import (assert_close_model, assert_same_model, assert_stored_in_half, padding_of,
+                          recorded_training_data, tiny_base_and_data)
 
 LANGS = ["de", "ky"]
 # a tiny head; the tiny random model moves only with a large learning rate
@@ -443,6 +444,31 @@ def test_a_step_never_holds_one_english_sentence_twice(data):
         assert all(rows.iloc[step]["english"].is_unique for step in steps)
         assert len({i for step in steps for i in step}) == sum(map(len, steps))  # each row at most once
     assert batches(0) != batches(1) and batches(0) == batches(0)
+
+
+def test_grouped_steps_keep_the_rules_and_each_language_and_the_run_trains_on_them(data, monkeypatch):
+    """``length_groups``: the run's steps are ``no_duplicate_batches`` of its pairs grouped by
+    length within each language, full steps with no English sentence twice, padding less than
+    its random steps; the metrics record the setting."""
+    from modsent.training.pairs import no_duplicate_batches
+
+    made = recorded_training_data(monkeypatch)
+    settings = {**SETTINGS, "length_groups": 4, "max_steps": 1}
+    result = mt.run_training("MEXMA", data["inputs"], mt.MEXMAConfig.from_settings("MEXMA", settings),
+                             device="cpu", progress=False)
+    assert result.metrics["config"]["length_groups"] == 4
+    (run,) = made
+    rows = run.rows
+    grouped = run.epoch_batches(0)
+    frame = pd.DataFrame({"anchor": rows["english"], "positive": rows["translation"], "negative": None,
+                          "english": rows["english"], "lang": rows["lang"]})
+    assert grouped == no_duplicate_batches(frame, 16, 0, min_size=16, group_column="english", length_groups=4,
+                                           strata_column="lang")
+    assert grouped and all(len(step) == 16 and rows.iloc[step]["english"].is_unique for step in grouped)
+    random_ = mt.epoch_batches(rows, 16, seed=0)(0)
+    assert grouped != random_
+    columns = ["english", "translation"]
+    assert padding_of(rows, grouped, columns) < padding_of(rows, random_, columns)
 
 
 def test_attention_dropout_is_off_and_padding_on_the_right(data):

@@ -16,7 +16,7 @@ from modsent.io import InputError
 from modsent.methods.mst5 import training as mt
 from modsent.testing import _sentencepiece, make_tiny_bert, sample_texts
 from modsent.training.seeding import private_cpu_stream
-from tiny_modules import assert_stored_in_half, pairs_in, tiny_base_and_data
+from tiny_modules import assert_stored_in_half, padding_of, pairs_in, recorded_training_data, tiny_base_and_data
 
 LANGS = ["en", "de", "ky"]
 # a tiny random model moves only with a large learning rate; the built-in pairs have no mnli rows
@@ -154,6 +154,30 @@ def test_triplets_come_from_one_pair_id_languages_vary_and_batches_hold_each_pai
         texts = [t for row in per_row for t in row]  # a row may repeat its own text (a name)
         assert len(texts) == len(set(texts))
     assert data_.epoch_batches(1) != batches and mt.triplet_data(rows, 16, seed=0).epoch_batches(0) == batches
+
+
+def test_grouped_batches_keep_each_dataset_in_each_language_and_the_run_trains_on_them(data, monkeypatch):
+    """``length_groups``: the triplets carry their pair's dataset; the run's batches are
+    ``no_duplicate_batches`` grouped within (dataset, anchor language), still without a pair
+    id twice, padding less than its random batches; the metrics record the setting."""
+    from modsent.training.pairs import no_duplicate_batches
+
+    made = recorded_training_data(monkeypatch)
+    settings = {**SETTINGS, "model": str(data["mt5"]), "length_groups": 4, "max_steps": 1}
+    result = mt.run_training("mST5-xnli", data["inputs"], mt.MST5Config.from_settings("mST5-xnli", settings),
+                             english_only=False, device="cpu", progress=False)
+    assert result.metrics["config"]["length_groups"] == 4
+    (run,) = made
+    rows = run.rows
+    assert "dataset" in rows.columns and rows["anchor_lang"].nunique() == len(LANGS)  # negatives: one dataset
+    grouped = run.epoch_batches(0)
+    assert grouped == no_duplicate_batches(rows, 8, 0, group_column="pair_id", length_groups=4,
+                                           strata_column=("dataset", "anchor_lang"))
+    assert all(rows.iloc[b]["pair_id"].is_unique for b in grouped)
+    random_ = mt.triplet_data(rows, 8, 0).epoch_batches(0)
+    assert grouped != random_
+    columns = ["anchor", "positive", "negative"]
+    assert padding_of(rows, grouped, columns) < padding_of(rows, random_, columns)
 
 
 def test_datasets_choose_the_rows_and_a_missing_dataset_names_the_setting(data):

@@ -11,8 +11,8 @@ from modsent.io import InputError
 from modsent.modular.sentence_adapter import SentenceAdapterConfig
 from modsent.testing import two_length_datasets
 from modsent.training import checkpoints
-from modsent.training.pairs import (PAIR_TEXT_COLUMNS, batches_of_steps, fingerprinted, length_grouped_order,
-                                    no_duplicate_batches, read_pairs, text_lengths)
+from modsent.training.pairs import (PAIR_TEXT_COLUMNS, batches_of_steps, fingerprinted, grouped_runs,
+                                    length_grouped_order, no_duplicate_batches, read_pairs, row_strata, text_lengths)
 from conftest import load_benchmark
 
 
@@ -177,3 +177,41 @@ def test_a_stage_makes_the_first_epoch_s_batches_once(pairs, monkeypatch):
     assert len(data.epoch_batches(0)) == per_epoch and list(iter_steps(data, per_epoch + 1))[:per_epoch] == \
         batches_of(pairs, 16, 0, 0)
     assert made == [0, 1]
+
+
+def test_strata_of_several_columns_are_their_combinations(pairs):
+    """``strata_column`` may name several columns (a recipe's dataset in each language): each
+    combination is a stratum, a missing value reads as "", and absent columns are skipped."""
+    frame = pd.DataFrame({"dataset": ["a", "a", "b", None], "lang": ["de", "ky", "de", "de"]})
+    strata = row_strata(frame, ("dataset", "lang", "absent"))
+    assert len(set(strata)) == 4 and strata[0] != strata[1] and strata[0] != strata[2]
+    assert row_strata(frame, "dataset") == ["a", "a", "b", ""]
+    assert row_strata(frame, ("absent",)) is None and row_strata(frame, None) is None
+    # two languages of one dataset: grouped within (dataset, lang), each batch keeps both languages
+    two = pd.concat([pairs.assign(lang="de"), pairs.assign(lang="ky", anchor=pairs["anchor"] + " ",
+                                                            positive=pairs["positive"] + " ")], ignore_index=True)
+    batches = no_duplicate_batches(two, 16, 0, length_groups=8, strata_column=("dataset", "lang"))
+    full = [b for b in batches if len(b) == 16]
+    assert all(abs((two.loc[b, "lang"] == "de").mean() - 0.5) <= 0.2 for b in full)
+    assert _padding(two, batches) < 0.8 * _padding(two, no_duplicate_batches(two, 16, 0))
+
+
+def test_grouped_runs_are_the_plain_shuffle_at_one_and_pad_less_grouped(pairs):
+    """The batches of a loss without in-batch negatives (DuEAM): at k = 1 the seeded
+    permutation cut into runs, as before; grouped, every row once, less padding, each dataset
+    in its share, the runs in a seeded random order."""
+    lengths = text_lengths(pairs)
+    order = np.random.default_rng([3, 2]).permutation(len(pairs)).tolist()
+    assert grouped_runs(lengths, 16, 3, 2) == [order[i:i + 16] for i in range(0, len(order), 16)]
+    strata = row_strata(pairs, "dataset")
+    grouped = grouped_runs(lengths, 16, 3, 2, length_groups=8, strata=strata)
+    assert sorted(i for b in grouped for i in b) == list(range(len(pairs)))
+    assert grouped == grouped_runs(lengths, 16, 3, 2, length_groups=8, strata=strata)
+    assert grouped != grouped_runs(lengths, 16, 3, 3, length_groups=8, strata=strata)
+    assert _padding(pairs, grouped) < 0.8 * _padding(pairs, grouped_runs(lengths, 16, 3, 2))
+    share = (pairs["dataset"] == "docstrings").mean()
+    shares = [(pairs.loc[b, "dataset"] == "docstrings").mean() for b in grouped if len(b) == 16]
+    assert all(abs(s - share) <= 0.2 for s in shares)
+    # the steps are not short to long within a pool
+    firsts = [max(lengths[b]) for b in grouped[:8]]
+    assert firsts != sorted(firsts)

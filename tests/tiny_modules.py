@@ -203,3 +203,29 @@ def assert_stored_in_half(full_dir, half_dir, texts, *, kept_float32=()) -> None
     assert all(p.dtype == torch.float32 for p in models[1].parameters())
     a, b = (m.encode(texts, prompt="", normalize_embeddings=True) for m in models)
     assert np.min(np.sum(a * b, axis=1)) > 0.999 and not np.array_equal(a, b)
+
+
+def recorded_training_data(monkeypatch) -> list:
+    """Every ``TrainingData`` made while the test runs (the rows and batches every recipe's and
+    baseline's steps are taken from), in order."""
+    from modsent.methods import baselines as bl
+
+    made = []
+
+    class Recorded(bl.TrainingData):
+        def __post_init__(self):
+            super().__post_init__()
+            made.append(self)
+
+    monkeypatch.setattr(bl, "TrainingData", Recorded)
+    return made
+
+
+def padding_of(rows, batches, columns) -> float:
+    """The share of padding when each batch is one pass padded to its longest text (characters)."""
+    real = padded = 0
+    for batch in batches:
+        lengths = [len(t) for c in columns for t in rows.iloc[batch][c] if isinstance(t, str)]
+        real += sum(lengths)
+        padded += max(lengths) * len(lengths)
+    return 1 - real / padded

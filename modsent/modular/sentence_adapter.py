@@ -59,8 +59,8 @@ from modsent.io import InputError, atomic_path, canonical_adapter_config, check_
 from modsent.losses import MultipleNegativesRankingLoss, mlm_parts
 from modsent.tokenizing import BatchTokenizer, encoder_attention_mask
 from modsent.training import checkpoints, fastpath, schedules
-from modsent.training.pairs import (epochs_of, fingerprinted, no_duplicate_batches, read_pairs,  # noqa: F401
-                                    split_heldout, steps_of_epochs)
+from modsent.training.pairs import (check_length_groups, epochs_of, fingerprinted,  # noqa: F401
+                                    no_duplicate_batches, read_pairs, split_heldout, steps_of_epochs)
 from modsent.training.optim import adamw
 from modsent.training.loop import (LengthChunks, TrainingLog, ahead, checkpoint_due, encode_in_batches,
                                    optimizer_step, pinned, set_learning_rate, split_by_length, to_device,
@@ -141,10 +141,7 @@ def check_contrastive_settings(section: str, cfg) -> None:
         raise InputError(f"{section}.max_steps must be at least 1 or null, got {cfg.max_steps}")
     if cfg.epochs < 1:
         raise InputError(f"{section}.epochs must be at least 1, got {cfg.epochs}")
-    groups = getattr(cfg, "length_groups", 1)
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise InputError(f"{section}.length_groups must be an integer of at least 1 (1: random batches), "
-                         f"got {groups!r}")
+    check_length_groups(getattr(cfg, "length_groups", 1), f"{section}.length_groups")
 
 
 # ---- data: modsent.training.pairs (read_pairs, split_heldout, no_duplicate_batches) ---------

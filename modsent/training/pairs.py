@@ -70,7 +70,7 @@ def split_heldout(pairs: pd.DataFrame, count: int) -> tuple[pd.DataFrame, pd.Dat
 def no_duplicate_batches(pairs: pd.DataFrame, batch_size: int, seed: int, epoch: int = 0,
                          *, min_size: int = 2, group_column: str | None = None,
                          length_groups: int = 1, length_columns: Sequence[str] = PAIR_TEXT_COLUMNS,
-                         strata_column: str | None = "dataset") -> list[list[int]]:
+                         strata_column: str | Sequence[str] | None = "dataset") -> list[list[int]]:
     """Row indices of the batches of one epoch: a seeded shuffle, then each batch takes, in that
     order, the next rows none of whose texts (anchor, positive, negative) is already in the batch
     (sentence-transformers' NoDuplicatesBatchSampler). Rows that clash wait for a later batch.
@@ -84,12 +84,13 @@ def no_duplicate_batches(pairs: pd.DataFrame, batch_size: int, seed: int, epoch:
     taken as above, and the epoch's batches are then shuffled. A batch holds texts of similar
     length (less padding where it is encoded in one pass, as on a GPU), while each dataset of
     ``strata_column`` keeps its share of the pool in every batch, so the in-batch negatives are
-    not all short sentences of one dataset. k = 1: the random batches above, unchanged."""
+    not all short sentences of one dataset (several columns: each combination of their values is
+    a stratum, e.g. a dataset in one language; :func:`row_strata`). k = 1: the random batches
+    above, unchanged."""
     order = np.random.default_rng([seed, epoch]).permutation(len(pairs)).tolist()
     if length_groups > 1:
-        strata = pairs[strata_column] if strata_column is not None and strata_column in pairs.columns else None
         order = length_grouped_order(order, text_lengths(pairs, length_columns), length_groups * batch_size,
-                                     strata)
+                                     row_strata(pairs, strata_column))
     texts = [tuple(t for t in row if isinstance(t, str))
              for row in pairs[list(PAIR_TEXT_COLUMNS)].itertuples(index=False)]
     if group_column is not None:
@@ -114,8 +115,48 @@ def no_duplicate_batches(pairs: pd.DataFrame, batch_size: int, seed: int, epoch:
         if len(batch) >= min_size:
             batches.append(batch)
     if length_groups > 1:  # steps in random order, not from short to long within each pool
-        batches = [batches[i] for i in np.random.default_rng([seed, epoch, 1]).permutation(len(batches))]
+        batches = shuffled_steps(batches, seed, epoch)
     return batches
+
+
+def shuffled_steps(batches: list[list[int]], seed: int, epoch: int) -> list[list[int]]:
+    """An epoch's length-grouped batches in a seeded random order (seed, epoch), so its steps
+    do not run from short to long within each pool."""
+    return [batches[i] for i in np.random.default_rng([seed, epoch, 1]).permutation(len(batches))]
+
+
+def row_strata(pairs: pd.DataFrame, columns: str | Sequence[str] | None) -> list[str] | None:
+    """Each row's stratum for :func:`length_grouped_order`: its value of ``columns`` (one name
+    or several, those the frame has; a missing value reads as ""), several joined into one
+    label; None where the frame has none of them."""
+    if columns is None:
+        return None
+    present = [c for c in ([columns] if isinstance(columns, str) else columns) if c in pairs.columns]
+    if not present:
+        return None
+    labels = [dataset_labels(pairs[c]) for c in present]
+    return labels[0] if len(labels) == 1 else ["\x1f".join(values) for values in zip(*labels)]
+
+
+def grouped_runs(lengths: np.ndarray, batch_size: int, seed: int, epoch: int, length_groups: int = 1,
+                 strata: Sequence | None = None) -> list[list[int]]:
+    """The batches of an epoch for a loss without in-batch negatives (every row once, no
+    duplicate rule): a seeded shuffle of (seed, epoch) cut into runs of ``batch_size`` (the last
+    may be shorter). ``length_groups`` k > 1: the shuffle ordered by :func:`length_grouped_order`
+    in pools of k batches (``lengths``: each row's, ``strata``: each row's stratum or None)
+    before it is cut, the batches then shuffled (:func:`shuffled_steps`)."""
+    order = np.random.default_rng([seed, epoch]).permutation(len(lengths)).tolist()
+    if length_groups > 1:
+        order = length_grouped_order(order, lengths, length_groups * batch_size, strata)
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    return shuffled_steps(batches, seed, epoch) if length_groups > 1 else batches
+
+
+def check_length_groups(value, key: str) -> None:
+    """``value`` is a ``length_groups`` setting (an integer >= 1), or an :class:`InputError`
+    naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{key} must be an integer of at least 1 (1: random batches), got {value!r}")
 
 
 def text_lengths(pairs: pd.DataFrame, columns: Sequence[str] = PAIR_TEXT_COLUMNS) -> np.ndarray:

@@ -49,7 +49,8 @@ from modsent.methods import Method, register
 from modsent.methods.dueam.settings import (ANCHOR_KEYS, DATA, GROUND_COSTS, LAMBDA, OBJECTIVES, PAIR_KEYS,
                                             SPECIAL_TOKENS, TOKEN_WEIGHTS, DuEAMConfig, anchor_is_base,
                                             uses_translations, wmd_job_settings)
-from modsent.schema import ROLE_KEY, RUNTIME, compile_property, precision_property, storage_dtype_property
+from modsent.schema import (ROLE_KEY, RUNTIME, compile_property, length_groups_property, precision_property,
+                            storage_dtype_property)
 
 __all__ = ["ANCHOR_KEYS", "DATA", "GROUND_COSTS", "LAMBDA", "OBJECTIVES", "PAIR_KEYS", "SPECIAL_TOKENS",
            "TOKEN_WEIGHTS", "VARIANTS", "WMD_CACHE", "WMD_DIGEST", "WMD_SHARD", "anchor_is_base",
@@ -136,6 +137,9 @@ def settings_schema(*, data: str, objective: str) -> dict[str, dict]:
         "precision": precision_property(),
         "compile": compile_property(),
         "storage_dtype": storage_dtype_property(),
+        "length_groups": length_groups_property("each kind of pair (mono, cross, parallel, random) in each pair "
+                                                "of languages; DuEAM has no in-batch negatives, so only the padding "
+                                                "and the order change"),
         "wmd_shards": {**_COUNT, "default": 1,
                        "description": "WMD jobs per method (each a share of the pair ids); a new count "
                                       "makes new shard files (from the cache: nothing is recomputed) and "

@@ -67,6 +67,7 @@ class DuEAMConfig:
     seed: int = 0
     precision: str = "auto"
     storage_dtype: str = "float32"  # the saved weights (how the result is saved: not in the fingerprint)
+    length_groups: int = 1  # > 1: batches grouped by length within each kind and languages (training.STRATA)
     compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place); a runtime setting
     wmd_shards: int = 1
     wmd_batch_size: int = 64
@@ -104,6 +105,9 @@ class DuEAMConfig:
             "storage_dtype": self.storage_dtype not in STORAGE_DTYPES,
             "wmd_shards": self.wmd_shards < 1,
         }
+        from modsent.training.pairs import check_length_groups
+
+        check_length_groups(self.length_groups, f"methods.{name}.length_groups")
         bad = [key for key, wrong in problems.items() if wrong]
         if bad:
             raise InputError(f"methods.{name}: invalid value(s) for {', '.join(bad)} "

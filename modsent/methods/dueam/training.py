@@ -192,13 +192,25 @@ class TrainingResult:
     history: list[list[float]]
 
 
-def epoch_batches(n: int, batch_size: int, seed: int) -> Callable[[int], list[list[int]]]:
-    """The batches of an epoch: a permutation of the ``n`` pairs seeded by (seed, epoch), cut
-    into ``batch_size`` runs (the last one may be shorter)."""
+# a pair's stratum where batches are grouped by length: its kind (mono, cross, parallel, random)
+# and the languages of its two sides
+STRATA = ("kind", "lang_a", "lang_b")
+
+
+def epoch_batches(rows: pd.DataFrame, batch_size: int, seed: int,
+                  length_groups: int = 1) -> Callable[[int], list[list[int]]]:
+    """The batches of an epoch: a permutation of the pairs seeded by (seed, epoch), cut into
+    ``batch_size`` runs (the last one may be shorter). ``length_groups`` k > 1: grouped by the
+    longer text of each pair within pools of k batches, each batch keeping every stratum's
+    share (:data:`STRATA`; :func:`modsent.training.pairs.grouped_runs`). DuEAM's terms are each
+    pair's own, so a batch's make-up changes no pair's loss, only the padding and the order."""
+    from modsent.training.pairs import grouped_runs, row_strata, text_lengths
+
+    lengths = text_lengths(rows, ("text_a", "text_b")) if length_groups > 1 else np.zeros(len(rows))
+    strata = row_strata(rows, STRATA) if length_groups > 1 else None
 
     def batches(epoch: int) -> list[list[int]]:
-        order = np.random.default_rng([seed, epoch]).permutation(n).tolist()
-        return [order[i:i + batch_size] for i in range(0, n, batch_size)]
+        return grouped_runs(lengths, batch_size, seed, epoch, length_groups, strata)
 
     return batches
 
@@ -256,7 +268,7 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
 
     pairs, d_wmd, wmd_stats = training_pairs(name, inputs, cfg, device)
     rows = pairs.rows
-    data = bl.TrainingData(rows, epoch_batches(len(rows), cfg.batch_size, cfg.seed))
+    data = bl.TrainingData(rows, epoch_batches(rows, cfg.batch_size, cfg.seed, cfg.length_groups))
     steps_per_epoch = len(data.epoch_batches(0))
     total_steps = cfg.max_steps or cfg.epochs * steps_per_epoch
 

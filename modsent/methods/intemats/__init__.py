@@ -40,7 +40,8 @@ from collections.abc import Mapping, Sequence
 from modsent import layout
 from modsent.methods import Method, register
 from modsent.methods.intemats.settings import DT, FUSED, FUSION_PAIRS, SITES, ST
-from modsent.schema import ROLE_KEY, RUNTIME, compile_property, precision_property, storage_dtype_property
+from modsent.schema import (ROLE_KEY, RUNTIME, compile_property, length_groups_property, precision_property,
+                            storage_dtype_property)
 
 __all__ = ["DT", "FUSED", "FUSION_PAIRS", "SITES", "ST", "adapter_schema", "fusion_schema"]
 
@@ -89,6 +90,8 @@ def _training_schema(*, epochs: int, warmup_steps: int) -> dict[str, dict]:
         "precision": precision_property(),
         "compile": compile_property(),
         "storage_dtype": storage_dtype_property(),
+        "length_groups": length_groups_property("each language (ST: each paraphrase dataset in each language); "
+                                                "the fusion's batches keep the baselines' (each dataset)"),
         "log_every": {**_COUNT, "default": 10, ROLE_KEY: RUNTIME, "description": "steps between logged losses"},
         "checkpoint_every": {**_COUNT, "default": 500, ROLE_KEY: RUNTIME,
                              "description": "optimizer steps between resumable checkpoints ({out}.checkpoint/: the "

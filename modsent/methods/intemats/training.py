@@ -83,6 +83,9 @@ from modsent.training.seeding import dropout_seed, private_cpu_stream
 log = logging.getLogger(__name__)
 
 ROW_COLUMNS = ["group", "lang", "anchor", "positive", "negative"]
+# a pair's stratum where batches are grouped by length (length_groups): its X language, and for
+# MATs-ST the paraphrase dataset of its pair id (where the pair files have it)
+STRATA = ("dataset", "lang")
 ADAPTER_NAMES = {ST: "st", DT: "dt"}  # the adapter set's name inside the saved files
 
 
@@ -115,6 +118,7 @@ class InteMATsConfig:
     seed: int = 0
     precision: str = "auto"
     storage_dtype: str = "float32"  # the saved weights (how the result is saved: not in the fingerprint)
+    length_groups: int = 1  # > 1: batches grouped by length within each stratum (STRATA; grouped_data)
     compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place); a runtime setting
     log_every: int = 10
     checkpoint_every: int = 500
@@ -152,6 +156,9 @@ class InteMATsConfig:
             "log_every": self.log_every < 1,
             "checkpoint_every": self.checkpoint_every < 1,
         }
+        from modsent.training.pairs import check_length_groups
+
+        check_length_groups(self.length_groups, f"methods.{name}.length_groups")
         bad = [key for key, wrong in problems.items() if wrong]
         if bad:
             raise InputError(f"methods.{name}: invalid value(s) for {', '.join(bad)} "
@@ -172,8 +179,11 @@ def read_frames(pairs_paths: Mapping[str, str | Path], datasets, key: str) -> di
     return read_dataset_frames(pairs_paths, datasets, key)
 
 
-def _rows(group, lang, anchors, positives) -> pd.DataFrame:
-    return pd.DataFrame({"group": group, "lang": lang, "anchor": anchors, "positive": positives, "negative": None})
+def _rows(group, lang, anchors, positives, datasets=None) -> pd.DataFrame:
+    rows = pd.DataFrame({"group": group, "lang": lang, "anchor": anchors, "positive": positives, "negative": None})
+    if datasets is not None:
+        rows["dataset"] = datasets
+    return rows
 
 
 def sentence_pairs(frames: Mapping[str, pd.DataFrame], pivot: str) -> tuple[pd.DataFrame, int]:
@@ -181,14 +191,16 @@ def sentence_pairs(frames: Mapping[str, pd.DataFrame], pivot: str) -> tuple[pd.D
     pivot shares with X, (pivot anchor, X anchor) and (pivot positive, X positive), every
     language X but the pivot; and how many pairs of identical texts were dropped."""
     parts = []
-    english = frames[pivot][["pair_id", "anchor", "positive"]]
+    labelled = "dataset" in frames[pivot].columns
+    english = frames[pivot][["pair_id", "anchor", "positive"] + (["dataset"] if labelled else [])]
     for lang in sorted(frames):
         if lang == pivot:
             continue
         joined = english.merge(frames[lang][["pair_id", "anchor", "positive"]], on="pair_id", suffixes=("_en", "_x"))
         for column in ("anchor", "positive"):
             parts.append(_rows(joined["pair_id"].to_numpy(), lang, joined[f"{column}_en"].to_numpy(),
-                               joined[f"{column}_x"].to_numpy()))
+                               joined[f"{column}_x"].to_numpy(),
+                               joined["dataset"].to_numpy(dtype=object) if labelled else None))
     rows = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=ROW_COLUMNS)
     identical = rows["anchor"] == rows["positive"]
     return rows[~identical].reset_index(drop=True), int(identical.sum())
@@ -239,14 +251,17 @@ def pseudo_documents(frames: Mapping[str, pd.DataFrame], pivot: str, groups: Seq
 def fusion_data(train: Mapping[str, pd.DataFrame], cfg: InteMATsConfig) -> bl.TrainingData:
     """The fusion's MNRL pairs and batches: Full_c's (crosslingual) or Full_m's (monolingual)."""
     if cfg.pairs == "crosslingual":
-        return bl.crosslingual_data(train, cfg.batch_size, cfg.seed)
-    return bl.monolingual_data(train, cfg.batch_size, cfg.seed)
+        return bl.crosslingual_data(train, cfg.batch_size, cfg.seed, cfg.length_groups)
+    return bl.monolingual_data(train, cfg.batch_size, cfg.seed, cfg.length_groups)
 
 
-def grouped_data(rows: pd.DataFrame, batch_size: int, seed: int) -> bl.TrainingData:
-    """Batches with no text twice and no group (pair id, document) twice."""
+def grouped_data(rows: pd.DataFrame, batch_size: int, seed: int, length_groups: int = 1) -> bl.TrainingData:
+    """Batches with no text twice and no group (pair id, document) twice; ``length_groups`` > 1:
+    grouped by length, each batch keeping every stratum's share (:data:`STRATA`)."""
     return bl.TrainingData(rows, lambda epoch: no_duplicate_batches(rows, batch_size, seed, epoch,
-                                                                    group_column="group"))
+                                                                    group_column="group",
+                                                                    length_groups=length_groups,
+                                                                    strata_column=STRATA))
 
 
 # ---- the model -----------------------------------------------------------------------------------
@@ -464,7 +479,7 @@ def _prepare(name: str, inputs: Mapping, cfg: InteMATsConfig, key: str):
                          heldout_documents=len(held_groups))
         if len(rows) < 2:
             raise InputError(f"{key}: {len(rows)} training pairs; at least 2 are needed")
-        data = grouped_data(rows, cfg.batch_size, cfg.seed)
+        data = grouped_data(rows, cfg.batch_size, cfg.seed, cfg.length_groups)
         heldout = Heldout(held, pivot, documents)
     fingerprint_inputs += [pairs_paths[lang] for lang in sorted(pairs_paths)]
     return model, data, heldout, stats, source, fingerprint_inputs

@@ -31,7 +31,8 @@ from collections.abc import Mapping, Sequence
 from modsent import layout
 from modsent.languages import PIVOT_LANGUAGE
 from modsent.methods import Method, register
-from modsent.schema import ROLE_KEY, RUNTIME, compile_property, precision_property, storage_dtype_property
+from modsent.schema import (ROLE_KEY, RUNTIME, compile_property, length_groups_property, precision_property,
+                            storage_dtype_property)
 
 ALIGNMENTS = ("mse", "contrastive")
 _COUNT = {"type": "integer", "minimum": 1}
@@ -100,6 +101,8 @@ def settings_schema(*, alignment: str, align_weight: float, koleo_weight: float,
         "precision": precision_property(),
         "compile": compile_property(),
         "storage_dtype": storage_dtype_property(),
+        "length_groups": length_groups_property("each language (a pool of k steps, each step of batch_size x "
+                                                "grad_accum pairs)"),
         "log_every": {**_COUNT, "default": 10, ROLE_KEY: RUNTIME, "description": "steps between logged losses"},
         "checkpoint_every": {**_COUNT, "default": 2000, ROLE_KEY: RUNTIME,
                              "description": "optimizer steps between resumable checkpoints ({out}.checkpoint/: the "

@@ -112,6 +112,7 @@ class MEXMAConfig:
     seed: int = 0
     precision: str = "auto"
     storage_dtype: str = "float32"  # the saved weights (how the result is saved: not in the fingerprint)
+    length_groups: int = 1  # > 1: steps grouped by length within each language (epoch_batches)
     compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place); a runtime setting
     log_every: int = 10
     checkpoint_every: int = 2000
@@ -135,6 +136,9 @@ class MEXMAConfig:
             "precision": self.precision not in PRECISIONS,
             "storage_dtype": self.storage_dtype not in STORAGE_DTYPES,
         }
+        from modsent.training.pairs import check_length_groups
+
+        check_length_groups(self.length_groups, f"methods.{name}.length_groups")
         for key, bad in problems.items():
             if bad:
                 raise InputError(f"methods.{name}.{key}: invalid value {getattr(self, key)!r}")
@@ -187,21 +191,27 @@ def split_heldout(rows: pd.DataFrame, count: int, seed: int) -> tuple[pd.DataFra
     return rows[~held].reset_index(drop=True), heldout
 
 
-def epoch_batches(rows: pd.DataFrame, size: int, seed: int) -> Callable[[int], list[list[int]]]:
+def epoch_batches(rows: pd.DataFrame, size: int, seed: int, length_groups: int = 1) -> Callable[[int], list[list[int]]]:
     """The steps' rows of an epoch: a seeded shuffle of (seed, epoch), each step taking the next
     ``size`` rows (batch_size x grad_accum) none of which repeats a text or an English sentence
     already in the step (:func:`modsent.training.pairs.no_duplicate_batches` grouped by the
     English text): one sentence's translations into several languages would otherwise be each
     other's nearest neighbours for KoLeo (two copies of one vector: -log of a near-zero
     distance) and false negatives for InfoNCE. Steps with fewer rows are left out of the epoch,
-    so every micro-batch has ``batch_size`` pairs; those rows come in other epochs."""
+    so every micro-batch has ``batch_size`` pairs; those rows come in other epochs.
+
+    ``length_groups`` k > 1: steps grouped by length (the longer of the English sentence and its
+    translation), each keeping every language's share of a pool of k steps' pairs, so a step's
+    negatives are not all one language's short sentences (``no_duplicate_batches``); its
+    micro-batches are then consecutive runs of its pairs in that order (shorter ones first)."""
     from modsent.training.pairs import no_duplicate_batches
 
     frame = pd.DataFrame({"anchor": rows["english"].to_numpy(), "positive": rows["translation"].to_numpy(),
-                          "negative": None, "english": rows["english"].to_numpy()})
+                          "negative": None, "english": rows["english"].to_numpy(), "lang": rows["lang"].to_numpy()})
 
     def batches(epoch: int) -> list[list[int]]:
-        return no_duplicate_batches(frame, size, seed, epoch, min_size=size, group_column="english")
+        return no_duplicate_batches(frame, size, seed, epoch, min_size=size, group_column="english",
+                                    length_groups=length_groups, strata_column="lang")
 
     return batches
 
@@ -384,7 +394,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
     if len(train) < step_size:
         raise InputError(f"{key}: {len(train)} training pairs after holding out {cfg.eval_pairs} English "
                          f"sentences, fewer than one step's batch_size x grad_accum = {step_size}")
-    data = bl.TrainingData(train, epoch_batches(train, step_size, cfg.seed))
+    data = bl.TrainingData(train, epoch_batches(train, step_size, cfg.seed, cfg.length_groups))
     steps_per_epoch = len(data.epoch_batches(0))
     if steps_per_epoch == 0:
         raise InputError(f"{key}: no step of batch_size x grad_accum = {step_size} pairs with distinct English "

@@ -34,7 +34,8 @@ the training code.
 from __future__ import annotations
 
 from modsent.methods import Method, register
-from modsent.schema import ROLE_KEY, RUNTIME, compile_property, precision_property, storage_dtype_property
+from modsent.schema import (ROLE_KEY, RUNTIME, compile_property, length_groups_property, precision_property,
+                            storage_dtype_property)
 
 TARGETS = ("qv", "all-linear")
 DATASETS = ["mnli"]
@@ -96,6 +97,7 @@ def settings_schema(*, learning_rate: float, targets: str) -> dict[str, dict]:
         "precision": precision_property(),
         "compile": compile_property(),
         "storage_dtype": storage_dtype_property(),
+        "length_groups": length_groups_property("each paraphrase dataset in each anchor language"),
         "log_every": {**_COUNT, "default": 10, ROLE_KEY: RUNTIME, "description": "steps between logged losses"},
         "checkpoint_every": {**_COUNT, "default": 500, ROLE_KEY: RUNTIME,
                              "description": "optimizer steps between resumable checkpoints ({out}.checkpoint/: "

@@ -77,6 +77,9 @@ from modsent.training.seeding import dropout_seed, private_cpu_stream
 log = logging.getLogger(__name__)
 
 TRIPLET_COLUMNS = ["pair_id", "anchor_lang", "anchor", "positive_lang", "positive", "negative_lang", "negative"]
+# each triplet's stratum where batches are grouped by length (length_groups): its pair's paraphrase
+# dataset (a column the triplets carry where the pair files have it) in its anchor's language
+STRATA = ("dataset", "anchor_lang")
 # LoRA targets "qv": the query and value projections, by the names the architectures use
 QUERY_VALUE_NAMES = (("q", "v"), ("query", "value"), ("q_proj", "v_proj"), ("q_lin", "v_lin"))
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -108,6 +111,7 @@ class MST5Config:
     seed: int = 0
     precision: str = "auto"
     storage_dtype: str = "float32"  # the saved weights (how the result is saved: not in the fingerprint)
+    length_groups: int = 1  # > 1: batches grouped by length within each stratum (STRATA; triplet_data)
     compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place); a runtime setting
     log_every: int = 10
     checkpoint_every: int = 500
@@ -192,12 +196,18 @@ def crosslingual_triplets(frames: Mapping[str, pd.DataFrame], seed: int) -> pd.D
     positive_lang = rng.integers(len(langs), size=(len(langs), len(ids)))
     negative_lang = rng.integers(len(langs), size=(len(langs), len(ids)))
     names, columns = np.array(langs), np.arange(len(ids))
+    labels = _dataset_columns(usable[langs[0]], ids)
     rows = pd.concat([pd.DataFrame({
         "pair_id": ids, "anchor_lang": lang, "anchor": texts["anchor"][a],
         "positive_lang": names[positive_lang[a]], "positive": texts["positive"][positive_lang[a], columns],
         "negative_lang": names[negative_lang[a]], "negative": texts["negative"][negative_lang[a], columns],
-    }) for a, lang in enumerate(langs)], ignore_index=True)
-    return _drop_contradictory(rows[TRIPLET_COLUMNS])
+        **labels}) for a, lang in enumerate(langs)], ignore_index=True)
+    return _drop_contradictory(rows[TRIPLET_COLUMNS + list(labels)])
+
+
+def _dataset_columns(frame: pd.DataFrame, ids) -> dict:
+    """{"dataset": the labels of pair ``ids``} where ``frame`` (indexed by pair id) has them, else {}."""
+    return {"dataset": frame.loc[ids, "dataset"].to_numpy(dtype=object)} if "dataset" in frame.columns else {}
 
 
 def english_triplets(frame: pd.DataFrame) -> pd.DataFrame:
@@ -205,14 +215,19 @@ def english_triplets(frame: pd.DataFrame) -> pd.DataFrame:
     rows = frame.dropna(subset=["negative"])
     rows = pd.DataFrame({"pair_id": rows["pair_id"], "anchor_lang": PIVOT_LANGUAGE, "anchor": rows["anchor"],
                          "positive_lang": PIVOT_LANGUAGE, "positive": rows["positive"],
-                         "negative_lang": PIVOT_LANGUAGE, "negative": rows["negative"]})
+                         "negative_lang": PIVOT_LANGUAGE, "negative": rows["negative"],
+                         **({"dataset": rows["dataset"]} if "dataset" in rows.columns else {})})
     return _drop_contradictory(rows.reset_index(drop=True))
 
 
-def triplet_data(rows: pd.DataFrame, batch_size: int, seed: int) -> bl.TrainingData:
-    """The triplets and each epoch's batches: no text twice, no pair id twice in a batch."""
+def triplet_data(rows: pd.DataFrame, batch_size: int, seed: int, length_groups: int = 1) -> bl.TrainingData:
+    """The triplets and each epoch's batches: no text twice, no pair id twice in a batch;
+    ``length_groups`` > 1: grouped by length, each batch keeping every stratum's share
+    (:data:`STRATA`: a dataset in an anchor language)."""
     return bl.TrainingData(rows, lambda epoch: no_duplicate_batches(rows, batch_size, seed, epoch,
-                                                                    group_column="pair_id"))
+                                                                    group_column="pair_id",
+                                                                    length_groups=length_groups,
+                                                                    strata_column=STRATA))
 
 
 # ---- the model -----------------------------------------------------------------------------------
@@ -334,7 +349,7 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
         raise InputError(f"{key}: {len(rows)} training triplets (pairs with a negative"
                          + ("" if english_only else " in every language") + f" in {key}.datasets "
                          f"{list(cfg.datasets) if cfg.datasets is not None else 'all'}); at least 2 are needed")
-    data = triplet_data(rows, cfg.batch_size, cfg.seed)
+    data = triplet_data(rows, cfg.batch_size, cfg.seed, cfg.length_groups)
     epoch_batches = len(data.epoch_batches(0))
     total_steps = cfg.max_steps or cfg.epochs * epoch_batches
     warmup_steps = schedules.warmup_steps_of(cfg.warmup_ratio, total_steps)
