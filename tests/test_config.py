@@ -365,6 +365,30 @@ def test_the_recipes_random_batches_are_not_in_their_params_and_grouped_ones_are
             cls(length_groups=0).check(name)
 
 
+def test_a_key_the_params_omit_at_its_default_is_left_out_of_checkpoint_fingerprints_there():
+    """One mark says both: every key the schema leaves out of the params at its default
+    (``x-omit-default``; the recipes' settings included) is left out of checkpoint fingerprints
+    at that default, so on upgrading neither a finished job reruns nor an interrupted run's
+    checkpoint is dropped; at another value it is hashed (a key that says how the result is
+    saved is never hashed)."""
+    from modsent import methods as registry
+    from modsent.schema import OMIT_DEFAULT_KEY
+    from modsent.training import checkpoints
+
+    defaults = checkpoints.later_defaults()
+    assert {"length_groups", "residual_stream", "storage_dtype"} <= set(defaults)
+    registry.load()
+    for name, method in registry.REGISTRY.items():
+        for key, prop in method.schema()["properties"].items():
+            if prop.get(OMIT_DEFAULT_KEY):
+                assert defaults[key] == prop["default"], (name, key)
+    settings = {"batch_size": 16, "seed": 0}
+    for key, default in defaults.items():
+        assert checkpoints.fingerprint({**settings, key: default}) == checkpoints.fingerprint(settings), key
+        hashed = checkpoints.fingerprint({**settings, key: "another"}) != checkpoints.fingerprint(settings)
+        assert hashed == (key not in checkpoints.OUTPUT_SETTINGS), key
+
+
 def test_local_inputs_that_do_not_exist_are_errors_naming_the_key(tmp_path):
     config = load("config.yaml")
     (tmp_path / "de.txt").write_text("Hallo Welt\n", encoding="utf-8")

@@ -50,7 +50,7 @@ from modsent.io import (
 )
 from modsent.losses import MaskedLanguageModelingLoss, mlm_parts
 from modsent.training import fastpath, schedules, tracking
-from modsent.training.checkpoints import RUNTIME_SETTINGS, load_checkpoint, save_checkpoint
+from modsent.training.checkpoints import RUNTIME_SETTINGS, at_later_default, load_checkpoint, save_checkpoint
 from modsent.training.loop import LossScaleWatch, optimizer_step, report_step, to_device
 from modsent.training.optim import adamw, step_options
 from modsent.training.precision import autocast, default_device, grad_scaler, resolve as resolve_precision
@@ -112,10 +112,8 @@ class LanguageAdapterConfig:
         """What a checkpoint must match to be resumed: the hyperparameters (log/checkpoint
         cadence, tracking and compiling may change) and the content of the input files (a retrained tokenizer or new
         embeddings of the same shape must not resume a stale checkpoint)."""
-        relevant = {k: v for k, v in dataclasses.asdict(self).items()
-                    if k not in (*RUNTIME_SETTINGS, "tracking")}
-        if relevant["residual_stream"] == "fp32":  # added later: checkpoints from before it resume
-            del relevant["residual_stream"]
+        relevant = {k: v for k, v in dataclasses.asdict(self).items()  # a later key at its default: as before it
+                    if k not in (*RUNTIME_SETTINGS, "tracking") and not at_later_default(k, v)}
         digest = hashlib.sha256(json.dumps(relevant, sort_keys=True).encode())
         for path in inputs:
             with open(path, "rb") as handle:

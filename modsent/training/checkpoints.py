@@ -12,6 +12,7 @@ other settings or other inputs is never continued.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -31,9 +32,42 @@ META = "meta.json"
 RUNTIME_SETTINGS = ("checkpoint_every", "log_every", "compile")
 # The settings that say how the result is saved, not how it trains: left out of fingerprints too
 OUTPUT_SETTINGS = ("storage_dtype",)
-# Settings added after checkpoints existed, left out of fingerprints at these defaults (how the
-# earlier code trained), so that an interrupted run's checkpoint still resumes after an upgrade
-LATER_DEFAULTS = {"length_groups": 1}
+
+
+@functools.cache
+def later_defaults() -> dict:
+    """Settings added after checkpoints existed, each with the default the earlier code trained
+    with: left out of fingerprints at it, so that an interrupted run's checkpoint still resumes
+    after an upgrade. They are the keys the workflow schema marks ``x-omit-default`` (left out
+    of the rules' params at their default for the same reason; the recipes' settings take theirs
+    from its ``$defs``), so one mark in the schema says both."""
+    from modsent.schema import OMIT_DEFAULT_KEY, load_schema
+
+    found: dict = {}
+
+    def walk(node):
+        if isinstance(node, dict):
+            for group in ("properties", "$defs"):
+                for name, prop in (node.get(group) or {}).items():
+                    if isinstance(prop, dict) and prop.get(OMIT_DEFAULT_KEY) and "default" in prop:
+                        if name in found and found[name] != prop["default"]:
+                            raise ValueError(f"schema: x-omit-default key {name!r} has two defaults, "
+                                             f"{found[name]!r} and {prop['default']!r}")
+                        found[name] = prop["default"]
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(load_schema())
+    return found
+
+
+def at_later_default(key: str, value) -> bool:
+    """Whether ``key`` is a setting added later (:func:`later_defaults`) at its earlier default."""
+    defaults = later_defaults()
+    return key in defaults and value == defaults[key]
 
 
 def checkpoint_path(out_dir: str | Path) -> Path:
@@ -141,11 +175,11 @@ def resume(checkpoint_dir: Path, model, optimizer, fingerprint: str, scaler=None
 def fingerprint(settings: dict, *inputs) -> str:
     """What a checkpoint must match to be resumed: the settings (but how often to log and
     checkpoint, whether the encoder is compiled, the saved weights' dtype and a later setting at
-    its default: ``LATER_DEFAULTS``) and the content of
+    its default: :func:`later_defaults`) and the content of
     the inputs: a file's bytes, a directory's files (names and bytes, hidden files aside), a
     data frame's values, or None (an absent input)."""
     relevant = {k: v for k, v in settings.items() if k not in RUNTIME_SETTINGS + OUTPUT_SETTINGS
-                and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])}
+                and not at_later_default(k, v)}
     digest = hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode())
     for item in inputs:
         if item is None:
