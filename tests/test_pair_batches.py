@@ -215,3 +215,53 @@ def test_grouped_runs_are_the_plain_shuffle_at_one_and_pad_less_grouped(pairs):
     # the steps are not short to long within a pool
     firsts = [max(lengths[b]) for b in grouped[:8]]
     assert firsts != sorted(firsts)
+
+
+@pytest.fixture(scope="module")
+def run_files(tmp_path_factory):
+    """A run's pair files (en, de, ky: the built-in pairs and their human translations) and
+    translation files (de, ky), as the workflow writes them."""
+    from modsent.data.paraphrase import align_provided, translation_units
+    from modsent.sources.builtin import builtin_paraphrases, builtin_translations
+    from tiny_modules import pairs_in
+
+    root = tmp_path_factory.mktemp("run")
+    english = builtin_paraphrases()
+    units = translation_units(english)
+    pairs, translations = {}, {}
+    for lang in ("en", "de", "ky"):
+        pairs[lang] = root / f"pairs-{lang}.parquet"
+        (english if lang == "en" else pairs_in(lang, english, units)).to_parquet(pairs[lang], index=False)
+        if lang != "en":
+            translated, _ = align_provided(units, builtin_translations(lang), lang)
+            translations[lang] = root / f"translation-{lang}.parquet"
+            translated[["unit_id", "text", "translation"]].to_parquet(translations[lang], index=False)
+    return pairs, translations
+
+
+@pytest.mark.parametrize("recipe", ["mst5", "intemats", "mexma", "dueam"])
+def test_the_batching_benchmark_measures_each_recipe_s_own_batches(recipe, run_files, capsys):
+    """``pair_batching.py --recipe``: the batches are the recipe's (its random ones at k = 1,
+    each pass one micro-batch for MEXMA), every row at most once, grouped ones padding less."""
+    bench = load_benchmark("pair_batching")
+    pairs, translations = run_files
+    rows, columns, strata, batches_of = bench.recipe_batches(recipe, pairs, translations, 8, 0)
+    assert len(strata) == len(rows) and len(set(strata)) > 1
+    random_, grouped = batches_of(1), batches_of(8)
+    for batches in (random_, grouped):
+        indices = [i for b in batches for i in b]
+        assert len(indices) == len(set(indices)) and 0.9 * len(rows) <= len(indices) <= len(rows)
+        assert all(len(b) <= 8 for b in batches)
+    lengths = bench.lengths_of(rows, columns, None, 128)
+    assert bench.describe(rows, grouped, lengths, columns, strata)[0] < bench.describe(
+        rows, random_, lengths, columns, strata)[0]
+    if recipe == "mexma":
+        from modsent.methods.mexma import training as mx
+
+        steps = mx.epoch_batches(rows, 16, 0)(0)
+        assert random_ == [half for step in steps for half in (step[:8], step[8:])]
+    files = [f"{lang}={path}" for lang, path in (translations if recipe == "mexma" else pairs).items()]
+    option = "--translations" if recipe == "mexma" else "--pairs"
+    assert bench.main(["--recipe", recipe, option, *files, "--batch-size", "8", "--groups", "1", "8"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("%") == 2 * 2 and "length_groups 8" in out
