@@ -170,6 +170,18 @@ def test_grouped_batches_keep_each_dataset_in_each_language_and_the_run_trains_o
     (run,) = made
     rows = run.rows
     assert "dataset" in rows.columns and rows["anchor_lang"].nunique() == len(LANGS)  # negatives: one dataset
+    # each triplet carries its own pair's label (here made to differ from pair to pair)
+    frames = mt.read_frames(data["paths"], None, "k")
+    relabelled = {lang: frame.assign(dataset=[f"d{i % 3}" for i in range(len(frame))])
+                  for lang, frame in frames.items()}
+    labels = relabelled["en"].set_index("pair_id")["dataset"]
+    relabelled = {lang: frame.drop(columns="dataset").merge(labels.reset_index(), on="pair_id")
+                  for lang, frame in relabelled.items()}
+    triplets = mt.crosslingual_triplets(relabelled, seed=0)
+    assert triplets["dataset"].nunique() == 3
+    assert (triplets["dataset"].to_numpy() == labels.loc[triplets["pair_id"]].to_numpy()).all()
+    english = mt.english_triplets(relabelled["en"])
+    assert (english["dataset"].to_numpy() == labels.loc[english["pair_id"]].to_numpy()).all()
     grouped = run.epoch_batches(0)
     assert grouped == no_duplicate_batches(rows, 8, 0, group_column="pair_id", length_groups=4,
                                            strata_column=("dataset", "anchor_lang"))

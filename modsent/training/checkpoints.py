@@ -40,7 +40,8 @@ def later_defaults() -> dict:
     with: left out of fingerprints at it, so that an interrupted run's checkpoint still resumes
     after an upgrade. They are the keys the workflow schema marks ``x-omit-default`` (left out
     of the rules' params at their default for the same reason; the recipes' settings take theirs
-    from its ``$defs``), so one mark in the schema says both."""
+    from its ``$defs``), so one mark in the schema says both. A key is matched by its name, in
+    every section: a later key must have one default wherever it is marked (checked here)."""
     from modsent.schema import OMIT_DEFAULT_KEY, load_schema
 
     found: dict = {}
