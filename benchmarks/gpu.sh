@@ -27,7 +27,7 @@ GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za
 
 # BENCHMARKS="name ..." runs only those (default: all, in this order); DEADLINE=SECONDS stops
 # starting benchmarks that would outlast it (each one's limit is cut to what is left).
-WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_graphs workflow mlm_throughput_outside profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_speed_3.3B} "
+WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_graphs workflow mlm_throughput_outside profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_throughput_strata pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_speed_3.3B} "
 DEADLINE="${DEADLINE:-100000}"
 
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever happens
@@ -94,6 +94,11 @@ bench pair_throughput 330 benchmarks/pair_throughput.py --labse-random --device 
     --batch-size 128 --steps 40 --warmup 10 --bf16-residual --rounds 3
 bench pair_throughput_b256 120 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
     --batch-size 256 --steps 20 --warmup 5
+# length_groups as the stages group (each pair ranked by length within its dataset) beside random batches
+# and grouping by length alone, on pairs of two datasets of very different lengths (the tests' fixture)
+bench pair_throughput_strata 200 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
+    --batch-size 128 --steps 40 --warmup 20 --two-datasets --rounds 3 \
+    --only "bf16, random, fast" "bf16, grouped, fast" "bf16, strata, fast"
 # the host's share of the SE step and of evaluation encoding: lean tokenising, ahead on a thread, the
 # loss read at logged steps only, the padding mask decided on the host, results copied back without waiting
 bench pair_pipeline 150 benchmarks/pair_pipeline.py --labse-random --device cuda --batch-size 128 --steps 40 \

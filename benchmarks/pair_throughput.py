@@ -30,6 +30,12 @@ from the host's copy, so the forward never asks the GPU whether there is padding
 - ``bf16, grouped``: the same with length-grouped batches (``--group`` batches' worth of pairs
   drawn at random, sorted by length, cut into batches, the batches shuffled): less padding,
   at the price of in-batch negatives of similar length (and ``bf16, grouped, fast``);
+- with ``--two-datasets`` (every variant's pairs drawn from the tests' two datasets, one-word
+  names and docstring sentences, modsent.testing.two_length_datasets, each pair labelled with
+  its dataset): ``bf16, strata, fast`` (CPU: ``fp32, strata``), grouped as the stages'
+  ``length_groups: k`` groups them (k = ``--group``; each pair ranked by length within its own
+  dataset, so that every batch keeps each dataset's share): between ``random`` and ``grouped``
+  in padding, the trade-off of benchmarks/pair_batching.py timed on the device;
 - ``fp32, fast, chunks 16``: the stages' step on the CPU (``SentenceEncoderModel.step_features``):
   each step's pass in sub-passes of up to 16 sentences sorted by length, each padded to its own
   longest (modsent.training.loop.split_by_length; the same batches and loss, less padding). On a
@@ -109,22 +115,57 @@ def sentence_lengths(seq_len: int) -> list[int]:
     return [min(seq_len, round(1.3 * len(text.split())) + 2) for text in sample_texts(800)]
 
 
-def make_batches(lengths: list[int], pairs: int, batch_size: int, group: int, seed: int,
-                 negative_share: float = 0.0) -> list[list[tuple[int, ...]]]:
+def dataset_rows(seq_len: int) -> list[tuple[int, int, str]]:
+    """The pairs of the tests' two datasets (modsent.testing.two_length_datasets: one-word names
+    of countries and currencies, and docstring sentences of 5-35 words) as (anchor length,
+    positive length, dataset), lengths estimated as :func:`sentence_lengths` does."""
+    from modsent.testing import two_length_datasets
+
+    def pieces(text: str) -> int:
+        return min(seq_len, round(1.3 * len(text.split())) + 2)
+
+    frame = two_length_datasets()
+    return [(pieces(a), pieces(p), d) for a, p, d in zip(frame["anchor"], frame["positive"], frame["dataset"])]
+
+
+def make_batches(lengths: list, pairs: int, batch_size: int, group: int, seed: int,
+                 negative_share: float = 0.0, strata: bool = False) -> list[list[tuple[int, ...]]]:
     """``pairs`` random (anchor, positive) length pairs cut into batches at random or grouped by
     length, ``round(negative_share * batch_size)`` pairs of each batch (drawn at random) with a
     hard negative's length as a third. A fixed count per batch is the stages' share on average
-    and keeps the number of sentences a step encodes, so the number of batch shapes, small."""
+    and keeps the number of sentences a step encodes, so the number of batch shapes, small.
+
+    ``lengths``: sentence lengths (a row: three drawn at random) or labelled pairs
+    (:func:`dataset_rows`; a row: a pair drawn at random, the positive of a random pair of its
+    dataset the third, as a dataset's hard negatives are its own sentences).
+    Grouped (``group`` > 1): each pool of ``group`` batches ordered by
+    modsent.training.pairs.length_grouped_order, as the stages' ``length_groups`` orders it: by
+    length alone, or with ``strata`` each pair ranked within its own dataset."""
+    from modsent.training.pairs import length_grouped_order
+
     generator = torch.Generator().manual_seed(seed)
     pick = torch.randint(len(lengths), (pairs, 3), generator=generator).tolist()
-    rows = [tuple(lengths[i] for i in ids) for ids in pick]
+    if lengths and isinstance(lengths[0], tuple):
+        members = {}  # each dataset's pairs: a hard negative comes from the pair's own dataset
+        for i, row in enumerate(lengths):
+            members.setdefault(row[2], []).append(i)
+        labels = [lengths[i][2] for i, _, _ in pick]
+        rows = [(lengths[i][0], lengths[i][1], lengths[members[d][k % len(members[d])]][1])
+                for (i, _, k), d in zip(pick, labels)]
+    else:
+        rows = [tuple(lengths[i] for i in ids) for ids in pick]
+        labels = None
+    if strata and labels is None:
+        raise ValueError("make_batches: strata need labelled pairs (dataset_rows)")
     if group <= 1:
         batches = [rows[k:k + batch_size] for k in range(0, len(rows) - batch_size + 1, batch_size)]
     else:
         batches = []
         pool = group * batch_size
         for k in range(0, len(rows) - pool + 1, pool):
-            chunk = sorted(rows[k:k + pool], key=lambda row: max(row[:2]))
+            order = length_grouped_order(range(pool), [max(row[:2]) for row in rows[k:k + pool]], pool,
+                                         labels[k:k + pool] if strata else None)
+            chunk = [rows[k + i] for i in order]
             batches += [chunk[i:i + batch_size] for i in range(0, pool, batch_size)]
         order = torch.randperm(len(batches), generator=generator).tolist()
         batches = [batches[i] for i in order]
@@ -261,6 +302,9 @@ def main() -> None:
     parser.add_argument("--pad-multiple", type=int, default=1,
                         help="pad each batch to a multiple of this (1: to its longest sentence, as modsent does)")
     parser.add_argument("--group", type=int, default=8, help="batches per length-sorted pool")
+    parser.add_argument("--two-datasets", action="store_true",
+                        help="pairs of the tests' two datasets (short names, long sentences), each labelled "
+                             "with its dataset, and a variant grouped as length_groups groups them ('strata')")
     parser.add_argument("--negative-share", type=float, default=PAPER_NEGATIVE_SHARE,
                         help="the share of pairs with a hard negative (the paper's data: 0.37)")
     parser.add_argument("--peak-tflops", type=float, default=989.0)
@@ -314,6 +358,8 @@ def main() -> None:
         variants["bf16, fast, cuDNN"] = (True, 1, True)
     if args.bf16_residual and cuda:
         variants["bf16, fast, bf16 res."] = (True, 1, True)
+    if args.two_datasets:  # the stages' length_groups: each pair ranked by length within its dataset
+        variants["bf16, strata, fast" if cuda else "fp32, strata"] = (cuda, args.group, cuda)
     if args.compile:
         # the fast path, as modsent trains (under torch.compile its frozen layers leave the casts
         # to the compiler: one graph, tests/test_fastpath.py)
@@ -326,7 +372,7 @@ def main() -> None:
             parser.error(f"--only: no variant {sorted(unknown)}; the variants: {list(variants)}")
         variants = {name: spec for name, spec in variants.items() if name == "fp32, random" or name in args.only}
     for seq_len in args.seq_len:
-        lengths = sentence_lengths(seq_len)
+        lengths = dataset_rows(seq_len) if args.two_datasets else sentence_lengths(seq_len)
         for stage in args.stages:
             # one stage's model at a time: the peak memory is the stage's
             model, config = build(size, args.device, stage)
@@ -354,7 +400,8 @@ def main() -> None:
                 pool = max(group, 1) * args.batch_size
                 n_pairs = ((args.steps + args.warmup) * args.batch_size + pool - 1) // pool * pool
                 batches = make_batches(lengths, n_pairs, args.batch_size, group, seed=1,
-                                       negative_share=args.negative_share)[:args.steps + args.warmup]
+                                       negative_share=args.negative_share,
+                                       strata="strata" in name)[:args.steps + args.warmup]
                 generator = torch.Generator().manual_seed(2)
                 english = nn.functional.normalize(torch.randn(args.batch_size, config.hidden_size,
                                                               generator=generator), dim=-1).to(args.device)

@@ -658,6 +658,67 @@ def test_throughput_benchmark_trains_what_each_stage_trains_on_its_batches(monke
     assert any(row[-2].endswith("ms") for row in rows)  # widths vary: a new shape's cost is measured
 
 
+def test_throughput_benchmark_groups_two_datasets_as_length_groups_does(monkeypatch, capsys):
+    """benchmarks/pair_throughput.py --two-datasets: pairs of the tests' two datasets, each hard
+    negative from its pair's dataset; grouped by length alone, most batches hold one dataset;
+    grouped as the stages' length_groups groups them (modsent.training.pairs.length_grouped_order
+    with each pair's dataset), every batch holds each dataset about in its share, with padding
+    between the two; without labels, the grouped batches are the pools sorted by length."""
+    from collections import Counter
+
+    from modsent.testing import two_length_datasets
+
+    bench = load_benchmark("pair_throughput")
+    labelled = bench.dataset_rows(128)
+    frame = two_length_datasets()
+    assert len(labelled) == len(frame) and Counter(row[2] for row in labelled) == Counter(frame["dataset"])
+    assert labelled[-1] == (round(1.3 * len(frame["anchor"].iat[-1].split())) + 2,
+                            round(1.3 * len(frame["positive"].iat[-1].split())) + 2, "docstrings")
+    # two datasets of disjoint lengths: which a sentence comes from shows in its length
+    pairs = [(3 + i % 6, 3 + (i * 7) % 6, "short") for i in range(40)] + \
+        [(20 + i % 41, 20 + (i * 3) % 41, "long") for i in range(80)]
+    share = 80 / 120
+
+    def padding(batches):
+        cells = [bench.sentences(batch, "SE") for batch in batches]
+        return 1 - sum(map(sum, cells)) / sum(len(c) * max(c) for c in cells)
+
+    def long_shares(batches):
+        return [sum(row[0] >= 20 for row in batch) / len(batch) for batch in batches]
+
+    kinds = {}
+    for name, group, strata in (("random", 1, False), ("grouped", 8, False), ("strata", 8, True)):
+        batches = bench.make_batches(pairs, 3200, 25, group, seed=5, negative_share=0.4, strata=strata)
+        assert len(batches) == 128 and all(len(batch) == 25 for batch in batches)
+        assert all(sum(len(row) == 3 for row in batch) == 10 for batch in batches)
+        assert all((row[0] >= 20) == (row[1] >= 20) for batch in batches for row in batch)  # one pair's
+        # a hard negative is a sentence of the pair's own dataset
+        assert all((row[2] >= 20) == (row[0] >= 20) for batch in batches for row in batch if len(row) == 3)
+        kinds[name] = batches
+    # the pairs drawn are the same in every variant, only their batches differ
+    assert Counter(r[:2] for b in kinds["random"] for r in b) == Counter(r[:2] for b in kinds["strata"] for r in b)
+    assert padding(kinds["grouped"]) < padding(kinds["strata"]) < padding(kinds["random"])
+    by_length, by_strata = long_shares(kinds["grouped"]), long_shares(kinds["strata"])
+    assert sum(s in (0.0, 1.0) for s in by_length) > len(by_length) / 2  # most batches one dataset
+    assert max(abs(s - share) for s in by_strata) < 0.2  # each batch about the file's share
+
+    # unlabelled lengths: the pools sorted by length, as before (the batches shuffled)
+    drawn = [row for batch in bench.make_batches(list(range(5, 45)), 400, 20, 1, seed=3) for row in batch]
+    pools = [sorted(drawn[k:k + 80], key=lambda row: max(row[:2])) for k in range(0, 400, 80)]
+    reference = sorted(tuple(pool[i:i + 20]) for pool in pools for i in range(0, 80, 20))
+    assert sorted(tuple(b) for b in bench.make_batches(list(range(5, 45)), 400, 20, 4, seed=3)) == reference
+    with pytest.raises(ValueError, match="labelled"):
+        bench.make_batches(list(range(5, 45)), 400, 20, 4, seed=3, strata=True)
+
+    monkeypatch.setattr("sys.argv", ["pair_throughput.py", "--batch-size", "12", "--seq-len", "64", "--steps", "2",
+                                     "--warmup", "1", "--stages", "SE", "--two-datasets", "--group", "4",
+                                     "--only", "fp32, grouped", "fp32, strata"])
+    bench.main()
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("SE ")]
+    assert [" ".join(row[2:-4]) for row in rows] == ["fp32, random", "fp32, grouped", "fp32, strata"]
+    assert all(float(row[-4]) > 0 for row in rows)
+
+
 def test_encoding_benchmark_runs_the_evaluations_loop_and_prints_every_variant(monkeypatch, capsys):
     """benchmarks/encode_throughput.py (the evaluation batch size's figures) runs, through the
     stage's padding and mask, and prints a positive rate for each variant."""
