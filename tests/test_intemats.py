@@ -20,8 +20,8 @@ from modsent.io import InputError
 from modsent.methods import intemats
 from modsent.methods.intemats import training as it
 from modsent.modular import serial_adapter as sad
-from tiny_modules import (assert_close_model, assert_stored_in_half, padding_of, pairs_in, recorded_training_data,
-                          tiny_base_and_data)
+from tiny_modules import (assert_close_model, assert_grouped_batches, assert_stored_in_half, pairs_in,
+                          recorded_training_data, tiny_base_and_data)
 
 LANGS = ["en", "de", "ky"]
 # a tiny random model moves only with a large learning rate; few steps, short texts
@@ -241,12 +241,9 @@ def test_grouped_batches_keep_each_language_and_dataset_and_the_runs_train_on_th
     rows = run.rows
     assert "dataset" in rows.columns and set(rows["lang"]) == {"de", "ky"}
     grouped = run.epoch_batches(0)
-    assert grouped == no_duplicate_batches(rows, 8, 0, group_column="group", length_groups=4,
-                                           strata_column=("dataset", "lang"))
-    assert all(rows.iloc[batch]["group"].is_unique for batch in grouped)
-    random_ = it.grouped_data(rows, 8, 0).epoch_batches(0)
-    assert grouped != random_
-    assert padding_of(rows, grouped, ["anchor", "positive"]) < padding_of(rows, random_, ["anchor", "positive"])
+    assert_grouped_batches(rows, grouped, no_duplicate_batches(rows, 8, 0, group_column="group", length_groups=4,
+                                                               strata_column=("dataset", "lang")),
+                           it.grouped_data(rows, 8, 0).epoch_batches(0), ["anchor", "positive"], "group")
 
     frames = it.read_frames(data["paths"], None, "k")
     fusion = it.InteMATsConfig.from_settings(intemats.FUSED, {**SETTINGS, "length_groups": 4})

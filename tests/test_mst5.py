@@ -16,7 +16,8 @@ from modsent.io import InputError
 from modsent.methods.mst5 import training as mt
 from modsent.testing import _sentencepiece, make_tiny_bert, sample_texts
 from modsent.training.seeding import private_cpu_stream
-from tiny_modules import assert_stored_in_half, padding_of, pairs_in, recorded_training_data, tiny_base_and_data
+from tiny_modules import (assert_grouped_batches, assert_stored_in_half, pairs_in, recorded_training_data,
+                          tiny_base_and_data)
 
 LANGS = ["en", "de", "ky"]
 # a tiny random model moves only with a large learning rate; the built-in pairs have no mnli rows
@@ -183,13 +184,9 @@ def test_grouped_batches_keep_each_dataset_in_each_language_and_the_run_trains_o
     english = mt.english_triplets(relabelled["en"])
     assert (english["dataset"].to_numpy() == labels.loc[english["pair_id"]].to_numpy()).all()
     grouped = run.epoch_batches(0)
-    assert grouped == no_duplicate_batches(rows, 8, 0, group_column="pair_id", length_groups=4,
-                                           strata_column=("dataset", "anchor_lang"))
-    assert all(rows.iloc[b]["pair_id"].is_unique for b in grouped)
-    random_ = mt.triplet_data(rows, 8, 0).epoch_batches(0)
-    assert grouped != random_
-    columns = ["anchor", "positive", "negative"]
-    assert padding_of(rows, grouped, columns) < padding_of(rows, random_, columns)
+    assert_grouped_batches(rows, grouped, no_duplicate_batches(rows, 8, 0, group_column="pair_id", length_groups=4,
+                                                               strata_column=("dataset", "anchor_lang")),
+                           mt.triplet_data(rows, 8, 0).epoch_batches(0), ["anchor", "positive", "negative"], "pair_id")
 
 
 def test_datasets_choose_the_rows_and_a_missing_dataset_names_the_setting(data):

@@ -221,6 +221,16 @@ def recorded_training_data(monkeypatch) -> list:
     return made
 
 
+def assert_grouped_batches(rows, grouped, expected, random_, columns, group_column) -> None:
+    """A recipe's grouped epoch: the batches ``expected`` (modsent.training.pairs'
+    no_duplicate_batches with the recipe's strata), no ``group_column`` value twice in a batch,
+    not its random batches ``random_``, and less padding than them in ``columns``."""
+    assert grouped == expected
+    assert grouped and all(rows.iloc[batch][group_column].is_unique for batch in grouped)
+    assert grouped != random_
+    assert padding_of(rows, grouped, columns) < padding_of(rows, random_, columns)
+
+
 def padding_of(rows, batches, columns) -> float:
     """The share of padding when each batch is one pass padded to its longest text (characters)."""
     real = padded = 0
