@@ -95,7 +95,7 @@ bench pair_throughput 330 benchmarks/pair_throughput.py --labse-random --device 
 bench pair_throughput_b256 120 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
     --batch-size 256 --steps 20 --warmup 5
 # length_groups as the stages group (each pair ranked by length within its dataset) beside random batches
-# and grouping by length alone, on pairs of two datasets of very different lengths (the tests' fixture)
+# and grouping by length alone, on the tests' fixture of short names and long sentences, labelled by dataset
 bench pair_throughput_strata 200 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
     --batch-size 128 --steps 40 --warmup 20 --two-datasets --rounds 3 \
     --only "bf16, random, fast" "bf16, grouped, fast" "bf16, strata, fast"

@@ -30,12 +30,14 @@ from the host's copy, so the forward never asks the GPU whether there is padding
 - ``bf16, grouped``: the same with length-grouped batches (``--group`` batches' worth of pairs
   drawn at random, sorted by length, cut into batches, the batches shuffled): less padding,
   at the price of in-batch negatives of similar length (and ``bf16, grouped, fast``);
-- with ``--two-datasets`` (every variant's pairs drawn from the tests' two datasets, one-word
-  names and docstring sentences, modsent.testing.two_length_datasets, each pair labelled with
-  its dataset): ``bf16, strata, fast`` (CPU: ``fp32, strata``), grouped as the stages'
-  ``length_groups: k`` groups them (k = ``--group``; each pair ranked by length within its own
-  dataset, so that every batch keeps each dataset's share): between ``random`` and ``grouped``
-  in padding, the trade-off of benchmarks/pair_batching.py timed on the device;
+- with ``--two-datasets`` (every variant's pairs drawn from the tests' fixture of two kinds of
+  very different lengths, modsent.testing.two_length_datasets: names of 1-6 words in three
+  small built-in datasets, and docstring sentences; each pair labelled with its dataset):
+  ``bf16, strata, fast`` (CPU: ``fp32, strata``), grouped as the stages' ``length_groups: k``
+  groups them (k = ``--group``; each pair ranked by length within its own dataset, so that
+  every batch keeps each dataset's share; the key, as for ``grouped``, the pair's longer side,
+  where the stages also count its hard negative): between ``random`` and ``grouped`` in
+  padding, the trade-off of benchmarks/pair_batching.py timed on the device;
 - ``fp32, fast, chunks 16``: the stages' step on the CPU (``SentenceEncoderModel.step_features``):
   each step's pass in sub-passes of up to 16 sentences sorted by length, each padded to its own
   longest (modsent.training.loop.split_by_length; the same batches and loss, less padding). On a
@@ -116,9 +118,10 @@ def sentence_lengths(seq_len: int) -> list[int]:
 
 
 def dataset_rows(seq_len: int) -> list[tuple[int, int, str]]:
-    """The pairs of the tests' two datasets (modsent.testing.two_length_datasets: one-word names
-    of countries and currencies, and docstring sentences of 5-35 words) as (anchor length,
-    positive length, dataset), lengths estimated as :func:`sentence_lengths` does."""
+    """The pairs of the tests' fixture (modsent.testing.two_length_datasets: names of countries
+    and currencies of 1-6 words in three built-in datasets, and docstring sentences of 5-35
+    words) as (anchor length, positive length, dataset), lengths estimated as
+    :func:`sentence_lengths` does."""
     from modsent.testing import two_length_datasets
 
     def pieces(text: str) -> int:
@@ -303,7 +306,7 @@ def main() -> None:
                         help="pad each batch to a multiple of this (1: to its longest sentence, as modsent does)")
     parser.add_argument("--group", type=int, default=8, help="batches per length-sorted pool")
     parser.add_argument("--two-datasets", action="store_true",
-                        help="pairs of the tests' two datasets (short names, long sentences), each labelled "
+                        help="pairs of the tests' fixture (short names, long sentences), each labelled "
                              "with its dataset, and a variant grouped as length_groups groups them ('strata')")
     parser.add_argument("--negative-share", type=float, default=PAPER_NEGATIVE_SHARE,
                         help="the share of pairs with a hard negative (the paper's data: 0.37)")

@@ -659,8 +659,8 @@ def test_throughput_benchmark_trains_what_each_stage_trains_on_its_batches(monke
 
 
 def test_throughput_benchmark_groups_two_datasets_as_length_groups_does(monkeypatch, capsys):
-    """benchmarks/pair_throughput.py --two-datasets: pairs of the tests' two datasets, each hard
-    negative from its pair's dataset; grouped by length alone, most batches hold one dataset;
+    """benchmarks/pair_throughput.py --two-datasets: pairs of datasets of very different
+    lengths (the tests' fixture), each hard negative from its pair's dataset; grouped by length alone, most batches hold one dataset;
     grouped as the stages' length_groups groups them (modsent.training.pairs.length_grouped_order
     with each pair's dataset), every batch holds each dataset about in its share, with padding
     between the two; without labels, the grouped batches are the pools sorted by length."""
@@ -710,10 +710,19 @@ def test_throughput_benchmark_groups_two_datasets_as_length_groups_does(monkeypa
     with pytest.raises(ValueError, match="labelled"):
         bench.make_batches(list(range(5, 45)), 400, 20, 4, seed=3, strata=True)
 
+    made, make_batches = [], bench.make_batches
+
+    def recorded(lengths, *args, **kwargs):  # each variant's batches, as main asks for them
+        made.append((isinstance(lengths[0], tuple), args[2], kwargs.get("strata", False)))
+        return make_batches(lengths, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "make_batches", recorded)
     monkeypatch.setattr("sys.argv", ["pair_throughput.py", "--batch-size", "12", "--seq-len", "64", "--steps", "2",
                                      "--warmup", "1", "--stages", "SE", "--two-datasets", "--group", "4",
                                      "--only", "fp32, grouped", "fp32, strata"])
     bench.main()
+    # the fixture's labelled pairs in every variant; random, by length alone, within each dataset
+    assert made == [(True, 1, False), (True, 4, False), (True, 4, True)]
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("SE ")]
     assert [" ".join(row[2:-4]) for row in rows] == ["fp32, random", "fp32, grouped", "fp32, strata"]
     assert all(float(row[-4]) > 0 for row in rows)
