@@ -3,7 +3,7 @@
 #   snakemake --cores 2                     # the embedded demo (config.yaml), offline, CPU
 #   snakemake --configfile configs/paper-labse.yaml --executor slurm ...   # on a cluster
 #
-# The config is checked against schemas/config.schema.yaml before anything is planned.
+# The config is checked against modsent/schemas/config.schema.yaml before anything is planned.
 
 from pathlib import Path
 
@@ -25,7 +25,7 @@ include: "rules/common.smk"
 
 
 check_and_fill_config(config)
-validate(config, "schemas/config.schema.yaml")  # fills in the schema's defaults
+validate(config, "modsent/schemas/config.schema.yaml")  # fills in the schema's defaults
 fill_method_settings(config)  # the training methods' own settings (modsent.methods)
 normalize_config(config)  # one spelling per meaning: rules' params are canonical
 

@@ -1,4 +1,5 @@
-"""The configuration's JSON schema (schemas/config.schema.yaml): loading it and reading it.
+"""The configuration's JSON schema (modsent/schemas/config.schema.yaml, shipped in the package:
+the training library reads its defaults wherever modsent is installed): loading it and reading it.
 
 No other modsent import, so that every module can read the schema (the defaults, the roles of
 keys) without importing the config checks.
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
+SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "config.schema.yaml"
 # `x-role: runtime`: how a job runs; `x-role: selection`: which outputs exist (modsent.config)
 ROLE_KEY = "x-role"
 # A training key added after outputs existed whose default keeps the old meaning: the default is

@@ -2,6 +2,7 @@
 imports itself through others (function-level imports included)."""
 
 import ast
+import os
 import subprocess
 import sys
 
@@ -80,3 +81,42 @@ def test_loading_the_methods_imports_no_torch():
             "print(len(registry), sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(None, 1)
     assert int(out[0]) >= 4 and out[1].strip() == "[]", out
+
+
+def test_the_wheel_holds_every_file_the_package_reads(tmp_path):
+    """A non-editable install (a wheel) ships every tracked file of the package, the config
+    schema among them: the training library reads its defaults (checkpoint fingerprints, the
+    methods' settings) wherever modsent is installed, not only from a clone."""
+    import shutil
+    import zipfile
+
+    import pytest
+
+    pytest.importorskip("setuptools")
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    tracked = subprocess.run(["git", "ls-files", "modsent"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
+    for name in tracked:
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / name, source / name)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "--no-index", str(source), "-w", str(tmp_path / "wheel")],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = (tmp_path / "wheel").glob("modsent-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "modsent/schemas/config.schema.yaml" in names
+    assert sorted(set(tracked) - names) == []
+    # installed from it, away from the clone: the schema's later defaults and a method's settings
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    probe = ("import modsent.schema, modsent.training.checkpoints as c, modsent.methods as m; "
+             "print(modsent.schema.SCHEMA_PATH); print(c.later_defaults()['length_groups']); "
+             "m.load(); print(m.get('MEXMA').schema()['properties']['length_groups']['default'])")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    ran = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
+                         env={**env, "PYTHONPATH": str(tmp_path / "site")})
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.splitlines() == [str(tmp_path / "site" / "modsent" / "schemas" / "config.schema.yaml"), "1", "1"]

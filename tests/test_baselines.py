@@ -308,8 +308,10 @@ def test_outputs_are_standard_directories_and_full_mc_starts_from_full_m(data, t
 def test_config_section_defaults_are_the_papers(repo):
     from snakemake.utils import validate
 
+    from modsent.schema import SCHEMA_PATH
+
     config = {"base_model": {"name": "x", "source": "builtin:tiny-xlmr-random"}, "languages": ["en"]}
-    validate(config, str(repo / "schemas" / "config.schema.yaml"))
+    validate(config, str(SCHEMA_PATH))
     section = config["baselines"]
     assert section["full"] == ["Full_en", "Full_m", "Full_c", "Full_mc"]
     assert section["ablations"] == ["Mod_m-LA", "Mod_c"]

@@ -5,6 +5,7 @@ import pytest
 import yaml
 
 from modsent.config import ConfigError, check_config
+from modsent.schema import SCHEMA_PATH
 
 from conftest import REPO, reversed_keys, snakemake_exe
 
@@ -220,7 +221,7 @@ def filled(config):
 
     config = copy.deepcopy(config)
     check_config(config)
-    validate(config, str(REPO / "schemas/config.schema.yaml"))
+    validate(config, str(SCHEMA_PATH))
     return config
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from modsent.schema import SCHEMA_PATH
 from conftest import REPO, load_benchmark, reversed_keys, snakemake_exe
 
 pytestmark = pytest.mark.workflow
@@ -599,7 +600,7 @@ def test_evaluation_summary_has_every_system_and_task(run):
     check_config(config)
     from snakemake.utils import validate
 
-    validate(config, str(REPO / "schemas/config.schema.yaml"))
+    validate(config, str(SCHEMA_PATH))
     systems = variants.evaluated_variants(config)
     assert systems[0] == "base" and "Full_mc" in systems and "Mod_c" in systems and "Mod_mc-0.7" in systems
     assert systems[-len(TOY_METHOD["methods"]) - len(RECIPES):] == ["Toy-cos", *RECIPES]  # after the paper's

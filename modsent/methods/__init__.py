@@ -166,7 +166,7 @@ RESOURCE_KEYS = ("cpus", "mem_mb", "runtime", "max_runtime", "constraint", "gpu_
 
 def resources_setting() -> dict:
     """The schema of a method's ``resources``: the keys of :data:`RESOURCE_KEYS`, as the
-    config's ``resources`` section defines them (schemas/config.schema.yaml)."""
+    config's ``resources`` section defines them (modsent/schemas/config.schema.yaml)."""
     return copy.deepcopy(_resources_setting())
 
 

@@ -21,7 +21,7 @@ from modsent.schema import ROLE_KEY, SELECTION, inline_refs, load_schema
 
 def full_training_schema() -> dict[str, dict]:
     """The settings every full-parameter method shares: the ``baselines`` section's training
-    keys (schemas/config.schema.yaml), with their defaults and roles."""
+    keys (modsent/schemas/config.schema.yaml), with their defaults and roles."""
     schema = load_schema()
     properties = schema["properties"]["baselines"]["properties"]
     return {key: inline_refs(value, schema) for key, value in properties.items()

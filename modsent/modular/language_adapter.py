@@ -67,7 +67,7 @@ ADAPTER_DIR = "adapter"
 @dataclasses.dataclass(frozen=True)
 class LanguageAdapterConfig:
     """Hyperparameters of LA training: the config's `language_adapter` section. The defaults are
-    the schema's (schemas/config.schema.yaml, the one source; tests/test_config.py compares)."""
+    the schema's (modsent/schemas/config.schema.yaml, the one source; tests/test_config.py compares)."""
 
     steps: int
     batch_size: int

@@ -1,6 +1,6 @@
 """From a config source spec to the design's contracts: the functions the input rules call.
 
-A source spec is what the config says under ``source:`` (see schemas/config.schema.yaml):
+A source spec is what the config says under ``source:`` (see modsent/schemas/config.schema.yaml):
 ``"builtin"``, ``"builtin:NAME"``, ``"hf:NAME"`` (an entry of :data:`modsent.sources.hub.CATALOG`),
 ``"local:PATH"`` (``{lang}`` in PATH becomes the language code), or a mapping for any Hub
 dataset (``{hf: ID, config, split, data_files, columns, revision, streaming}``) or local file
