@@ -171,7 +171,13 @@ def planned_jobs(configfile: str | Path, directory: str | Path, snakefile: Path 
 
 def snakemake_command(configfile: str | Path, directory: str | Path, snakefile: Path = REPO / "Snakefile") -> list[str]:
     """The start of a Snakemake command for modsent's workflow on ``configfile`` in
-    ``directory``: the Snakemake of this interpreter's environment, else the one on PATH."""
+    ``directory``: the Snakemake of this interpreter's environment, else the one on PATH. The
+    workflow is a clone's (``Snakefile``, ``rules/``): a modsent installed from a wheel has the
+    library only, and is told so."""
+    if not Path(snakefile).is_file():
+        raise InputError(f"{snakefile}: no Snakefile: the workflow commands (plan, fetch) run the workflow of a clone "
+                         f"of modsent (git clone, then pip install -e . in it); this modsent is installed without it "
+                         f"({Path(__file__).resolve().parent})")
     exe = Path(sys.executable).parent / "snakemake"
     return [str(exe) if exe.exists() else "snakemake", "--snakefile", str(snakefile), "--configfile",
             str(Path(configfile).resolve()), "--directory", str(directory)]

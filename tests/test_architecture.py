@@ -120,3 +120,11 @@ def test_the_wheel_holds_every_file_the_package_reads(tmp_path):
                          env={**env, "PYTHONPATH": str(tmp_path / "site")})
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert ran.stdout.splitlines() == [str(tmp_path / "site" / "modsent" / "schemas" / "config.schema.yaml"), "1", "1"]
+    # its command line: a config checked against the shipped schema; the workflow's commands say
+    # where the workflow is (a clone), before Snakemake is run
+    cli = "import sys; from modsent.cli import main; sys.exit(main(sys.argv[1:]))"
+    for args, status, said in ((["check-config", str(REPO / "config.yaml")], 0, "config.yaml: ok"),
+                               (["plan", "--configfile", str(REPO / "config.yaml")], 2, "no Snakefile")):
+        ran = subprocess.run([sys.executable, "-c", cli, *args], cwd=tmp_path, capture_output=True, text=True,
+                             env={**env, "PYTHONPATH": str(tmp_path / "site"), "HF_HUB_OFFLINE": "1"})
+        assert ran.returncode == status and said in ran.stdout + ran.stderr, (args, ran.stdout, ran.stderr[-2000:])
