@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import json
 import os
 import re
 import shutil
@@ -272,15 +273,41 @@ def run(prepared: Path, cores: int, wheels: list[Path], scratch: Path, time_limi
     print(f"snakemake -n afterwards: {'nothing to do' if settled else 'jobs planned'}")
     if not settled:
         print((again.stdout + again.stderr)[-3000:])
+    unmeasured = stage_efficiency(scratch, on_gpu)
     summaries = sorted((scratch / "results").glob("*/summary.md"))
     for summary in summaries:
         print(f"== {summary.relative_to(scratch)}\n{summary.read_text()}")
     if on_gpu and off_gpu:
         print(f"GPU-rule jobs whose logs name no CUDA device ({len(off_gpu)}): " + ", ".join(map(str, off_gpu)))
     ok = (code == 0 and jobs and not failed and not missing and settled and summaries
-          and not (on_gpu and off_gpu))
+          and not (on_gpu and (off_gpu or unmeasured)))
     print("GPU workflow:", "passed" if ok else "FAILED")
     return 0 if ok else 1
+
+
+def stage_efficiency(workdir: Path, on_gpu: bool) -> list[str]:
+    """Print the model TFLOP/s, MFU and peak memory every training stage's metrics.json recorded
+    (modsent.training.efficiency; the tests' tiny models: a check that they are recorded, not a
+    figure of the method); return those that ran on a GPU without recording its memory."""
+    print(f"{'stage output':60s} {'TFLOP/s':>9s} {'MFU':>6s} {'GiB':>6s}")
+    unmeasured, unknown_peak = [], ""
+    for path in sorted((workdir / "results").rglob("metrics.json")):
+        metrics = json.loads(path.read_text())
+        if "model_flops" not in metrics:
+            continue
+        rate, mfu, memory = (metrics.get(key) for key in ("model_tflops_per_second", "mfu", "gpu_peak_memory_gib"))
+        where = path.parent.relative_to(workdir).as_posix()
+        print(f"{where:60s} {rate or 0:9.3f} {'-' if mfu is None else f'{mfu:.2%}':>6s} "
+              f"{'-' if memory is None else f'{memory:.2f}':>6s}")
+        if on_gpu and str(metrics.get("device", "")).startswith("cuda") and memory is None:
+            unmeasured.append(where)
+        if on_gpu and metrics.get("peak_tflops") is None and not unknown_peak:
+            unknown_peak = f"{where}: no MFU, this GPU's peak is not in modsent.training.efficiency.PEAK_TFLOPS"
+    if unknown_peak:
+        print(unknown_peak)
+    if unmeasured:
+        print(f"GPU stages without their efficiency figures ({len(unmeasured)}): " + ", ".join(unmeasured))
+    return unmeasured
 
 
 def main(argv=None) -> int:

@@ -144,14 +144,19 @@ def start_job(snakemake) -> logging.Logger:
     workflow does not start this job a second time while it still runs, and the config's
     ``tracking`` for the job's training loops (:mod:`modsent.training.tracking`), and, for a
     GPU job run without SLURM on a host with more GPUs than it asks for, GPUs of its own
-    (:mod:`modsent.devices`). Raises :class:`modsent.leases.LeaseError` when another job that
+    (:mod:`modsent.devices`); ``MODSENT_PEAK_TFLOPS`` checked (:mod:`modsent.training.efficiency`). Raises :class:`modsent.leases.LeaseError` when another job that
     still runs holds one of its outputs. The objects the script's imports made are kept out of
     the cyclic garbage collector's work (:func:`freeze_long_lived`)."""
     from modsent import devices, leases
-    from modsent.training import tracking
+    from modsent.io import InputError
+    from modsent.training import efficiency, tracking
 
     log_path = snakemake.log[0] if snakemake.log else None
     logger = setup_logging(log_path)
+    try:  # read when a training run ends: a bad value stops the job before its work, not after
+        efficiency.environment_peak()
+    except ValueError as error:
+        raise InputError(str(error)) from None
     leases.take([str(path) for path in snakemake.output], rule=snakemake.rule)
     resources = getattr(snakemake, "resources", None)
     devices.claim(int((resources.get("gpu", 0) if resources is not None else 0) or 0))

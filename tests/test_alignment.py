@@ -178,6 +178,8 @@ def test_training_raises_heldout_crosslingual_retrieval(inputs, trained, kind):
     directory, metrics = trained[kind]
     assert metrics["steps"] == (PP_STEPS if kind == "pp" else CFG.max_steps) and metrics["kind"] == kind
     assert 0 < metrics["padding_fraction"] < 1  # of L's side, counted from the batches' host masks
+    assert metrics["model_flops"] > 0 and metrics["model_tflops_per_second"] > 0
+    assert metrics["mfu"] is None and metrics["gpu_peak_memory_gib"] is None  # the CPU: no peak
     assert metrics["heldout_pairs"] >= 10
     assert metrics["heldout_retrieval_accuracy_after"] > metrics["heldout_retrieval_accuracy_before"], metrics
     assert metrics["loss_last"] < metrics["loss_first"]

@@ -288,6 +288,7 @@ def test_outputs_are_standard_directories_and_full_mc_starts_from_full_m(data, t
         assert not [f for f in files if f.endswith((".bin", ".pt", ".pkl"))]  # safetensors only
         assert metrics["steps"] == CFG.max_steps and metrics["baseline"] == name
         assert 0 < metrics["padding_fraction"] < 1
+        assert metrics["model_flops"] > 0 and metrics["mfu"] is None  # the CPU: no peak
         assert json.loads((out / name / "metrics.json").read_text()) == metrics
     assert trained["Full_en"]["languages"] == ["en"] and trained["Full_m"]["languages"] == LANGS
     assert set(trained["Full_c"]["pair_languages"]) == {f"{a}-{b}" for a in LANGS for b in LANGS}

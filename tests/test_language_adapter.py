@@ -12,6 +12,7 @@ from modsent.modular import language_adapter as la
 from modsent.modular.fasttext_embeddings import train_token_fasttext
 from modsent.modular.focus import initialize_embeddings
 from modsent.io import InputError
+from modsent.training import efficiency
 from modsent.sources.builtin import builtin_corpus
 from modsent.testing import make_tiny_xlmr, sample_texts
 from modsent.modular.tokenizer_training import train_tokenizer
@@ -142,6 +143,23 @@ def test_training_lowers_heldout_loss_and_reloads(inputs, tmp_path):
     curve = (out / "loss.tsv").read_text().splitlines()
     assert curve[0] == "step\tloss\tlr" and len(curve) == 31
     assert metrics["padding_fraction"] == 0.0  # packed sequences
+    # the model FLOPs: every step's batch and masked positions drawn again as the loop draws them
+    train = la.pack_sequences(la.split_heldout(la.read_corpus(inputs["corpus"]), cfg.eval_sentences)[0], tok,
+                              cfg.seq_len)
+    tokens = masked = 0
+    for step in range(cfg.steps):
+        batch = train[la.batch_indices(step, len(train), cfg.batch_size, cfg.seed)]
+        _, labels = la.mask_tokens(batch, tok, cfg.mlm_probability, la.step_generator(step, cfg.seed))
+        tokens, masked = tokens + batch.numel(), masked + int((labels != -100).sum())
+    assert tokens == cfg.steps * cfg.batch_size * cfg.seq_len and 0 < masked < tokens / 4
+    encoder, head = la.mlm_parts(model)
+    assert metrics["model_flops"] == pytest.approx(
+        efficiency.encoder_flops(efficiency.body_shape(encoder), tokens, tokens * cfg.seq_len)
+        + efficiency.mlm_head_flops(head, masked))
+    assert metrics["model_tflops_per_second"] > 0 and metrics["mfu"] is None  # the CPU: no peak
+    summary = tmp_path / "summary.md"
+    la.write_summary([str(out)], summary, tmp_path / "summary.png")
+    assert "| MFU % |" in summary.read_text() and "| n/a |" in summary.read_text()
 
 
 def _train_and_die(inputs, out, die_at):

@@ -197,3 +197,26 @@ def test_every_training_loop_reports_to_the_log_and_the_configured_tracker(tmp_p
     assert scalars == [(s, losses[s - 1]) for s in (1, 2, 4, 5)]
     tracking.configure_job({"report_to": "none"}, log_path, "x")
     assert tracking.job_tracker("SE de") is None and tracking.ENV not in os.environ
+
+
+BAD_PEAK = """
+import sys
+from types import SimpleNamespace
+from modsent.logs import start_job
+snakemake = SimpleNamespace(log=[sys.argv[1]], output=["out.txt"], rule="job", resources={}, wildcards={}, config={})
+start_job(snakemake)
+print("the job's work")
+"""
+
+
+def test_a_job_with_a_bad_peak_in_its_environment_stops_before_its_work(tmp_path):
+    """MODSENT_PEAK_TFLOPS is read when a training run ends (modsent.training.efficiency): a value
+    that is no number stops the job as it starts, naming the variable, not hours later."""
+    import os
+
+    for value, ok in (("fast", False), ("-1", False), ("989.4", True)):
+        proc = subprocess.run([sys.executable, "-c", BAD_PEAK, str(tmp_path / "job.log")], cwd=tmp_path,
+                              capture_output=True, text=True, env={**os.environ, "MODSENT_PEAK_TFLOPS": value})
+        assert (proc.returncode == 0) == ok and ("the job's work" in proc.stdout) == ok, proc.stderr
+        if not ok:
+            assert f"MODSENT_PEAK_TFLOPS='{value}'" in proc.stderr and "InputError" in proc.stderr

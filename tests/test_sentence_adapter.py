@@ -18,6 +18,7 @@ from modsent.modular.fasttext_embeddings import train_token_fasttext
 from modsent.modular.focus import initialize_embeddings
 from modsent.io import InputError
 from modsent.losses import MultipleNegativesRankingLoss
+from modsent.training import efficiency
 from modsent.data.paraphrase import align_provided, translate_pairs, translation_units
 from modsent.sources.builtin import builtin_corpus, builtin_paraphrases, builtin_translations
 from modsent.testing import make_tiny_bert, make_tiny_xlmr, sample_texts
@@ -274,6 +275,13 @@ def test_training_raises_heldout_retrieval_and_reloads(inputs, tmp_path):
     chunk_padded = 1 - chunk_tokens / chunk_positions
     assert 0 < metrics["padding_fraction"] == pytest.approx(chunk_padded)
     assert chunk_padded < padded
+    # the model FLOPs: the real tokens of those masks, through the body the stage trains
+    lengths = torch.cat([m.sum(dim=1) for m in masks])
+    body = efficiency.body_shape(sa.build_model(inputs["base"], inputs["la"], CFG).encoder)
+    assert metrics["model_flops"] == pytest.approx(
+        efficiency.encoder_flops(body, int(lengths.sum()), int(lengths.square().sum())))
+    assert metrics["model_tflops_per_second"] > 0
+    assert metrics["mfu"] is None and metrics["gpu_peak_memory_gib"] is None  # the CPU: no peak
     assert _digest(inputs["la"]) == la_before  # the LA directory is untouched
     files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
     assert {"adapter/adapter_config.json", "adapter/adapter_model.safetensors", "metrics.json",
@@ -555,6 +563,11 @@ def test_the_stage_compiled_on_a_gpu_trains_as_the_eager_one(inputs, tmp_path):
                                              device="cuda", progress=False))
     assert compiled["config"]["compile"] and not eager["config"]["compile"]
     assert compiled["padding_fraction"] == pytest.approx(eager["padding_fraction"])
+    assert compiled["model_flops"] == pytest.approx(eager["model_flops"])  # the same tokens
+    peak, _ = efficiency.peak_tflops("cuda")
+    for run in (eager, compiled):
+        assert run["gpu_peak_memory_gib"] > 0
+        assert run["mfu"] is None if peak is None else 0 < run["mfu"] < 1
     assert_trained_alike(tmp_path, f"{sa.ADAPTER_DIR}/adapter_model.safetensors", ("lora_B",), rel=3e-2, cosine=0.95)
 
 

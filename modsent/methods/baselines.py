@@ -73,7 +73,7 @@ from modsent.io import InputError, atomic_open, atomic_path, record_added_tokens
 from modsent.losses import MultipleNegativesRankingLoss
 from modsent.data.paraphrase import crosslingual_mix
 from modsent.evaluation.plots import write_loss_curve
-from modsent.training import checkpoints, fastpath, schedules
+from modsent.training import checkpoints, efficiency, fastpath, schedules
 from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import last_epoch_kept, no_duplicate_batches, read_pairs, split_heldout, steps_of_epochs
@@ -491,6 +491,7 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
         if on_step is not None:
             on_step(step + 1)
     losses, history, pairs_seen, elapsed = log_.close()
+    figures = log_.efficiency(model.encoder, elapsed, device)  # this process's share of the texts
     step = len(losses)
     if not main:
         return None
@@ -512,6 +513,7 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
         "resumed_from_step": start, "processes": world,
         "pairs_per_second": pairs_seen / elapsed if elapsed > 0 and pairs_seen else None,
         "padding_fraction": log_.padding_fraction,  # of the encoded positions: this run's steps
+        **figures,  # model FLOPs, their rate, MFU, peak memory (modsent.training.efficiency): the main process's
         "trainable_parameters": n_trainable, "total_parameters": sum(p.numel() for p in model.parameters()),
         "device": str(device), "config": dataclasses.asdict(cfg),
     }
@@ -545,10 +547,10 @@ def train_full_baseline(name: str, start_dir: str | Path, pairs_paths: Mapping[s
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
         write_loss_curve(result.history, tmp, title=f"{name} (all weights)",
                          ylabel=f"{type(objective).__name__ if objective is not None else 'MNRL'} loss")
-    log.info("%s: MNRL %.3f → %.3f; held-out retrieval accuracy (mean over %d languages) %s → %s; %.1f pairs/s",
+    log.info("%s: MNRL %.3f → %.3f; held-out retrieval accuracy (mean over %d languages) %s → %s; %.1f pairs/s, %s",
              name, metrics["loss_first"] or 0, metrics["loss_last"] or 0, len(metrics["languages"]),
              metrics["heldout_retrieval_accuracy_mean_before"], metrics["heldout_retrieval_accuracy_mean_after"],
-             metrics["pairs_per_second"] or 0)
+             metrics["pairs_per_second"] or 0, efficiency.describe(metrics))
     distributed.barrier()  # every process got here: only now is the checkpoint not needed by a rerun
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     return metrics

@@ -67,7 +67,7 @@ from modsent.modular import sentence_adapter as sa
 from modsent.evaluation.plots import write_loss_curve
 from modsent.io import InputError, atomic_path, write_parquet, write_safetensors
 from modsent.data.translation import make_units, unit_id
-from modsent.training import checkpoints, fastpath
+from modsent.training import checkpoints, efficiency, fastpath
 from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, pinned, set_learning_rate, to_device
 from modsent.training import schedules
@@ -518,6 +518,7 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
         if on_step is not None:
             on_step(step + 1)
     losses, history, pairs_seen, elapsed = log_.close()
+    figures = log_.efficiency(model.encoder, elapsed, device)  # L's texts: the English side is looked up
     model.eval()
     after = evaluate()
     accuracy_before, accuracy_after = before["retrieval_accuracy"], after["retrieval_accuracy"]
@@ -533,6 +534,7 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
         "resumed_from_step": start,
         "batches_per_epoch": epoch_batches, "pairs_per_second": pairs_seen / elapsed if elapsed > 0 else None,
         "padding_fraction": log_.padding_fraction,  # of the encoded positions: this run's steps
+        **figures,  # model FLOPs, their rate, MFU, peak memory (modsent.training.efficiency)
         "trainable_parameters": n_trainable, "total_parameters": n_total,
         "language_adapter": None if la_dir is None else str(la_dir),
         "sentence_adapter": None if se_dir is None else str(se_dir),
@@ -546,9 +548,9 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
         write_loss_curve(history, tmp, title=f"CLA {kind} {language}", ylabel=metrics["loss"])
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    log.info("CLA %s %s: loss %.3f → %.3f; held-out en→%s retrieval accuracy %s → %s; %.1f pairs/s",
+    log.info("CLA %s %s: loss %.3f → %.3f; held-out en→%s retrieval accuracy %s → %s; %.1f pairs/s, %s",
              kind, language, metrics["loss_first"] or 0, metrics["loss_last"] or 0, language,
-             accuracy_before, accuracy_after, metrics["pairs_per_second"] or 0)
+             accuracy_before, accuracy_after, metrics["pairs_per_second"] or 0, efficiency.describe(figures))
     return metrics
 
 

@@ -49,7 +49,7 @@ from modsent.io import (
     record_added_tokens,
 )
 from modsent.losses import MaskedLanguageModelingLoss, mlm_parts
-from modsent.training import fastpath, schedules, tracking
+from modsent.training import efficiency, fastpath, schedules, tracking
 from modsent.training.checkpoints import RUNTIME_SETTINGS, at_later_default, load_checkpoint, save_checkpoint
 from modsent.training.loop import LossScaleWatch, optimizer_step, report_step, to_device
 from modsent.training.optim import adamw, step_options
@@ -488,7 +488,7 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
                       project=(tracking.job_settings() or {}).get("project", "modsent"))
     model.train()
     scale_watch = LossScaleWatch(scaler if main else None, f"LA {out_dir.name}", step)  # fp16's skipped steps
-    tokens_seen, start_time = 0, time.perf_counter()
+    tokens_seen, masked_seen, start_time = 0, 0, time.perf_counter()
     bar = tqdm(total=cfg.steps, initial=step, desc=f"LA {out_dir.name}",
                disable=not (progress and main), unit="step")
     while step < cfg.steps:
@@ -511,6 +511,7 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
         optimizer_step(optimizer, trainable, 1.0, scaler)
         step += 1
         tokens_seen += inputs.numel()
+        masked_seen += int((labels != -100).sum())  # the head's positions (labels on the host)
         if step % cfg.log_every == 0 or step == cfg.steps:
             value = distributed.all_reduce_mean(loss.detach().clone()).item()  # the whole batch's
             scale_watch.check(step)
@@ -527,6 +528,11 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
     bar.close()
     scale_watch.close()
     elapsed = time.perf_counter() - start_time
+    encoder, head = mlm_parts(model)
+    # every sequence of a step as long as the step's (packed); the whole batch's, over the processes
+    figures = efficiency.run_figures(
+        efficiency.encoder_flops(efficiency.body_shape(encoder), tokens_seen, tokens_seen * train.shape[1])
+        + efficiency.mlm_head_flops(head, masked_seen), elapsed, device, processes=world)
     if not main:
         distributed.barrier()  # while the main process evaluates and writes the output
         return None
@@ -546,6 +552,7 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
         # packed: only the last sequence can hold padding (a corpus shorter than one sequence)
         "padding_fraction": int((train[-1] == tokenizer.pad_token_id).sum()) / train.numel()
         if len(train) and tokenizer.pad_token_id is not None else 0.0,
+        **figures,  # model FLOPs (the head's on the masked positions), their rate, MFU, peak memory
         "trainable_parameters": n_trainable, "total_parameters": n_total,
         "device": str(device), "config": dataclasses.asdict(cfg),
     }
@@ -554,8 +561,8 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
         write_loss_curve(history, tmp, title=f"language adapter {out_dir.name}", ylabel="MLM loss",
                          lines={"held-out before": loss_before, "held-out after": loss_after})
-    log.info("LA %s: held-out MLM loss %s → %s; %.0f tokens/s", out_dir.name,
-             _fmt(loss_before), _fmt(loss_after), metrics["tokens_per_second"] or 0)
+    log.info("LA %s: held-out MLM loss %s → %s; %.0f tokens/s, %s", out_dir.name,
+             _fmt(loss_before), _fmt(loss_after), metrics["tokens_per_second"] or 0, efficiency.describe(figures))
     distributed.barrier()  # every process got here: only now is the checkpoint not needed by a rerun
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     return metrics
@@ -563,6 +570,14 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
 
 def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.3f}"
+
+
+MFU_NOTE = ("MFU: the run's model FLOPs per second against its GPU's dense bf16 peak "
+            "(modsent.training.efficiency; n/a on the CPU or a GPU of unknown peak).")
+
+
+def _percent(value) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}"
 
 
 def write_summary(la_dirs: list[str], table_path: str | Path, plot_path: str | Path) -> None:
@@ -575,14 +590,15 @@ def write_summary(la_dirs: list[str], table_path: str | Path, plot_path: str | P
         rows.append((Path(directory).name, metrics))
     lines = ["# Language adapters: held-out MLM loss", "",
              "The MLM head is new (sentence encoders ship without one): it is first trained alone, then",
-             "\"before\" is measured; \"uniform\" is ln(vocabulary size), the loss of a uniform guess.", "",
-             "| language | uniform | before | after | change | steps | tokens/s | trainable params |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "\"before\" is measured; \"uniform\" is ln(vocabulary size), the loss of a uniform guess.",
+             MFU_NOTE, "",
+             "| language | uniform | before | after | change | steps | tokens/s | MFU % | trainable params |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for lang, m in rows:
         before, after = m["heldout_mlm_loss_before"], m["heldout_mlm_loss_after"]
         change = f"{after - before:+.3f}" if before is not None and after is not None else "n/a"
         lines.append(f"| {lang} | {_fmt(m.get('uniform_guess_loss'))} | {_fmt(before)} | {_fmt(after)} | {change} | {m['steps']} | "
-                     f"{m['tokens_per_second'] or 0:.0f} | {m['trainable_parameters']:,} |")
+                     f"{m['tokens_per_second'] or 0:.0f} | {_percent(m.get('mfu'))} | {m['trainable_parameters']:,} |")
     with atomic_open(table_path) as handle:
         handle.write("\n".join(lines) + "\n")
     write_before_after_bars([lang for lang, _ in rows], [m["heldout_mlm_loss_before"] for _, m in rows],

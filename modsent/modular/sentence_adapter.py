@@ -58,7 +58,7 @@ from modsent.modular import language_adapter as la
 from modsent.io import InputError, atomic_path, canonical_adapter_config, check_model_files
 from modsent.losses import MultipleNegativesRankingLoss, mlm_parts
 from modsent.tokenizing import BatchTokenizer, encoder_attention_mask
-from modsent.training import checkpoints, fastpath, schedules
+from modsent.training import checkpoints, efficiency, fastpath, schedules
 from modsent.training.pairs import (check_length_groups, epochs_of, fingerprinted,  # noqa: F401
                                     no_duplicate_batches, read_pairs, split_heldout, steps_of_epochs)
 from modsent.training.optim import adamw
@@ -458,6 +458,7 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
         if on_step is not None:
             on_step(step + 1)
     losses, history, pairs_seen, elapsed = log_.close()
+    figures = log_.efficiency(model.encoder, elapsed, device)  # before the evaluation's own passes
     model.eval()
     accuracy_after = evaluate()
 
@@ -469,6 +470,7 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
         "resumed_from_step": start,
         "batches_per_epoch": epoch_batches, "pairs_per_second": pairs_seen / elapsed if elapsed > 0 else None,
         "padding_fraction": log_.padding_fraction,  # of the encoded positions: this run's steps
+        **figures,  # model FLOPs, their rate, MFU, peak memory (modsent.training.efficiency)
         "trainable_parameters": n_trainable, "total_parameters": n_total,
         "language_adapter": None if la_dir is None else str(la_dir),
         "device": str(device), "config": dataclasses.asdict(cfg),
@@ -479,9 +481,9 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
         write_loss_curve(history, tmp, title=f"sentence adapter {out_dir.name}", ylabel="MNRL loss")
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    log.info("SE %s: MNRL %.3f → %.3f; held-out retrieval accuracy %s → %s; %.1f pairs/s",
+    log.info("SE %s: MNRL %.3f → %.3f; held-out retrieval accuracy %s → %s; %.1f pairs/s, %s",
              out_dir.name, metrics["loss_first"] or 0, metrics["loss_last"] or 0,
-             accuracy_before, accuracy_after, metrics["pairs_per_second"] or 0)
+             accuracy_before, accuracy_after, metrics["pairs_per_second"] or 0, efficiency.describe(figures))
     return metrics
 
 
@@ -497,15 +499,15 @@ def write_summary(se_dirs: list[str], table_path: str | Path, plot_path: str | P
 
     lines = ["# Sentence-encoding adapters: held-out retrieval accuracy (%)", "",
              "Each held-out anchor's nearest neighbour among the held-out positives (cosine); "
-             "before = the language's model without the SE adapter.", "",
-             "| language | LA | held-out pairs | before | after | steps | loss first → last | pairs/s | padding % |",
-             "|---|---|---:|---:|---:|---:|---|---:|---:|"]
+             "before = the language's model without the SE adapter.", la.MFU_NOTE, "",
+             "| language | LA | held-out pairs | before | after | steps | loss first → last | pairs/s | padding % | MFU % |",
+             "|---|---|---:|---:|---:|---:|---|---:|---:|---:|"]
     for lang, m in rows:
         lines.append(
             f"| {lang} | {'yes' if m['language_adapter'] else 'no'} | {m['heldout_pairs']} | "
             f"{pct(m['heldout_retrieval_accuracy_before'])} | {pct(m['heldout_retrieval_accuracy_after'])} | "
             f"{m['steps']} | {m['loss_first'] or 0:.3f} → {m['loss_last'] or 0:.3f} | {m['pairs_per_second'] or 0:.1f} | "
-            f"{pct(m.get('padding_fraction'))} |")  # (no padding_fraction in an adapter of an earlier version)
+            f"{pct(m.get('padding_fraction'))} | {pct(m.get('mfu'))} |")  # (no padding_fraction, mfu in earlier adapters)
     with atomic_open(table_path) as handle:
         handle.write("\n".join(lines) + "\n")
     def percent(value):

@@ -8,6 +8,7 @@
   from;
 * :mod:`~modsent.training.schedules` — learning-rate schedules;
 * :mod:`~modsent.training.precision` — the default device, autocast on GPUs;
+* :mod:`~modsent.training.efficiency` — a run's model FLOPs, FLOP rate, MFU and peak GPU memory;
 * :mod:`~modsent.training.fastpath` — LoRA and frozen-Linear forwards with fewer kernels under
   autocast, same parameters and results (the LoRA stages call ``speed_up`` on their model).
 

@@ -357,8 +357,9 @@ class TrainingLog:
 
     The step's tokenised inputs, given to :meth:`record` (or :meth:`count_padding`), are counted
     for :attr:`padding_fraction`: the share of the encoded positions that were padding, this
-    run's steps (this process's share of each batch under data parallelism). The masks are the
-    host's copies, so counting never waits for the GPU."""
+    run's steps (this process's share of each batch under data parallelism), and for
+    :meth:`efficiency`: the real tokens and their sequences' lengths. The masks are the host's
+    copies, so counting never waits for the GPU."""
 
     def __init__(self, total_steps: int, start_step: int, desc: str, progress: bool, log_every: int,
                  resumed: dict | None = None, scaler: torch.amp.GradScaler | None = None):
@@ -375,6 +376,8 @@ class TrainingLog:
         self.history: list[list[float]] = [list(row) for row in resumed["history"]] if resumed else []
         self.pairs_seen, self.start_time = 0, time.perf_counter()
         self.positions, self.padded = 0, 0  # encoded positions of this run's steps, and padding among them
+        # real tokens, and the sum of each sequence's real length squared (modsent.training.efficiency)
+        self.tokens, self.token_squares = 0, 0
         self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, disable=not progress, unit="step")
         self._pending: list[tuple[int, torch.Tensor]] = []  # (index in losses, loss not yet read)
         self.scale_watch = LossScaleWatch(scaler if self.main else None, desc, start_step)
@@ -397,13 +400,25 @@ class TrainingLog:
             for mask in [item] if isinstance(item, torch.Tensor) else _feature_masks(item):
                 if mask.device.type != "cpu":  # counting it would make the host wait for the GPU
                     raise ValueError(f"padding is counted on the host's masks, got one on {mask.device}")
+                lengths = (mask != 0).reshape(-1, mask.shape[-1] if mask.dim() else 1).sum(dim=1)
                 self.positions += mask.numel()
-                self.padded += mask.numel() - int(mask.count_nonzero())
+                self.tokens += int(lengths.sum())
+                self.token_squares += int(lengths.square().sum())
+                self.padded = self.positions - self.tokens
 
     @property
     def padding_fraction(self) -> float | None:
         """Padding among the counted positions (None: nothing counted)."""
         return self.padded / self.positions if self.positions else None
+
+    def efficiency(self, model: torch.nn.Module, seconds: float, device) -> dict:
+        """:mod:`modsent.training.efficiency`'s figures of this run's counted tokens, encoded by
+        the transformer in ``model`` (this process's share, in ``seconds``)."""
+        from modsent.training import efficiency
+
+        shape = efficiency.body_shape(model)
+        return efficiency.run_figures(efficiency.encoder_flops(shape, self.tokens, self.token_squares),
+                                      seconds, device)
 
     def record(self, step: int, loss: float | torch.Tensor, lr: float, pairs: int, inputs=None) -> None:
         """Step ``step`` (0-based) is done: its loss (a number, or the loss tensor to be read
