@@ -127,6 +127,9 @@ def test_two_processes_train_what_one_process_trains(inputs, single, tmp_path):
     out = tmp_path / "de"
     log = _torchrun(inputs, out)
     _assert_same_training(single, out)
+    # the model FLOPs are the whole batches' (modsent.training.efficiency), however many processes
+    one, two = (json.loads((d / "metrics.json").read_text())["model_flops"] for d in (single, out))
+    assert two == pytest.approx(one) and one > 0
     assert "data-parallel over 2 processes" in log  # the main process's records reach the log
     assert "[rank 1]" not in log  # the others' do not
     assert not Path(str(out) + ".checkpoint").exists()
@@ -259,6 +262,9 @@ def test_two_processes_train_the_full_baseline_one_process_trains(baseline_input
     log = _torchrun_baseline(baseline_inputs, out)
     _assert_same_baseline(single_baseline, out)
     assert json.loads((out / "metrics.json").read_text())["processes"] == 2
+    # each process counts its share of the texts; the metrics hold their sum
+    one, two = (json.loads((d / "metrics.json").read_text())["model_flops"] for d in (single_baseline, out))
+    assert two == pytest.approx(one) and one > 0
     assert "data-parallel over 2 processes" in log and "[rank 1]" not in log
     assert not Path(f"{out}.checkpoint").exists()
 

@@ -83,9 +83,11 @@ def test_body_shape_counts_lora_once_and_leaves_out_embeddings_and_the_pooler():
     ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A100 80GB PCIe", 312.0), ("NVIDIA A10", 125.0),
     ("NVIDIA L40S", 362.05), ("NVIDIA L40", 181.05), ("NVIDIA L4", 121.0), ("NVIDIA B200", 2250.0),
     ("Tesla V100-SXM2-32GB", 125.0), ("Tesla V100-PCIE-32GB", 112.0), ("Tesla T4", 65.0),
+    ("NVIDIA GB200", 2500.0), ("NVIDIA A30", 165.0), ("AMD Instinct MI300X", 1307.4),
+    ("NVIDIA A10G", None), ("NVIDIA GeForce RTX 4090", None), ("NVIDIA H20", None),
 ])
 def test_the_peak_table_tells_similar_names_apart(name, peak):
-    assert efficiency.peak_of_name(name) == (peak, name)
+    assert efficiency.peak_of_name(name)[0] == peak
 
 
 def test_an_unknown_gpu_has_no_peak_unless_the_environment_gives_one(monkeypatch):
@@ -115,6 +117,8 @@ def test_run_figures_divide_by_the_seconds_processes_and_peak(monkeypatch):
     assert gpu["mfu"] == pytest.approx(0.4) and gpu["gpu_peak_memory_gib"] == 3.0
     assert efficiency.describe(gpu) == "396 model TFLOP/s (40.0% MFU of 989.4, peak 3.0 GiB)"
     assert efficiency.run_figures(1.0, 0.0, "cpu")["model_tflops_per_second"] is None
+    nothing = efficiency.run_figures(0.0, 3.0, "cuda")  # a run resumed at its end: no rate, no MFU
+    assert nothing["model_tflops_per_second"] is None and nothing["mfu"] is None
 
 
 def test_the_training_log_counts_real_tokens_and_their_sequences_squares():
@@ -127,6 +131,17 @@ def test_the_training_log_counts_real_tokens_and_their_sequences_squares():
     assert (log.tokens, log.token_squares) == (sum(lengths), sum(s * s for s in lengths))
     assert log.padded == 8 + 6 + 3 - sum(lengths) and log.positions == 17
     model = transformers.BertModel(transformers.BertConfig(**CONFIG))
-    figures = log.efficiency(model, 2.0, "cpu")
-    assert figures["model_flops"] == efficiency.encoder_flops(efficiency.body_shape(model), 12, 28)
+    shape = efficiency.start(model, "cpu")
+    assert shape == efficiency.body_shape(model)
+    figures = log.efficiency(shape, 2.0, "cpu")
+    assert figures["model_flops"] == efficiency.encoder_flops(shape, 12, 28)
     log.close()
+
+
+def test_a_stage_start_checks_the_environment_and_the_model_before_any_step(monkeypatch):
+    monkeypatch.setenv(efficiency.PEAK_ENV, "fast")
+    with pytest.raises(ValueError, match=efficiency.PEAK_ENV):
+        efficiency.start(transformers.BertModel(transformers.BertConfig(**CONFIG)), "cpu")
+    monkeypatch.delenv(efficiency.PEAK_ENV)
+    with pytest.raises(ValueError, match="no transformers model"):
+        efficiency.start(torch.nn.Linear(2, 2), "cpu")

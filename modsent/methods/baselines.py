@@ -443,6 +443,7 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
         fastpath.compile_in_place(model.encoder, device, compile_key, dynamic=None)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
+    body = efficiency.start(model.encoder, device)  # for the model FLOPs of metrics.json
     optimizer = adamw(trainable, cfg.learning_rate, cfg.weight_decay)
     loss_fn = objective if objective is not None else MultipleNegativesRankingLoss(cfg.scale)
     eval_batch = max(1, min(cfg.batch_size, 64))
@@ -491,7 +492,7 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
         if on_step is not None:
             on_step(step + 1)
     losses, history, pairs_seen, elapsed = log_.close()
-    figures = log_.efficiency(model.encoder, elapsed, device)  # this process's share of the texts
+    figures = log_.efficiency(body, elapsed, device, world)  # every process's share of the texts
     step = len(losses)
     if not main:
         return None
@@ -513,7 +514,7 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
         "resumed_from_step": start, "processes": world,
         "pairs_per_second": pairs_seen / elapsed if elapsed > 0 and pairs_seen else None,
         "padding_fraction": log_.padding_fraction,  # of the encoded positions: this run's steps
-        **figures,  # model FLOPs, their rate, MFU, peak memory (modsent.training.efficiency): the main process's
+        **figures,  # model FLOPs (all processes'), their rate, MFU, peak memory (modsent.training.efficiency)
         "trainable_parameters": n_trainable, "total_parameters": sum(p.numel() for p in model.parameters()),
         "device": str(device), "config": dataclasses.asdict(cfg),
     }

@@ -483,6 +483,7 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
     n_total = sum(p.numel() for p in model.parameters())
+    body = efficiency.start(model.encoder, device)  # for the model FLOPs of metrics.json
     optimizer = adamw(trainable, cfg.learning_rate, cfg.weight_decay)
     eval_batch = max(1, min(cfg.batch_size, 64))
 
@@ -518,7 +519,7 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
         if on_step is not None:
             on_step(step + 1)
     losses, history, pairs_seen, elapsed = log_.close()
-    figures = log_.efficiency(model.encoder, elapsed, device)  # L's texts: the English side is looked up
+    figures = log_.efficiency(body, elapsed, device)  # L's texts: the English side is looked up
     model.eval()
     after = evaluate()
     accuracy_before, accuracy_after = before["retrieval_accuracy"], after["retrieval_accuracy"]

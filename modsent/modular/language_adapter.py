@@ -458,6 +458,7 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
     n_total = sum(p.numel() for p in model.parameters())
     log.info("trainable parameters: %d of %d (%.2f%%)", n_trainable, n_total, 100 * n_trainable / n_total)
 
+    body = efficiency.start(mlm_parts(model)[0], device)  # for the model FLOPs of metrics.json
     optimizer = adamw([p for p in model.parameters() if p.requires_grad], cfg.learning_rate, cfg.weight_decay)
     eval_batch = max(1, min(cfg.batch_size, 64))
 
@@ -528,11 +529,10 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
     bar.close()
     scale_watch.close()
     elapsed = time.perf_counter() - start_time
-    encoder, head = mlm_parts(model)
     # every sequence of a step as long as the step's (packed); the whole batch's, over the processes
     figures = efficiency.run_figures(
-        efficiency.encoder_flops(efficiency.body_shape(encoder), tokens_seen, tokens_seen * train.shape[1])
-        + efficiency.mlm_head_flops(head, masked_seen), elapsed, device, processes=world)
+        efficiency.encoder_flops(body, tokens_seen, tokens_seen * train.shape[1])
+        + efficiency.mlm_head_flops(mlm_parts(model)[1], masked_seen), elapsed, device, processes=world)
     if not main:
         distributed.barrier()  # while the main process evaluates and writes the output
         return None

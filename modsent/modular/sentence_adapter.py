@@ -423,6 +423,7 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
     n_trainable = sum(p.numel() for p in trainable)
     n_total = sum(p.numel() for p in model.parameters())
     log.info("trainable parameters: %d of %d (%.2f%%)", n_trainable, n_total, 100 * n_trainable / n_total)
+    body = efficiency.start(model.encoder, device)  # for the model FLOPs of metrics.json
     optimizer = adamw(trainable, cfg.learning_rate, cfg.weight_decay)
     loss_fn = MultipleNegativesRankingLoss(cfg.scale)
     eval_batch = max(1, min(cfg.batch_size, 64))
@@ -458,7 +459,7 @@ def train_sentence_adapter(base_model_dir: str | Path, la_dir: str | Path | None
         if on_step is not None:
             on_step(step + 1)
     losses, history, pairs_seen, elapsed = log_.close()
-    figures = log_.efficiency(model.encoder, elapsed, device)  # before the evaluation's own passes
+    figures = log_.efficiency(body, elapsed, device)  # before the evaluation's own passes
     model.eval()
     accuracy_after = evaluate()
 

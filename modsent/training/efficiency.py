@@ -1,7 +1,7 @@
 """How well a training run used its device: model FLOPs, the FLOP rate and the MFU.
 
-The stages that the throughput goals name (LA, SE, CLA, the full baselines and the ablations)
-record in their ``metrics.json``:
+The stages that the throughput goals name (LA, SE, CLA, the ablations, the full baselines and
+the full-parameter methods, which train in their loop) record in their ``metrics.json``:
 
 - ``model_flops``: the run's model FLOPs, counted as the benchmarks count them (6N + 12·L·d·s
   per real token: N the body's parameters outside the embeddings, L layers, width d, s the
@@ -9,14 +9,21 @@ record in their ``metrics.json``:
   with the attention scores). The LA adds its MLM head's vocabulary projection on the masked
   positions (6·d·V per masked position, and its d x d transform), which it runs on those
   positions only. Padding is not counted: it is work, not model FLOPs.
-- ``model_tflops_per_second``: those FLOPs over the run's seconds (every step of this run, its
-  first steps and checkpoints included: what the job paid, not a steady-state figure), per
-  process.
+  ``model_flops`` is the whole run's, over all its processes (data parallelism).
+- ``model_tflops_per_second``: those FLOPs over the run's seconds, per process (every step of
+  this run, its first steps and checkpoints included: what the job paid, not a steady-state
+  figure; a resumed run counts the steps after its checkpoint).
 - ``mfu``: that rate against the device's dense 16-bit tensor peak (:func:`peak_tflops`), on a
   GPU whose peak is known, else None. A frozen body with LoRA needs no weight gradients, so its
   real work is nearer 4N than 6N; 6N is the convention of published MFU figures and of the
   goals, and the benchmarks print both.
-- ``gpu_peak_memory_gib``: the process's peak of allocated GPU memory (None on the CPU).
+- ``gpu_peak_memory_gib``: the main process's peak of allocated GPU memory since the stage built
+  its model (None on the CPU).
+
+A stage calls :func:`start` once its model is built, before its first step (a bad
+``MODSENT_PEAK_TFLOPS`` or a model without a layer count fails there, not after the training),
+and :func:`run_figures` at its end. The LA's ``mfu`` counts its head, as the benchmarks' "+head"
+column does (``benchmarks/mlm_throughput.py``); their "6N" column leaves it out.
 
 Counting real tokens needs only the host's attention masks (:class:`TrainingLog
 <modsent.training.loop.TrainingLog>` counts them with the padding), so the figures cost the
@@ -134,12 +141,25 @@ def mlm_head_flops(head, masked: int) -> float:
     return 6.0 * sum(p.numel() for p in {id(p): p for p in head.parameters()}.values()) * masked
 
 
-def run_figures(flops: float, seconds: float, device, processes: int = 1) -> dict:
-    """The metrics above for ``flops`` done in ``seconds`` by ``processes`` processes (each on
-    its own device like ``device``)."""
+def start(model, device) -> tuple[int, int, int]:
+    """The start of a stage's training: ``MODSENT_PEAK_TFLOPS`` checked, the GPU's peak memory
+    statistic reset, and :func:`body_shape` of ``model`` returned (for :func:`encoder_flops`)."""
     import torch
 
-    rate = flops / seconds / processes if seconds > 0 else None
+    environment_peak()
+    shape = body_shape(model)
+    if _device_type(device) == "cuda" and torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats(torch.device(device))
+    return shape
+
+
+def run_figures(flops: float, seconds: float, device, processes: int = 1) -> dict:
+    """The metrics above for ``flops`` done in ``seconds`` by ``processes`` processes (each on
+    its own device like ``device``); no rate where nothing was counted (a run resumed at its
+    end)."""
+    import torch
+
+    rate = flops / seconds / processes if seconds > 0 and flops > 0 else None
     peak, _ = peak_tflops(device)
     memory = None
     if _device_type(device) == "cuda" and torch.cuda.is_available():

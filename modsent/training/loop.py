@@ -411,14 +411,20 @@ class TrainingLog:
         """Padding among the counted positions (None: nothing counted)."""
         return self.padded / self.positions if self.positions else None
 
-    def efficiency(self, model: torch.nn.Module, seconds: float, device) -> dict:
-        """:mod:`modsent.training.efficiency`'s figures of this run's counted tokens, encoded by
-        the transformer in ``model`` (this process's share, in ``seconds``)."""
+    def efficiency(self, shape: tuple[int, int, int], seconds: float, device, processes: int = 1) -> dict:
+        """:mod:`modsent.training.efficiency`'s figures of the counted tokens, encoded by a
+        transformer of ``shape`` (:func:`~modsent.training.efficiency.start`) in ``seconds``: this
+        process's share, or with ``processes`` > 1 (a data-parallel stage, in every process) the
+        whole batches', the counts summed over the processes first."""
+        from modsent import distributed
         from modsent.training import efficiency
 
-        shape = efficiency.body_shape(model)
-        return efficiency.run_figures(efficiency.encoder_flops(shape, self.tokens, self.token_squares),
-                                      seconds, device)
+        tokens, squares = self.tokens, self.token_squares
+        if processes > 1:
+            counts = torch.tensor([tokens, squares], dtype=torch.float64, device=device)
+            distributed.all_reduce_mean(counts)
+            tokens, squares = (round(value * processes) for value in counts.tolist())
+        return efficiency.run_figures(efficiency.encoder_flops(shape, tokens, squares), seconds, device, processes)
 
     def record(self, step: int, loss: float | torch.Tensor, lr: float, pairs: int, inputs=None) -> None:
         """Step ``step`` (0-based) is done: its loss (a number, or the loss tensor to be read
