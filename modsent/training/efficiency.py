@@ -32,6 +32,8 @@ GPU nothing.
 
 from __future__ import annotations
 
+# torch and modules that import it are imported inside the functions: modsent.logs.start_job
+# checks MODSENT_PEAK_TFLOPS in every job, also in those that never import torch
 import os
 import re
 
@@ -69,7 +71,9 @@ def peak_tflops(device) -> tuple[float | None, str]:
     clock the datasheet's figure does not hold at); the CPU has no peak here."""
     import torch
 
-    if _device_type(device) != "cuda" or not torch.cuda.is_available():
+    from modsent.training.precision import device_type
+
+    if device_type(device) != "cuda" or not torch.cuda.is_available():
         return None, "no GPU"
     override = environment_peak()
     if override is not None:
@@ -91,10 +95,6 @@ def environment_peak() -> float | None:
         raise ValueError(f"{PEAK_ENV}={override!r}: expected the GPU's dense bf16 peak in TFLOP/s, "
                          f"a positive number (e.g. 989.4 for an H100 SXM)")
     return value
-
-
-def _device_type(device) -> str:
-    return str(device).split(":")[0]
 
 
 def peak_of_name(name: str) -> tuple[float | None, str]:
@@ -146,9 +146,11 @@ def start(model, device) -> tuple[int, int, int]:
     statistic reset, and :func:`body_shape` of ``model`` returned (for :func:`encoder_flops`)."""
     import torch
 
+    from modsent.training.precision import device_type
+
     environment_peak()
     shape = body_shape(model)
-    if _device_type(device) == "cuda" and torch.cuda.is_available():
+    if device_type(device) == "cuda" and torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats(torch.device(device))
     return shape
 
@@ -159,10 +161,12 @@ def run_figures(flops: float, seconds: float, device, processes: int = 1) -> dic
     end)."""
     import torch
 
+    from modsent.training.precision import device_type
+
     rate = flops / seconds / processes if seconds > 0 and flops > 0 else None
     peak, _ = peak_tflops(device)
     memory = None
-    if _device_type(device) == "cuda" and torch.cuda.is_available():
+    if device_type(device) == "cuda" and torch.cuda.is_available():
         memory = torch.cuda.max_memory_allocated(torch.device(device)) / 2 ** 30
     return {"model_flops": flops,
             "model_tflops_per_second": None if rate is None else rate / 1e12,

@@ -375,9 +375,9 @@ class TrainingLog:
         self.losses: list[float] = list(resumed["losses"]) if resumed else []
         self.history: list[list[float]] = [list(row) for row in resumed["history"]] if resumed else []
         self.pairs_seen, self.start_time = 0, time.perf_counter()
-        self.positions, self.padded = 0, 0  # encoded positions of this run's steps, and padding among them
-        # real tokens, and the sum of each sequence's real length squared (modsent.training.efficiency)
-        self.tokens, self.token_squares = 0, 0
+        # encoded positions of this run's steps, the real tokens among them, and the sum of each
+        # sequence's real length squared (modsent.training.efficiency)
+        self.positions, self.tokens, self.token_squares = 0, 0, 0
         self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, disable=not progress, unit="step")
         self._pending: list[tuple[int, torch.Tensor]] = []  # (index in losses, loss not yet read)
         self.scale_watch = LossScaleWatch(scaler if self.main else None, desc, start_step)
@@ -404,7 +404,11 @@ class TrainingLog:
                 self.positions += mask.numel()
                 self.tokens += int(lengths.sum())
                 self.token_squares += int(lengths.square().sum())
-                self.padded = self.positions - self.tokens
+
+    @property
+    def padded(self) -> int:
+        """Padding among the counted positions."""
+        return self.positions - self.tokens
 
     @property
     def padding_fraction(self) -> float | None:
