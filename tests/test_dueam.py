@@ -327,6 +327,8 @@ def test_a_tiny_encoder_trains_every_weight_and_reloads_with_sentence_transforme
     metrics = methods.get("DuEAM-weak").train(inputs, tmp_path / "out", SETTINGS, device="cpu", progress=False)
     assert metrics["steps"] == 3 and metrics["objective"] == "joint" and metrics["lambda"] == 0.003
     assert 0 < metrics["padding_fraction"] < 1
+    assert metrics["model_flops"] > 0 and metrics["model_tflops_per_second"] > 0
+    assert metrics["mfu"] is None and metrics["gpu_peak_memory_gib"] is None  # the CPU: no peak
     # every weight trains but the body's pooler, which mean pooling never uses: saved as drawn
     saved_weights = load_file(str(tmp_path / "out" / "model.safetensors"))
     pooler = {k: v for k, v in saved_weights.items() if k.startswith("pooler.")}

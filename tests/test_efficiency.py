@@ -41,6 +41,31 @@ def test_the_encoder_count_is_what_the_flop_counter_counts_for_a_trained_body(le
     assert efficiency.encoder_flops(shape, sum(lengths), 0) < 0.97 * counted(run)
 
 
+def test_a_t5_encoder_counts_its_attention_width_and_no_lookup_tables():
+    """m-ST5's body: T5's shared embeddings and relative position biases are lookups, and its
+    attention is d_kv x num_heads wide, which in mT5-small (64 x 6 of 512) is not d_model."""
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=3000, d_model=96, d_kv=16, num_heads=4, d_ff=192, num_layers=2,
+                                   feed_forward_proj="gated-gelu", relative_attention_num_buckets=8,
+                                   dropout_rate=0.0, attn_implementation="eager")
+    model = transformers.T5EncoderModel(config)
+    lengths = [9, 40, 120]
+
+    def run():
+        for s in lengths:
+            model(input_ids=torch.randint(5, 3000, (1, s))).last_hidden_state.sum().backward()
+
+    shape = efficiency.body_shape(model)
+    assert shape[1:] == (2, 64)
+    lookups = model.shared.weight.numel() + model.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.numel()
+    assert shape[0] == sum(p.numel() for p in model.parameters()) - lookups
+    ours = efficiency.encoder_flops(shape, sum(lengths), sum(s * s for s in lengths))
+    assert 0.99 * ours < counted(run) <= ours  # the LayerNorms' weights are in N: T5 has no biases
+    # the model's width in the attention term would count more than the counter sees
+    wide = efficiency.encoder_flops((shape[0], 2, 96), sum(lengths), sum(s * s for s in lengths))
+    assert counted(run) < 0.99 * wide
+
+
 def test_the_la_count_adds_the_head_on_the_masked_positions_only():
     torch.manual_seed(0)
     model = transformers.BertForMaskedLM(transformers.BertConfig(**CONFIG, attn_implementation="eager"))
@@ -75,6 +100,11 @@ def test_body_shape_counts_lora_once_and_leaves_out_embeddings_and_the_pooler():
     assert efficiency.body_shape(lora) == (body + added, 2, 128)
     with pytest.raises(ValueError, match="no transformers model"):
         efficiency.body_shape(torch.nn.Linear(3, 3))
+    # the first layer only (a vector read below the top): the second layer's weights and LoRA left out
+    second = sum(p.numel() for name, p in lora.named_parameters() if ".layer.1." in name)
+    assert efficiency.body_shape(lora, 1) == (body + added - second, 1, 128)
+    with pytest.raises(ValueError, match="3 of a 2-layer"):
+        efficiency.body_shape(model, 3)
 
 
 @pytest.mark.parametrize("name, peak", [

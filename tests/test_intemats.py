@@ -266,6 +266,8 @@ def test_the_three_stages_train_what_they_should_and_reload_to_the_same_vectors(
     assert st["trainable_parameters"] == dt["trainable_parameters"] == 4 * (32 * 2 + 2 + 2 * 32 + 32)
     assert st["steps"] == 3 and st["loss"] == "InfoNCE" and st["languages"] == sorted(LANGS)
     assert 0 < st["padding_fraction"] < 1  # every micro-batch counted
+    for metrics in (st, dt, fused):  # the CPU: no peak, no memory
+        assert metrics["model_flops"] > 0 and metrics["mfu"] is None and metrics["gpu_peak_memory_gib"] is None
     assert fused["trainable_parameters"] == 4 * 3 * 32 * 32 and fused["loss"] == "MNRL"
     by_system = fused["heldout_translation_retrieval_accuracy_by_system"]
     assert by_system["backbone"] == st["heldout_translation_retrieval_accuracy_before"]  # fresh = the backbone
@@ -302,6 +304,51 @@ def test_the_three_stages_train_what_they_should_and_reload_to_the_same_vectors(
     # trained: not the backbone's vectors
     original = SentenceTransformerEncoder(data["base"], device="cpu").encode(TEXTS)
     assert not np.allclose(loaded, original, atol=1e-3)
+
+
+def test_the_model_flops_count_the_adapters_and_the_fusion_as_the_flop_counter_sees_them(data, trained):
+    """model_flops (metrics.json): the frozen backbone with its serial adapters (ST, DT) or both
+    sets and the fusion, 6N per token for every weight up to the pooled layer, through the masks
+    the loop counts; PyTorch's FLOP counter agrees once every weight trains (eager attention; a
+    text per pass, no padding)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from modsent.training import efficiency
+    from modsent.training.loop import TrainingLog
+
+    cfg = it.InteMATsConfig.from_settings(intemats.FUSED, SETTINGS)
+    st_dir, dt_dir = trained[intemats.ST][0], trained[intemats.DT][0]
+    adapters = trained[intemats.ST][1]["trainable_parameters"] + trained[intemats.DT][1]["trainable_parameters"]
+    fused = it.build_fusion_model(st_dir, dt_dir, cfg, "k")
+    single = it.build_adapter_model(intemats.ST, str(data["base"]), cfg, "k")
+    bare = efficiency.body_shape(backbone(data))[0]
+    assert efficiency.body_shape(single.encoder)[0] == bare + trained[intemats.ST][1]["trainable_parameters"]
+    assert efficiency.body_shape(fused.encoder)[0] == bare + adapters + trained[intemats.FUSED][1]["trainable_parameters"]
+    texts = ["Good morning", "The password was changed on Monday.", "Yes"]
+    for model in (single, fused):
+        model.encoder.body.set_attn_implementation("eager")
+        model.requires_grad_(True)
+        log = TrainingLog(len(texts), 0, "test", False, 10)
+        with FlopCounterMode(display=False) as counter:
+            for text in texts:
+                features = model.features([text])
+                model(features).sum().backward()
+                log.count_padding(features)
+        log.close()
+        # the vector is the second-to-last hidden state: the last layer (with its adapters) is not
+        # model FLOPs, though its forward runs, which the counter sees
+        assert model.encoder.layers_used == 1 and efficiency.body_shape(model.encoder)[1] == 2
+        shape = it.flop_shape(model.encoder, "cpu")
+        ours = efficiency.encoder_flops(shape, log.tokens, log.token_squares)
+        # the fusion's key and value run on both adapter sets' outputs: each layer's twice
+        repeated = shape[0] - efficiency.body_shape(model.encoder, 1)[0]
+        assert repeated == (0 if model.encoder.stack.fusion is None else 2 * 2 * 32 * 32)  # 2 sites
+        top = efficiency.encoder_flops(efficiency.body_shape(model.encoder), log.tokens, log.token_squares) - \
+            efficiency.encoder_flops(efficiency.body_shape(model.encoder, 1), log.tokens, log.token_squares) + \
+            6 * repeated * log.tokens  # the last layer's, had it been used
+        assert top > 0.3 * ours
+        # N holds the biases and LayerNorms, which no product computes (13 of 12·d + 13 per d² at d = 32)
+        assert 0.95 * (ours + top / 3) < counter.get_total_flops() <= ours + top / 3
 
 
 def test_modsent_encode_reads_the_systems_from_a_results_tree_and_their_directories(trained, tmp_path):

@@ -240,6 +240,47 @@ def test_no_tok_stops_the_token_gradient_at_the_head(data):
     assert grads[True] > 0 and grads[False] > grads[True]
 
 
+@pytest.mark.parametrize("detach", [False, True])
+def test_the_model_flops_are_what_the_flop_counter_counts_for_a_step(data, detach):
+    """model_flops (metrics.json): the four passes, the head's layers and its vocabulary projection
+    on the masked positions, against PyTorch's FLOP counter on a step's objective and backward
+    (eager attention: the counter sees its products). With detach_tokens the masked pass's
+    backward still runs: the encoder's one call holds both passes."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from modsent.training import efficiency
+
+    torch.manual_seed(0)
+    model, tokenizer = mm.build_model(str(data["quiet"]), revision=None, head_layers=1, head_heads=2,
+                                      head_intermediate_size=None, detach_tokens=detach, seed=0, key="k")
+    model.body.set_attn_implementation("eager")
+    model.head.config._attn_implementation = "eager"
+    cfg = mt.MEXMAConfig.from_settings("MEXMA", {**SETTINGS, "mask_probability": 0.4})
+    texts = pd.DataFrame({"english": ["Good morning", "The password was changed on Monday.", "Yes", "See you"],
+                          "translation": ["Guten Morgen", "Das Passwort wurde am Montag geändert.", "Ja", "Bis dann"]})
+    # a pair per micro-batch: no padding, which the counter would count and model FLOPs do not
+    micro_batches = mt.step_batches(tokenizer, texts, [[0], [1], [2], [3]], 0, cfg, 32, 0, 1)
+    with FlopCounterMode(display=False) as counter:
+        for a, b, counts, rows in micro_batches:
+            backward, _ = mt.Objective(cfg)(model, mt._on_device(a, "cpu", model.body.config),
+                                            mt._on_device(b, "cpu", model.body.config), counts, rows, 1)
+            backward.backward()
+    lengths = torch.cat([side[3].sum(1) for a, b, *_ in micro_batches for side in (a, b)])
+    assert lengths.unique().numel() > 2  # sentences of different lengths: the s² term matters
+    masked = sum(sum(counts) for _, _, counts, _ in micro_batches)
+    body, head = efficiency.body_shape(model.body), efficiency.body_shape(model.head.encoder)
+    tokens, squares = int(lengths.sum()), int(lengths.square().sum())
+    ours = mt.model_flops(model, body, head, tokens, squares, masked)
+    # N holds the biases and LayerNorms, which no product computes (13 of 12·d + 13 per d² at
+    # this width of 32), the projection its bias; the losses' own products are left out
+    assert 0.95 * ours < counter.get_total_flops() <= ours
+    # without the head's layers, or the projection, or the masked pass, the count falls short
+    projection = 6.0 * model.body.get_input_embeddings().weight.numel() * masked
+    for part in (efficiency.encoder_flops(head, tokens, squares), projection,
+                 efficiency.encoder_flops(body, tokens, squares)):
+        assert ours - part < counter.get_total_flops()
+
+
 # ---- training --------------------------------------------------------------------------------------
 
 
@@ -398,6 +439,7 @@ def test_two_processes_train_what_one_process_trains(data, tmp_path, name):
         torch.testing.assert_close(y[key], x[key], rtol=1e-4, atol=2e-5, msg=key)
     one, two = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "two"))
     assert (one["processes"], two["processes"]) == (1, 2)
+    assert two["model_flops"] == one["model_flops"] > 0  # both shares' tokens and masked positions
     for row_a, row_b in zip(one["loss_components"]["rows"], two["loss_components"]["rows"]):
         assert row_b == pytest.approx(row_a, rel=1e-4)
 

@@ -212,6 +212,8 @@ def test_a_tiny_mt5_trains_and_reloads_with_sentence_transformers_to_the_same_ve
     metrics = method.train(data["inputs"], tmp_path / "out", settings, device="cpu", progress=False)
     assert metrics["steps"] == 3 and metrics["lora_targets"] == ["q", "v"]
     assert 0 < metrics["padding_fraction"] < 1  # anchors, positives and negatives
+    assert metrics["model_flops"] > 0 and metrics["model_tflops_per_second"] > 0
+    assert metrics["mfu"] is None and metrics["gpu_peak_memory_gib"] is None  # the CPU: no peak
     assert metrics["languages"] == sorted(LANGS) and metrics["source_model"] == str(data["mt5"])
     assert metrics["trainable_parameters"] == 2 * 2 * 8 * (32 + 32)  # q, v of 2 blocks: A [8, 32], B [32, 8]
     assert not (tmp_path / "out.checkpoint").exists()
@@ -244,6 +246,42 @@ def test_a_tiny_mt5_trains_and_reloads_with_sentence_transformers_to_the_same_ve
     targets = mt.lora_targets(body, "all-linear")
     assert {name.rsplit(".", 1)[-1] for name in targets} == {"q", "k", "v", "o", "wi_0", "wi_1", "wo"}
     assert len(targets) == 2 * 7
+
+
+def test_the_model_flops_are_what_the_flop_counter_counts_for_the_three_passes(data):
+    """model_flops (metrics.json): the loop counts the masks of a step's three passes (its
+    TrainingLog), through the LoRA mT5 body's shape, 6N per token as published MFU figures
+    count. PyTorch's FLOP counter on the same steps' loss and backward agrees once every weight
+    trains; with the body frozen it sees nearer 4N (no weight gradients but LoRA's). A triplet
+    per step: no padding, which the counter would count."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from modsent.training import efficiency
+    from modsent.training.loop import TrainingLog
+
+    cfg = mt.MST5Config.from_settings("mST5-xnli", {**SETTINGS, "model": str(data["mt5"])})
+    model = mt.build_model(data["mt5"], cfg).model
+    shape = efficiency.body_shape(model.encoder)
+    assert shape[1:] == (2, 32) and any("lora_" in name for name, _ in model.encoder.named_parameters())
+    rows = mt.crosslingual_triplets(mt.read_frames(data["paths"], None, "k"), 0).iloc[:4]
+    loss_fn = losses.TripletInfoNCELoss(cfg.temperature)
+
+    def run():
+        log = TrainingLog(len(rows), 0, "test", False, 10)
+        with FlopCounterMode(display=False) as counter:
+            for step in range(len(rows)):
+                features = mt.batch_features(model, rows.iloc[[step]])
+                mt.batch_loss(model, loss_fn, rows.iloc[[step]], features).backward()
+                log.record(step, 0.0, 0.0, 1, features)
+        log.close()
+        assert log.padded == 0 and log.tokens > 3 * len(rows)
+        return counter.get_total_flops(), efficiency.encoder_flops(shape, log.tokens, log.token_squares)
+
+    lora, ours = run()
+    assert 0.6 * ours < lora < 0.75 * ours
+    model.requires_grad_(True)
+    full, again = run()
+    assert again == ours and 0.98 * ours < full <= ours  # the LayerNorms' weights are in N
 
 
 def test_storage_dtype_float16_saves_the_merged_training_rounded(data, tmp_path):

@@ -122,16 +122,17 @@ def test_every_training_and_encoding_job_logs_its_device(run, capsys):
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     assert {job["log"]: GPU_WORKFLOW.device_of(run, job) for job in on_gpu_rules} == {
         job["log"]: device for job in on_gpu_rules}
-    # every LA, SE, CLA, full baseline and ablation recorded its model FLOPs (and on a GPU its
-    # memory), as gpu_workflow.py reports them
+    # every LA, SE, CLA, full baseline, ablation and recipe recorded its model FLOPs (and on a GPU
+    # its memory), as gpu_workflow.py reports them
     capsys.readouterr()
     assert GPU_WORKFLOW.stage_efficiency(run, torch.cuda.is_available()) == []
     reported = {line.split()[0] for line in capsys.readouterr().out.splitlines()[1:] if line.startswith("results/")}
     stages = {path.parent.relative_to(run).as_posix() for pattern in (
         "results/*/language_adapters/*/metrics.json", "results/*/sentence_adapters/*/metrics.json",
         "results/*/alignment/*/*/metrics.json", "results/*/baselines/*/metrics.json",
-        "results/*/ablations/*/*/metrics.json") for path in run.glob(pattern)}
-    assert len(stages) > 10 and stages <= reported
+        "results/*/ablations/*/*/metrics.json", *(f"results/*/methods/{name}/metrics.json" for name in RECIPES))
+        for path in run.glob(pattern)}
+    assert len(stages) > 10 + len(RECIPES) and stages <= reported
 
 
 def test_language_adapters_reload_and_are_summarised(run):

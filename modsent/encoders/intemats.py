@@ -76,6 +76,12 @@ class InteMATsBody(nn.Module):
     def config(self):
         return self.body.config
 
+    @property
+    def layers_used(self) -> int:
+        """How many of the backbone's layers the vector needs: those up to the highest pooled
+        hidden state (the layers above it run, but nothing reads their output)."""
+        return max(i % (self.body.config.num_hidden_layers + 1) for i in self.pooling_layers)
+
     def forward(self, **features) -> BaseModelOutput:
         out = self.body(**features, output_hidden_states=True, return_dict=True)
         return BaseModelOutput(last_hidden_state=average_layers(out.hidden_states, self.pooling_layers))

@@ -1,14 +1,21 @@
 """How well a training run used its device: model FLOPs, the FLOP rate and the MFU.
 
-The stages that the throughput goals name (LA, SE, CLA, the ablations, the full baselines and
-the full-parameter methods, which train in their loop) record in their ``metrics.json``:
+Every training stage (LA, SE, CLA, the ablations, the full baselines, the full-parameter
+methods, which train in their loop, and the recipes: m-ST5, DuEAM, MEXMA, InteMATs' three
+stages) records in its ``metrics.json``:
 
 - ``model_flops``: the run's model FLOPs, counted as the benchmarks count them (6N + 12·L·d·s
-  per real token: N the body's parameters outside the embeddings, L layers, width d, s the
-  token's sequence length; the usual dense estimate of a training step, forward and backward,
+  per real token: N the body's parameters outside the embeddings, L layers, d the attention's
+  width, s the token's sequence length; the usual dense estimate of a training step, forward and backward,
   with the attention scores). The LA adds its MLM head's vocabulary projection on the masked
   positions (6·d·V per masked position, and its d x d transform), which it runs on those
-  positions only. Padding is not counted: it is work, not model FLOPs.
+  positions only. Each recipe counts every encoder pass of its step: m-ST5's three (anchors,
+  positives, negatives), MEXMA's four (the clean and the masked sequence of each side), its
+  unmasking head's layers and its vocabulary projection on the masked positions
+  (:func:`modsent.methods.mexma.training.model_flops`); InteMATs its adapters and fusion, up
+  to the hidden state it pools (:func:`modsent.methods.intemats.training.flop_shape`).
+  Padding is not counted, nor are layers whose output nothing reads: that is work, not model
+  FLOPs.
   ``model_flops`` is the whole run's, over all its processes (data parallelism).
 - ``model_tflops_per_second``: those FLOPs over the run's seconds, per process (every step of
   this run, its first steps and checkpoints included: what the job paid, not a steady-state
@@ -105,31 +112,53 @@ def peak_of_name(name: str) -> tuple[float | None, str]:
     return None, f"{name}: not in modsent.training.efficiency.PEAK_TFLOPS (set {PEAK_ENV})"
 
 
-def body_shape(model) -> tuple[int, int, int]:
+LAYER_INDEX = re.compile(r"\.layers?\.(\d+)\.")  # a parameter of layer i: BERT's encoder.layer.i, adapters' layers.i
+
+
+def body_shape(model, layers: int | None = None) -> tuple[int, int, int]:
     """(N, L, d) of the transformer in ``model``: N its parameters outside the embeddings and the
-    pooler (each once, LoRA's included: they run at every token), L its layers, d its width,
-    read from the first submodule's Hugging Face config."""
+    pooler (each once, LoRA's and adapters' included: they run at every token; a lookup table,
+    such as T5's shared embeddings and relative position biases, computes no product), L its
+    layers, d its attention's width (heads x head size: the model's width but in a T5 whose
+    ``d_kv`` x ``num_heads`` differs from ``d_model``, such as mT5-small), read from the first
+    submodule's Hugging Face config. ``layers``: only the first ``layers`` layers count (and
+    their parameters, named ``...layer.i...`` or ``...layers.i...``): those a model whose vector
+    is read below the top needs (InteMATs); the layers above run, but that is work, not model
+    FLOPs, as padding is."""
+    from torch import nn
+
     config = next((module.config for module in model.modules()
                    if hasattr(getattr(module, "config", None), "to_dict")), None)
     if config is None:
         raise ValueError(f"{type(model).__name__} holds no transformers model with a config")
-    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", None)
+    total = getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", None)
     width = getattr(config, "hidden_size", None) or getattr(config, "d_model", None)
-    if not layers or not width:
+    if not total or not width:
         raise ValueError(f"{type(config).__name__} names no layer count or width")
-    seen, n = set(), 0
+    heads, head_size = getattr(config, "num_heads", None), getattr(config, "d_kv", None)  # the T5 family's
+    if heads and head_size:
+        width = heads * head_size
+    seen = {id(p) for module in model.modules() if isinstance(module, nn.Embedding) for p in module.parameters()}
+    if layers is None:
+        layers = total
+    elif not 0 <= layers <= total:
+        raise ValueError(f"{layers} of a {total}-layer model's layers")
+    n = 0
     for name, parameter in model.named_parameters(remove_duplicate=False):
         if id(parameter) in seen or "embeddings" in name or "pooler" in name:
             continue
         seen.add(id(parameter))
-        n += parameter.numel()
+        index = LAYER_INDEX.search(f".{name}")
+        if index is None or int(index.group(1)) < layers:
+            n += parameter.numel()
     return n, int(layers), int(width)
 
 
 def encoder_flops(shape: tuple[int, int, int], tokens: int, token_squares: int) -> float:
     """Training FLOPs (forward and backward) of encoding sequences whose real lengths s sum to
     ``tokens`` and whose s² sum to ``token_squares``: 6N per token, 12·L·d·s² per sequence
-    (the scores and their weighted sum, 4·d·s² a layer forward, twice that backward)."""
+    (the scores and their weighted sum, 4·d·s² a layer forward, twice that backward). A pass
+    that runs forward only (no gradient flows back through it) costs a third of it."""
     n, layers, width = shape
     return 6.0 * n * tokens + 12.0 * layers * width * token_squares
 
@@ -141,15 +170,16 @@ def mlm_head_flops(head, masked: int) -> float:
     return 6.0 * sum(p.numel() for p in {id(p): p for p in head.parameters()}.values()) * masked
 
 
-def start(model, device) -> tuple[int, int, int]:
+def start(model, device, layers: int | None = None) -> tuple[int, int, int]:
     """The start of a stage's training: ``MODSENT_PEAK_TFLOPS`` checked, the GPU's peak memory
-    statistic reset, and :func:`body_shape` of ``model`` returned (for :func:`encoder_flops`)."""
+    statistic reset, and :func:`body_shape` of ``model`` (its first ``layers``) returned (for
+    :func:`encoder_flops`)."""
     import torch
 
     from modsent.training.precision import device_type
 
     environment_peak()
-    shape = body_shape(model)
+    shape = body_shape(model, layers)
     if device_type(device) == "cuda" and torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats(torch.device(device))
     return shape

@@ -420,15 +420,23 @@ class TrainingLog:
         transformer of ``shape`` (:func:`~modsent.training.efficiency.start`) in ``seconds``: this
         process's share, or with ``processes`` > 1 (a data-parallel stage, in every process) the
         whole batches', the counts summed over the processes first."""
-        from modsent import distributed
         from modsent.training import efficiency
 
-        tokens, squares = self.tokens, self.token_squares
-        if processes > 1:
-            counts = torch.tensor([tokens, squares], dtype=torch.float64, device=device)
-            distributed.all_reduce_mean(counts)
-            tokens, squares = (round(value * processes) for value in counts.tolist())
+        tokens, squares = self.totals(device, processes)
         return efficiency.run_figures(efficiency.encoder_flops(shape, tokens, squares), seconds, device, processes)
+
+    def totals(self, device, processes: int = 1, *extra: int) -> tuple[int, ...]:
+        """(real tokens, their sequences' squared lengths, *``extra``) counted in this run: this
+        process's, or with ``processes`` > 1 (a data-parallel stage, in every process) the sums
+        over the processes. ``extra``: a stage's own counts (MEXMA's masked positions)."""
+        from modsent import distributed
+
+        counts = (self.tokens, self.token_squares, *extra)
+        if processes > 1:
+            summed = torch.tensor(counts, dtype=torch.float64, device=device)  # exact below 2^53
+            distributed.all_reduce_mean(summed)
+            counts = tuple(round(value * processes) for value in summed.tolist())
+        return counts
 
     def record(self, step: int, loss: float | torch.Tensor, lr: float, pairs: int, inputs=None) -> None:
         """Step ``step`` (0-based) is done: its loss (a number, or the loss tensor to be read

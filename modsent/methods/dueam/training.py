@@ -66,7 +66,7 @@ from modsent.methods.dueam.pairs import PairSet, build_pairs
 from modsent.methods.dueam.settings import DuEAMConfig, uses_translations
 from modsent.methods.dueam.wmd import anchor_for, compute_wmd, pair_idf, read_wmd
 from modsent.modular import sentence_adapter as sa
-from modsent.training import checkpoints, fastpath, schedules
+from modsent.training import checkpoints, efficiency, fastpath, schedules
 from modsent.training.optim import adamw
 from modsent.training.loop import (TrainingLog, ahead, checkpoint_due, optimizer_step, pinned, set_learning_rate,
                                    to_device)
@@ -277,6 +277,7 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
         fastpath.compile_in_place(model.encoder, device, f"{key}.compile", dynamic=None)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
+    body = efficiency.start(model.encoder, device)  # for the model FLOPs of metrics.json
     learner_truncated = truncated_texts(model, pd.concat([rows["text_a"], rows["text_b"]]))
     if learner_truncated:
         log.warning("%s: %d training texts are longer than the learner's %d tokens and are truncated", name,
@@ -354,6 +355,7 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
         if on_step is not None:
             on_step(step + 1)
     losses, history, pairs_seen, elapsed = log_.close()
+    figures = log_.efficiency(body, elapsed, device, world)  # every process's share of the texts
     if not main:
         return None
     model.eval()
@@ -394,6 +396,7 @@ def run_training(name: str, inputs: Mapping, cfg: DuEAMConfig, *, device: str | 
         "processes": world,
         "pairs_per_second": pairs_seen / elapsed if elapsed > 0 and pairs_seen else None,
         "padding_fraction": log_.padding_fraction,  # of the encoded positions: this run's steps
+        **figures,  # model FLOPs (all processes'), their rate, MFU, peak memory (modsent.training.efficiency)
         "trainable_parameters": n_trainable, "total_parameters": sum(p.numel() for p in model.parameters()),
         "max_seq_length": model.max_seq_length, "device": str(device),
         "config": {("lambda" if k == "lambda_" else k): v for k, v in dataclasses.asdict(cfg).items()},
@@ -433,8 +436,8 @@ def train_dueam(name: str, inputs: Mapping, out_dir: str | Path, settings: Mappi
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     m = result.metrics
     log.info("%s: loss %.4f → %.4f; held-out retrieval accuracy (mean over %d languages) %s → %s; mean cosine "
-             "of unrelated pairs %s → %s; %.1f pairs/s", name, m["loss_first"] or 0, m["loss_last"] or 0,
+             "of unrelated pairs %s → %s; %.1f pairs/s, %s", name, m["loss_first"] or 0, m["loss_last"] or 0,
              len(m["languages"]), m["heldout_retrieval_accuracy_mean_before"],
              m["heldout_retrieval_accuracy_mean_after"], m["heldout_cosine_unrelated_before"],
-             m["heldout_cosine_unrelated_after"], m["pairs_per_second"] or 0)
+             m["heldout_cosine_unrelated_after"], m["pairs_per_second"] or 0, efficiency.describe(m))
     return m

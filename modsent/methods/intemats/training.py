@@ -72,7 +72,7 @@ from modsent.methods import baselines as bl
 from modsent.methods.intemats.settings import DT, FUSED, FUSION_PAIRS, SITES, ST
 from modsent.modular import sentence_adapter as sa
 from modsent.modular import serial_adapter as sad
-from modsent.training import checkpoints, fastpath, schedules
+from modsent.training import checkpoints, efficiency, fastpath, schedules
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.optim import adamw
 from modsent.training.pairs import no_duplicate_batches, steps_of_epochs
@@ -341,6 +341,21 @@ def other_stack(model: sa.SentenceEncoderModel, adapters: Mapping[str, sad.Seria
         inner.stack.attach(inner.body)
 
 
+def flop_shape(encoder: ie.InteMATsBody, device) -> tuple[int, int, int]:
+    """:func:`modsent.training.efficiency.start`'s (N, L, d) of ``encoder``: the frozen backbone
+    with every adapter it runs (and the fusion), up to the pooled layer (the default pools the
+    second-to-last: the last layer runs, but its output is not used). A fusion's key and value
+    projections run on each of its n adapter sets' outputs at every token: they count n times."""
+    shape = efficiency.start(encoder, device, encoder.layers_used)
+    fusion = encoder.stack.fusion
+    if fusion is None:
+        return shape
+    repeated = sum(module.key.weight.numel() + module.value.weight.numel()
+                   for layer, sites in fusion.layers.items() if int(layer) < encoder.layers_used
+                   for module in sites.values())
+    return shape[0] + (len(encoder.stack.names) - 1) * repeated, shape[1], shape[2]
+
+
 # ---- evaluation ----------------------------------------------------------------------------------
 
 
@@ -512,6 +527,7 @@ def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
     n_total = sum(p.numel() for p in model.parameters())
+    body = flop_shape(model.encoder, device)  # for the model FLOPs of metrics.json
     log.info("%s: %d training rows (%s), %d held-out pair ids; %d batches per epoch, %d steps of %d batches; "
              "%s: %d of %d parameters trained", name, len(data.rows), ", ".join(langs),
              len(heldout.frames[heldout.pivot]), epoch_batches, total_steps, accumulation, source, n_trainable, n_total)
@@ -567,6 +583,7 @@ def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str
             if on_step is not None:
                 on_step(step + 1)
     losses, history, rows_seen, elapsed = log_.close()
+    figures = log_.efficiency(body, elapsed, device)  # every micro-batch's texts
     model.eval()
     after = evaluate(model, heldout, cfg)
 
@@ -581,6 +598,7 @@ def run_training(name: str, inputs: Mapping, cfg: InteMATsConfig, *, device: str
         "steps": len(losses), "batches_per_epoch": epoch_batches, "resumed_from_step": start,
         "rows_per_second": rows_seen / elapsed if elapsed > 0 and rows_seen else None,
         "padding_fraction": log_.padding_fraction,  # of the encoded positions: this run's steps
+        **figures,  # model FLOPs, their rate, MFU, peak memory (modsent.training.efficiency)
         "trainable_parameters": n_trainable, "total_parameters": n_total,
         "max_seq_length": model.max_seq_length, "pooling_layers": list(model.encoder.pooling_layers),
         "device": str(device), "config": dataclasses.asdict(cfg),
@@ -678,7 +696,8 @@ def train_intemats(name: str, inputs: Mapping, out_dir: str | Path, settings: Ma
     write_output(result, out_dir, cfg.storage_dtype)
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     m = result.metrics
-    log.info("%s: loss %.3f → %.3f; held-out English→X translation retrieval %s → %s; %.1f rows/s", name,
+    log.info("%s: loss %.3f → %.3f; held-out English→X translation retrieval %s → %s; %.1f rows/s, %s", name,
              m["loss_first"] or 0, m["loss_last"] or 0, m["heldout_translation_retrieval_accuracy_mean_before"],
-             m["heldout_translation_retrieval_accuracy_mean_after"], m["rows_per_second"] or 0)
+             m["heldout_translation_retrieval_accuracy_mean_after"], m["rows_per_second"] or 0,
+             efficiency.describe(m))
     return m

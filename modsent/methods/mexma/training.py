@@ -68,7 +68,7 @@ from modsent.methods import baselines as bl
 from modsent.methods.mexma import model as mm
 from modsent.methods.mexma.model import MEXMAModel, build_model
 from modsent.modular import sentence_adapter as sa
-from modsent.training import checkpoints, fastpath, schedules
+from modsent.training import checkpoints, efficiency, fastpath, schedules
 from modsent.training.optim import step_options
 from modsent.tokenizing import encoder_attention_mask
 from modsent.training.loop import (TrainingLog, ahead, checkpoint_due, optimizer_step, pinned, set_learning_rate,
@@ -346,6 +346,21 @@ class Objective:
         return backward, torch.stack([total.detach(), *(s.detach() for s in (shares[1], shares[0], shares[2]))])
 
 
+def model_flops(model: MEXMAModel, body: tuple[int, int, int], head: tuple[int, int, int], tokens: int,
+                squares: int, masked: int) -> float:
+    """MEXMA's training FLOPs (:mod:`modsent.training.efficiency`'s count) of sequences whose real
+    lengths sum to ``tokens`` and their squares to ``squares`` (A's and B's, each encoded as it
+    is and masked), ``masked`` of their positions masked: the encoder's clean and masked passes,
+    the unmasking head's layers over the masked sequence (position 0 the other side's vector:
+    the same lengths) and its vocabulary projection, tied to the word embeddings, on the masked
+    positions only. ``body``, ``head``: :func:`~modsent.training.efficiency.body_shape` of
+    ``model.body`` and ``model.head.encoder``. With ``detach_tokens`` too the masked pass counts
+    its backward: it runs in one call with the clean pass, whose backward covers both."""
+    projection = model.body.get_input_embeddings().weight.numel() + model.head.bias.numel()  # d x V (tied), the bias
+    return (2 * efficiency.encoder_flops(body, tokens, squares) + efficiency.encoder_flops(head, tokens, squares)
+            + 6.0 * projection * masked)
+
+
 # ---- training ----------------------------------------------------------------------------------------
 
 
@@ -413,6 +428,8 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
     encoder = encoder_of(model, tokenizer, max_len)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_encoder = sum(p.numel() for p in model.body.parameters())
+    # for the model FLOPs of metrics.json (model_flops): the encoder's and the head's layers
+    body, head = efficiency.start(model.body, device), efficiency.body_shape(model.head.encoder)
     optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
                                   **step_options(trainable))
     scaler = grad_scaler(device, cfg.precision)
@@ -441,6 +458,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
         return step_batches(tokenizer, train, micro_batches, step, cfg, max_len, rank, world, device)
 
     log_ = TrainingLog(total_steps, start, name, progress and main, cfg.log_every, resumed, scaler)
+    masked_seen = 0  # this process's masked positions, where the head's vocabulary projection runs
     model.train()
     steps = enumerate(bl.iter_steps(data, total_steps, start), start=start)
     for (step, batch), prepared in ahead(steps, prepare):
@@ -459,6 +477,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
         reduced = distributed.all_reduce_mean(values) * world  # [total, mlm, align, koleo]
         log_.count_padding(*(side[3] for a, b, *_ in prepared for side in (a, b)))  # the shares' host masks
+        masked_seen += sum(int((side[2] != -100).sum()) for a, b, *_ in prepared for side in (a, b))
         log_.record(step, reduced[0], lr, len(batch))  # read back at the logged steps only
         if (step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == total_steps:
             total, mlm, align, koleo = reduced.tolist()
@@ -471,6 +490,8 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
         if on_step is not None:
             on_step(step + 1)
     losses, history, pairs_seen, elapsed = log_.close()
+    figures = efficiency.run_figures(model_flops(model, body, head, *log_.totals(device, world, masked_seen)),
+                                     elapsed, device, world)  # all processes' shares
     if not main:
         return None
     model.eval()
@@ -503,6 +524,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
         "steps": len(losses), "batches_per_epoch": steps_per_epoch, "resumed_from_step": start, "processes": world,
         "pairs_per_second": pairs_seen / elapsed if elapsed > 0 and pairs_seen else None,
         "padding_fraction": log_.padding_fraction,  # of the encoded positions: this run's steps
+        **figures,  # model FLOPs (all processes', model_flops), their rate, MFU, peak memory (modsent.training.efficiency)
         "encoder_parameters": n_encoder, "head_parameters": sum(p.numel() for p in model.head.parameters()),
         "max_seq_length": max_len, "device": str(device), "config": dataclasses.asdict(cfg),
     }
@@ -539,8 +561,8 @@ def train_mexma(name: str, inputs: Mapping, out_dir: str | Path, settings: Mappi
     distributed.barrier()  # every process got here: only now is the checkpoint not needed by a rerun
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     m = result.metrics
-    log.info("%s: loss %.4f → %.4f; held-out mining error %s → %s; mean pairwise cosine %s → %s; %.1f pairs/s",
+    log.info("%s: loss %.4f → %.4f; held-out mining error %s → %s; mean pairwise cosine %s → %s; %.1f pairs/s, %s",
              name, m["loss_first"] or 0, m["loss_last"] or 0, m["heldout_mining_error_before"],
              m["heldout_mining_error_after"], m["heldout_mean_pairwise_cosine_before"],
-             m["heldout_mean_pairwise_cosine_after"], m["pairs_per_second"] or 0)
+             m["heldout_mean_pairwise_cosine_after"], m["pairs_per_second"] or 0, efficiency.describe(m))
     return m

@@ -65,7 +65,7 @@ from modsent.languages import PIVOT_LANGUAGE
 from modsent.losses import TripletInfoNCELoss
 from modsent.methods import baselines as bl
 from modsent.modular import sentence_adapter as sa
-from modsent.training import checkpoints, fastpath, schedules
+from modsent.training import checkpoints, efficiency, fastpath, schedules
 from modsent.training.optim import step_options
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate
 from modsent.training.pairs import no_duplicate_batches
@@ -362,6 +362,7 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
     n_total = sum(p.numel() for p in model.parameters())
+    body = efficiency.start(model.encoder, device)  # for the model FLOPs of metrics.json: three passes a step
     log.info("%s: %d %s triplets of %d pair ids (%s), %d held-out pair ids; %d batches per epoch, %d steps; "
              "%s, LoRA on %s: %d of %d parameters trained", name, len(rows),
              "English" if english_only else "cross-lingual", rows["pair_id"].nunique(), ", ".join(langs),
@@ -406,6 +407,7 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
         if on_step is not None:
             on_step(step + 1)
     losses, history, triplets_seen, elapsed = log_.close()
+    figures = log_.efficiency(body, elapsed, device)  # the anchors', positives' and negatives' tokens
     model.eval()
     mono_after, cross_after = evaluate()
 
@@ -426,6 +428,7 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
         "steps": len(losses), "batches_per_epoch": epoch_batches, "resumed_from_step": start,
         "pairs_per_second": triplets_seen / elapsed if elapsed > 0 and triplets_seen else None,
         "padding_fraction": log_.padding_fraction,  # of the encoded positions: this run's steps
+        **figures,  # model FLOPs, their rate, MFU, peak memory (modsent.training.efficiency)
         "trainable_parameters": n_trainable, "total_parameters": n_total, "max_seq_length": model.max_seq_length,
         "device": str(device), "config": dataclasses.asdict(cfg),
     }
@@ -466,8 +469,8 @@ def train_mst5(name: str, inputs: Mapping, out_dir: str | Path, settings: Mappin
     write_output(result, out_dir, cfg.storage_dtype)
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     m = result.metrics
-    log.info("%s: loss %.3f → %.3f; held-out retrieval accuracy (mean over %d languages) %s → %s; %.1f triplets/s",
-             name, m["loss_first"] or 0, m["loss_last"] or 0, len(m["languages"]),
+    log.info("%s: loss %.3f → %.3f; held-out retrieval accuracy (mean over %d languages) %s → %s; %.1f triplets/s, "
+             "%s", name, m["loss_first"] or 0, m["loss_last"] or 0, len(m["languages"]),
              m["heldout_retrieval_accuracy_mean_before"], m["heldout_retrieval_accuracy_mean_after"],
-             m["pairs_per_second"] or 0)
+             m["pairs_per_second"] or 0, efficiency.describe(m))
     return m
