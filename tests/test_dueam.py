@@ -18,8 +18,9 @@ from modsent.methods.dueam import pairs as dp
 from modsent.methods.dueam import training as dt
 from modsent.methods.dueam import wmd as dw
 from modsent.methods.dueam.settings import DuEAMConfig
-from tiny_modules import (assert_same_model, assert_stored_in_half, padding_of, pairs_in, recorded_training_data,
-                          tiny_base_and_data)
+from modsent.training import efficiency
+from tiny_modules import (assert_same_model, assert_stored_in_half, counted_training_passes, padding_of, pairs_in,
+                          recorded_training_data, tiny_base_and_data)
 
 LANGS = ["en", "de", "ky"]
 # the built-in pairs have no mnli rows; a tiny random model moves only with a large learning rate
@@ -486,8 +487,13 @@ def test_steps_tokenised_ahead_on_a_thread_train_what_tokenising_in_the_step_tra
     inputs = {**data["inputs"], "wmd": [tmp_path / "wmd.parquet"]}
     threaded = dt.train_dueam("DuEAM-weak", inputs, tmp_path / "threaded", settings, device="cpu", progress=False)
     monkeypatch.setattr(dt, "ahead", lambda items, prepare: loop.ahead(items, prepare, enabled=False))
+    passes = counted_training_passes(monkeypatch)
     serial = dt.train_dueam("DuEAM-weak", inputs, tmp_path / "serial", settings, device="cpu", progress=False)
     assert_same_model(tmp_path / "threaded", tmp_path / "serial", threaded, serial)
+    # the model FLOPs: each step's one pass over both sides' texts, through every weight of the learner
+    shape = efficiency.body_shape(dt.build_learner(data["base"], config(**settings)).encoder)
+    assert serial["model_flops"] == threaded["model_flops"] == efficiency.encoder_flops(
+        shape, passes.tokens, passes.token_squares)
 
 
 def test_the_checkpoint_outlives_a_failure_at_the_last_barrier(data, tmp_path, monkeypatch):

@@ -59,6 +59,9 @@ def test_a_t5_encoder_counts_its_attention_width_and_no_lookup_tables():
     assert shape[1:] == (2, 64)
     lookups = model.shared.weight.numel() + model.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.numel()
     assert shape[0] == sum(p.numel() for p in model.parameters()) - lookups
+    # its first block only: block 1's weights left out, by the block's index, not its sub-layer's
+    second = sum(p.numel() for name, p in model.named_parameters() if name.startswith("encoder.block.1."))
+    assert efficiency.body_shape(model, 1) == (shape[0] - second, 1, 64)
     ours = efficiency.encoder_flops(shape, sum(lengths), sum(s * s for s in lengths))
     assert 0.99 * ours < counted(run) <= ours  # the LayerNorms' weights are in N: T5 has no biases
     # the model's width in the attention term would count more than the counter sees

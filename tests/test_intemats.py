@@ -20,8 +20,9 @@ from modsent.io import InputError
 from modsent.methods import intemats
 from modsent.methods.intemats import training as it
 from modsent.modular import serial_adapter as sad
-from tiny_modules import (assert_close_model, assert_grouped_batches, assert_stored_in_half, pairs_in,
-                          recorded_training_data, tiny_base_and_data)
+from modsent.training import efficiency
+from tiny_modules import (assert_close_model, assert_grouped_batches, assert_stored_in_half, counted_training_passes,
+                          pairs_in, recorded_training_data, tiny_base_and_data)
 
 LANGS = ["en", "de", "ky"]
 # a tiny random model moves only with a large learning rate; few steps, short texts
@@ -477,10 +478,16 @@ def test_micro_batches_tokenised_ahead_train_what_tokenising_in_the_step_trains(
     cfg = it.InteMATsConfig.from_settings(intemats.ST, {**SETTINGS, "gradient_accumulation": 2})
     threaded = it.run_training(intemats.ST, data["inputs"], cfg, device="cpu", progress=False)
     monkeypatch.setattr(it, "ahead", lambda items, prepare: loop.ahead(items, prepare, enabled=False))
+    passes = counted_training_passes(monkeypatch)
     serial = it.run_training(intemats.ST, data["inputs"], cfg, device="cpu", progress=False)
     a, b = threaded.model.state_dict(), serial.model.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert threaded.history == serial.history and len(threaded.history) == SETTINGS["max_steps"]
+    # the model FLOPs: every micro-batch's pass, through the backbone and adapters up to the pooled layer
+    shape = it.flop_shape(serial.model.encoder, "cpu")
+    assert shape[1] == 1 and passes.tokens > 0
+    assert serial.metrics["model_flops"] == threaded.metrics["model_flops"] == efficiency.encoder_flops(
+        shape, passes.tokens, passes.token_squares)
 
 
 # ---- registration and configuration --------------------------------------------------------------

@@ -390,11 +390,29 @@ def test_steps_masked_ahead_on_a_thread_train_what_masking_in_the_step_trains(da
     same weights, curve and loss components as the plain loop, bit for bit."""
     from modsent.training import loop
 
+    from modsent.training import efficiency
+
     settings = {**SETTINGS, "max_steps": 3, "log_every": 2}
     threaded = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "threaded", settings, device="cpu", progress=False)
     monkeypatch.setattr(mt, "ahead", lambda items, prepare: loop.ahead(items, prepare, enabled=False))
+    shares, on_device = [], mt._on_device  # every side of every micro-batch the steps encode, as the host holds it
+
+    def recorded(share, device, config):
+        shares.append(share)
+        return on_device(share, device, config)
+
+    monkeypatch.setattr(mt, "_on_device", recorded)
     serial = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "serial", settings, device="cpu", progress=False)
     assert_same_model(tmp_path / "threaded", tmp_path / "serial", threaded, serial)
+    # the model FLOPs: both sides' clean and masked passes, the head, the projection at the masked positions
+    assert len(shares) == 2 * SETTINGS["grad_accum"] * settings["max_steps"]
+    lengths = torch.cat([share[3].sum(1) for share in shares])
+    masked = sum(int((share[2] != -100).sum()) for share in shares)
+    model, _ = mm.build_model(str(data["base"]), revision=None, head_layers=1, head_heads=2,
+                              head_intermediate_size=None, detach_tokens=False, seed=0, key="k")
+    assert serial["model_flops"] == threaded["model_flops"] == mt.model_flops(
+        model, efficiency.body_shape(model.body), efficiency.body_shape(model.head.encoder), int(lengths.sum()),
+        int(lengths.square().sum()), masked)
 
 
 def test_compile_routes_the_encoder_through_dynamo_and_trains_what_eager_trains(data, tmp_path, traced_compile):

@@ -15,9 +15,10 @@ from modsent.encoders import transformer as tf
 from modsent.io import InputError
 from modsent.methods.mst5 import training as mt
 from modsent.testing import _sentencepiece, make_tiny_bert, sample_texts
+from modsent.training import efficiency
 from modsent.training.seeding import private_cpu_stream
-from tiny_modules import (assert_grouped_batches, assert_stored_in_half, pairs_in, recorded_training_data,
-                          tiny_base_and_data)
+from tiny_modules import (assert_grouped_batches, assert_stored_in_half, counted_training_passes, pairs_in,
+                          recorded_training_data, tiny_base_and_data)
 
 LANGS = ["en", "de", "ky"]
 # a tiny random model moves only with a large learning rate; the built-in pairs have no mnli rows
@@ -381,10 +382,14 @@ def test_batches_tokenised_ahead_train_what_tokenising_in_the_step_trains(data, 
     run = dict(english_only=False, device="cpu", progress=False)
     threaded = mt.run_training("mST5-xnli", data["inputs"], cfg, **run)
     monkeypatch.setattr(mt, "ahead", lambda items, prepare: loop.ahead(items, prepare, enabled=False))
+    passes = counted_training_passes(monkeypatch)
     serial = mt.run_training("mST5-xnli", data["inputs"], cfg, **run)
     a, b = threaded.model.state_dict(), serial.model.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert threaded.history == serial.history and len(threaded.history) == 3
+    # the model FLOPs: every pass the steps ran (anchors, positives, negatives), through the LoRA body
+    assert serial.metrics["model_flops"] == threaded.metrics["model_flops"] == efficiency.encoder_flops(
+        efficiency.body_shape(serial.model.encoder), passes.tokens, passes.token_squares)
 
     model, rows = serial.model.eval(), pd.DataFrame({"anchor": TEXTS, "positive": TEXTS[::-1], "negative": TEXTS[1:] + TEXTS[:1]})
     loss_fn = losses.TripletInfoNCELoss(cfg.temperature)

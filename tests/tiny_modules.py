@@ -221,6 +221,26 @@ def recorded_training_data(monkeypatch) -> list:
     return made
 
 
+def counted_training_passes(monkeypatch):
+    """A TrainingLog that counts the real tokens of every tokenised pass a SentenceEncoderModel
+    runs in training mode while the test runs (each sub-pass of a step's length chunks): the
+    model FLOPs a run should record, counted apart from its own loop."""
+    from collections.abc import Mapping
+
+    from modsent.training.loop import TrainingLog
+
+    counted = TrainingLog(1, 0, "counted", False, 1)
+    forward = sa.SentenceEncoderModel.forward
+
+    def counting(self, texts):
+        if self.training and isinstance(texts, Mapping):
+            counted.count_padding(texts)
+        return forward(self, texts)
+
+    monkeypatch.setattr(sa.SentenceEncoderModel, "forward", counting)
+    return counted
+
+
 def assert_grouped_batches(rows, grouped, expected, random_, columns, group_column) -> None:
     """A recipe's grouped epoch: the batches ``expected`` (modsent.training.pairs'
     no_duplicate_batches with the recipe's strata), no ``group_column`` value twice in a batch,

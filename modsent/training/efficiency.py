@@ -12,10 +12,11 @@ stages) records in its ``metrics.json``:
   positions only. Each recipe counts every encoder pass of its step: m-ST5's three (anchors,
   positives, negatives), MEXMA's four (the clean and the masked sequence of each side), its
   unmasking head's layers and its vocabulary projection on the masked positions
-  (:func:`modsent.methods.mexma.training.model_flops`); InteMATs its adapters and fusion, up
-  to the hidden state it pools (:func:`modsent.methods.intemats.training.flop_shape`).
+  (:func:`modsent.methods.mexma.training.model_flops`); InteMATs its backbone, adapters and
+  fusion up to the hidden state it pools (:func:`modsent.methods.intemats.training.flop_shape`).
   Padding is not counted, nor are layers whose output nothing reads: that is work, not model
-  FLOPs.
+  FLOPs. One exception: MEXMA's masked pass counts its backward also with ``detach_tokens``
+  (a zero gradient, but computed: the pass runs in one call with the clean pass).
   ``model_flops`` is the whole run's, over all its processes (data parallelism).
 - ``model_tflops_per_second``: those FLOPs over the run's seconds, per process (every step of
   this run, its first steps and checkpoints included: what the job paid, not a steady-state
@@ -112,7 +113,8 @@ def peak_of_name(name: str) -> tuple[float | None, str]:
     return None, f"{name}: not in modsent.training.efficiency.PEAK_TFLOPS (set {PEAK_ENV})"
 
 
-LAYER_INDEX = re.compile(r"\.layers?\.(\d+)\.")  # a parameter of layer i: BERT's encoder.layer.i, adapters' layers.i
+# a parameter of layer i: BERT's encoder.layer.i, adapters' layers.i, T5's block.i (before its layer.j)
+LAYER_INDEX = re.compile(r"\.(?:block|layers?)\.(\d+)\.")
 
 
 def body_shape(model, layers: int | None = None) -> tuple[int, int, int]:
@@ -148,7 +150,7 @@ def body_shape(model, layers: int | None = None) -> tuple[int, int, int]:
         if id(parameter) in seen or "embeddings" in name or "pooler" in name:
             continue
         seen.add(id(parameter))
-        index = LAYER_INDEX.search(f".{name}")
+        index = LAYER_INDEX.search(f".{name}") if layers < total else None
         if index is None or int(index.group(1)) < layers:
             n += parameter.numel()
     return n, int(layers), int(width)
