@@ -19,8 +19,10 @@ from modsent.data.paraphrase import (align_provided, crosslingual_paraphrase_pai
                                      provided_sample, translate_pairs)
 from modsent.sources.builtin import builtin_translations
 from modsent.testing import make_tiny_xlmr, sample_texts
+from modsent.training import efficiency
 from tiny_modules import (assert_resumed_equals_straight, assert_trained_alike, compiled_against_eager,
-                          inductor_draws_as_eager, language_modules, logged_losses, tiny_base_and_data)
+                          counted_training_passes, inductor_draws_as_eager, language_modules, logged_losses,
+                          tiny_base_and_data)
 
 SE_CFG = sa.SentenceAdapterConfig(batch_size=16, seq_len=32, learning_rate=5e-3, max_steps=60,
                                   lora_dropout=0.0, eval_pairs=20, log_every=4, seed=0)
@@ -371,9 +373,14 @@ def test_grouped_batches_group_by_l_s_texts(inputs, kind, tmp_path, monkeypatch)
         return loss_of(kind_, model, english, rows, *args)
 
     monkeypatch.setattr(al, "batch_loss", recording)
+    passes = counted_training_passes(monkeypatch)
     torch.set_num_threads(1)
     cfg = al.AlignmentConfig(**{**CFG.__dict__, "max_steps": 3, "length_groups": 4})
     metrics = _train(inputs, kind, tmp_path / kind, cfg)
+    # the model FLOPs: L's side of every step (the English side is looked up), through the adapters' body
+    body = efficiency.body_shape(al.build_alignment_model(inputs["base"], inputs["de_la"], inputs["de_se"], cfg,
+                                                          device="cpu").encoder)
+    assert metrics["model_flops"] == efficiency.encoder_flops(body, passes.tokens, passes.token_squares) > 0
     train, _ = al.split_pairs(al.alignment_pairs(kind, inputs[kind]), cfg.eval_pairs)
     assert ("dataset" in train.columns) == (kind == "pp")  # pl's translations have no datasets
     steps = batches_of_steps(train, 16, 0, 3, length_groups=4, length_columns=al.L_TEXT_COLUMNS)

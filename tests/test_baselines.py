@@ -29,7 +29,8 @@ from modsent.training.pairs import batches_of_steps
 from modsent.data.paraphrase import align_provided, crosslingual_paraphrase_pairs, parallel_pairs
 from modsent.sources.builtin import builtin_translations
 from modsent.testing import make_tiny_bert, sample_texts
-from tiny_modules import language_modules, pairs_in, tiny_base_and_data
+from modsent.training import efficiency
+from tiny_modules import counted_training_passes, language_modules, pairs_in, tiny_base_and_data
 
 LANGS = ["en", "de", "ky"]
 # A tiny random model moves only with a large learning rate.
@@ -65,9 +66,15 @@ def trained(data):
     metrics = {}
     for name in ("Full_en", "Full_m", "Full_c", "Full_mc"):
         start = out / "Full_m" if name == "Full_mc" else data["base"]
-        metrics[name] = bl.train_full_baseline(name, start, data["paths"], out / name, CFG, device="cpu",
-                                               progress=False)
+        with pytest.MonkeyPatch.context() as monkeypatch:  # each step's pass, counted apart from the loop
+            passes = counted_training_passes(monkeypatch)
+            metrics[name] = bl.train_full_baseline(name, start, data["paths"], out / name, CFG, device="cpu",
+                                                   progress=False)
+        PASSES[name] = (passes.tokens, passes.token_squares)
     return metrics
+
+
+PASSES: dict[str, tuple[int, int]] = {}  # each baseline's real tokens and their squares, as its steps encoded them
 
 
 # ---- batching ----------------------------------------------------------------------------------
@@ -289,6 +296,9 @@ def test_outputs_are_standard_directories_and_full_mc_starts_from_full_m(data, t
         assert metrics["steps"] == CFG.max_steps and metrics["baseline"] == name
         assert 0 < metrics["padding_fraction"] < 1
         assert metrics["model_flops"] > 0 and metrics["mfu"] is None  # the CPU: no peak
+        # every weight of the body but the embeddings and pooler, at every real token of the steps' passes
+        body = efficiency.body_shape(bl.build_full_model(data["base"], CFG).encoder)
+        assert metrics["model_flops"] == efficiency.encoder_flops(body, *PASSES[name])
         assert json.loads((out / name / "metrics.json").read_text()) == metrics
     assert trained["Full_en"]["languages"] == ["en"] and trained["Full_m"]["languages"] == LANGS
     assert set(trained["Full_c"]["pair_languages"]) == {f"{a}-{b}" for a in LANGS for b in LANGS}
