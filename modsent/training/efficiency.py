@@ -124,7 +124,7 @@ def body_shape(model, layers: int | None = None) -> tuple[int, int, int]:
     layers, d its attention's width (heads x head size: the model's width but in a T5 whose
     ``d_kv`` x ``num_heads`` differs from ``d_model``, such as mT5-small), read from the first
     submodule's Hugging Face config. ``layers``: only the first ``layers`` layers count (and
-    their parameters, named ``...layer.i...`` or ``...layers.i...``): those a model whose vector
+    their parameters, named by :data:`LAYER_INDEX`): those a model whose vector
     is read below the top needs (InteMATs); the layers above run, but that is work, not model
     FLOPs, as padding is."""
     from torch import nn
@@ -159,8 +159,7 @@ def body_shape(model, layers: int | None = None) -> tuple[int, int, int]:
 def encoder_flops(shape: tuple[int, int, int], tokens: int, token_squares: int) -> float:
     """Training FLOPs (forward and backward) of encoding sequences whose real lengths s sum to
     ``tokens`` and whose s² sum to ``token_squares``: 6N per token, 12·L·d·s² per sequence
-    (the scores and their weighted sum, 4·d·s² a layer forward, twice that backward). A pass
-    that runs forward only (no gradient flows back through it) costs a third of it."""
+    (the scores and their weighted sum, 4·d·s² a layer forward, twice that backward)."""
     n, layers, width = shape
     return 6.0 * n * tokens + 12.0 * layers * width * token_squares
 
