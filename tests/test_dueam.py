@@ -399,6 +399,38 @@ def test_a_tiny_encoder_trains_every_weight_and_reloads_with_sentence_transforme
     assert short.metrics["learner_truncated_texts"] > 0
 
 
+def test_the_model_flops_are_what_the_flop_counter_counts_for_a_step(data):
+    """model_flops (metrics.json): the loop counts the masks of each step's one pass over both
+    sides' texts, through the learner's body shape (every weight trains), 6N per token. PyTorch's
+    FLOP counter on the same steps' loss and backward agrees (eager attention; a pair of two texts
+    of one length per step: no padding, which the counter would count)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from modsent.training.loop import TrainingLog
+
+    cfg = config()
+    model = dt.build_learner(data["base"], cfg)
+    model.encoder.set_attn_implementation("eager")
+    shape = efficiency.start(model.encoder, "cpu")
+    assert shape[1:] == (2, 32)
+    english = pd.read_parquet(data["paths"]["en"])
+    rows = pd.DataFrame({"text_a": english["anchor"].iloc[:3], "text_b": english["anchor"].iloc[:3]})
+    loss_fn = losses.DuEAMLoss(cfg.lambda_, cfg.objective)
+    log = TrainingLog(len(rows), 0, "test", False, 10)
+    with FlopCounterMode(display=False) as counter:
+        for step in range(len(rows)):
+            features = model.features(dt.pair_texts(rows.iloc[[step]]))
+            sources, targets = dt.pair_embeddings(model, rows.iloc[[step]], features)
+            loss_fn(sources, targets, torch.tensor([0.5])).backward()
+            log.record(step, 0.0, 0.0, 1, features)
+    log.close()
+    assert log.padded == 0 and log.tokens > 2 * 3 * len(rows)
+    ours = log.efficiency(shape, 1.0, "cpu")["model_flops"]
+    assert ours == efficiency.encoder_flops(shape, log.tokens, log.token_squares)
+    # N holds the biases and LayerNorms, which no product computes (13 of 12·d + 13 per d² at d = 32)
+    assert 0.95 * ours < counter.get_total_flops() <= ours
+
+
 def test_grouped_batches_hold_every_pair_once_keep_each_kind_and_the_run_trains_on_them(data, monkeypatch):
     """``length_groups``: the run's batches are its pairs grouped by length within each kind and
     pair of languages (``grouped_runs``), every pair once an epoch, padding less than its random
