@@ -23,7 +23,7 @@ rule's jobs and job-seconds, the device each GPU rule's job logged (``training o
 (...)``, ``encoding on ...``), the failed jobs' log tails, whether a second ``snakemake -n``
 plans nothing, and the summary. It passes when every job succeeded, every GPU rule ran, nothing
 is left to do and, on a machine with CUDA, every GPU rule's job names a CUDA device.
-``--time-limit`` stops Snakemake in time to report what ran (gpu.sh's block gives it 240 s).
+``--time-limit`` stops Snakemake in time to report what ran (gpu.sh's block: 50 s before its own limit, 250 s at most).
 
 ``--wheels DIR...`` installs the wheels of each DIR into a private directory first, without their
 dependencies: ``.whl/workflow`` holds Snakemake and its dependencies, jsonschema, and modsent's
