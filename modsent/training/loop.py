@@ -425,13 +425,13 @@ class TrainingLog:
         tokens, squares = self.totals(device, processes)
         return efficiency.run_figures(efficiency.encoder_flops(shape, tokens, squares), seconds, device, processes)
 
-    def totals(self, device, processes: int = 1, *extra: int) -> tuple[int, ...]:
-        """(real tokens, their sequences' squared lengths, *``extra``) counted in this run: this
-        process's, or with ``processes`` > 1 (a data-parallel stage, in every process) the sums
-        over the processes. ``extra``: a stage's own counts (MEXMA's masked positions)."""
+    def totals(self, device, processes: int = 1) -> tuple[int, int]:
+        """(real tokens, their sequences' squared lengths) counted in this run: this process's,
+        or with ``processes`` > 1 (a data-parallel stage, in every process) the sums over the
+        processes."""
         from modsent import distributed
 
-        counts = (self.tokens, self.token_squares, *extra)
+        counts = (self.tokens, self.token_squares)
         if processes > 1:
             summed = torch.tensor(counts, dtype=torch.float64, device=device)  # exact below 2^53
             distributed.all_reduce_mean(summed)

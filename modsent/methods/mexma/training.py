@@ -458,7 +458,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
         return step_batches(tokenizer, train, micro_batches, step, cfg, max_len, rank, world, device)
 
     log_ = TrainingLog(total_steps, start, name, progress and main, cfg.log_every, resumed, scaler)
-    masked_seen = 0  # this process's masked positions, where the head's vocabulary projection runs
+    masked_seen = 0  # every micro-batch's masked positions (all processes'): the vocabulary projection's
     model.train()
     steps = enumerate(bl.iter_steps(data, total_steps, start), start=start)
     for (step, batch), prepared in ahead(steps, prepare):
@@ -477,7 +477,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
         optimizer_step(optimizer, trainable, cfg.max_grad_norm, scaler)
         reduced = distributed.all_reduce_mean(values) * world  # [total, mlm, align, koleo]
         log_.count_padding(*(side[3] for a, b, *_ in prepared for side in (a, b)))  # the shares' host masks
-        masked_seen += sum(int((side[2] != -100).sum()) for a, b, *_ in prepared for side in (a, b))
+        masked_seen += sum(sum(counts) for _, _, counts, _ in prepared)  # step_batches' counts, for the loss too
         log_.record(step, reduced[0], lr, len(batch))  # read back at the logged steps only
         if (step + 1) % cfg.log_every == 0 or step == 0 or step + 1 == total_steps:
             total, mlm, align, koleo = reduced.tolist()
@@ -490,8 +490,9 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
         if on_step is not None:
             on_step(step + 1)
     losses, history, pairs_seen, elapsed = log_.close()
-    figures = efficiency.run_figures(model_flops(model, body, head, *log_.totals(device, world, masked_seen)),
-                                     elapsed, device, world)  # all processes' shares
+    tokens, squares = log_.totals(device, world)  # all processes' shares
+    figures = efficiency.run_figures(model_flops(model, body, head, tokens, squares, masked_seen), elapsed, device,
+                                     world)
     if not main:
         return None
     model.eval()
@@ -524,7 +525,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
         "steps": len(losses), "batches_per_epoch": steps_per_epoch, "resumed_from_step": start, "processes": world,
         "pairs_per_second": pairs_seen / elapsed if elapsed > 0 and pairs_seen else None,
         "padding_fraction": log_.padding_fraction,  # of the encoded positions: this run's steps
-        **figures,  # model FLOPs (all processes', model_flops), their rate, MFU, peak memory (modsent.training.efficiency)
+        **figures,  # model FLOPs (all processes': model_flops), their rate, MFU, peak memory (efficiency)
         "encoder_parameters": n_encoder, "head_parameters": sum(p.numel() for p in model.head.parameters()),
         "max_seq_length": max_len, "device": str(device), "config": dataclasses.asdict(cfg),
     }
@@ -561,8 +562,8 @@ def train_mexma(name: str, inputs: Mapping, out_dir: str | Path, settings: Mappi
     distributed.barrier()  # every process got here: only now is the checkpoint not needed by a rerun
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     m = result.metrics
-    log.info("%s: loss %.4f → %.4f; held-out mining error %s → %s; mean pairwise cosine %s → %s; %.1f pairs/s, %s",
-             name, m["loss_first"] or 0, m["loss_last"] or 0, m["heldout_mining_error_before"],
+    log.info("%s: loss %.4f → %.4f; held-out mining error %s → %s; mean pairwise cosine %s → %s; %.1f pairs/s, "
+             "%s", name, m["loss_first"] or 0, m["loss_last"] or 0, m["heldout_mining_error_before"],
              m["heldout_mining_error_after"], m["heldout_mean_pairwise_cosine_before"],
              m["heldout_mean_pairwise_cosine_after"], m["pairs_per_second"] or 0, efficiency.describe(m))
     return m
