@@ -314,7 +314,6 @@ def test_the_model_flops_count_the_adapters_and_the_fusion_as_the_flop_counter_s
     text per pass, no padding)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from modsent.training import efficiency
     from modsent.training.loop import TrainingLog
 
     cfg = it.InteMATsConfig.from_settings(intemats.FUSED, SETTINGS)

@@ -16,7 +16,7 @@ from modsent import distributed, losses, methods
 from modsent.io import InputError
 from modsent.methods.mexma import model as mm
 from modsent.methods.mexma import training as mt
-from modsent.training import schedules
+from modsent.training import efficiency, schedules
 from tiny_modules import (assert_close_model, assert_grouped_batches, assert_same_model, assert_stored_in_half,
                           recorded_training_data, tiny_base_and_data)
 
@@ -248,8 +248,6 @@ def test_the_model_flops_are_what_the_flop_counter_counts_for_a_step(data, detac
     backward still runs: the encoder's one call holds both passes."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from modsent.training import efficiency
-
     torch.manual_seed(0)
     model, tokenizer = mm.build_model(str(data["quiet"]), revision=None, head_layers=1, head_heads=2,
                                       head_intermediate_size=None, detach_tokens=detach, seed=0, key="k")
@@ -389,8 +387,6 @@ def test_steps_masked_ahead_on_a_thread_train_what_masking_in_the_step_trains(da
     thread during the step before (loop.ahead), and the losses read back at the logged steps: the
     same weights, curve and loss components as the plain loop, bit for bit."""
     from modsent.training import loop
-
-    from modsent.training import efficiency
 
     settings = {**SETTINGS, "max_steps": 3, "log_every": 2}
     threaded = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "threaded", settings, device="cpu", progress=False)

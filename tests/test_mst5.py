@@ -257,7 +257,6 @@ def test_the_model_flops_are_what_the_flop_counter_counts_for_the_three_passes(d
     per step: no padding, which the counter would count."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from modsent.training import efficiency
     from modsent.training.loop import TrainingLog
 
     cfg = mt.MST5Config.from_settings("mST5-xnli", {**SETTINGS, "model": str(data["mt5"])})
