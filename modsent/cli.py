@@ -373,6 +373,17 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_convert_tf(args: argparse.Namespace) -> int:
+    """The encoder of a T5/mT5 checkpoint that has only pickled and TensorFlow weights on the Hub
+    (google/mt5-xxl) as a safetensors directory, read from its HDF5 file (nothing unpickled)."""
+    from modsent.encoders.tf_checkpoint import convert
+
+    out = convert(args.source, args.output, revision=args.revision, progress=not args.quiet)
+    print(f"modsent convert-tf: {args.source} -> {out}; give it as a method's model: {out.resolve()}",
+          file=sys.stderr)
+    return 0
+
+
 def planning_rates() -> list[str]:
     from modsent.planning import RATES
 
@@ -513,6 +524,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="list the models and the input rules' jobs; "
                    "download and run nothing")
     p.set_defaults(func=cmd_fetch)
+    p = sub.add_parser("convert-tf", help="the encoder of a T5/mT5 model whose Hub repository has no safetensors, "
+                       "only pickles and TensorFlow weights (google/mt5-xxl), as a safetensors directory: its "
+                       "tf_model.h5 read with h5py, nothing unpickled")
+    p.add_argument("source", help="a Hub id (e.g. google/mt5-xxl) or a directory with tf_model.h5 and config.json")
+    p.add_argument("output", help="the new directory to write (a method's model: setting)")
+    p.add_argument("--revision", help="the Hub revision (default: main)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_convert_tf)
     p = sub.add_parser("outputs", help="a language's existing outputs (for snakemake --forcerun)")
     p.add_argument("--lang", action="append", required=True, help="language code (repeatable)")
     p.add_argument("--base", help="only results/BASE (default: every base model's results)")

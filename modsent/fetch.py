@@ -13,7 +13,10 @@ A run reads the Hub in two kinds of job:
   ``*_revision``) and the translation model with the ``transformers`` engine. Fetch downloads
   those into the Hub cache (``$HF_HOME``, or ``~/.cache/huggingface``), the files their loaders
   read only (no pickles); the compute nodes must see the same cache, and the run should set
-  ``HF_HUB_OFFLINE=1`` so that they do not wait for the network before they read it.
+  ``HF_HUB_OFFLINE=1`` so that they do not wait for the network before they read it. A T5 or
+  mT5 model without safetensors at any revision (google/mt5-xxl) is converted here from its
+  TensorFlow weights into ``$HF_HOME/modsent/converted`` (:mod:`modsent.encoders.tf_checkpoint`),
+  where its loader finds it by the same id.
 """
 from __future__ import annotations
 
@@ -103,11 +106,32 @@ def download(models: list[HubModel], directory: str | Path = ".") -> list[Path]:
                              f"directory (in {Path(directory).resolve()}) and could not be downloaded from the "
                              f"Hub: {type(err).__name__}: {err}") from None
         if not any(folder.rglob("*.safetensors")):
-            raise InputError(f"{model.key}: {model.repo_id} (revision {model.revision or 'main'}) has no "
-                             f"safetensors weights, which modsent's loaders need; name a revision that has "
-                             f"them (its key's revision setting)")
+            folder = _converted(model, folder)
         folders.append(folder)
     return folders
+
+
+def _converted(model: HubModel, folder: Path) -> Path:
+    """The encoder of a T5/mT5 model without safetensors converted from its TensorFlow weights
+    (modsent.encoders.tf_checkpoint: google/mt5-xxl), where the loaders find it; an InputError
+    naming the key for any other model without safetensors."""
+    import json
+
+    from modsent.encoders import tf_checkpoint
+
+    try:
+        model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    if model_type not in tf_checkpoint.MODEL_TYPES:
+        raise InputError(f"{model.key}: {model.repo_id} (revision {model.revision or 'main'}) has no "
+                         f"safetensors weights, which modsent's loaders need; name a revision that has "
+                         f"them (its key's revision setting)")
+    try:
+        return tf_checkpoint.hub_encoder(model.repo_id, model.revision)
+    except InputError as err:
+        raise InputError(f"{model.key}: {model.repo_id} (revision {model.revision or 'main'}) has no safetensors "
+                         f"weights, and its TensorFlow weights could not be converted: {err}") from None
 
 
 def input_rules(configfile: str | Path, directory: str | Path) -> list[str]:

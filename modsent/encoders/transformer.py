@@ -70,8 +70,13 @@ def load_encoder_body(model_dir_or_hub_id: str | Path, *, dtype: torch.dtype = t
     ``revision`` pins a commit, tag or branch)."""
     import transformers
 
+    from modsent.encoders import tf_checkpoint
+
     source = str(model_dir_or_hub_id)
     local = _is_local(source)
+    converted = None if local else tf_checkpoint.converted_folder(source, revision)
+    if converted is not None:  # a Hub model without safetensors, converted from its TensorFlow weights
+        source, local = str(converted), True
     kwargs = {"local_files_only": local, "trust_remote_code": False}
     if local and is_sentence_transformers_dir(source):
         subfolder = transformer_subfolder(source)
@@ -96,11 +101,17 @@ def load_encoder_body(model_dir_or_hub_id: str | Path, *, dtype: torch.dtype = t
         model_class = transformers.AutoModel
     transformers.logging.set_verbosity_error()  # "unused decoder / LM head weights" is expected
     try:
-        body = model_class.from_pretrained(source, config=config, dtype=dtype, use_safetensors=True, **kwargs)
-    except OSError as err:
-        raise InputError(f"{model_dir_or_hub_id}: no safetensors weights found ({err}); modsent reads no "
-                         "pickled weights: give a revision that has model.safetensors (the Hub's "
-                         "safetensors conversion, refs/pr/N) or a directory converted locally") from None
+        try:
+            body = model_class.from_pretrained(source, config=config, dtype=dtype, use_safetensors=True, **kwargs)
+        except OSError as err:
+            if local or config.model_type not in tf_checkpoint.MODEL_TYPES:
+                raise InputError(f"{model_dir_or_hub_id}: no safetensors weights found ({err}); modsent reads no "
+                                 "pickled weights: give a revision that has model.safetensors (the Hub's "
+                                 "safetensors conversion, refs/pr/N) or a directory converted locally") from None
+            # a T5/mT5 Hub model with TensorFlow weights only (google/mt5-xxl): converted once
+            source = str(tf_checkpoint.hub_encoder(source, revision))
+            kwargs = {"local_files_only": True, "trust_remote_code": False}
+            body = model_class.from_pretrained(source, config=config, dtype=dtype, use_safetensors=True, **kwargs)
     finally:
         transformers.logging.set_verbosity_warning()
     tokenizer = transformers.AutoTokenizer.from_pretrained(source, **kwargs)
