@@ -130,6 +130,16 @@ def semantic_errors(config: dict) -> list[str]:
             problems.append(f"language_adapter: batch_size {batch} cannot be split over gpus {gpus} (one "
                             "data-parallel process per GPU, each a share of every batch): raise batch_size "
                             "or lower gpus")
+    problems += base_model_errors(config.get("base_model"))
+    corpora = config.get("corpora")
+    if isinstance(corpora, dict):
+        for lang in [code for code in langs if isinstance(code, str)]:
+            override = (corpora.get("per_language") or {}).get(lang) or {}
+            low, high = override.get("min_chars", corpora.get("min_chars")), override.get("max_chars", corpora.get("max_chars"))
+            if isinstance(low, int) and isinstance(high, int) and low > high:
+                where = "corpora.per_language." + lang if {"min_chars", "max_chars"} & set(override) else "corpora"
+                problems.append(f"{where}: min_chars {low} is above max_chars {high} (for {lang}): no sentence "
+                                "would be kept")
     sections = {f"methods.{name}": settings for name, settings in (config.get("methods") or {}).items()}
     sections["alignment"] = config.get("alignment")
     if not (config.get("translation") or {}).get("provided"):
@@ -139,6 +149,27 @@ def semantic_errors(config: dict) -> list[str]:
                                 "human translations to train on, e.g. builtin or local:...)")
     problems += source_errors(config)
     problems += demo_package_errors(config)
+    return problems
+
+
+def base_model_errors(base: object) -> list[str]:
+    """base_model settings that cannot work together: a default prompt that names no prompt,
+    model code that no later stage would run."""
+    if not isinstance(base, dict):
+        return []
+    problems = []
+    prompts, default = base.get("prompts"), base.get("default_prompt_name")
+    if default is not None and not prompts:
+        problems.append(f"base_model.default_prompt_name: {default!r} names a prompt, but base_model.prompts "
+                        "gives none (set both, or neither to keep the model's own)")
+    elif default is not None and isinstance(prompts, dict) and default not in prompts:
+        problems.append(f"base_model.default_prompt_name: {default!r} is not one of base_model.prompts "
+                        f"({', '.join(map(repr, prompts))})")
+    if base.get("trust_remote_code") is True:
+        problems.append("base_model.trust_remote_code: true cannot work: the stages after the base model's "
+                        "download (FOCUS, the adapters, the baselines, the evaluation) load it with transformers' "
+                        "and sentence-transformers' own classes and never run a model's own code; choose a "
+                        "model that loads without it")
     return problems
 
 
@@ -337,6 +368,18 @@ def local_path_errors(config: dict) -> list[str]:
         error = path and missing(path, lang)
         if error:
             problems.append(f"{key}: {error}")
+    readers: dict[tuple[str, str], list[str]] = {}  # (key, a local path without {lang}) -> its languages
+    for lang in langs:
+        override = (corpora.get("per_language") or {}).get(lang) or {}
+        key = f"corpora.per_language.{lang}.source" if "source" in override else "corpora.source"
+        path = local_path(override.get("source", corpora.get("source", "builtin")), key)
+        if path and "{lang}" not in path:
+            readers.setdefault((key, path), []).append(lang)
+    for (key, path), readers_of in readers.items():
+        if len(readers_of) > 1:
+            problems.append(f"{key}: {path!r} has no {{lang}} and would be the corpus of every one of "
+                            f"{', '.join(readers_of)}; put {{lang}} in the path (local:DIR/{{lang}}.txt) or give "
+                            "each language its own source under corpora.per_language")
     for name, dataset in (config.get("paraphrases") or {}).items():
         path = local_path(dataset.get("source"), f"paraphrases.{name}.source") if isinstance(dataset, dict) else None
         error = path and missing(path)
@@ -345,7 +388,12 @@ def local_path_errors(config: dict) -> list[str]:
     translation = config.get("translation") or {}
     if translation.get("engine") == "provided" and translation.get("provided") is not None:
         path = local_path(translation["provided"], "translation.provided")
-        for lang in ([code for code in langs if code != PIVOT_LANGUAGE] if path else []):
+        targets = [code for code in langs if code != PIVOT_LANGUAGE]
+        if path and "{lang}" not in path and len(targets) > 1:
+            problems.append(f"translation.provided: {path!r} has no {{lang}} and would give every one of "
+                            f"{', '.join(targets)} the same translations; put {{lang}} in the path "
+                            "(local:DIR/{lang}.tsv)")
+        for lang in (targets if path else []):
             error = missing(path, lang)
             if error:
                 problems.append(f"translation.provided: {error}")
@@ -399,10 +447,11 @@ def method_errors(config: dict) -> list[str]:
     from modsent.io import InputError
 
     configured = config.get("methods") or {}
-    if not configured:
+    modules = config.get("method_modules") or []
+    if not configured and not modules:
         return []
     try:
-        registry = methods.load(config.get("method_modules") or [])
+        registry = methods.load(modules)
     except InputError as err:
         return [str(err)]
     problems, filled = [], {}

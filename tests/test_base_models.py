@@ -12,6 +12,11 @@ def test_parse_source():
     assert parse_source("builtin:multilingual-e5-small") == ("builtin", "multilingual-e5-small")
     assert parse_source("sentence-transformers/LaBSE") == ("hf", "sentence-transformers/LaBSE")
     assert parse_source("local:/models/x") == ("local", "/models/x")
+    assert parse_source("hf:sentence-transformers/LaBSE") == ("hf", "sentence-transformers/LaBSE")  # as data sources
+    for bad, message in (("", "is no Hub id"), ("local:", "names no directory"), ("hf:", "is no Hub id"),
+                         ("org/na me", "is no Hub id")):
+        with pytest.raises(InputError, match=rf"^base_model\.source: .*{message}"):
+            parse_source(bad)
     with pytest.raises(InputError, match="built-in models: multilingual-e5-small"):
         parse_source("builtin:labse")
     with pytest.raises(InputError, match="write 'local:/models/labse'"):
@@ -55,15 +60,16 @@ def test_local_model_without_safetensors_is_refused(tmp_path):
 
 def test_a_model_that_needs_its_own_code_is_refused_naming_the_config_key(tmp_path):
     """A model whose config maps it to code of its own (an unknown model_type with auto_map): no code
-    runs, and the error names base_model.trust_remote_code rather than transformers' argument."""
+    runs, and the error says that base_model.trust_remote_code cannot help (no later stage runs a
+    model's code) rather than naming transformers' argument."""
     src = make_tiny_xlmr(tmp_path / "src", sample_texts(200))
     (src / "modeling_custom.py").write_text("raise SystemExit('this code must not run')\n")
     config = json.loads((src / "config.json").read_text())
     config.update(model_type="custom_xlmr", architectures=["CustomModel"],
                   auto_map={"AutoConfig": "modeling_custom.CustomConfig", "AutoModel": "modeling_custom.CustomModel"})
     (src / "config.json").write_text(json.dumps(config))
-    with pytest.raises(InputError, match=rf"^{src}: this model needs its own Python code .* "
-                                         r"base_model\.trust_remote_code: true") as raised:
+    with pytest.raises(InputError, match=rf"^{src}: this model needs its own Python code .*"
+                                         r"base_model\.trust_remote_code: true cannot help") as raised:
         prepare_base_model(f"local:{src}", tmp_path / "out")
     assert "https://hf.co" not in str(raised.value) and not (tmp_path / "out").exists()
 

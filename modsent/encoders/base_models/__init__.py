@@ -64,11 +64,22 @@ def parse_source(source: str) -> tuple[str, str]:
                              f"built-in models: {', '.join(BUILTIN_MODELS)}")
         return "builtin", name
     if source.startswith("local:"):
-        return "local", source.split(":", 1)[1]
+        path = source.split(":", 1)[1]
+        if not path.strip():
+            raise InputError("base_model.source: 'local:' names no directory; write local:PATH")
+        return "local", path
     if source.startswith(("/", "./", "../", "~")):
         raise InputError(f"base_model.source: {source!r} looks like a path; write 'local:{source}' "
                          "for a local model directory (a bare name is a Hub id)")
-    return "hf", source
+    repo_id = source.removeprefix("hf:")  # the data sources' spelling of a Hub id
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise InputError(f"base_model.source: {source!r} is no Hub id ({err}); give a Hub id "
+                         "(sentence-transformers/LaBSE), local:PATH or builtin:NAME") from None
+    return "hf", repo_id
 
 
 def check_model_dir(path: Path) -> None:
@@ -148,10 +159,10 @@ def prepare_base_model(source: str, out_dir: str | Path, *, revision: str | None
             model = SentenceTransformer(str(tmp), device="cpu", trust_remote_code=trust_remote_code)
         except Exception as err:  # name the source, not the temporary copy
             if not trust_remote_code and "trust_remote_code" in str(err):
-                raise InputError(f"{named}: this model needs its own Python code to load, which modsent "
-                                 "runs only when the config says so: set base_model.trust_remote_code: true "
-                                 "if you trust that code (read it first), or choose a model that loads "
-                                 "without it") from None
+                raise InputError(f"{named}: this model needs its own Python code to load, and modsent's "
+                                 "stages never run a model's code (base_model.trust_remote_code: true cannot "
+                                 "help: they load it with transformers' own classes); choose a model that "
+                                 "loads without it") from None
             raise InputError(f"{named}: sentence-transformers cannot load this model: "
                              f"{str(err).replace(str(tmp), named)}") from err
         if prompts:
