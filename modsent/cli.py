@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import yaml
 
 PAPER_LANGUAGES = "am ar az cs de en es fr ha it kk ko ky mr nl pl ru rw te tr ug uz zh".split()
 
@@ -38,16 +37,18 @@ def cmd_languages(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from modsent.config import ConfigError, check_config
+    from modsent.config import ConfigError, check_config, read_config_file
 
     failed = 0
     for path in args.files:
         try:
-            with open(path, encoding="utf-8") as handle:
-                config = yaml.safe_load(handle) or {}
+            config = read_config_file(path)
             check_config(config)
             print(f"{path}: ok")
-        except (ConfigError, OSError, yaml.YAMLError) as err:
+        except ConfigError as err:
+            print(err if str(err).startswith(f"{path}: ") else f"{path}: {err}", file=sys.stderr)
+            failed += 1
+        except OSError as err:
             print(f"{path}: {err}", file=sys.stderr)
             failed += 1
     return 1 if failed else 0
@@ -323,9 +324,16 @@ def _export_monolithic(args: argparse.Namespace, root, system, out, builtin_data
 def cmd_plan(args: argparse.Namespace) -> int:
     """Jobs per rule of a config, and GPU-hours and disk of its training stages (modsent.planning)."""
     import tempfile
+    from pathlib import Path
 
     from modsent import planning
+    from modsent.io import InputError
 
+    if args.directory and not Path(args.directory).is_dir():
+        raise InputError(f"--directory {args.directory}: no such directory (a run's working directory; without "
+                         "--directory the plan is a new run's)")
+    if not args.scale > 0:
+        raise InputError(f"--scale {args.scale:g}: must be above 0 (a factor on every time)")
     config = planning.load_filled_config(args.configfile)
     rates = planning.RATES[args.rates]
     with tempfile.TemporaryDirectory() as scratch:

@@ -23,6 +23,52 @@ class ConfigError(ValueError):
     """The configuration is invalid; the message lists every problem with its key."""
 
 
+def _unique_key_loader():
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        """YAML's safe loader, but a key given twice in one mapping is an error (PyYAML keeps the
+        last silently: a second `language_adapter:` section would drop the first)."""
+
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line)
+                except TypeError:  # an unhashable key: the base class says so
+                    break
+                if first != key_node.start_mark.line:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"found key {key!r} again (first on line {first + 1}): a later one would silently "
+                        "replace it", key_node.start_mark)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
+
+
+def read_config_file(path: str | Path) -> dict:
+    """A YAML config file's contents: a ConfigError naming the file (and the line) when it is
+    not UTF-8, not YAML, or gives a key twice in one mapping; an OSError when it cannot be read."""
+    import yaml
+
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: line {line}: not UTF-8 (byte {raw[err.start]:#04x}); save the config as "
+                          "UTF-8") from None
+    try:
+        data = yaml.load(text, Loader=_unique_key_loader())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: {str(err).replace('<unicode string>', str(path))}") from None
+    return data if data is not None else {}
+
+
 def _key(path) -> str:
     out = ""
     for part in path:

@@ -440,14 +440,15 @@ def format_cluster_check(cluster: ClusterCheck | None, profile: str | None) -> l
 def load_filled_config(configfile: str | Path) -> dict:
     """The config as the workflow runs it: checked (a ConfigError names every problem) and with
     the schema's defaults filled in."""
-    import yaml
-
     from modsent import config as modsent_config
 
     path = Path(configfile)
     if not path.is_file():
         raise InputError(f"{path}: no such config file")
-    config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    try:
+        config = modsent_config.read_config_file(path)
+    except modsent_config.ConfigError as err:
+        raise InputError(str(err)) from None
     try:
         modsent_config.check_config(config)
     except modsent_config.ConfigError as err:

@@ -31,6 +31,8 @@ def config_origin():
 def check_and_fill_config(config):
     """Fail before planning when the config is wrong; messages name the file and the key."""
     try:
+        for path in workflow.overwrite_configfiles:  # what YAML lets pass: a key given twice
+            modsent_config.read_config_file(path)
         modsent_config.check_config(config)
     except modsent_config.ConfigError as err:
         message = str(err).replace("invalid configuration:", f"invalid configuration in {config_origin()}:", 1)

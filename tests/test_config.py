@@ -218,6 +218,43 @@ def test_cli_check_config(tmp_path, capsys):
     assert "corpora.max_chars" in capsys.readouterr().err
 
 
+def test_a_config_file_that_is_not_utf8_not_yaml_or_gives_a_key_twice_is_named_with_its_line(tmp_path, capsys):
+    """check-config, plan and fetch read a config file alike (modsent.config.read_config_file); the
+    workflow refuses a key given twice too, which YAML itself would let the later one replace."""
+    from modsent.cli import main
+
+    text = (REPO / "config.yaml").read_text(encoding="utf-8")
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(text.encode() + "# café\n".encode("latin-1"))
+    unclosed = tmp_path / "unclosed.yaml"
+    unclosed.write_text(text.replace("languages: [en, de, zh, ky]", "languages: [en, de, zh, ky"))
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(text + "language_adapter: {steps: 3}\n")
+    line = text.splitlines().index(next(ln for ln in text.splitlines() if ln.startswith("language_adapter:"))) + 1
+    expected = {latin1: f"{latin1}: line {text.count(chr(10)) + 1}: not UTF-8 (byte 0xe9)",
+                unclosed: f"{unclosed}\", line", twice: f"found key 'language_adapter' again (first on line {line})"}
+    for path, said in expected.items():
+        assert main(["check-config", str(path)]) == 1
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, err
+        assert main(["plan", "--configfile", str(path)]) == 2
+        assert said in capsys.readouterr().err
+    proc = run_snakemake("-n", "--configfile", str(twice), "--directory", str(tmp_path), "--snakefile",
+                         str(REPO / "Snakefile"), check=False)
+    assert proc.returncode != 0 and expected[twice] in proc.stdout + proc.stderr
+    assert "Job stats" not in proc.stdout
+
+
+def test_plan_refuses_a_run_directory_that_does_not_exist_and_a_scale_that_is_not_positive(tmp_path, capsys):
+    from modsent.cli import main
+
+    assert main(["plan", "--directory", str(tmp_path / "typo"), "--configfile", str(REPO / "config.yaml")]) == 2
+    assert f"--directory {tmp_path / 'typo'}: no such directory" in capsys.readouterr().err
+    assert not (tmp_path / "typo").exists()
+    assert main(["plan", "--scale", "-1", "--configfile", str(REPO / "config.yaml")]) == 2
+    assert "--scale -1: must be above 0" in capsys.readouterr().err
+
+
 def test_skipping_the_language_adapter_of_a_language(tmp_path):
     config = load("config.yaml")
     config["language_adapter"]["per_language"] = {"de": {"skip": True}}
