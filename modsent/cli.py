@@ -98,15 +98,23 @@ def _read_sentences(args) -> list[str]:
             sentences.append(row[args.column])
         return sentences
     import pandas as pd
+    import pyarrow
     import pyarrow.parquet as pq
 
-    if not args.input:
-        raise SystemExit("modsent encode: --input-format parquet needs --input FILE")
-    columns = pq.read_schema(args.input).names
+    try:
+        columns = pq.read_schema(args.input).names
+    except pyarrow.ArrowException as err:
+        raise InputError(f"{args.input}: not a parquet file ({err}); --input-format says which") from None
     if args.column not in columns:
         raise InputError(f"{args.input}: no column {args.column!r} (columns: {', '.join(columns)}); "
                          "--column names the text column")
-    return pd.read_parquet(args.input, columns=[args.column])[args.column].astype(str).tolist()
+    texts = pd.read_parquet(args.input, columns=[args.column])[args.column]
+    bad = [i for i, text in enumerate(texts.tolist()) if not isinstance(text, str)]
+    if bad:
+        value = texts.iloc[bad[0]]
+        raise InputError(f"{args.input}: column {args.column!r}, row {bad[0] + 1} (of {len(bad)} such rows): "
+                         + ("null, not a sentence" if pd.isna(value) else f"{value!r} is not a string"))
+    return texts.tolist()
 
 
 def _write_embeddings(args, sentences: list[str], vectors, langs: list[str | None],
@@ -119,9 +127,12 @@ def _write_embeddings(args, sentences: list[str], vectors, langs: list[str | Non
 
     import numpy as np
 
+    from modsent.io import atomic_path
+
     if args.output_format == "npy":
         if args.output:
-            np.save(args.output, vectors)
+            with atomic_path(args.output) as tmp, open(tmp, "wb") as handle:
+                np.save(handle, vectors)
         else:
             buffer = io.BytesIO()
             np.save(buffer, vectors)
@@ -131,16 +142,44 @@ def _write_embeddings(args, sentences: list[str], vectors, langs: list[str | Non
     if detected is not None:
         columns["detected_lang"] = detected
     if args.output_format == "jsonl":
-        target = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-        for i, vector in enumerate(vectors):
-            row = {key: values[i] for key, values in columns.items()}
-            target.write(json.dumps({**row, "embedding": vector.tolist()}, ensure_ascii=False) + "\n")
+        def write(target) -> None:
+            for i, vector in enumerate(vectors):
+                row = {key: values[i] for key, values in columns.items()}
+                target.write(json.dumps({**row, "embedding": vector.tolist()}, ensure_ascii=False) + "\n")
+
+        if args.output:
+            with atomic_path(args.output) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+                write(handle)
+        else:
+            write(sys.stdout)
         return
     import pandas as pd
 
-    if not args.output:
-        raise SystemExit("modsent encode: --output-format parquet needs --output FILE")
-    pd.DataFrame({**columns, "embedding": list(vectors)}).to_parquet(args.output, index=False)
+    with atomic_path(args.output) as tmp:
+        pd.DataFrame({**columns, "embedding": list(vectors)}).to_parquet(tmp, index=False)
+
+
+def check_encode_arguments(args: argparse.Namespace) -> None:
+    """What ``modsent encode`` reads and writes, checked before it reads a sentence or loads a
+    model: the model directory, the input file, the output's directory and format."""
+    from pathlib import Path
+
+    from modsent.io import InputError
+
+    if not Path(args.model).is_dir():
+        raise InputError(f"--model {args.model}: no such directory (an export, a method's system or results/BASE)")
+    if args.input is not None and not Path(args.input).is_file():
+        raise InputError(f"--input {args.input}: no such file")
+    if args.input_format == "parquet" and args.input is None:
+        raise InputError("--input-format parquet needs --input FILE")
+    if args.output_format == "parquet" and args.output is None:
+        raise InputError("--output-format parquet needs --output FILE")
+    if args.output is not None:
+        parent = Path(args.output).resolve().parent
+        if not parent.is_dir():
+            raise InputError(f"--output {args.output}: no directory {parent} to write it in")
+        if Path(args.output).is_dir():
+            raise InputError(f"--output {args.output}: a directory; name the file to write")
 
 
 def check_device(device: str | None) -> str | None:
@@ -227,6 +266,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
 
     from modsent.encoders.modular import ModularEncoder
 
+    check_encode_arguments(args)
     device = check_device(args.device)
     sentences = _read_sentences(args)
     encoder = load_encoder(args.model, args.lang, args.base, args.variant, device)

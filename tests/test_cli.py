@@ -45,6 +45,61 @@ def test_jsonl_and_parquet_name_the_missing_column(monkeypatch, tmp_path):
     assert cli._read_sentences(args(input=str(parquet), input_format="parquet", column="sentence")) == ["x"]
 
 
+def test_parquet_input_that_is_no_parquet_or_holds_a_null_is_named(tmp_path):
+    text = tmp_path / "in.txt"
+    text.write_text("eins\n")
+    with pytest.raises(InputError, match=r"in.txt: not a parquet file .*--input-format says which"):
+        cli._read_sentences(args(input=str(text), input_format="parquet"))
+    parquet = tmp_path / "in.parquet"
+    pd.DataFrame({"text": ["a", None, "c", None]}).to_parquet(parquet)
+    with pytest.raises(InputError, match=r"in.parquet: column 'text', row 2 \(of 2 such rows\): null, not a sentence"):
+        cli._read_sentences(args(input=str(parquet), input_format="parquet"))
+
+
+def test_encode_checks_what_it_reads_and_writes_before_reading_a_sentence(tmp_path, monkeypatch, capsys):
+    """No model is loaded and stdin is not read when the model, the input or the output cannot work."""
+    monkeypatch.setattr(cli, "load_encoder", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(cli, "_read_sentences", lambda *a, **k: pytest.fail("the input was read"))
+    model = tmp_path / "model"
+    model.mkdir()
+    for argv, said in (
+            (["--model", str(tmp_path / "nope")], f"--model {tmp_path / 'nope'}: no such directory"),
+            (["--model", str(model), "--input", str(tmp_path / "none.txt")], "none.txt: no such file"),
+            (["--model", str(model), "--input-format", "parquet"], "--input-format parquet needs --input FILE"),
+            (["--model", str(model), "--output-format", "parquet"], "--output-format parquet needs --output FILE"),
+            (["--model", str(model), "--output", str(tmp_path / "no" / "x.npy")], f"no directory {tmp_path / 'no'}"),
+            (["--model", str(model), "--output", str(model)], "a directory; name the file to write")):
+        assert cli.main(["encode", *argv]) == 2
+        assert said in capsys.readouterr().err
+
+
+def test_encode_writes_its_output_whole_or_not_at_all(tmp_path, monkeypatch):
+    """An output file appears only complete (written aside, then renamed): a failure while
+    writing leaves no file that a later step would take for the result."""
+    import numpy as np
+
+    vectors = np.arange(6, dtype=np.float32).reshape(3, 2)
+    for fmt in ("npy", "jsonl", "parquet"):
+        out = tmp_path / f"out.{fmt}"
+        cli._write_embeddings(args(output=str(out), output_format=fmt), ["a", "b", "c"], vectors, ["de"] * 3, None)
+        if fmt == "npy":
+            assert np.array_equal(np.load(out), vectors)
+        elif fmt == "jsonl":
+            rows = [json.loads(line) for line in out.read_text().splitlines()]
+            assert [r["embedding"] for r in rows] == vectors.tolist() and rows[0]["lang"] == "de"
+        else:
+            assert np.array_equal(np.stack(pd.read_parquet(out)["embedding"]), vectors)
+
+    def broken_save(handle, array):
+        handle.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        cli._write_embeddings(args(output=str(tmp_path / "new.npy"), output_format="npy"), ["a"], vectors[:1], ["de"], None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "out.npy", "out.parquet"]
+
+
 def test_device_names_are_checked():
     assert cli.check_device(None) is None and cli.check_device("cpu") == "cpu"
     with pytest.raises(InputError, match=r"--device 'gpu0': not a device"):
