@@ -220,6 +220,29 @@ def test_embeddings_of_another_tokenizer_are_refused(inputs, tmp_path):
         la.build_model(inputs["base"], base_tok, inputs["emb"] / la.EMBEDDINGS_NAME, CFG)
 
 
+def test_a_sequence_longer_than_the_base_s_positions_is_refused_before_the_corpus_is_read(inputs, tmp_path,
+                                                                                           monkeypatch):
+    """XLM-R's positions start after its padding index: 130 position embeddings hold 128 tokens.
+    A packed sequence one token longer would index past them (a device-side assert on a GPU)."""
+    import dataclasses
+    import json
+
+    config = json.loads((inputs["base"] / "config.json").read_text())
+    limit = config["max_position_embeddings"] - config["pad_token_id"] - 1
+    assert la.position_limit(inputs["base"]) == limit
+    monkeypatch.setattr(la, "read_corpus", lambda *a: pytest.fail("the corpus was read"))
+    with pytest.raises(InputError, match=rf"language_adapter\.seq_len {limit + 1}: the base model .* has positions "
+                                         rf"for {limit} tokens"):
+        la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"], tmp_path / "la",
+                                  dataclasses.replace(CFG, seq_len=limit + 1), progress=False)
+    model = la.build_model(inputs["base"], tokenizer(inputs), inputs["emb"] / la.EMBEDDINGS_NAME, CFG)
+    ids = torch.full((1, limit), 5)
+    with torch.no_grad():
+        model(input_ids=ids)  # the limit itself fits
+        with pytest.raises((IndexError, RuntimeError), match="out of (range|bounds)"):
+            model(input_ids=torch.full((1, limit + 1), 5))
+
+
 def test_empty_corpus(tmp_path):
     empty = tmp_path / "e.txt"
     empty.write_text("\n\n", encoding="utf-8")

@@ -396,6 +396,24 @@ def read_corpus(path: str | Path) -> list[str]:
     return lines
 
 
+# models whose learned positions start after the padding index (RoBERTa's convention):
+# max_position_embeddings - (pad_token_id + 1) of them are usable
+_PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet", "data2vec-text")
+
+
+def position_limit(base_model_dir: str | Path) -> int | None:
+    """The most tokens a sequence of the base model can hold (its learned absolute positions),
+    from its config.json; None when the config sets no limit (relative positions)."""
+    path = Path(base_model_dir) / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    limit = config.get("max_position_embeddings")
+    if not isinstance(limit, int) or config.get("position_embedding_type", "absolute") != "absolute":
+        return None
+    if config.get("model_type") in _PADDING_OFFSET_POSITIONS:
+        limit -= int(config.get("pad_token_id") or 0) + 1
+    return limit
+
+
 def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path,
                            embeddings_dir: str | Path, corpus_path: str | Path,
                            out_dir: str | Path, cfg: LanguageAdapterConfig, *,
@@ -428,6 +446,10 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
     torch.manual_seed(cfg.seed)
     if cfg.compile:  # before the corpus is tokenised: a missing compiler is an input error
         fastpath.check_compilable(device, "language_adapter.compile")
+    limit = position_limit(base_model_dir)
+    if limit is not None and cfg.seq_len > limit:  # packed sequences are seq_len tokens long, every one
+        raise InputError(f"language_adapter.seq_len {cfg.seq_len}: the base model {base_model_dir} has "
+                         f"positions for {limit} tokens; set it to {limit} or less")
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
     train_lines, heldout_lines = split_heldout(read_corpus(corpus_path), cfg.eval_sentences)
