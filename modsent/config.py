@@ -219,6 +219,35 @@ def base_model_errors(base: object) -> list[str]:
     return problems
 
 
+# the contract names a source mapping's ``columns`` may map (contract name -> the file's or
+# dataset's column), by section: (required, optional)
+CONTRACT_COLUMNS = {"corpora": (("text",), ()), "paraphrases": (("anchor", "positive"), ("negative",)),
+                    "translation.provided": (("english", "translation"), ())}
+
+
+def column_errors(config: dict) -> list[str]:
+    """A source mapping's ``columns`` that name no column of its section's contract (a typo
+    would surface as a missing column of the user's data, in the job that reads it)."""
+    sources = [("corpora", "corpora.source", (config.get("corpora") or {}).get("source"))]
+    sources += [("corpora", f"corpora.per_language.{lang}.source", override.get("source"))
+                for lang, override in ((config.get("corpora") or {}).get("per_language") or {}).items()
+                if isinstance(override, dict)]
+    sources += [("paraphrases", f"paraphrases.{name}.source", dataset.get("source"))
+                for name, dataset in (config.get("paraphrases") or {}).items() if isinstance(dataset, dict)]
+    sources.append(("translation.provided", "translation.provided", (config.get("translation") or {}).get("provided")))
+    problems = []
+    for section, key, spec in sources:
+        columns = spec.get("columns") if isinstance(spec, dict) else None
+        if not isinstance(columns, dict):
+            continue
+        required, optional = CONTRACT_COLUMNS[section]
+        unknown = [name for name in columns if name not in required + optional]
+        if unknown:
+            problems.append(f"{key}.columns: {', '.join(map(repr, unknown))} is no column of the {section} contract; "
+                            f"it maps {', '.join(required + optional)} (contract name: the data's column)")
+    return problems
+
+
 def builtin_source_keys(config: dict) -> list[str]:
     """The config keys whose source is the built-in demo data (not the built-in base model), as
     the sources' own parsers read them (``builtin``, ``builtin:NAME``, a built-in evaluation
@@ -327,6 +356,7 @@ def source_errors(config: dict) -> list[str]:
                 evaluation_data.check_source(name, source)
             except InputError as err:
                 problems.append(f"evaluation.datasets.{name}: {err}")
+    problems += column_errors(config)
     problems += method_errors(config)  # registers the methods: evaluation.variants may name them
     variants_chosen = (config.get("evaluation") or {}).get("variants")
     if isinstance(variants_chosen, list):

@@ -117,6 +117,11 @@ CASES = [
      ["corpora.source: '/x/corpus.txt' has no {lang} and would be the corpus of every one of en, de"]),
     ("one file of translations for every language", lambda c: c["translation"].update(provided="local:/x/t.tsv"),
      ["translation.provided: '/x/t.tsv' has no {lang} and would give every one of"]),
+    ("a misspelt contract name in a source's columns",
+     lambda c: c["translation"].update(provided={"local": "/x/{lang}.tsv", "columns": {"englsh": "english",
+                                                                                      "translation": "translation"}}),
+     ["translation.provided.columns: 'englsh' is no column of the translation.provided contract; it maps english, "
+      "translation"]),
     ("InteMATs-ST and -DT saved in two dtypes",  # the fusion reads ST's backbone with DT's adapters
      lambda c: c["methods"]["InteMATs-DT"].update(storage_dtype="float32"),
      ["methods.InteMATs-DT.storage_dtype: float32, but methods.InteMATs-ST.storage_dtype is float16: the fusion "

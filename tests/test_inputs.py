@@ -166,6 +166,11 @@ def test_provided_translations_from_a_local_file(tmp_path):
     spec = {"local": str(tmp_path / "{lang}.tsv"), "columns": {"english": "en", "translation": "de"}}
     assert prepare_translations(spec, "de", out) == 1  # first translation kept, empty dropped
     assert pd.read_parquet(out).values.tolist() == [["Hello", "Hallo"]]
+    jsonl = tmp_path / "ky.jsonl"
+    jsonl.write_text('{"english": "Hello", "translation": "Салам"}\n{"english": "Bye", "translation": 5}\n', "utf-8")
+    with pytest.raises(InputError, match=r"ky\.jsonl: record 2: 'translation' is 5, not a text"):
+        prepare_translations("local:" + str(tmp_path / "{lang}.jsonl"), "ky", tmp_path / "ky.parquet")
+    assert not (tmp_path / "ky.parquet").exists()
 
 
 def test_builtin_eval_files_align_by_id(tmp_path):

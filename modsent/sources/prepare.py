@@ -203,6 +203,11 @@ def prepare_translations(spec, lang: str, out_path: str | Path) -> int:
         columns = source.options.get("columns") or {"english": "english", "translation": "translation"}
         frame = pd.DataFrame(list(iter_local_records(path, format=source.options.get("format"),
                                                      columns=columns)))
+        for column in ("english", "translation"):
+            values = frame[column].tolist() if column in frame else []
+            bad = next((i for i, value in enumerate(values) if value is not None and not isinstance(value, str)), None)
+            if bad is not None:
+                raise InputError(f"{path}: record {bad + 1}: {column!r} is {values[bad]!r}, not a text")
     elif source.kind == "hf" and (source.name == "xnli" or source.options.get("hf") == "facebook/xnli"):
         from modsent.sources.xnli import xnli_translations
 
