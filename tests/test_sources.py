@@ -554,6 +554,21 @@ def test_read_hub_pairs_rejects_documents_and_local_pairs(tmp_path):
     assert frame.iloc[0].to_dict()["positive"] == "Sparse is better than dense."
 
 
+def test_local_pairs_without_a_mapping_read_every_record_s_fields(tmp_path):
+    """Without columns: a hard negative counts where any record has one (not only when the first
+    does), and a record without a positive is an error naming it, as with a mapping."""
+    path = tmp_path / "pairs.jsonl"
+    rows = [{"anchor": "Flat is better.", "positive": "Nested is worse."},
+            {"anchor": "Simple is better.", "positive": "Complex is worse.", "negative": "Errors pass silently."}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    frame = paraphrase.read_local_pairs(path, "mine")
+    assert frame["negative"].tolist()[0] is None or pd.isna(frame["negative"].tolist()[0])
+    assert frame["negative"].tolist()[1] == "Errors pass silently."
+    path.write_text(path.read_text() + json.dumps({"anchor": "Now is better."}) + "\n")
+    with pytest.raises(InputError, match=r"pairs\.jsonl: record 3: missing field\(s\) positive"):
+        paraphrase.read_local_pairs(path, "mine")
+
+
 def test_fixture_cc100_files_are_xz_text():
     # The statmt.org files are xz-compressed UTF-8, one paragraph a line, blank lines between documents.
     text = lzma.decompress((FIXTURES / "statmt-cc-100" / "de.txt.xz").read_bytes()).decode("utf-8")

@@ -106,15 +106,16 @@ def read_local_pairs(
     from modsent.sources.local import iter_local_records
 
     if columns is None:
-        # no mapping: anchor and positive, plus the hard negative when the file has that column
+        # no mapping: each record's anchor, positive and, where it has one, hard negative (a later
+        # record's negative counts as much as the first's; a record without a positive is an error)
         records = list(iter_local_records(path, format=format))
-        columns = ["anchor", "positive"] + (["negative"] if records and "negative" in records[0] else [])
         missing = [c for c in ("anchor", "positive") if not records or c not in records[0]]
         if missing:
             found = sorted(records[0]) if records else []
             raise InputError(f"{path}: missing column(s) {missing}; found {found} "
                              "(map yours with columns: {anchor: ..., positive: ..., negative: ...})")
-        return pairs_frame(({c: r.get(c) for c in columns} for r in records), dataset, source=str(path))
+        fields = ("anchor", "positive", "negative")
+        return pairs_frame(({c: r[c] for c in fields if c in r} for r in records), dataset, source=str(path))
     return pairs_frame(iter_local_records(path, format=format, columns=columns), dataset, source=str(path))
 
 
