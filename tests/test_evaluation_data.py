@@ -347,6 +347,25 @@ def test_bad_scores_and_empty_text_name_the_column(tmp_path):
         ev.prepare_subset("korsts", "ko", tmp_path / "out.parquet", f"local:{path}")
 
 
+def test_trailing_tabs_are_read_and_extra_fields_and_bad_bytes_are_named_by_line(tmp_path):
+    """A trailing tab on every row read as a field made pandas take the first column for the index
+    (every column shifted: 'score' held the first sentence); an extra field that holds text, or a
+    byte that is not UTF-8, is named with its line."""
+    path = tmp_path / "sts-test.tsv"
+    header = "genre\tfilename\tyear\tid\tscore\tsentence1\tsentence2\n"
+    path.write_text(header + "g\tf\t2012\t1\t2.5\t안녕하세요\t반갑습니다\t\ng\tf\t2012\t2\t4.0\tx\ty\t\n",
+                    encoding="utf-8")
+    ev.prepare_subset("korsts", "ko", tmp_path / "out.parquet", f"local:{path}")
+    frame = pd.read_parquet(tmp_path / "out.parquet")
+    assert frame["score"].tolist() == [2.5, 4.0] and frame["sentence1"].tolist()[0] == "안녕하세요"
+    path.write_text(header + "g\tf\t2012\t1\t2.5\tx\ty\t\n" + "g\tf\t2012\t2\t4.0\tx\ty\tz\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"sts-test\.tsv: line 3: 8 tab-separated fields, but the header has 7"):
+        ev.prepare_subset("korsts", "ko", tmp_path / "out2.parquet", f"local:{path}")
+    path.write_bytes(header.encode() + "g\tf\t2012\t1\t2.5\tx\ty\n".encode() + b"g\tf\t2012\t2\t4.0\tca\xe9\ty\n")
+    with pytest.raises(InputError, match=r"sts-test\.tsv: line 3: invalid UTF-8 at byte 17 of the line"):
+        ev.prepare_subset("korsts", "ko", tmp_path / "out3.parquet", f"local:{path}")
+
+
 def test_null_text_and_duplicate_ids(tmp_path):
     pd.DataFrame({"pair_ID": ["1", "2"], "sentence_A": ["a", None], "sentence_B": ["b", "c"],
                   "relatedness_score": [1.0, 2.0]}).to_json(tmp_path / "test.jsonl",

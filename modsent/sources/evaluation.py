@@ -49,6 +49,7 @@ import logging
 import math
 import os
 import re
+import warnings
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -756,8 +757,12 @@ def _read_table(path: Path, csv_names: tuple[str, ...] | None = None) -> pd.Data
             frame = pd.read_csv(path, dtype=str, keep_default_na=False,
                                 header=None if csv_names else 0, names=csv_names)
         elif name.endswith((".tsv", ".txt")):
-            frame = pd.read_csv(path, sep="\t", quoting=csv.QUOTE_NONE, dtype=str,
-                                keep_default_na=False)
+            with warnings.catch_warnings(record=True) as caught:  # rows longer than the header
+                warnings.simplefilter("always", pd.errors.ParserWarning)
+                frame = pd.read_csv(path, sep="\t", quoting=csv.QUOTE_NONE, dtype=str,
+                                    keep_default_na=False, index_col=False)
+            if caught:
+                _check_extra_fields(path)
         elif name.endswith((".devtest", ".dev")):
             lines = path.read_text(encoding="utf-8").splitlines()
             frame = pd.DataFrame({"id": [str(i) for i in range(1, len(lines) + 1)], "text": lines})
@@ -767,7 +772,8 @@ def _read_table(path: Path, csv_names: tuple[str, ...] | None = None) -> pd.Data
     except InputError:
         raise
     except UnicodeDecodeError as err:
-        raise InputError(f"{path}: invalid UTF-8 at byte {err.start}; the file must be UTF-8") from None
+        raise InputError(f"{path}: {_utf8_error_place(path) or f'invalid UTF-8 at byte {err.start}'}; the file "
+                         "must be UTF-8") from None
     except pd.errors.EmptyDataError:
         raise InputError(f"{path}: the file is empty") from None
     except Exception as err:  # pyarrow, json and csv parsers raise many kinds
@@ -776,6 +782,34 @@ def _read_table(path: Path, csv_names: tuple[str, ...] | None = None) -> pd.Data
     if frame.empty:
         raise InputError(f"{path}: the file holds no rows")
     return frame
+
+
+def _check_extra_fields(path: Path) -> None:
+    """A tab-separated row with more fields than the header is an InputError naming its line,
+    unless the extra fields are empty (a trailing tab, which pandas would otherwise read as a
+    shifted row with the first column as its index)."""
+    with open(path, encoding="utf-8") as handle:
+        header = handle.readline().rstrip("\r\n").split("\t")
+        for number, line in enumerate(handle, start=2):
+            fields = line.rstrip("\r\n").split("\t")
+            if len(fields) > len(header) and any(field.strip() for field in fields[len(header):]):
+                raise InputError(f"{path}: line {number}: {len(fields)} tab-separated fields, but the header "
+                                 f"has {len(header)} ({', '.join(header)})")
+
+
+def _utf8_error_place(path: Path) -> str | None:
+    """'line N: invalid UTF-8 at byte B of the line' for an uncompressed file that is not UTF-8."""
+    if path.suffix == ".gz" or path.suffix == ".parquet":
+        return None
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        newline = b"\n"
+        start, line = raw.rfind(newline, 0, err.start) + 1, raw.count(newline, 0, err.start) + 1
+        return (f"line {line}: invalid UTF-8 at byte {err.start - start} of the line "
+                f"({raw[max(start, err.start - 10):err.start + 10]!r})")
+    return None
 
 
 def _read_files(paths: list[Path], csv_names) -> pd.DataFrame:
