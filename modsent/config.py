@@ -127,7 +127,14 @@ def _describe(error: jsonschema.ValidationError) -> str:
         best = max(error.context, key=lambda e: len(e.absolute_path))
         if len(best.absolute_path) > len(error.absolute_path):
             return _describe(best)
+        if isinstance(error.instance, dict):  # the mapping whose required keys it has: its unknown keys
+            for sub in error.context:
+                if sub.validator == "additionalProperties" and set(sub.schema.get("required", ())) <= set(error.instance):
+                    return _describe(sub)
         description = error.schema.get("description", "").strip()
+        bounds = [e for e in error.context if e.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")]
+        if len(bounds) == 1:  # a number of the right type out of its range: say the bound
+            return f"{key}: {bounds[0].message}" + (f" ({description})" if description else "")
         if all(e.validator == "type" for e in error.context):  # of none of the accepted types: name them
             expected = " or ".join(dict.fromkeys(_expectation(e.schema) for e in error.context))
             return f"{key}: {error.instance!r} is not valid: expected {expected}" + (
