@@ -441,10 +441,11 @@ SIB200 = EvalDataset(
         "Davlan/sib200: configs named by FLORES-200 code (eng_Latn, ...), splits train / "
         "validation / test, columns index_id, category, text (the MTEB task SIB200Classification "
         "reads it with load_dataset('Davlan/sib200', <code>) at revision 38977a6 and renames "
-        "category to label). Not verified: that the repository's main branch serves parquet "
-        "rather than its former loading script sib200.py; mteb/sib200 is a parquet mirror with "
-        "the same configs and columns (sib200/<split>/<config>.parquet, splits train/dev/test) "
-        "that 'hf:mteb/sib200' selects. The Hub's split 'validation' (or 'dev') becomes 'dev'."
+        "category to label). Its main branch serves parquet configs since commit 2c66472 ('Add "
+        "all configs'), no loading script; mteb/sib200 is a parquet mirror with the same configs "
+        "and columns (<split>/<config>.parquet; its 'dev' split was renamed 'validation' in "
+        "a74d735) that 'hf:mteb/sib200' selects. The Hub's split 'validation' (or 'dev') becomes "
+        "'dev', and local files are looked for under either name."
     ),
 )
 
