@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 
@@ -127,11 +128,11 @@ def _write_embeddings(args, sentences: list[str], vectors, langs: list[str | Non
 
     import numpy as np
 
-    from modsent.io import atomic_path
-
     if args.output_format == "npy":
         if args.output:
-            with atomic_path(args.output) as tmp, open(tmp, "wb") as handle:
+            # np.save's name: ".npy" added where the name lacks it
+            target = args.output if _special_file(args.output) or args.output.endswith(".npy") else args.output + ".npy"
+            with _output_file(target, "wb") as handle:
                 np.save(handle, vectors)
         else:
             buffer = io.BytesIO()
@@ -148,15 +149,41 @@ def _write_embeddings(args, sentences: list[str], vectors, langs: list[str | Non
                 target.write(json.dumps({**row, "embedding": vector.tolist()}, ensure_ascii=False) + "\n")
 
         if args.output:
-            with atomic_path(args.output) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+            with _output_file(args.output, "w") as handle:
                 write(handle)
         else:
             write(sys.stdout)
         return
     import pandas as pd
 
-    with atomic_path(args.output) as tmp:
-        pd.DataFrame({**columns, "embedding": list(vectors)}).to_parquet(tmp, index=False)
+    with _output_file(args.output, "wb") as handle:
+        pd.DataFrame({**columns, "embedding": list(vectors)}).to_parquet(handle, index=False)
+
+
+def _special_file(path: str) -> bool:
+    """An existing output that is no regular file (/dev/stdout, a named pipe): written in place."""
+    import os
+    import stat
+
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _output_file(path: str, mode: str):
+    """The output file, opened: a regular file is written aside and renamed into place once
+    complete (io.atomic_path), a device or pipe written directly."""
+    from modsent.io import atomic_path
+
+    encoding = None if "b" in mode else "utf-8"
+    if _special_file(path):
+        with open(path, mode, encoding=encoding) as handle:
+            yield handle
+        return
+    with atomic_path(path) as tmp, open(tmp, mode, encoding=encoding) as handle:
+        yield handle
 
 
 def check_encode_arguments(args: argparse.Namespace) -> None:
@@ -168,7 +195,7 @@ def check_encode_arguments(args: argparse.Namespace) -> None:
 
     if not Path(args.model).is_dir():
         raise InputError(f"--model {args.model}: no such directory (an export, a method's system or results/BASE)")
-    if args.input is not None and not Path(args.input).is_file():
+    if args.input is not None and (not Path(args.input).exists() or Path(args.input).is_dir()):
         raise InputError(f"--input {args.input}: no such file")
     if args.input_format == "parquet" and args.input is None:
         raise InputError("--input-format parquet needs --input FILE")
@@ -406,8 +433,13 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     elif not args.dry_run:
         from huggingface_hub import constants
 
+        from modsent.encoders.tf_checkpoint import converted_root
+
         folders = fetch.download(models, directory)
-        print(f"downloaded {len(folders)} model(s) into the Hub cache {constants.HF_HUB_CACHE}")
+        converted = [folder for folder in folders if converted_root() in folder.parents]
+        print(f"downloaded {len(folders)} model(s) into the Hub cache {constants.HF_HUB_CACHE}"
+              + (f"; {len(converted)} converted from TensorFlow weights into {converted_root()} (the compute "
+                 "nodes need this HF_HOME too)" if converted else ""))
     rules = fetch.input_rules(args.configfile, directory)
     cmd = fetch.input_command(args.configfile, directory, args.cores, rules, ["--dry-run"] if args.dry_run else [],
                               profile=args.profile)

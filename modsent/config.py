@@ -37,14 +37,15 @@ def _unique_key_loader():
                     continue
                 key = self.construct_object(key_node, deep=deep)
                 try:
-                    first = seen.setdefault(key, key_node.start_mark.line)
+                    first = seen.get(key)
                 except TypeError:  # an unhashable key: the base class says so
                     break
-                if first != key_node.start_mark.line:
+                if first is not None:
                     raise yaml.constructor.ConstructorError(
                         "while constructing a mapping", node.start_mark,
                         f"found key {key!r} again (first on line {first + 1}): a later one would silently "
                         "replace it", key_node.start_mark)
+                seen[key] = key_node.start_mark.line
             return super().construct_mapping(node, deep)
 
     return UniqueKeyLoader
@@ -190,9 +191,11 @@ def semantic_errors(config: dict) -> list[str]:
             override = (corpora.get("per_language") or {}).get(lang) or {}
             low, high = override.get("min_chars", corpora.get("min_chars")), override.get("max_chars", corpora.get("max_chars"))
             if isinstance(low, int) and isinstance(high, int) and low > high:
-                where = "corpora.per_language." + lang if {"min_chars", "max_chars"} & set(override) else "corpora"
-                problems.append(f"{where}: min_chars {low} is above max_chars {high} (for {lang}): no sentence "
-                                "would be kept")
+                if {"min_chars", "max_chars"} & set(override):
+                    problems.append(f"corpora.per_language.{lang}: min_chars {low} is above max_chars {high} "
+                                    f"(for {lang}): no sentence would be kept")
+                else:  # the section's own: said once, not once per language
+                    problems.append(f"corpora: min_chars {low} is above max_chars {high}: no sentence would be kept")
     sections = {f"methods.{name}": settings for name, settings in (config.get("methods") or {}).items()}
     sections["alignment"] = config.get("alignment")
     if not (config.get("translation") or {}).get("provided"):

@@ -91,8 +91,9 @@ def hub_models(config: Mapping, directory: str | Path = ".") -> list[HubModel]:
 
 def download(models: list[HubModel], directory: str | Path = ".") -> list[Path]:
     """Download ``models`` into the Hub cache (huggingface_hub's ``snapshot_download``, the
-    :data:`HUB_PATTERNS` files): the local folder of each. A model without safetensors weights
-    at that revision is an InputError naming its key (the loaders read no pickles)."""
+    :data:`HUB_PATTERNS` files): the local folder of each. A T5/mT5 model without safetensors
+    weights at that revision is converted from its TensorFlow weights (its folder is then the
+    conversion's); any other is an InputError naming its key (the loaders read no pickles)."""
     from huggingface_hub import snapshot_download
 
     folders = []

@@ -90,6 +90,12 @@ def test_encode_writes_its_output_whole_or_not_at_all(tmp_path, monkeypatch):
         else:
             assert np.array_equal(np.stack(pd.read_parquet(out)["embedding"]), vectors)
 
+    cli._write_embeddings(args(output=str(tmp_path / "named"), output_format="npy"), ["a"], vectors[:1], ["de"], None)
+    assert np.array_equal(np.load(tmp_path / "named.npy"), vectors[:1])  # np.save's ".npy", as before
+    (tmp_path / "named.npy").unlink()
+    for fmt in ("npy", "jsonl", "parquet"):  # a device is written in place (no temporary beside it in /dev)
+        cli._write_embeddings(args(output="/dev/null", output_format=fmt), ["a"], vectors[:1], ["de"], None)
+
     def broken_save(handle, array):
         handle.write(b"partial")
         raise OSError("disk full")

@@ -110,7 +110,7 @@ CASES = [
     ("model code no stage would run", lambda c: c["base_model"].update(trust_remote_code=True),
      ["base_model.trust_remote_code: true cannot work", "never run a model's own code"]),
     ("min_chars above max_chars", lambda c: c["corpora"].update(min_chars=500, max_chars=10),
-     ["corpora: min_chars 500 is above max_chars 10 (for en)"]),
+     ["corpora: min_chars 500 is above max_chars 10: no sentence would be kept"]),
     ("a language's min_chars above the section's max_chars",
      lambda c: c["corpora"].update(per_language={"de": {"min_chars": 2000}}),
      ["corpora.per_language.de: min_chars 2000 is above max_chars 500 (for de)"]),
@@ -242,6 +242,9 @@ def test_a_config_file_that_is_not_utf8_not_yaml_or_gives_a_key_twice_is_named_w
     line = text.splitlines().index(next(ln for ln in text.splitlines() if ln.startswith("language_adapter:"))) + 1
     expected = {latin1: f"{latin1}: line {text.count(chr(10)) + 1}: not UTF-8 (byte 0xe9)",
                 unclosed: f"{unclosed}\", line", twice: f"found key 'language_adapter' again (first on line {line})"}
+    inline = tmp_path / "inline.yaml"
+    inline.write_text("base_model: {name: m, source: 'builtin:multilingual-e5-small', name: n}\nlanguages: [en, de]\n")
+    expected[inline] = "found key 'name' again (first on line 1)"
     for path, said in expected.items():
         assert main(["check-config", str(path)]) == 1
         err = capsys.readouterr().err

@@ -243,6 +243,18 @@ def test_a_sequence_longer_than_the_base_s_positions_is_refused_before_the_corpu
             model(input_ids=torch.full((1, limit + 1), 5))
 
 
+@pytest.mark.parametrize("config,limit", [
+    ({"model_type": "bert", "max_position_embeddings": 512, "pad_token_id": 0}, 512),  # LaBSE: from 0
+    ({"model_type": "xlm-roberta", "max_position_embeddings": 514, "pad_token_id": 1}, 512),  # after padding
+    ({"model_type": "deberta-v2", "max_position_embeddings": 512, "position_biased_input": False}, None),
+    ({"model_type": "bert", "max_position_embeddings": 512, "position_embedding_type": "relative_key"}, None)])
+def test_the_position_limit_of_each_kind_of_model(tmp_path, config, limit):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert la.position_limit(tmp_path) == limit
+
+
 def test_empty_corpus(tmp_path):
     empty = tmp_path / "e.txt"
     empty.write_text("\n\n", encoding="utf-8")

@@ -19,7 +19,7 @@ from modsent import cli
 from modsent.encoders import tf_checkpoint as tc
 from modsent.encoders import transformer as tf
 from modsent.io import InputError
-from modsent.testing import sample_texts
+from modsent.testing import _sentencepiece, sample_texts
 from test_mst5 import make_tiny_mt5
 
 PREFIX = "tf_mt5_for_conditional_generation"
@@ -47,16 +47,20 @@ def keras_name(key: str) -> tuple[str, str, bool]:
     return scope, f"{PREFIX}/" + "/".join(out) + ":0", transpose
 
 
-def write_keras_h5(state: dict[str, torch.Tensor], path, *, skip=(), rename=None) -> None:
-    """``state`` (a whole MT5ForConditionalGeneration's) as Keras HDF5 weights at ``path``."""
+def write_keras_h5(state: dict[str, torch.Tensor], path, *, skip=(), shared_in_users=False) -> None:
+    """``state`` (a whole MT5ForConditionalGeneration's) as Keras HDF5 weights at ``path``; with
+    ``shared_in_users`` the vocabulary is listed again under the encoder and the decoder, as
+    Keras lists a layer's weights under every layer that uses it."""
     layers: dict[str, list[tuple[str, np.ndarray]]] = {}
     for key, value in state.items():
         if key in skip or key in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
             continue
         layer, name, transpose = keras_name(key)
-        name = (rename or {}).get(name, name)
         array = value.detach().numpy()
         layers.setdefault(layer, []).append((name, array.T if transpose else array))
+        if key == "shared.weight" and shared_in_users:
+            for user in ("encoder", "decoder"):
+                layers.setdefault(user, []).append(("shared/shared/embeddings:0", array))
     with h5py.File(path, "w") as f:
         f.attrs["layer_names"] = [n.encode() for n in layers]
         f.attrs["backend"], f.attrs["keras_version"] = b"tensorflow", b"2.4.0"
@@ -80,10 +84,17 @@ def tf_only(tmp_path_factory):
     state = model.state_dict()
     folder = root / "mt5-tf"
     folder.mkdir()
-    for item in original.iterdir():
-        if item.suffix == ".json" or item.name == "spiece.model":
-            shutil.copy(item, folder / item.name)
-    (folder / "model.safetensors").unlink(missing_ok=True)
+    shutil.copy(original / "config.json", folder / "config.json")
+    # the tokenizer as google/mt5-* ship it: the sentencepiece model (the same one make_tiny_mt5
+    # trains: sentencepiece is deterministic) and its configs, no tokenizer.json
+    proto = _sentencepiece(sample_texts(300), model_type="unigram", vocab_size=300, normalization_rule_name="nmt_nfkc",
+                           pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+    (folder / "spiece.model").write_bytes(proto.SerializeToString())
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>", "extra_ids": 0,
+         "additional_special_tokens": None, "special_tokens_map_file": "", "tokenizer_file": None}))
+    (folder / "special_tokens_map.json").write_text(json.dumps({"eos_token": "</s>", "unk_token": "<unk>",
+                                                                "pad_token": "<pad>"}))
     write_keras_h5(state, folder / "tf_model.h5")
     return folder, state, original
 
@@ -104,6 +115,11 @@ def test_parameter_keys_follow_transformers_tf_names():
         "encoder.final_layer_norm.weight", False)
     assert tc.parameter_key("shared/shared/weight:0") == ("shared.weight", False)
     assert tc.parameter_key(f"shared/{PREFIX}/shared/embeddings:0") == ("shared.weight", False)
+    # the names of TFMT5Model's variables as loaded from the mT5 checkpoints (the old layout: the
+    # vocabulary in its own absolute scope), and a newer layout's second listing of the table
+    assert tc.parameter_key("tfm_t5model/encoder/block_._23/layer_._1/DenseReluDense/wi_1/kernel:0") == (
+        "encoder.block.23.layer.1.DenseReluDense.wi_1.weight", True)
+    assert tc.parameter_key("encoder/shared/shared/embeddings:0") == ("shared.weight", False)
     for skipped in (f"decoder/{PREFIX}/decoder/block_._0/layer_._1/EncDecAttention/k/kernel:0",
                     f"lm_head/{PREFIX}/lm_head/kernel:0", "top_level_model_weights/step:0"):
         assert tc.parameter_key(skipped) == (None, False)
@@ -113,7 +129,8 @@ def test_the_converted_encoder_encodes_as_the_pytorch_checkpoint(tf_only, tmp_pa
     folder, _, original = tf_only
     out = tc.convert(str(folder), tmp_path / "mt5-enc", progress=False)
     names = sorted(p.name for p in out.iterdir())
-    assert "model.safetensors" in names and "config.json" in names and "tokenizer.json" in names
+    assert "model.safetensors" in names and "config.json" in names and "spiece.model" in names
+    assert "tokenizer.json" in names  # the fast tokenizer built once from spiece.model
     assert not [n for n in names if n.endswith((".bin", ".h5", ".pt", ".pkl"))]
     assert json.loads((out / "config.json").read_text())["architectures"] == ["MT5EncoderModel"]
     body, tokenizer = tf.load_encoder_body(out)
@@ -124,6 +141,16 @@ def test_the_converted_encoder_encodes_as_the_pytorch_checkpoint(tf_only, tmp_pa
     torch.testing.assert_close(got, want, rtol=0, atol=0)  # the same float32 numbers, transposed back
     for name, param in body.named_parameters():  # and every parameter, not only what two sentences touch
         torch.testing.assert_close(param, reference.get_parameter(name), rtol=0, atol=0)
+
+
+def test_a_vocabulary_listed_under_each_layer_that_uses_it_is_read_once(tf_only, tmp_path):
+    folder, state, original = tf_only
+    twice = tmp_path / "twice"
+    shutil.copytree(folder, twice)
+    write_keras_h5(state, twice / "tf_model.h5", shared_in_users=True)
+    out = tc.convert(str(twice), tmp_path / "out", progress=False)
+    body, _ = tf.load_encoder_body(out)
+    torch.testing.assert_close(body.get_parameter("shared.weight"), state["shared.weight"], rtol=0, atol=0)
 
 
 def test_a_large_encoder_is_written_in_shards_that_load_the_same(tf_only, tmp_path):
@@ -220,3 +247,49 @@ def test_a_hub_model_without_safetensors_is_converted_once_by_fetch_and_loaded_b
     with pytest.raises(InputError, match=r"^methods\.X\.model: org/bert \(revision main\) has no safetensors "
                                          r"weights, which modsent's loaders need"):
         fetch.download([fetch.HubModel("org/bert", None, "methods.X.model")])
+
+
+def test_a_job_converts_a_hub_model_that_fetch_did_not_convert_and_asks_no_conversion_service(
+        tf_only, tmp_path, monkeypatch):
+    """load_encoder_body by a Hub id whose repository has no safetensors: transformers' loader
+    fails (without asking the Hub's conversion service), and the job converts the TensorFlow
+    weights itself, once, under a lock, then loads them. (The Hub is simulated: its config
+    answers for the id, its weights loader finds no safetensors.)"""
+    import os
+
+    import huggingface_hub
+    import transformers
+    from huggingface_hub import constants
+
+    folder, _, original = tf_only
+    commit = "89abcdef0123456789abcdef0123456789abcdef"
+    snapshot = tmp_path / "hub" / commit
+    shutil.copytree(folder, snapshot)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda **kwargs: str(snapshot))
+    monkeypatch.setattr(constants, "HF_HOME", str(tmp_path / "hf"))
+    real_config = transformers.AutoConfig.from_pretrained
+    real_model = transformers.AutoModelForTextEncoding.from_pretrained
+    hub_calls = []
+
+    def config_from(source, **kwargs):
+        return real_config(str(folder) if source == "google/mt5-tiny" else source, **kwargs)
+
+    def model_from(source, **kwargs):
+        if source == "google/mt5-tiny":
+            hub_calls.append(os.environ.get("DISABLE_SAFETENSORS_CONVERSION"))
+            raise OSError("google/mt5-tiny does not appear to have a file named model.safetensors")
+        return real_model(source, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", config_from)
+    monkeypatch.setattr(transformers.AutoModelForTextEncoding, "from_pretrained", model_from)
+    monkeypatch.delenv("DISABLE_SAFETENSORS_CONVERSION", raising=False)
+    body, tokenizer = tf.load_encoder_body("google/mt5-tiny")
+    assert hub_calls == ["1"] and "DISABLE_SAFETENSORS_CONVERSION" not in os.environ
+    converted = tc.converted_folder("google/mt5-tiny")
+    assert converted is not None and converted.name == commit and (converted / "tokenizer.json").is_file()
+    assert (converted.parent.parent / ".lock").exists()
+    reference, ref_tokenizer = tf.load_encoder_body(original)
+    body.eval(), reference.eval()
+    torch.testing.assert_close(encode(body, tokenizer), encode(reference, ref_tokenizer), rtol=0, atol=0)
+    tf.load_encoder_body("google/mt5-tiny")  # the conversion found by the id: no Hub call
+    assert hub_calls == ["1"]

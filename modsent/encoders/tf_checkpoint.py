@@ -29,7 +29,8 @@ A Hub id is converted once per commit into ``$HF_HOME/modsent/converted`` (laid 
 cache: ``models--ORG--NAME/snapshots/COMMIT``, ``refs/REVISION``), by ``modsent fetch`` on a
 machine with internet access or by the first job that loads it (:func:`hub_encoder`); the
 loaders find it there by the id and revision the config names (:func:`converted_folder`), so a
-config keeps naming ``google/mt5-xxl``.
+config keeps naming ``google/mt5-xxl``. A branch's conversion is kept until it is removed: pin a
+commit (``revision:``) to follow upstream changes deliberately.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ import re
 import shutil
 from pathlib import Path
 
-from modsent.io import InputError, atomic_path
+from modsent.io import InputError, atomic_path, record_added_tokens
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +62,12 @@ def parameter_key(name: str) -> tuple[str | None, bool]:
     parts = [p for p in name.replace(":0", "").split("/") if p]
     if "decoder" in parts or "lm_head" in parts:
         return None, False
+    if "shared" in parts and parts[-1] in ("weight", "embeddings"):
+        # the vocabulary: in its own scope (shared/shared/weight:0), and where a Keras layer that
+        # uses it lists it again (encoder/shared/shared/embeddings:0, newer TF T5 classes)
+        return "shared.weight", False
     if "encoder" in parts:
         parts = parts[len(parts) - 1 - parts[::-1].index("encoder"):]  # from the last "encoder" scope
-    elif "shared" in parts and parts[-1] in ("weight", "embeddings"):
-        return "shared.weight", False
     else:
         return None, False
     key = []
@@ -163,7 +166,7 @@ def locate(files: list[Path], expected: dict[str, tuple[int, ...]]) -> dict[str,
 
             handle.visititems(visit)
     for key, places in found.items():
-        if len(places) > 1:
+        if len(places) > 1 and key != "shared.weight":  # the one table Keras lists under each user
             problems.append(f"{key}: found {len(places)} times ({', '.join(p for _, p, _ in places)})")
     missing = [key for key in expected if key not in found]
     if missing:
@@ -198,6 +201,7 @@ def convert(source: str, output: str | Path, *, revision: str | None = None,
     import h5py
     import numpy as np
     import torch
+    import transformers
     from safetensors.torch import save_file
     from tqdm import tqdm
 
@@ -236,6 +240,10 @@ def convert(source: str, output: str | Path, *, revision: str | None = None,
             for item in TOKENIZER_FILES:
                 if (folder / item).is_file():
                     shutil.copyfile(folder / item, tmp / item)
+            if not (tmp / "tokenizer.json").is_file() and (tmp / "spiece.model").is_file():
+                # the fast tokenizer's file, built once here rather than from spiece.model at every load
+                transformers.AutoTokenizer.from_pretrained(str(tmp), local_files_only=True).save_pretrained(tmp)
+            record_added_tokens(tmp)
     finally:
         bar.close()
         for handle in handles.values():
@@ -275,20 +283,22 @@ def converted_folder(repo_id: str, revision: str | None = None) -> Path | None:
 def hub_encoder(repo_id: str, revision: str | None = None, *, progress: bool = True) -> Path:
     """The converted encoder of the Hub model ``repo_id`` at ``revision``: the conversion made
     before, or its TensorFlow weights downloaded (huggingface_hub's cache) and converted now."""
+    from filelock import FileLock
+
     found = converted_folder(repo_id, revision)
     if found is not None:
         return found
-    snapshot = source_folder(repo_id, revision)
+    snapshot = source_folder(repo_id, revision)  # huggingface_hub's cache: downloaded once
     commit = snapshot.name if _COMMIT.fullmatch(snapshot.name) else (revision or "main")
-    folder = _repo_root(repo_id) / "snapshots" / commit
-    log.warning("%s (revision %s) has no safetensors weights: converting its TensorFlow weights into %s "
-                "(once per commit)", repo_id, revision or "main", folder)
-    try:
-        convert(str(snapshot), folder, progress=progress)
-    except InputError:
-        if not (folder / "config.json").is_file():  # not another process's conversion, finished first
-            raise
-    if (revision or "main") != commit:
-        with atomic_path(_repo_root(repo_id) / "refs" / (revision or "main")) as tmp:
-            tmp.write_text(commit + "\n", encoding="utf-8")
+    root = _repo_root(repo_id)
+    folder = root / "snapshots" / commit
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / ".lock")):  # jobs that start together convert once, one after another
+        if not (folder / "config.json").is_file():
+            log.warning("%s (revision %s) has no safetensors weights: converting its TensorFlow weights into %s "
+                        "(once per commit)", repo_id, revision or "main", folder)
+            convert(str(snapshot), folder, progress=progress)
+        if (revision or "main") != commit:
+            with atomic_path(root / "refs" / (revision or "main")) as tmp:
+                tmp.write_text(commit + "\n", encoding="utf-8")
     return folder

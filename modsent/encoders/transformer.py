@@ -27,6 +27,7 @@ loads it and encodes as the trained model does.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -100,6 +101,10 @@ def load_encoder_body(model_dir_or_hub_id: str | Path, *, dtype: torch.dtype = t
     else:
         model_class = transformers.AutoModel
     transformers.logging.set_verbosity_error()  # "unused decoder / LM head weights" is expected
+    # no conversion by the Hub's service behind the config's back (transformers asks it for a
+    # repository without safetensors on main): its own revision, or modsent's TF conversion below
+    previous = os.environ.get("DISABLE_SAFETENSORS_CONVERSION")
+    os.environ["DISABLE_SAFETENSORS_CONVERSION"] = "1"
     try:
         try:
             body = model_class.from_pretrained(source, config=config, dtype=dtype, use_safetensors=True, **kwargs)
@@ -114,6 +119,10 @@ def load_encoder_body(model_dir_or_hub_id: str | Path, *, dtype: torch.dtype = t
             body = model_class.from_pretrained(source, config=config, dtype=dtype, use_safetensors=True, **kwargs)
     finally:
         transformers.logging.set_verbosity_warning()
+        if previous is None:
+            os.environ.pop("DISABLE_SAFETENSORS_CONVERSION", None)
+        else:
+            os.environ["DISABLE_SAFETENSORS_CONVERSION"] = previous
     tokenizer = transformers.AutoTokenizer.from_pretrained(source, **kwargs)
     body.train()
     return body, tokenizer

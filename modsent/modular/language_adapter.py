@@ -398,7 +398,8 @@ def read_corpus(path: str | Path) -> list[str]:
 
 # models whose learned positions start after the padding index (RoBERTa's convention):
 # max_position_embeddings - (pad_token_id + 1) of them are usable
-_PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet", "data2vec-text")
+_PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet", "data2vec-text",
+                             "roberta-prelayernorm", "xmod", "longformer", "luke", "ibert")
 
 
 def position_limit(base_model_dir: str | Path) -> int | None:
@@ -407,7 +408,8 @@ def position_limit(base_model_dir: str | Path) -> int | None:
     path = Path(base_model_dir) / "config.json"
     config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     limit = config.get("max_position_embeddings")
-    if not isinstance(limit, int) or config.get("position_embedding_type", "absolute") != "absolute":
+    if not isinstance(limit, int) or config.get("position_embedding_type", "absolute") != "absolute" \
+            or config.get("position_biased_input") is False:  # relative positions only (DeBERTa-v2/v3)
         return None
     if config.get("model_type") in _PADDING_OFFSET_POSITIONS:
         limit -= int(config.get("pad_token_id") or 0) + 1
