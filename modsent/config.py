@@ -702,13 +702,19 @@ def _default_roles() -> dict[str, str]:
 
 
 def _coerce_numbers(value, node: dict, schema: dict):
-    """Integers where the schema wants a number become floats (``scale: 20`` means 20.0)."""
+    """Integers where the schema wants a number become floats (``scale: 20`` means 20.0), and
+    whole floats where it wants an integer become integers (``steps: 30.0`` means 30, which
+    jsonschema accepts as an integer)."""
     node = resolve(node, schema) if isinstance(node, dict) else {}
     if isinstance(value, bool):
         return value
     if isinstance(value, int):
         alternatives = [node] + [resolve(alt, schema) for alt in node.get("oneOf", [])]
         return float(value) if any(alt.get("type") == "number" for alt in alternatives) else value
+    if isinstance(value, float) and value.is_integer():
+        alternatives = [node] + [resolve(alt, schema) for alt in node.get("oneOf", [])]
+        types = {alt.get("type") for alt in alternatives}
+        return int(value) if "integer" in types and "number" not in types else value
     if isinstance(value, list):
         items = node.get("items")
         if items is None:

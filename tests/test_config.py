@@ -318,6 +318,25 @@ def test_numbers_are_typed_as_the_schema_says():
     assert repr(normalized["sentence_adapter"]["batch_size"]) == "16"  # an integer stays one
     assert normalized["base_model"]["trust_remote_code"] is False  # a bool is no number
     assert list(normalized) == sorted(normalized)
+    # a whole float where the schema wants an integer (jsonschema accepts 30.0 as one) means the
+    # integer: the params, and so what reruns, are the same as for 30
+    config["language_adapter"]["steps"] = 30.0
+    config["corpora"]["max_sentences"] = 2000.0
+    config["sentence_adapter"]["scale"] = 20.5
+    normalized = normalize_config(filled(config))
+    assert repr(normalized["language_adapter"]["steps"]) == "30" and repr(normalized["corpora"]["max_sentences"]) == "2000"
+    assert normalized["sentence_adapter"]["scale"] == 20.5
+
+
+def test_a_method_s_whole_float_integer_setting_means_the_integer():
+    from modsent.config import fill_method_settings, method_job_settings
+
+    config = {"methods": {"MEXMA": {"max_steps": 8.0, "learning_rate": 1.0e-4}}}
+    fill_method_settings(config)
+    assert repr(config["methods"]["MEXMA"]["max_steps"]) == "8"
+    config_int = {"methods": {"MEXMA": {"max_steps": 8, "learning_rate": 1.0e-4}}}
+    fill_method_settings(config_int)
+    assert repr(method_job_settings(config, "MEXMA")) == repr(method_job_settings(config_int, "MEXMA"))
 
 
 def test_runtime_and_selection_keys_never_reach_the_params():
