@@ -189,7 +189,8 @@ def semantic_errors(config: dict) -> list[str]:
     if isinstance(corpora, dict):
         for lang in [code for code in langs if isinstance(code, str)]:
             override = (corpora.get("per_language") or {}).get(lang) or {}
-            low, high = override.get("min_chars", corpora.get("min_chars")), override.get("max_chars", corpora.get("max_chars"))
+            merged = _merged(config, "corpora", lang)
+            low, high = merged.get("min_chars"), merged.get("max_chars")
             if isinstance(low, int) and isinstance(high, int) and low > high:
                 if {"min_chars", "max_chars"} & set(override):
                     problems.append(f"corpora.per_language.{lang}: min_chars {low} is above max_chars {high} "
@@ -447,6 +448,7 @@ def local_path_errors(config: dict) -> list[str]:
         if error:
             problems.append(f"base_model.source: {error}")
     corpora = config.get("corpora") or {}
+    readers: dict[tuple[str, str], list[str]] = {}  # (key, a local path without {lang}) -> its languages
     for lang in langs:
         override = (corpora.get("per_language") or {}).get(lang) or {}
         key = f"corpora.per_language.{lang}.source" if "source" in override else "corpora.source"
@@ -454,11 +456,6 @@ def local_path_errors(config: dict) -> list[str]:
         error = path and missing(path, lang)
         if error:
             problems.append(f"{key}: {error}")
-    readers: dict[tuple[str, str], list[str]] = {}  # (key, a local path without {lang}) -> its languages
-    for lang in langs:
-        override = (corpora.get("per_language") or {}).get(lang) or {}
-        key = f"corpora.per_language.{lang}.source" if "source" in override else "corpora.source"
-        path = local_path(override.get("source", corpora.get("source", "builtin")), key)
         if path and "{lang}" not in path:
             readers.setdefault((key, path), []).append(lang)
     for (key, path), readers_of in readers.items():
@@ -708,13 +705,11 @@ def _coerce_numbers(value, node: dict, schema: dict):
     node = resolve(node, schema) if isinstance(node, dict) else {}
     if isinstance(value, bool):
         return value
-    if isinstance(value, int):
-        alternatives = [node] + [resolve(alt, schema) for alt in node.get("oneOf", [])]
-        return float(value) if any(alt.get("type") == "number" for alt in alternatives) else value
-    if isinstance(value, float) and value.is_integer():
-        alternatives = [node] + [resolve(alt, schema) for alt in node.get("oneOf", [])]
-        types = {alt.get("type") for alt in alternatives}
-        return int(value) if "integer" in types and "number" not in types else value
+    if isinstance(value, (int, float)):
+        types = {alt.get("type") for alt in [node] + [resolve(alt, schema) for alt in node.get("oneOf", [])]}
+        if isinstance(value, int):
+            return float(value) if "number" in types else value
+        return int(value) if value.is_integer() and "integer" in types and "number" not in types else value
     if isinstance(value, list):
         items = node.get("items")
         if items is None:

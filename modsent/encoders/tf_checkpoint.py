@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import shutil
 from pathlib import Path
@@ -182,9 +183,7 @@ def _shards(expected: dict[str, tuple[int, ...]], shard_bytes: int) -> list[list
     shards: list[list[str]] = [[]]
     size = 0
     for key, shape in expected.items():
-        nbytes = 4
-        for dim in shape:
-            nbytes *= dim
+        nbytes = 4 * math.prod(shape)
         if shards[-1] and size + nbytes > shard_bytes:
             shards.append([])
             size = 0

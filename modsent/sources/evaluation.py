@@ -61,7 +61,7 @@ import pandas as pd
 
 from modsent import languages as registry
 from modsent.evaluation.tasks import KIND_COLUMNS
-from modsent.io import InputError, write_parquet
+from modsent.io import InputError, iter_utf8_lines, write_parquet
 
 log = logging.getLogger(__name__)
 
@@ -773,8 +773,10 @@ def _read_table(path: Path, csv_names: tuple[str, ...] | None = None) -> pd.Data
     except InputError:
         raise
     except UnicodeDecodeError as err:
-        raise InputError(f"{path}: {_utf8_error_place(path) or f'invalid UTF-8 at byte {err.start}'}; the file "
-                         "must be UTF-8") from None
+        if path.suffix not in (".gz", ".parquet"):
+            for _ in iter_utf8_lines(path):  # raises naming the line and the byte in it
+                pass
+        raise InputError(f"{path}: invalid UTF-8 at byte {err.start}; the file must be UTF-8") from None
     except pd.errors.EmptyDataError:
         raise InputError(f"{path}: the file is empty") from None
     except Exception as err:  # pyarrow, json and csv parsers raise many kinds
@@ -796,21 +798,6 @@ def _check_extra_fields(path: Path) -> None:
             if len(fields) > len(header) and any(field.strip() for field in fields[len(header):]):
                 raise InputError(f"{path}: line {number}: {len(fields)} tab-separated fields, but the header "
                                  f"has {len(header)} ({', '.join(header)})")
-
-
-def _utf8_error_place(path: Path) -> str | None:
-    """'line N: invalid UTF-8 at byte B of the line' for an uncompressed file that is not UTF-8."""
-    if path.suffix == ".gz" or path.suffix == ".parquet":
-        return None
-    raw = path.read_bytes()
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        newline = b"\n"
-        start, line = raw.rfind(newline, 0, err.start) + 1, raw.count(newline, 0, err.start) + 1
-        return (f"line {line}: invalid UTF-8 at byte {err.start - start} of the line "
-                f"({raw[max(start, err.start - 10):err.start + 10]!r})")
-    return None
 
 
 def _read_files(paths: list[Path], csv_names) -> pd.DataFrame:
