@@ -173,6 +173,42 @@ def test_summary_tables_and_plots(subsets, tmp_path):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_summary_legend_follows_the_scores_and_lists_what_averages_leave_out(tmp_path):
+    """The xsim legend names the margin and k the scores were computed with (not always the
+    defaults); a language a task skipped for its size and a score that is not finite are listed
+    under the table, outside the average; the pointer to the per-language tables resolves from
+    the summary's own directory."""
+    bitext = {"variant": "V", "dataset": "flores", "task": "bitext", "kind": "parallel",
+              "languages": ["en", "de", "ky"], "missing_languages": [],
+              "scores": {"xsim": {"average": 10.0, "values": {"en-de": 10.0, "de-en": float("nan")},
+                                  "k": 2, "margin": "distance"},
+                         "rsim": {"average": None, "values": {"de-en": None}}}}
+    paraphrase = {"variant": "V", "dataset": "pairs", "task": "paraphrase", "kind": "paraphrase",
+                  "languages": ["de", "ky"], "missing_languages": [],
+                  "scores": {"error": {"average": 5.0, "values": {"de": 5.0}, "k": 2, "margin": "distance",
+                                       "skipped_languages": {"ky": "2 pairs, k = 2"}}}}
+    paths = []
+    for result in (bitext, paraphrase):
+        paths.append(tmp_path / "scores" / f"{result['dataset']}.json")
+        ev.write_scores(paths[-1], result)
+    out = tmp_path / "results"
+    ev.aggregate(paths, ["V"], csv_path=out / "summary.csv", md_path=out / "summary.md",
+                 plot_path=out / "eval" / "summary.png", heatmap_path=out / "eval" / "xsim.png",
+                 per_language_dir=out / "eval" / "per_language")
+    md = (out / "summary.md").read_text(encoding="utf-8")
+    assert "distance margin, k = 2" in md and "k = 4" not in md
+    assert "- V: BM flores xsim err ↓: no finite score for de-en" in md
+    assert "- V: RSIM flores: no finite score for de-en" in md
+    assert "- V: PM pairs err ↓: ky skipped (2 pairs, k = 2)" in md
+    assert "`eval/per_language/flores_xsim.md`" in md
+    assert (out / "eval/per_language/flores_xsim.md").is_file()
+    for table in ("flores_xsim", "pairs_error"):
+        note = (out / "eval" / "per_language" / f"{table}.md").read_text(encoding="utf-8")
+        assert "distance margin, k = 2" in note and "k = 4" not in note
+    assert ev.xsim_setting([{"k": 4, "margin": "absolute"}, {"k": 4, "margin": "ratio"}]) \
+        == "plain cosine; ratio margin, k = 4"
+
+
 def test_subset_names():
     assert ev.subset_languages("de") == ["de"]
     assert ev.subset_languages("en-de") == ["en", "de"]

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shutil
 import warnings
 from collections.abc import Sequence
@@ -263,27 +264,62 @@ def per_language_frames(results: Sequence[dict], variants: Sequence[str]) -> dic
             frame.attrs["unit"] = "pearson"
         frame = frame.reindex([v for v in variants if v in frame.index])
         frame.index.name = "variant"
+        if metrics[key] in ("xsim", "error"):
+            frame.attrs["xsim"] = xsim_setting([r["scores"][metrics[key]] for r in results
+                                                if f"{r['dataset']}_{metrics[key]}" == key])
         out[key] = frame
     return out
 
 
 METRIC_NOTES = {
-    "xsim": "xsim error rate in % per source-target pair (ratio margin, k = 4); lower is better.",
+    "xsim": "xsim error rate in % per source-target pair ({xsim}); lower is better.",
     "language_bias": "bilingual minus pooled multilingual Spearman ×100 per language pair; lower is better.",
     "rsim": "Pearson correlation of within-language similarity sets per language pair; higher is better.",
     "mono": "Spearman ×100 (STS/STR) or accuracy ×100 (TC) per language; higher is better.",
     "cross": "Spearman ×100 per language pair; higher is better.",
     "zero_shot": "accuracy ×100, trained on English, per language; higher is better.",
-    "error": "paraphrase mining error rate in % per language (xsim inside the language, ratio margin, "
-             "k = 4, mean of both directions); lower is better.",
+    "error": "paraphrase mining error rate in % per language (xsim inside the language, {xsim}, "
+             "mean of both directions); lower is better.",
 }
+
+
+def xsim_setting(entries: Sequence[dict]) -> str | None:
+    """How the xsim scores in ``entries`` (score entries with ``k`` and ``margin``) were scored,
+    e.g. "ratio margin, k = 4"; "plain cosine" for the absolute margin (k plays no part there);
+    several settings joined with "; "; None when no entry says."""
+    settings = sorted({(entry["margin"], entry["k"]) for entry in entries if "margin" in entry and "k" in entry})
+    if not settings:
+        return None
+    return "; ".join("plain cosine" if margin == "absolute" else f"{margin} margin, k = {k}"
+                     for margin, k in settings)
+
+
+def _xsim_entries(results: Sequence[dict], metrics: Sequence[str] = ("xsim", "error")) -> list[dict]:
+    return [entry for result in results for metric, entry in result["scores"].items() if metric in metrics]
 
 
 def _per_language_note(frame: pd.DataFrame) -> str:
     """What a per-language table's cells are and which way is better."""
     metric = frame.attrs.get("metric", "")
-    return "Rows: variants; columns: languages or language pairs. " + METRIC_NOTES.get(
-        metric, f"{metric}; see the summary's legend.")
+    note = METRIC_NOTES.get(metric, f"{metric}; see the summary's legend.")
+    return "Rows: variants; columns: languages or language pairs. " + note.format(
+        xsim=frame.attrs.get("xsim") or "the margin and k of the evaluation settings")
+
+
+def left_out(results: Sequence[dict]) -> list[str]:
+    """Scores an average leaves out, one line each: a language (pair) whose value is not a finite
+    number (e.g. a constant similarity), and a language a task skipped for its size."""
+    lines = []
+    for result in results:
+        for metric, entry in result["scores"].items():
+            where = f"{result['variant']}: {_column(result, metric)}"
+            values = entry.get("values") if isinstance(entry.get("values"), dict) else {}
+            undefined = [key for key, value in values.items() if value is None or not math.isfinite(value)]
+            if undefined:
+                lines.append(f"{where}: no finite score for {', '.join(undefined)}")
+            for lang, why in (entry.get("skipped_languages") or {}).items():
+                lines.append(f"{where}: {lang} skipped ({why})")
+    return lines
 
 
 def _markdown(frame: pd.DataFrame, digits: int = 1) -> str:
@@ -402,11 +438,12 @@ def aggregate(score_paths: Sequence[str | Path], variants: Sequence[str], *, csv
         frame.to_csv(tmp, float_format="%.4f")
     missing = sorted({(dataset, lang) for dataset, langs in (missing or {}).items() for lang in langs}
                      | {(r["dataset"], lang) for r in results for lang in r.get("missing_languages", [])})
+    xsim = xsim_setting(_xsim_entries(results))
     lines = [f"# Evaluation summary{f' · {base}' if base else ''}", "",
              "Rows: variants. Columns: task, dataset and score, averaged over languages (or language pairs). "
-             "STS/STR: Spearman ×100; BM: xsim error rate % (ratio margin, k = 4; lower is better); "
+             f"STS/STR: Spearman ×100; BM: xsim error rate % ({xsim + '; ' if xsim else ''}lower is better); "
              "TC: accuracy ×100; PM: monolingual paraphrase mining error % (lower is better); "
-             "bias: bilingual minus pooled Spearman ×100; RSIM: Pearson.", "",
+             "bias: bilingual minus pooled Spearman ×100; RSIM: Pearson. Higher is better where not said.", "",
              _markdown(frame)]
     if missing:
         by_dataset: dict[str, list[str]] = {}
@@ -414,6 +451,9 @@ def aggregate(score_paths: Sequence[str | Path], variants: Sequence[str], *, csv
             by_dataset.setdefault(dataset, []).append(lang)
         lines += ["", "Languages skipped (not in the dataset): "
                   + "; ".join(f"{d}: {', '.join(langs)}" for d, langs in by_dataset.items()), ""]
+    outside = left_out(results)
+    if outside:
+        lines += ["", "Left out of the averages:", ""] + [f"- {line}" for line in outside] + [""]
     per_language_dir = Path(per_language_dir)
     tables = per_language_frames(results, variants)
     with atomic_path(per_language_dir, directory=True) as tmp:
@@ -422,7 +462,8 @@ def aggregate(score_paths: Sequence[str | Path], variants: Sequence[str], *, csv
             text = f"# {key}\n\n{_per_language_note(table)}\n\n" + _markdown(table)
             (tmp / f"{key}.md").write_text(text, encoding="utf-8")
             (tmp / f"{key}.html").write_text(markdown_to_html(text), encoding="utf-8")
-    lines += ["", "Per-language tables: " + ", ".join(f"`{per_language_dir.name}/{k}.md`" for k in sorted(tables)), ""]
+    where = Path(os.path.relpath(per_language_dir, Path(md_path).parent)).as_posix()
+    lines += ["", "Per-language tables: " + ", ".join(f"`{where}/{k}.md`" for k in sorted(tables)), ""]
     with atomic_path(md_path) as tmp:
         Path(tmp).write_text("\n".join(lines), encoding="utf-8")
     if html_path is not None:
