@@ -23,8 +23,10 @@ from tiny_modules import (assert_same_model, assert_stored_in_half, counted_trai
                           recorded_training_data, tiny_base_and_data)
 
 LANGS = ["en", "de", "ky"]
-# the built-in pairs have no mnli rows; a tiny random model moves only with a large learning rate
-SETTINGS = {"datasets": None, "eval_pairs": 10, "batch_size": 8, "max_steps": 3, "learning_rate": 1e-3,
+# the built-in pairs have no mnli rows, and their negatives are other countries, not contradictions
+# (the demo's choice; test_weak_pairs_with_contradictions covers the default); a tiny random
+# model moves only with a large learning rate
+SETTINGS = {"datasets": None, "contradictions": False, "eval_pairs": 10, "batch_size": 8, "max_steps": 3, "learning_rate": 1e-3,
             "warmup_steps": 1, "log_every": 1, "seq_len": 32}
 TEXTS = ["Hallo Welt", "Guten Morgen, wie geht es dir?", "Салам дүйнө", "A short English sentence."]
 
@@ -174,6 +176,34 @@ def test_weak_pairs_are_mono_and_english_crosslingual_of_one_pair_id(data):
 
     sampled = dp.build_pairs(data["paths"], None, config(max_pairs=50))
     assert len(sampled.rows) == 50 and set(sampled.rows["text_a"]) <= set(rows["text_a"])
+
+
+def test_weak_pairs_with_contradictions_pair_each_anchor_with_both_hypotheses(data):
+    """The default, as the paper trains on XNLI with its labels dropped: every pair of the
+    anchor/positive set again with the row's negative (the contradiction) as second side, mono
+    and English<->X, where the row has one; rows without a negative add nothing."""
+    plain = dp.build_pairs(data["paths"], None, config()).rows
+    both = dp.build_pairs(data["paths"], None, config(contradictions=True))
+    rows = both.rows
+    indexed = {lang: pd.read_parquet(p).set_index("pair_id") for lang, p in data["paths"].items()}
+    negatives = {(lang, pair_id): text for lang, frame in indexed.items()
+                 for pair_id, text in frame["negative"].items() if isinstance(text, str) and text.strip()}
+    with_negative = rows[[(row.lang_b, row.group) in negatives and row.text_b == negatives[row.lang_b, row.group]
+                          for row in rows.itertuples(index=False)]]
+    for row in rows.itertuples(index=False):
+        assert row.text_a == indexed[row.lang_a].at[row.group, "anchor"]
+        assert row.text_b in (indexed[row.lang_b].at[row.group, "positive"], negatives.get((row.lang_b, row.group)))
+    # the anchor/positive pairs are all still there, in the same order
+    positive = rows[[row.text_b == indexed[row.lang_b].at[row.group, "positive"] for row in rows.itertuples(index=False)]]
+    pd.testing.assert_frame_equal(positive.reset_index(drop=True), plain)
+    # one contradiction pair per (pair id, direction) whose second language's row has a negative
+    ids = set(plain["group"])
+    expected = sum(1 for group in ids for lang_a, lang_b in
+                   [(x, x) for x in LANGS] + [(a, b) for x in LANGS if x != "en" for a, b in (("en", x), (x, "en"))]
+                   if (lang_b, group) in negatives and indexed[lang_a].at[group, "anchor"] != negatives[lang_b, group])
+    assert len(with_negative) == expected > 0.5 * len(plain)
+    assert set(rows["kind"]) == {"mono", "cross"}
+    assert DuEAMConfig().contradictions  # the default
 
 
 def test_unsupervised_pairs_re_pair_the_same_sentences_across_pair_ids(data):

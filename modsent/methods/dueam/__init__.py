@@ -13,8 +13,9 @@ computed once in its own workflow stage and cached by content. The losses are
 
 Registered systems (a config enables any of them under ``methods:``):
 
-    DuEAM-weak      weakly supervised pairs: the real anchor/positive pairs (XNLI's premise and
-                    hypothesis: the ``mnli`` rows), mono (en-en, X-X) and cross-lingual (English
+    DuEAM-weak      weakly supervised pairs: the real premise/hypothesis pairs of XNLI (the
+                    ``mnli`` rows: anchor + positive, and anchor + negative, the contradiction;
+                    the labels are not used), mono (en-en, X-X) and cross-lingual (English
                     premise + X hypothesis, and the reverse)                  joint loss
     DuEAM-unsup     the same pairs randomly re-paired (no supervision)        joint loss
     DuEAM-parallel  English sentence + its translation (the translations)    joint loss
@@ -113,6 +114,10 @@ def settings_schema(*, data: str, objective: str) -> dict[str, dict]:
                      "default": ["mnli"],
                      "description": "the paraphrase datasets (the pair files' dataset column) whose "
                                     "anchor/positive pairs are used (XNLI premise/hypothesis: mnli); null: all rows"},
+        "contradictions": {"type": "boolean", "default": True,
+                           "description": "weak pairs: each anchor also paired with its row's negative (an NLI "
+                                          "row's contradiction), as the paper trains on XNLI's premise/hypothesis "
+                                          "pairs with the labels dropped; false: anchor/positive pairs only"},
         "max_pairs": {"oneOf": [{"type": "null"}, _COUNT], "default": None,
                       "description": "at most this many training pairs (a seeded sample; with "
                                      "weak+parallel, of each part); null: all"},

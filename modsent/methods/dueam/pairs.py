@@ -3,8 +3,11 @@ WMD stage scores exactly the pairs the training reads.
 
 Sources. The multi-parallel paraphrase files ``results/paraphrase/{lang}.parquet`` (``pair_id,
 dataset, anchor, positive, negative``: the same pair ids in every language) stand in for XNLI:
-the rows of the datasets in ``datasets`` (default ``mnli``: premise = anchor, hypothesis =
-positive; the labels are not used) of every language. The translations
+the rows of the datasets in ``datasets`` (default ``mnli``: premise = anchor, hypotheses =
+positive and negative, the entailed and the contradicting one; the labels are not used) of every
+language. XNLI's neutral hypotheses have no counterpart: the paraphrase files hold NLI rows as
+(premise, entailment, contradiction) triplets, so the weak pairs are two of XNLI's three per
+premise. The translations
 ``results/translation/{lang}.parquet`` (``unit_id, text, translation``) give parallel pairs.
 
 Held out: ``split_heldout`` on the English (pivot) rows picks ``eval_pairs`` pair ids (the rule
@@ -17,6 +20,9 @@ Data settings (``data``):
   positive in L) of every language L (en-en, X-X), and the cross-lingual pairs (English anchor,
   positive in X) and (anchor in X, English positive) of every other language X: the paper's
   premise/hypothesis pairs with the hypothesis (or the premise) replaced by its translation.
+  With ``contradictions`` (the default) the same pairs again with the row's negative in place of
+  its positive, where the row has one (the paper drops XNLI's labels: a premise is paired with
+  its contradiction as with its entailment).
 - ``unsup`` (:func:`unsupervised_pairs`): the weak pairs with their second sides randomly
   re-paired (a seeded permutation with no pair keeping a second side of its own pair id), so
   the pairs hold the same sentences and languages and no relation.
@@ -90,7 +96,7 @@ def read_pair_file(path: str | Path, lang: str, datasets, key: str = "datasets")
     return pd.DataFrame({"pair_id": frame["pair_id"].to_numpy(),
                          "anchor": frame["anchor"].str.strip().to_numpy(),
                          "positive": frame["positive"].str.strip().to_numpy(),
-                         "negative": negative.map(lambda t: t.strip() if isinstance(t, str) else None).to_numpy()})
+                         "negative": negative.map(lambda t: (t.strip() or None) if isinstance(t, str) else None).to_numpy()})
 
 
 def read_translation_file(path: str | Path, lang: str) -> pd.DataFrame:
@@ -114,22 +120,27 @@ def _frame(group, kind, lang_a, text_a, lang_b, text_b) -> pd.DataFrame:
                          "lang_b": lang_b, "text_b": text_b})[PAIR_COLUMNS]
 
 
-def weak_pairs(train: Mapping[str, pd.DataFrame], pivot: str) -> pd.DataFrame:
+def weak_pairs(train: Mapping[str, pd.DataFrame], pivot: str, contradictions: bool = False) -> pd.DataFrame:
     """Mono pairs of every language and pivot<->X cross pairs, for every pair id all languages
-    share (rows grouped by pair id)."""
+    share (rows grouped by pair id): each anchor with its positive and, with ``contradictions``,
+    with its negative too where both languages' rows have one."""
     langs = sorted(train)
     indexed = {lang: frame.set_index("pair_id") for lang, frame in train.items()}
     ids = sorted(set.intersection(*(set(frame.index) for frame in indexed.values())))
     if not ids:
         return pd.DataFrame(columns=PAIR_COLUMNS)
     anchor = {lang: indexed[lang].loc[ids, "anchor"].to_numpy(dtype=object) for lang in langs}
-    positive = {lang: indexed[lang].loc[ids, "positive"].to_numpy(dtype=object) for lang in langs}
-    parts = [_frame(ids, "mono", lang, anchor[lang], lang, positive[lang]) for lang in langs]
-    for lang in langs:
-        if lang != pivot:
-            parts.append(_frame(ids, "cross", pivot, anchor[pivot], lang, positive[lang]))
-            parts.append(_frame(ids, "cross", lang, anchor[lang], pivot, positive[pivot]))
+    parts = []
+    for column in ("positive", "negative") if contradictions else ("positive",):
+        second = {lang: indexed[lang].loc[ids, column].to_numpy(dtype=object) for lang in langs}
+        pairs = [(lang, lang) for lang in langs] + [pair for lang in langs if lang != pivot
+                                                    for pair in ((pivot, lang), (lang, pivot))]
+        for lang_a, lang_b in pairs:
+            kind = "mono" if lang_a == lang_b else "cross"
+            frame = _frame(ids, kind, lang_a, anchor[lang_a], lang_b, second[lang_b])
+            parts.append(frame[frame["text_b"].map(lambda t: isinstance(t, str))])
     rows = pd.concat(parts, ignore_index=True)
+    rows = rows.drop_duplicates(["group", "lang_a", "text_a", "lang_b", "text_b"])  # a negative spelt as the positive
     return rows.sort_values("group", kind="stable").reset_index(drop=True)
 
 
@@ -180,6 +191,7 @@ def parallel_pairs(translations: Mapping[str, pd.DataFrame], pivot: str, exclude
     if not parts:
         return pd.DataFrame(columns=PAIR_COLUMNS)
     rows = pd.concat(parts, ignore_index=True)
+    rows = rows.drop_duplicates(["group", "lang_a", "text_a", "lang_b", "text_b"])  # a negative spelt as the positive
     return rows.sort_values("group", kind="stable").reset_index(drop=True)
 
 
@@ -207,7 +219,7 @@ def build_pairs(pairs_paths: Mapping[str, str | Path], translation_paths: Mappin
     held_ids = set(frames[pivot]["pair_id"]) - set(train[pivot]["pair_id"])
     parts, stats = [], {}
     if cfg.data in ("weak", "unsup", "weak+parallel"):
-        weak = weak_pairs(train, pivot)
+        weak = weak_pairs(train, pivot, cfg.contradictions)
         weak, identical = _drop_identical(weak)
         stats["weak_identical_dropped"] = identical
         if cfg.data == "unsup":

@@ -18,7 +18,7 @@ GROUND_COSTS = ("euclidean", "sqeuclidean", "cosine")
 LAMBDA = 0.003  # the paper's weight of L_B
 
 # the settings that decide the pairs, and those that decide a pair's WMD: the WMD jobs' params
-PAIR_KEYS = ("data", "datasets", "eval_pairs", "max_pairs", "seed")
+PAIR_KEYS = ("data", "datasets", "contradictions", "eval_pairs", "max_pairs", "seed")
 ANCHOR_KEYS = ("model", "revision", "anchor_model", "anchor_revision", "anchor_layer", "token_weights",
                "special_tokens", "normalize_tokens", "ground_cost", "anchor_max_length")
 
@@ -54,6 +54,7 @@ class DuEAMConfig:
     ground_cost: str = "euclidean"
     anchor_max_length: int | None = None
     datasets: tuple[str, ...] | None = ("mnli",)
+    contradictions: bool = True  # weak pairs: each anchor with its row's negative too
     max_pairs: int | None = None
     eval_pairs: int = 500
     learning_rate: float = 2e-5
