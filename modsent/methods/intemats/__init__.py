@@ -53,8 +53,9 @@ _LAYERS = {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"type"
 
 def _training_schema(*, epochs: int, warmup_steps: int) -> dict[str, dict]:
     """The settings every InteMATs stage has (the paper's: batch 8 x accumulation 2, lr 5e-5,
-    10K warm-up steps, 5 epochs per adapter set, max length 384; weight decay 1e-4 and clipping
-    at 1.0 from the authors' GranCATs code)."""
+    10K warm-up steps, 5 epochs per adapter set, max length 384; Adam without weight decay, as
+    the paper and the authors' GranCATs code train (its --weight_decay 1e-4 reaches no optimizer),
+    and clipping at 1.0 from that code)."""
     return {
         "pooling_layers": {**_LAYERS, "default": [-2],
                            "description": "hidden states averaged, then mean-pooled over the real tokens, in "
@@ -77,8 +78,9 @@ def _training_schema(*, epochs: int, warmup_steps: int) -> dict[str, dict]:
                       "description": "if set, replaces epochs: this many optimizer steps"},
         "warmup_steps": {"type": "integer", "minimum": 0, "default": warmup_steps,
                          "description": "linear warm-up steps, then linear decay to zero"},
-        "weight_decay": {"type": "number", "minimum": 0, "default": 1e-4,
-                         "description": "AdamW weight decay of the weight matrices (GranCATs: 1e-4)"},
+        "weight_decay": {"type": "number", "minimum": 0, "default": 0.0,
+                         "description": "AdamW weight decay of the weight matrices (the paper's Adam: none; "
+                                        "GranCATs declares 1e-4 but its optimizer never receives it)"},
         "max_grad_norm": {"type": "number", "exclusiveMinimum": 0, "default": 1.0},
         "max_length": {"type": "integer", "minimum": 3, "default": 384,
                        "description": "maximum tokens per text (paper: 384); longer texts are truncated"},

@@ -111,7 +111,7 @@ class InteMATsConfig:
     epochs: int = 5
     max_steps: int | None = None
     warmup_steps: int = 10000
-    weight_decay: float = 1e-4
+    weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     max_length: int = 384
     eval_pairs: int = 500
