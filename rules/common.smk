@@ -353,8 +353,13 @@ def ablation_alignment_inputs(wildcards):
 def full_baseline_settings(wildcards):
     """The training settings without the choice of systems (selection keys) or how the job
     runs (runtime keys: gpus, checkpoint_every, log_every; the script reads them from the
-    config)."""
-    return seeded(job_settings("baselines"), wildcards)
+    config). monolingual_epoch only where it decides the batches, Full_m's: Full_en has one
+    language, Full_c and Full_mc's own training are cross-lingual (Full_mc follows Full_m
+    through its weights)."""
+    settings = job_settings("baselines")
+    if wildcards.name != "Full_m":
+        settings.pop("monolingual_epoch", None)
+    return seeded(settings, wildcards)
 
 
 def ablation_alignment_settings(wildcards):

@@ -80,8 +80,41 @@ PASSES: dict[str, tuple[int, int]] = {}  # each baseline's real tokens and their
 # ---- batching ----------------------------------------------------------------------------------
 
 
-def test_full_m_batches_are_monolingual_languages_drawn_per_batch_every_pair_once(frames):
-    data = bl.monolingual_data(frames, 8, seed=0)
+def test_full_m_epochs_over_pair_ids_take_each_batch_in_a_language_drawn_at_random(frames):
+    """monolingual_epoch: pair_ids (the paper's): an epoch is the pivot's batches of pair ids,
+    so Full_m trains as many steps as Full_c; each batch in one language drawn at random (every
+    language drawn), its rows those pair ids in that language, no text twice; every pair id at
+    most once per epoch; seeded; one language (Full_en) gives the batches of the other reading."""
+    data = bl.monolingual_data(frames, 8, seed=0, epoch_of="pair_ids")
+    pivot_batches = sa.no_duplicate_batches(frames["en"], 8, bl.language_seed(0, "en"), 0)
+    batches = data.epoch_batches(0)
+    assert len(pivot_batches) - 2 <= len(batches) <= len(pivot_batches)  # (a batch whose rows clash may drop)
+    assert len(batches) < len(bl.monolingual_data(frames, 8, seed=0).epoch_batches(0)) / (len(frames) - 1)
+    languages, used = [], Counter()
+    for batch, ids in zip(batches, pivot_batches):
+        rows = data.rows.iloc[batch]
+        assert rows["language"].nunique() == 1 and _no_text_twice(rows)
+        languages.append(rows["language"].iloc[0])
+        used.update(rows["pair_id"])
+    assert max(used.values()) == 1 and len(used) > 0.9 * len(frames["en"])  # each pair id once, in one language
+    assert set(languages) == set(frames)  # every language drawn, in no fixed order
+    assert sum(a != b for a, b in zip(languages, languages[1:])) > len(languages) // 3
+    # a batch is the pivot batch's pair ids in its language
+    for batch, ids in zip(batches[:5], pivot_batches[:5]):
+        rows = data.rows.iloc[batch]
+        assert set(rows["pair_id"]) <= set(frames["en"]["pair_id"].iloc[ids])
+    assert data.epoch_batches(1) != batches
+    assert bl.monolingual_data(frames, 8, seed=0, epoch_of="pair_ids").epoch_batches(1) == data.epoch_batches(1)
+    english = {"en": frames["en"]}
+    assert bl.monolingual_data(english, 8, 0, epoch_of="pair_ids").epoch_batches(0) \
+        == bl.monolingual_data(english, 8, 0, epoch_of="languages").epoch_batches(0)
+    assert bl.FullTrainingConfig().monolingual_epoch == "pair_ids"
+    with pytest.raises(InputError, match="monolingual_epoch must be one of pair_ids, languages"):
+        bl.FullTrainingConfig(monolingual_epoch="sentences")
+
+
+def test_full_m_epochs_over_languages_use_every_pair_of_every_language_once(frames):
+    data = bl.monolingual_data(frames, 8, seed=0, epoch_of="languages")
     assert len(data.rows) == sum(len(f) for f in frames.values())
     for epoch in range(3):
         batches = data.epoch_batches(epoch)
@@ -345,7 +378,8 @@ RESUME_CFG = bl.FullTrainingConfig(batch_size=32, seq_len=32, learning_rate=1e-3
 
 
 def test_a_resumed_run_sees_the_batches_of_an_unbroken_one(frames):
-    for data in (bl.monolingual_data(frames, 32, seed=0), bl.crosslingual_data(frames, 32, seed=0)):
+    for data in (bl.monolingual_data(frames, 32, seed=0), bl.monolingual_data(frames, 32, seed=0, epoch_of="pair_ids"),
+                 bl.crosslingual_data(frames, 32, seed=0)):
         per_epoch = len(data.epoch_batches(0))
         total = 2 * per_epoch + 3
         unbroken = list(bl.iter_steps(data, total))

@@ -76,7 +76,8 @@ from modsent.evaluation.plots import write_loss_curve
 from modsent.training import checkpoints, efficiency, fastpath, schedules
 from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate
-from modsent.training.pairs import last_epoch_kept, no_duplicate_batches, read_pairs, split_heldout, steps_of_epochs
+from modsent.training.pairs import (PAIR_TEXT_COLUMNS, last_epoch_kept, no_duplicate_batches, read_pairs, split_heldout,
+                                   steps_of_epochs)
 from modsent.training.precision import autocast, default_device, grad_scaler
 from modsent.schema import STORAGE_DTYPES
 from modsent.training.seeding import dropout_seed
@@ -97,6 +98,7 @@ class FullTrainingConfig:
     seq_len: int = 128
     learning_rate: float = 2e-5
     epochs: int = 3
+    monolingual_epoch: str = "pair_ids"  # Full_m's epoch: each pair id once (the paper's) or "languages"
     warmup_ratio: float = 0.1
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
@@ -134,6 +136,9 @@ class FullTrainingConfig:
             raise InputError(f"baselines.checkpoint_every must be at least 1, got {self.checkpoint_every}")
         if self.storage_dtype not in STORAGE_DTYPES:
             raise InputError(f"baselines.storage_dtype must be one of {', '.join(STORAGE_DTYPES)}, got {self.storage_dtype!r}")
+        if self.monolingual_epoch not in MONOLINGUAL_EPOCHS:
+            raise InputError(f"baselines.monolingual_epoch must be one of {', '.join(MONOLINGUAL_EPOCHS)}, "
+                             f"got {self.monolingual_epoch!r}")
 
 
 # ---- data --------------------------------------------------------------------------------------
@@ -198,15 +203,33 @@ class TrainingData:
         self.epoch_batches = last_epoch_kept(self.epoch_batches)
 
 
+MONOLINGUAL_EPOCHS = ("pair_ids", "languages")
+
+
 def monolingual_data(frames: Mapping[str, pd.DataFrame], batch_size: int, seed: int,
-                     length_groups: int = 1) -> TrainingData:
-    """Full_en / Full_m: every language's pairs stacked (column ``language``); an epoch is every
-    language's ``no_duplicate_batches`` (seed: :func:`language_seed`; ``length_groups``: grouped
-    by length) shuffled together, so a batch holds one language, the language of each step is
-    drawn at random, and every pair of every language is used once per epoch."""
+                     length_groups: int = 1, epoch_of: str = "languages") -> TrainingData:
+    """Full_en / Full_m: every language's pairs stacked (column ``language``); each batch holds
+    one language. What an epoch is (``epoch_of``):
+
+    - ``pair_ids`` (Full_m's default, the paper's: "each batch is monolingual, language randomly
+      sampled for each batch", 3 epochs "on the 600K monolingual paraphrase data", as many
+      steps as Full_c): the pivot's ``no_duplicate_batches`` (seed: :func:`language_seed`;
+      ``length_groups``: grouped by length), each batch then taken in a language drawn
+      uniformly at random (seeded by seed and epoch): its rows of those pair ids, less the ids
+      the language lacks and a row repeating a text already in the batch. Each pivot pair id is
+      used once per epoch, in one language.
+    - ``languages``: every language's ``no_duplicate_batches`` shuffled together, so the
+      language of each step is random and every pair of every language is used once per
+      epoch (as many times more steps as there are languages).
+
+    With one language (Full_en) both are the same batches."""
+    if epoch_of not in MONOLINGUAL_EPOCHS:
+        raise InputError(f"monolingual_epoch {epoch_of!r}: expected one of {', '.join(MONOLINGUAL_EPOCHS)}")
     langs = sorted(frames)
     rows = pd.concat([frames[lang].assign(language=lang) for lang in langs], ignore_index=True)
     offsets = np.cumsum([0] + [len(frames[lang]) for lang in langs])
+    if epoch_of == "pair_ids" and len(langs) > 1:
+        return TrainingData(rows, _per_batch_language(frames, langs, offsets, rows, batch_size, seed, length_groups))
 
     def epoch_batches(epoch: int) -> list[list[int]]:
         batches = []
@@ -218,6 +241,37 @@ def monolingual_data(frames: Mapping[str, pd.DataFrame], batch_size: int, seed: 
         return [batches[i] for i in order]
 
     return TrainingData(rows, epoch_batches)
+
+
+def _per_batch_language(frames: Mapping[str, pd.DataFrame], langs: list[str], offsets, rows: pd.DataFrame,
+                        batch_size: int, seed: int, length_groups: int) -> Callable[[int], list[list[int]]]:
+    """``monolingual_data``'s ``pair_ids`` epochs: the pivot's batches of pair ids, each taken in
+    a language drawn at random (row indices into ``rows``)."""
+    pivot = pivot_language(langs)
+    where = {lang: dict(zip(frames[lang]["pair_id"].astype(str), range(int(offset), int(offset) + len(frames[lang]))))
+             for lang, offset in zip(langs, offsets)}
+    texts = [tuple(t for t in row if isinstance(t, str))
+             for row in rows[list(PAIR_TEXT_COLUMNS)].itertuples(index=False)]
+    pivot_ids = frames[pivot]["pair_id"].astype(str).tolist()
+
+    def epoch_batches(epoch: int) -> list[list[int]]:
+        id_batches = no_duplicate_batches(frames[pivot], batch_size, language_seed(seed, pivot), epoch,
+                                          length_groups=length_groups)
+        drawn = np.random.default_rng([seed, epoch, 2]).integers(len(langs), size=len(id_batches))
+        batches = []
+        for batch, pick in zip(id_batches, drawn):
+            chosen, seen = [], set()
+            for index in batch:
+                row = where[langs[pick]].get(pivot_ids[index])
+                if row is None or any(t in seen for t in texts[row]):
+                    continue
+                chosen.append(row)
+                seen.update(texts[row])
+            if len(chosen) >= 2:
+                batches.append(chosen)
+        return batches
+
+    return epoch_batches
 
 
 def crosslingual_pairs(frames: Mapping[str, pd.DataFrame], seed: int) -> pd.DataFrame:
@@ -426,7 +480,7 @@ def run_full_training(name: str, start_dir: str | Path, pairs_paths: Mapping[str
     train, heldout = split_heldout_by_pivot(frames, cfg.eval_pairs)
     pivot = pivot_language(frames)
     if recipe.objective == "monolingual":
-        data = monolingual_data(train, cfg.batch_size, cfg.seed, cfg.length_groups)
+        data = monolingual_data(train, cfg.batch_size, cfg.seed, cfg.length_groups, cfg.monolingual_epoch)
     else:
         data = crosslingual_data(train, cfg.batch_size, cfg.seed, cfg.length_groups)
     epoch_batches = len(data.epoch_batches(0))
