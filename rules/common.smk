@@ -283,12 +283,12 @@ def provided_alignment_limit(wildcards=None):
 
 
 # modsent.modular.alignment.DATA_KEYS (not imported here: it would import torch into every plan)
-ALIGNMENT_DATA_KEYS = ("provided_translations", "max_provided")
+ALIGNMENT_DATA_KEYS = ("provided_translations", "max_provided", "max_parallel")
 
 
 def _alignment_kind_settings(settings, kind):
-    """provided_translations and max_provided concern pl's data only: a pp adapter's settings leave it out, so
-    switching it reruns no pp adapter."""
+    """provided_translations, max_provided and max_parallel concern pl's data only: a pp adapter's
+    settings leave them out, so switching them reruns no pp adapter."""
     if kind == "pp":
         settings = {key: value for key, value in settings.items() if key not in ALIGNMENT_DATA_KEYS}
     return canonical(settings)

@@ -315,6 +315,13 @@ def test_parallel_pairs_add_the_provided_translations_once(inputs):
     assert parallel_pairs(translations).equals(pairs.head(5))
     with pytest.raises(InputError, match="english, translation"):
         parallel_pairs(translations, provided.rename(columns={"english": "en"}))
+    # alignment.max_parallel: the same rows whatever their order, kept in order, with the provided ones
+    capped = parallel_pairs(translations, provided, limit=3)
+    assert len(capped) == 3 and set(capped["english"]) < set(pairs["english"])
+    assert capped["english"].tolist() == [t for t in pairs["english"] if t in set(capped["english"])]
+    shuffled = parallel_pairs(translations.iloc[::-1].reset_index(drop=True), provided, limit=3)
+    assert set(zip(shuffled["english"], shuffled["translation"])) == set(zip(capped["english"], capped["translation"]))
+    assert parallel_pairs(translations, provided, limit=6).equals(pairs)
 
 
 def test_config_from_a_config_section():

@@ -104,11 +104,14 @@ def crosslingual_paraphrase_pairs(pairs_en: pd.DataFrame, pairs_l: pd.DataFrame)
     return joined.reset_index(drop=True)
 
 
-def parallel_pairs(translations: pd.DataFrame, provided: pd.DataFrame | None = None) -> pd.DataFrame:
+def parallel_pairs(translations: pd.DataFrame, provided: pd.DataFrame | None = None,
+                   limit: int | None = None) -> pd.DataFrame:
     """(English sentence, its translation in L): the `pl` alignment data, one row per unit of
     ``translations`` (unit_id, text, translation), then the rows of ``provided`` (english,
     translation: human translations, ``alignment.provided_translations``) that are not already
-    there; rows without both texts are dropped."""
+    there; rows without both texts are dropped. ``limit`` (``alignment.max_parallel``): at most
+    that many rows, those of smallest content hash (the same rows whatever their order), in
+    their order."""
     from modsent.data.translation import unit_id
 
     frame = translations.rename(columns={"text": "english"})[["unit_id", "english", "translation"]]
@@ -117,7 +120,7 @@ def parallel_pairs(translations: pd.DataFrame, provided: pd.DataFrame | None = N
         extra.insert(0, "unit_id", extra["english"].map(unit_id))
         frame = pd.concat([frame, extra], ignore_index=True)
         frame = frame.drop_duplicates(subset=["english", "translation"], keep="first").reset_index(drop=True)
-    return frame
+    return _smallest_hashes(frame, limit)
 
 
 def provided_sample(provided: pd.DataFrame, limit: int | None, *, source: str = "provided translations") -> pd.DataFrame:
@@ -125,18 +128,23 @@ def provided_sample(provided: pd.DataFrame, limit: int | None, *, source: str = 
     ``alignment.provided_translations`` trains on: both texts present, each pair once, and with
     ``limit`` the ``limit`` pairs of smallest content hash (the same rows whatever their order,
     in the English embeddings job and in every pl job)."""
-    from modsent.data.translation import unit_id
-
     missing = {"english", "translation"} - set(provided.columns)
     if missing:
         raise InputError(f"{source}: missing column(s) {sorted(missing)} (expected english, translation)")
     rows = provided[["english", "translation"]]
     rows = rows[rows["english"].map(_usable) & rows["translation"].map(_usable)]
     rows = rows.drop_duplicates().reset_index(drop=True)
-    if limit is not None and len(rows) > limit:
-        keys = [unit_id(f"{e}\t{t}") for e, t in zip(rows["english"], rows["translation"])]
-        rows = rows.iloc[np.sort(np.argsort(keys, kind="stable")[:limit])].reset_index(drop=True)
-    return rows
+    return _smallest_hashes(rows, limit)
+
+
+def _smallest_hashes(rows: pd.DataFrame, limit: int | None) -> pd.DataFrame:
+    """At most ``limit`` rows (english, translation): those of smallest content hash, in their order."""
+    from modsent.data.translation import unit_id
+
+    if limit is None or len(rows) <= limit:
+        return rows
+    keys = [unit_id(f"{e}\t{t}") for e, t in zip(rows["english"], rows["translation"])]
+    return rows.iloc[np.sort(np.argsort(keys, kind="stable")[:limit])].reset_index(drop=True)
 
 
 def _usable(text) -> bool:

@@ -81,7 +81,7 @@ log = logging.getLogger(__name__)
 KINDS = ("pp", "pl")
 #: Keys of the config's alignment section that choose pl's training data (the workflow reads
 #: the provided translations), not how the adapter trains
-DATA_KEYS = ("provided_translations", "max_provided")
+DATA_KEYS = ("provided_translations", "max_provided", "max_parallel")
 ADAPTER_DIR = "adapter"
 EMBEDDINGS_KEY = "embeddings"
 EMBEDDINGS_FORMAT = "modsent-english-embeddings/1"
