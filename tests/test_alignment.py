@@ -322,6 +322,12 @@ def test_parallel_pairs_add_the_provided_translations_once(inputs):
     shuffled = parallel_pairs(translations.iloc[::-1].reset_index(drop=True), provided, limit=3)
     assert set(zip(shuffled["english"], shuffled["translation"])) == set(zip(capped["english"], capped["translation"]))
     assert parallel_pairs(translations, provided, limit=6).equals(pairs)
+    # the stage caps its pl pairs itself (alignment.max_parallel is an AlignmentConfig field)
+    rows = al.alignment_pairs("pl", pairs, max_parallel=3)
+    assert list(zip(rows["anchor"], rows["positive"])) == list(zip(capped["english"], capped["translation"]))
+    assert al.AlignmentConfig.from_config({"max_parallel": 3}).max_parallel == 3
+    with pytest.raises(InputError, match="max_parallel must be at least 1"):
+        al.AlignmentConfig(max_parallel=0)
 
 
 def test_config_from_a_config_section():

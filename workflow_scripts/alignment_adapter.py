@@ -1,7 +1,7 @@
 # rules alignment_adapter and ablation_alignment_adapter: the pp or pl parallel adapter of one
 # language, on its LA + SE adapter (no SE input: Mod_c's adapter on the LA alone); resumes from
 # {output}.checkpoint. pl with alignment.provided_translations also trains on the human
-# translations (input `provided`); alignment.max_parallel caps pl's pairs. The runtime keys (checkpoint_every, log_every) are read from the config,
+# translations (input `provided`). The runtime keys (checkpoint_every, log_every) are read from the config,
 # not the params: changing them reruns no finished job.
 import pandas as pd
 import torch
@@ -22,8 +22,7 @@ else:
     if "provided" in snakemake.input.keys():
         provided = provided_sample(pd.read_parquet(snakemake.input.provided),
                                    snakemake.params.settings.get("max_provided"), source=str(snakemake.input.provided))
-    pairs = parallel_pairs(pd.read_parquet(snakemake.input.translations), provided,
-                           limit=snakemake.params.settings.get("max_parallel"))
+    pairs = parallel_pairs(pd.read_parquet(snakemake.input.translations), provided)
 settings = {**snakemake.params.settings, **runtime_settings(snakemake.config, "alignment")}
 train_alignment_adapter(
     kind,

@@ -120,7 +120,7 @@ def parallel_pairs(translations: pd.DataFrame, provided: pd.DataFrame | None = N
         extra.insert(0, "unit_id", extra["english"].map(unit_id))
         frame = pd.concat([frame, extra], ignore_index=True)
         frame = frame.drop_duplicates(subset=["english", "translation"], keep="first").reset_index(drop=True)
-    return _smallest_hashes(frame, limit)
+    return smallest_hashes(frame, limit)
 
 
 def provided_sample(provided: pd.DataFrame, limit: int | None, *, source: str = "provided translations") -> pd.DataFrame:
@@ -134,10 +134,10 @@ def provided_sample(provided: pd.DataFrame, limit: int | None, *, source: str = 
     rows = provided[["english", "translation"]]
     rows = rows[rows["english"].map(_usable) & rows["translation"].map(_usable)]
     rows = rows.drop_duplicates().reset_index(drop=True)
-    return _smallest_hashes(rows, limit)
+    return smallest_hashes(rows, limit)
 
 
-def _smallest_hashes(rows: pd.DataFrame, limit: int | None) -> pd.DataFrame:
+def smallest_hashes(rows: pd.DataFrame, limit: int | None) -> pd.DataFrame:
     """At most ``limit`` rows (english, translation): those of smallest content hash, in their order."""
     from modsent.data.translation import unit_id
 

@@ -81,7 +81,7 @@ log = logging.getLogger(__name__)
 KINDS = ("pp", "pl")
 #: Keys of the config's alignment section that choose pl's training data (the workflow reads
 #: the provided translations), not how the adapter trains
-DATA_KEYS = ("provided_translations", "max_provided", "max_parallel")
+DATA_KEYS = ("provided_translations", "max_provided")
 ADAPTER_DIR = "adapter"
 EMBEDDINGS_KEY = "embeddings"
 EMBEDDINGS_FORMAT = "modsent-english-embeddings/1"
@@ -111,6 +111,7 @@ class AlignmentConfig:
     eval_pairs: int = 500
     seed: int = 0
     max_steps: int | None = None
+    max_parallel: int | None = None  # pl: at most this many pairs, by content hash (alignment_pairs)
     log_every: int = 10
     checkpoint_every: int = 500  # optimizer steps between resumable checkpoints
     precision: str = "auto"  # modsent.training.precision: auto, fp16 or fp32
@@ -149,6 +150,8 @@ class AlignmentConfig:
             raise InputError(f"alignment.log_every must be at least 1, got {self.log_every}")
         if self.checkpoint_every < 1:
             raise InputError(f"alignment.checkpoint_every must be at least 1, got {self.checkpoint_every}")
+        if self.max_parallel is not None and self.max_parallel < 1:
+            raise InputError(f"alignment.max_parallel must be at least 1 or null, got {self.max_parallel}")
         if not isinstance(self.adapter, pa.ParallelAdapterConfig):
             raise InputError("alignment.adapter must be a ParallelAdapterConfig")
 
@@ -300,16 +303,22 @@ def read_english_embeddings_files(paths) -> EnglishEmbeddings:
 # ---- data --------------------------------------------------------------------------------------
 
 
-def alignment_pairs(kind: str, pairs) -> pd.DataFrame:
+def alignment_pairs(kind: str, pairs, max_parallel: int | None = None) -> pd.DataFrame:
     """The training rows of ``kind`` as ``anchor`` (English), ``positive`` (L), ``negative`` (L or
     None): from ``crosslingual_paraphrase_pairs`` (pp) or ``parallel_pairs`` (pl), a frame or a
-    parquet path. Empty or missing texts are dropped."""
+    parquet path. Empty or missing texts are dropped. ``max_parallel`` (pl,
+    ``alignment.max_parallel``): at most that many pairs, those of smallest content hash
+    (``data.paraphrase.smallest_hashes``: the same pairs whatever their order)."""
+    from modsent.data.paraphrase import smallest_hashes
+
     _check_kind(kind)
     frame = pd.read_parquet(pairs) if isinstance(pairs, (str, Path)) else pd.DataFrame(pairs)
     need = ("anchor", "positive") if kind == "pp" else ("english", "translation")
     missing = set(need) - set(frame.columns)
     if missing:
         raise InputError(f"{kind} pairs: missing columns {sorted(missing)} (expected {', '.join(need)})")
+    if kind == "pl":
+        frame = smallest_hashes(frame.reset_index(drop=True), max_parallel)
     if kind == "pp":
         out = pd.DataFrame({"anchor": frame["anchor"], "positive": frame["positive"],
                             "negative": frame["negative"] if "negative" in frame.columns else None})
@@ -458,7 +467,7 @@ def train_alignment_adapter(kind: str, base_model_dir: str | Path, la_dir: str |
         else [str(path) for path in english_embeddings_path]
     english_embeddings_path = english_files[0] if len(english_files) == 1 else english_files  # as named
     english = read_english_embeddings_files(english_files)
-    data = alignment_pairs(kind, pairs)
+    data = alignment_pairs(kind, pairs, cfg.max_parallel)
     english.rows(data["anchor"].tolist())  # every English text must have a vector: fail early
     train, heldout = split_pairs(data, cfg.eval_pairs)
     if len(train) < 2:
