@@ -436,10 +436,10 @@ def test_checkpoint_of_other_settings_or_inputs_is_not_resumed(inputs, tmp_path)
 
 
 def test_the_workflow_leaves_the_same_data_keys_out_of_pp_params():
-    """rules/common.smk keeps its own copy of DATA_KEYS (importing torch into planning is slow)."""
+    """rules/common.smk keeps its own copy of PL_ONLY_KEYS (importing torch into planning is slow)."""
     from conftest import REPO
 
-    expected = "ALIGNMENT_DATA_KEYS = (" + ", ".join(f'"{key}"' for key in al.DATA_KEYS) + ")"
+    expected = "ALIGNMENT_DATA_KEYS = (" + ", ".join(f'"{key}"' for key in al.PL_ONLY_KEYS) + ")"
     assert expected in (REPO / "rules" / "common.smk").read_text()
     assert al.AlignmentConfig.from_config({"provided_translations": True, "max_provided": 5}) == al.AlignmentConfig()
 

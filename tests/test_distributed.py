@@ -242,12 +242,15 @@ def _torchrun_baseline(inputs, out, nproc=2):
 
 
 def _assert_same_baseline(a: Path, b: Path):
-    """Same files, same weights within float-addition order, same steps, curve and accuracies."""
+    """Same files, same weights within float-addition order, same steps, curve and accuracies.
+    (AdamW divides by the root of the second moment, so a gradient near zero that two reduction
+    orders round apart moves its weight by up to ~1e-5 after 4 steps at lr 1e-3 (2.6e-6 seen);
+    other batches or a wrong gradient move weights by the learning rate's order.)"""
     assert sorted(p.relative_to(a) for p in a.rglob("*")) == sorted(p.relative_to(b) for p in b.rglob("*"))
     x, y = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
     assert x.keys() == y.keys()
     for key in x:
-        torch.testing.assert_close(y[key], x[key], rtol=1e-5, atol=1e-6, msg=key)
+        torch.testing.assert_close(y[key], x[key], rtol=1e-5, atol=1e-5, msg=key)
     ma, mb = (json.loads((d / "metrics.json").read_text()) for d in (a, b))
     for key in ("steps", "train_rows", "heldout_pairs", "trainable_parameters", "config",
                 "heldout_retrieval_accuracy_before", "heldout_retrieval_accuracy_after",

@@ -82,6 +82,8 @@ KINDS = ("pp", "pl")
 #: Keys of the config's alignment section that choose pl's training data (the workflow reads
 #: the provided translations), not how the adapter trains
 DATA_KEYS = ("provided_translations", "max_provided")
+# the settings of pl's data alone, left out of pp's params (rules/common.smk: ALIGNMENT_DATA_KEYS)
+PL_ONLY_KEYS = DATA_KEYS + ("max_parallel",)
 ADAPTER_DIR = "adapter"
 EMBEDDINGS_KEY = "embeddings"
 EMBEDDINGS_FORMAT = "modsent-english-embeddings/1"
