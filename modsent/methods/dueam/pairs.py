@@ -130,12 +130,12 @@ def weak_pairs(train: Mapping[str, pd.DataFrame], pivot: str, contradictions: bo
     if not ids:
         return pd.DataFrame(columns=PAIR_COLUMNS)
     anchor = {lang: indexed[lang].loc[ids, "anchor"].to_numpy(dtype=object) for lang in langs}
+    directions = [(lang, lang) for lang in langs] + [pair for lang in langs if lang != pivot
+                                                     for pair in ((pivot, lang), (lang, pivot))]
     parts = []
     for column in ("positive", "negative") if contradictions else ("positive",):
         second = {lang: indexed[lang].loc[ids, column].to_numpy(dtype=object) for lang in langs}
-        pairs = [(lang, lang) for lang in langs] + [pair for lang in langs if lang != pivot
-                                                    for pair in ((pivot, lang), (lang, pivot))]
-        for lang_a, lang_b in pairs:
+        for lang_a, lang_b in directions:
             kind = "mono" if lang_a == lang_b else "cross"
             frame = _frame(ids, kind, lang_a, anchor[lang_a], lang_b, second[lang_b])
             parts.append(frame[frame["text_b"].map(lambda t: isinstance(t, str))])
@@ -191,7 +191,6 @@ def parallel_pairs(translations: Mapping[str, pd.DataFrame], pivot: str, exclude
     if not parts:
         return pd.DataFrame(columns=PAIR_COLUMNS)
     rows = pd.concat(parts, ignore_index=True)
-    rows = rows.drop_duplicates(["group", "lang_a", "text_a", "lang_b", "text_b"])  # a negative spelt as the positive
     return rows.sort_values("group", kind="stable").reset_index(drop=True)
 
 
