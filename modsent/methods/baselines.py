@@ -76,7 +76,7 @@ from modsent.evaluation.plots import write_loss_curve
 from modsent.training import checkpoints, efficiency, fastpath, schedules
 from modsent.training.optim import adamw
 from modsent.training.loop import TrainingLog, ahead, checkpoint_due, optimizer_step, set_learning_rate
-from modsent.training.pairs import (PAIR_TEXT_COLUMNS, last_epoch_kept, no_duplicate_batches, read_pairs, split_heldout,
+from modsent.training.pairs import (last_epoch_kept, no_duplicate_batches, read_pairs, row_texts, split_heldout,
                                    steps_of_epochs)
 from modsent.training.precision import autocast, default_device, grad_scaler
 from modsent.schema import STORAGE_DTYPES
@@ -229,7 +229,7 @@ def monolingual_data(frames: Mapping[str, pd.DataFrame], batch_size: int, seed: 
     rows = pd.concat([frames[lang].assign(language=lang) for lang in langs], ignore_index=True)
     offsets = np.cumsum([0] + [len(frames[lang]) for lang in langs])
     if epoch_of == "pair_ids" and len(langs) > 1:
-        return TrainingData(rows, _per_batch_language(frames, langs, offsets, rows, batch_size, seed, length_groups))
+        return TrainingData(rows, _per_batch_language(frames, langs, rows, batch_size, seed, length_groups))
 
     def epoch_batches(epoch: int) -> list[list[int]]:
         batches = []
@@ -243,15 +243,14 @@ def monolingual_data(frames: Mapping[str, pd.DataFrame], batch_size: int, seed: 
     return TrainingData(rows, epoch_batches)
 
 
-def _per_batch_language(frames: Mapping[str, pd.DataFrame], langs: list[str], offsets, rows: pd.DataFrame,
+def _per_batch_language(frames: Mapping[str, pd.DataFrame], langs: list[str], rows: pd.DataFrame,
                         batch_size: int, seed: int, length_groups: int) -> Callable[[int], list[list[int]]]:
     """``monolingual_data``'s ``pair_ids`` epochs: the pivot's batches of pair ids, each taken in
-    a language drawn at random (row indices into ``rows``)."""
+    a language drawn at random (row indices into ``rows``, the stacked languages)."""
     pivot = pivot_language(langs)
-    where = {lang: dict(zip(frames[lang]["pair_id"].astype(str), range(int(offset), int(offset) + len(frames[lang]))))
-             for lang, offset in zip(langs, offsets)}
-    texts = [tuple(t for t in row if isinstance(t, str))
-             for row in rows[list(PAIR_TEXT_COLUMNS)].itertuples(index=False)]
+    where = {(lang, pair_id): index for index, (lang, pair_id)
+             in enumerate(zip(rows["language"], rows["pair_id"].astype(str)))}
+    texts = row_texts(rows)
     pivot_ids = frames[pivot]["pair_id"].astype(str).tolist()
 
     def epoch_batches(epoch: int) -> list[list[int]]:
@@ -262,7 +261,7 @@ def _per_batch_language(frames: Mapping[str, pd.DataFrame], langs: list[str], of
         for batch, pick in zip(id_batches, drawn):
             chosen, seen = [], set()
             for index in batch:
-                row = where[langs[pick]].get(pivot_ids[index])
+                row = where.get((langs[pick], pivot_ids[index]))
                 if row is None or any(t in seen for t in texts[row]):
                     continue
                 chosen.append(row)

@@ -91,8 +91,7 @@ def no_duplicate_batches(pairs: pd.DataFrame, batch_size: int, seed: int, epoch:
     if length_groups > 1:
         order = length_grouped_order(order, text_lengths(pairs, length_columns), length_groups * batch_size,
                                      row_strata(pairs, strata_column))
-    texts = [tuple(t for t in row if isinstance(t, str))
-             for row in pairs[list(PAIR_TEXT_COLUMNS)].itertuples(index=False)]
+    texts = row_texts(pairs)
     if group_column is not None:
         if group_column not in pairs.columns:
             raise InputError(f"no_duplicate_batches: no column {group_column!r} to group rows by")
@@ -117,6 +116,12 @@ def no_duplicate_batches(pairs: pd.DataFrame, batch_size: int, seed: int, epoch:
     if length_groups > 1:  # steps in random order, not from short to long within each pool
         batches = shuffled_steps(batches, seed, epoch)
     return batches
+
+
+def row_texts(pairs: pd.DataFrame) -> list[tuple[str, ...]]:
+    """Each row's texts (anchor, positive, negative; missing ones left out): what a batch must not
+    hold twice."""
+    return [tuple(t for t in row if isinstance(t, str)) for row in pairs[list(PAIR_TEXT_COLUMNS)].itertuples(index=False)]
 
 
 def shuffled_steps(batches: list[list[int]], seed: int, epoch: int) -> list[list[int]]:
