@@ -282,7 +282,7 @@ def provided_alignment_limit(wildcards=None):
     return config["alignment"].get("max_provided")
 
 
-# modsent.modular.alignment.DATA_KEYS (not imported here: it would import torch into every plan)
+# modsent.modular.alignment.PL_ONLY_KEYS (not imported here: it would import torch into every plan)
 ALIGNMENT_DATA_KEYS = ("provided_translations", "max_provided", "max_parallel")
 
 

@@ -16,7 +16,7 @@ from modsent.modular import parallel_adapter as pa
 from modsent.modular import sentence_adapter as sa
 from modsent.io import InputError
 from modsent.data.paraphrase import (align_provided, crosslingual_paraphrase_pairs, parallel_pairs,
-                                     provided_sample, translate_pairs)
+                                     provided_sample, smallest_hashes, translate_pairs)
 from modsent.sources.builtin import builtin_translations
 from modsent.testing import make_tiny_xlmr, sample_texts
 from modsent.training import efficiency
@@ -316,12 +316,12 @@ def test_parallel_pairs_add_the_provided_translations_once(inputs):
     with pytest.raises(InputError, match="english, translation"):
         parallel_pairs(translations, provided.rename(columns={"english": "en"}))
     # alignment.max_parallel: the same rows whatever their order, kept in order, with the provided ones
-    capped = parallel_pairs(translations, provided, limit=3)
+    capped = smallest_hashes(pairs, 3)
     assert len(capped) == 3 and set(capped["english"]) < set(pairs["english"])
     assert capped["english"].tolist() == [t for t in pairs["english"] if t in set(capped["english"])]
-    shuffled = parallel_pairs(translations.iloc[::-1].reset_index(drop=True), provided, limit=3)
+    shuffled = smallest_hashes(parallel_pairs(translations.iloc[::-1].reset_index(drop=True), provided), 3)
     assert set(zip(shuffled["english"], shuffled["translation"])) == set(zip(capped["english"], capped["translation"]))
-    assert parallel_pairs(translations, provided, limit=6).equals(pairs)
+    assert smallest_hashes(pairs, 6).equals(pairs)
     # the stage caps its pl pairs itself (alignment.max_parallel is an AlignmentConfig field)
     rows = al.alignment_pairs("pl", pairs, max_parallel=3)
     assert list(zip(rows["anchor"], rows["positive"])) == list(zip(capped["english"], capped["translation"]))

@@ -104,14 +104,12 @@ def crosslingual_paraphrase_pairs(pairs_en: pd.DataFrame, pairs_l: pd.DataFrame)
     return joined.reset_index(drop=True)
 
 
-def parallel_pairs(translations: pd.DataFrame, provided: pd.DataFrame | None = None,
-                   limit: int | None = None) -> pd.DataFrame:
+def parallel_pairs(translations: pd.DataFrame, provided: pd.DataFrame | None = None) -> pd.DataFrame:
     """(English sentence, its translation in L): the `pl` alignment data, one row per unit of
     ``translations`` (unit_id, text, translation), then the rows of ``provided`` (english,
     translation: human translations, ``alignment.provided_translations``) that are not already
-    there; rows without both texts are dropped. ``limit`` (``alignment.max_parallel``): at most
-    that many rows, those of smallest content hash (the same rows whatever their order), in
-    their order."""
+    there; rows without both texts are dropped (``alignment.max_parallel`` is applied by the
+    stage: ``modular.alignment.alignment_pairs``)."""
     from modsent.data.translation import unit_id
 
     frame = translations.rename(columns={"text": "english"})[["unit_id", "english", "translation"]]
@@ -120,7 +118,7 @@ def parallel_pairs(translations: pd.DataFrame, provided: pd.DataFrame | None = N
         extra.insert(0, "unit_id", extra["english"].map(unit_id))
         frame = pd.concat([frame, extra], ignore_index=True)
         frame = frame.drop_duplicates(subset=["english", "translation"], keep="first").reset_index(drop=True)
-    return smallest_hashes(frame, limit)
+    return frame
 
 
 def provided_sample(provided: pd.DataFrame, limit: int | None, *, source: str = "provided translations") -> pd.DataFrame:

@@ -320,7 +320,7 @@ def alignment_pairs(kind: str, pairs, max_parallel: int | None = None) -> pd.Dat
     if missing:
         raise InputError(f"{kind} pairs: missing columns {sorted(missing)} (expected {', '.join(need)})")
     if kind == "pl":
-        frame = smallest_hashes(frame.reset_index(drop=True), max_parallel)
+        frame = smallest_hashes(frame, max_parallel)
     if kind == "pp":
         out = pd.DataFrame({"anchor": frame["anchor"], "positive": frame["positive"],
                             "negative": frame["negative"] if "negative" in frame.columns else None})
