@@ -242,15 +242,14 @@ def _torchrun_baseline(inputs, out, nproc=2):
 
 
 def _assert_same_baseline(a: Path, b: Path):
-    """Same files, same weights within float-addition order, same steps, curve and accuracies.
-    (AdamW divides by the root of the second moment, so a gradient near zero that two reduction
-    orders round apart moves its weight by up to ~1e-5 after 4 steps at lr 1e-3 (2.6e-6 seen);
-    other batches or a wrong gradient move weights by the learning rate's order.)"""
+    """Same files, same weights within float-addition order (but for the few elements whose
+    near-zero gradient AdamW turns into a step either way: 2.6e-6 with Full_m's per-batch
+    languages), same steps, curve and accuracies."""
     assert sorted(p.relative_to(a) for p in a.rglob("*")) == sorted(p.relative_to(b) for p in b.rglob("*"))
     x, y = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
     assert x.keys() == y.keys()
-    for key in x:
-        torch.testing.assert_close(y[key], x[key], rtol=1e-5, atol=1e-5, msg=key)
+    _assert_close_but_for_sign_flips(torch.cat([y[key].flatten() for key in x]), torch.cat([x[key].flatten() for key in x]),
+                                     "Full_m's model", lr=BL_CFG.learning_rate, steps=BL_CFG.max_steps)
     ma, mb = (json.loads((d / "metrics.json").read_text()) for d in (a, b))
     for key in ("steps", "train_rows", "heldout_pairs", "trainable_parameters", "config",
                 "heldout_retrieval_accuracy_before", "heldout_retrieval_accuracy_after",
