@@ -124,6 +124,15 @@ def _describe(error: jsonschema.ValidationError) -> str:
         hint = f"; allowed keys: {', '.join(allowed)}" if allowed else ""
         return f"{key}: unknown key(s) {', '.join(map(repr, extra))}{hint}"
     if error.validator == "oneOf" and error.context:
+        # the one alternative whose type fits (a source, or a list of sources): its own error
+        def mismatch(e) -> bool:
+            same_place = len(e.absolute_path) == len(error.absolute_path)
+            return same_place and (e.validator == "type" or e.validator == "oneOf" and all(map(mismatch, e.context)))
+
+        fitting = [e for e in error.context if not mismatch(e)]
+        if len(fitting) == 1 and len(fitting[0].absolute_path) == len(error.absolute_path) \
+                and fitting[0].validator in ("oneOf", "uniqueItems", "minItems"):
+            return _describe(fitting[0])
         # show the alternative that got furthest (the deepest error)
         best = max(error.context, key=lambda e: len(e.absolute_path))
         if len(best.absolute_path) > len(error.absolute_path):
@@ -239,10 +248,7 @@ CONTRACT_COLUMNS = {"corpora": (("text",), ()), "paraphrases": (("anchor", "posi
 def column_errors(config: dict) -> list[str]:
     """A source mapping's ``columns`` that name no column of its section's contract (a typo
     would surface as a missing column of the user's data, in the job that reads it)."""
-    sources = [("corpora", "corpora.source", (config.get("corpora") or {}).get("source"))]
-    sources += [("corpora", f"corpora.per_language.{lang}.source", override.get("source"))
-                for lang, override in ((config.get("corpora") or {}).get("per_language") or {}).items()
-                if isinstance(override, dict)]
+    sources = [("corpora", key, spec) for key, spec in all_corpus_sources(config)]
     sources += [("paraphrases", f"paraphrases.{name}.source", dataset.get("source"))
                 for name, dataset in (config.get("paraphrases") or {}).items() if isinstance(dataset, dict)]
     sources.append(("translation.provided", "translation.provided", (config.get("translation") or {}).get("provided")))
@@ -273,12 +279,7 @@ def builtin_source_keys(config: dict) -> list[str]:
         except InputError:
             return False
 
-    keys = []
-    corpora = config.get("corpora") or {}
-    if builtin(corpora.get("source", "builtin")):
-        keys.append("corpora.source")
-    keys += [f"corpora.per_language.{lang}.source" for lang, override in (corpora.get("per_language") or {}).items()
-             if isinstance(override, dict) and "source" in override and builtin(override["source"])]
+    keys = [key for key, spec in all_corpus_sources(config) if builtin(spec)]
     keys += [f"paraphrases.{name}.source" for name, dataset in (config.get("paraphrases") or {}).items()
              if isinstance(dataset, dict) and builtin(dataset.get("source"))]
     if builtin((config.get("translation") or {}).get("provided")):
@@ -337,19 +338,16 @@ def source_errors(config: dict) -> list[str]:
         except InputError as err:
             problems.append(str(err))
     langs = [code for code in config.get("languages") or [] if registry.is_registered(code)]
-    corpora = config.get("corpora") or {}
     for lang in langs:
-        override = (corpora.get("per_language") or {}).get(lang, {})
-        key = f"corpora.per_language.{lang}.source" if "source" in override else "corpora.source"
-        spec = override.get("source", corpora.get("source", "builtin"))
-        if spec == "builtin" and lang not in SUPPORTED_LANGUAGES:
-            problems.append(f"{key}: the built-in data has no text in {lang!r}; built-in languages: "
-                            f"{', '.join(SUPPORTED_LANGUAGES)}")
-        elif isinstance(spec, str) and spec.startswith("hf:"):
-            try:
-                get_definition(spec[3:]).source_codes(lang)
-            except InputError as err:
-                problems.append(f"{key}: {err}")
+        for key, spec in corpus_sources(config, lang):
+            if spec == "builtin" and lang not in SUPPORTED_LANGUAGES:
+                problems.append(f"{key}: the built-in data has no text in {lang!r}; built-in languages: "
+                                f"{', '.join(SUPPORTED_LANGUAGES)}")
+            elif isinstance(spec, str) and spec.startswith("hf:"):
+                try:
+                    get_definition(spec[3:]).source_codes(lang)
+                except InputError as err:
+                    problems.append(f"{key}: {err}")
     for name, dataset in (config.get("paraphrases") or {}).items():
         spec = dataset.get("source") if isinstance(dataset, dict) else None
         if isinstance(spec, str) and spec.startswith("hf:"):
@@ -447,17 +445,15 @@ def local_path_errors(config: dict) -> list[str]:
         error = missing(base_source.split(":", 1)[1], directory=True)
         if error:
             problems.append(f"base_model.source: {error}")
-    corpora = config.get("corpora") or {}
     readers: dict[tuple[str, str], list[str]] = {}  # (key, a local path without {lang}) -> its languages
     for lang in langs:
-        override = (corpora.get("per_language") or {}).get(lang) or {}
-        key = f"corpora.per_language.{lang}.source" if "source" in override else "corpora.source"
-        path = local_path(override.get("source", corpora.get("source", "builtin")), key)
-        error = path and missing(path, lang)
-        if error:
-            problems.append(f"{key}: {error}")
-        if path and "{lang}" not in path:
-            readers.setdefault((key, path), []).append(lang)
+        for key, spec in corpus_sources(config, lang):
+            path = local_path(spec, key)
+            error = path and missing(path, lang)
+            if error:
+                problems.append(f"{key}: {error}")
+            if path and "{lang}" not in path:
+                readers.setdefault((key, path), []).append(lang)
     for (key, path), readers_of in readers.items():
         if len(readers_of) > 1:
             problems.append(f"{key}: {path!r} has no {{lang}} and would be the corpus of every one of "
@@ -773,8 +769,49 @@ def runtime_settings(config: dict, section: str, lang: str | None = None) -> dic
 
 
 def corpus_settings(config: dict, lang: str) -> dict:
-    """The corpus settings for one language: defaults with its per-language overrides."""
-    return job_settings(config, "corpora", lang)
+    """The corpus settings for one language: defaults with its per-language overrides (a list
+    of one source is that source: the same corpus, the same params)."""
+    settings = job_settings(config, "corpora", lang)
+    if isinstance(settings.get("source"), list) and len(settings["source"]) == 1:
+        settings["source"] = settings["source"][0]
+    return settings
+
+
+def corpus_sources(config: dict, lang: str) -> list[tuple[str, object]]:
+    """(config key, spec) of each corpus source of ``lang``: ``corpora.source`` or its
+    per-language override, one entry or one per item of a list (``corpora.source[1]``)."""
+    corpora = config.get("corpora") or {}
+    override = (corpora.get("per_language") or {}).get(lang) or {}
+    key = f"corpora.per_language.{lang}.source" if isinstance(override, dict) and "source" in override \
+        else "corpora.source"
+    spec = override["source"] if key != "corpora.source" else corpora.get("source", "builtin")
+    if isinstance(spec, list):
+        return [(f"{key}[{i}]", item) for i, item in enumerate(spec)]
+    return [(key, spec)]
+
+
+def corpus_local_files(config: dict, lang: str) -> list[str]:
+    """The local files ``lang``'s corpus reads (:func:`local_source_files` of each of its
+    ``local:PATH`` sources), for the corpus rule's inputs."""
+    files = []
+    for _, spec in corpus_sources(config, lang):
+        files += [path for path in local_source_files(spec, lang=lang) if path not in files]
+    return files
+
+
+def all_corpus_sources(config: dict) -> list[tuple[str, object]]:
+    """(config key, spec) of every corpus source the config names: ``corpora.source``'s and each
+    per-language override's, whether or not a configured language reads it."""
+    corpora = config.get("corpora") or {}
+
+    def entries(key, spec):
+        return [(f"{key}[{i}]", item) for i, item in enumerate(spec)] if isinstance(spec, list) else [(key, spec)]
+
+    found = entries("corpora.source", corpora.get("source", "builtin"))
+    for lang, override in (corpora.get("per_language") or {}).items():
+        if isinstance(override, dict) and "source" in override:
+            found += entries(f"corpora.per_language.{lang}.source", override["source"])
+    return found
 
 
 def tokenizer_settings(config: dict, lang: str) -> dict:

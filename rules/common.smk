@@ -124,9 +124,7 @@ def corpus_settings(wildcards):
 
 
 def corpus_local_files(wildcards):
-    corpora = config["corpora"]
-    override = (corpora.get("per_language") or {}).get(wildcards.lang) or {}
-    return modsent_config.local_source_files(override.get("source", corpora["source"]), lang=wildcards.lang)
+    return modsent_config.corpus_local_files(config, wildcards.lang)
 
 
 def paraphrase_local_files(wildcards):

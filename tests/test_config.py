@@ -62,6 +62,18 @@ CASES = [
      ["corpora.source: unknown key(s) 'colums'; allowed keys: columns, format, local"]),
     ("a cap of zero", lambda c: c["paraphrases"]["builtin"].update(max_pairs=0),
      ["paraphrases.builtin.max_pairs: 0 is less than the minimum of 1"]),
+    ("a source listed twice", lambda c: c["corpora"].update(source=["hf:cc100", "hf:madlad-400", "hf:cc100"]),
+     ["corpora.source: 'hf:cc100' given more than once"]),
+    ("an empty list of sources", lambda c: c["corpora"].update(source=[]),
+     ["corpora.source: [] should be non-empty"]),
+    ("a bad source in a list", lambda c: c["corpora"].update(source=["hf:cc100", "s3://bucket/x"]),
+     ["corpora.source[1]: 's3://bucket/x' is not valid"]),
+    ("a bad mapping in a list", lambda c: c["corpora"].update(source=["builtin", {"local": "/x/{lang}.txt", "colums": {}}]),
+     ["corpora.source[1]: unknown key(s) 'colums'; allowed keys: columns, format, local"]),
+    ("a language a listed source lacks",
+     lambda c: (c["languages"].append("rw"),
+                c["corpora"].update(per_language={"rw": {"source": ["hf:madlad-400", "hf:cc100"]}})),
+     ["corpora.per_language.rw.source[1]: ", "'rw'"]),
     ("bad hf mapping", lambda c: c["corpora"].update(source={"hf": "x/y", "colums": {}}),
      ["corpora.source", "'colums'"]),
     ("override for unconfigured language",
@@ -491,6 +503,30 @@ def test_local_inputs_that_do_not_exist_are_errors_naming_the_key(tmp_path):
     assert f"corpora.per_language.zh.source: local file '{tmp_path}/zh.txt' (for zh) does not exist" in message
     assert "corpora.per_language.de" not in message  # de.txt exists
     assert f"paraphrases.mine.source: local file '{tmp_path / 'pairs.parquet'}' does not exist" in message
+
+
+def test_a_list_of_corpus_sources_is_checked_and_declared_source_by_source(tmp_path):
+    from modsent.config import builtin_source_keys, corpus_local_files, corpus_settings
+
+    config = load("config.yaml")
+    for lang in ("de", "zh"):
+        (tmp_path / f"{lang}.txt").write_text("Hallo Welt\n", encoding="utf-8")
+    (tmp_path / "extra-de.txt").write_text("Noch ein Satz\n", encoding="utf-8")
+    both = ["builtin", f"local:{tmp_path}/{{lang}}.txt", f"local:{tmp_path}/extra-{{lang}}.txt"]
+    config["corpora"]["per_language"] = {"de": {"source": both}, "zh": {"source": both}}
+    with pytest.raises(ConfigError) as err:
+        check_config(config)
+    message = str(err.value)
+    assert message.count("does not exist") == 1, message
+    assert f"corpora.per_language.zh.source[2]: local file '{tmp_path}/extra-zh.txt' (for zh) does not exist" in message
+    # each language's rule declares the local files of all its sources, and nothing else
+    assert corpus_local_files(config, "de") == [str(tmp_path / "de.txt"), str(tmp_path / "extra-de.txt")]
+    assert corpus_local_files(config, "ky") == []
+    assert "corpora.per_language.de.source[0]" in builtin_source_keys(config)
+    # a list of one source means that source: the same params, so nothing reruns
+    config["corpora"]["per_language"] = {"de": {"source": ["builtin"]}}
+    assert corpus_settings(config, "de") == corpus_settings(config, "zh")
+    assert corpus_settings(config, "de")["source"] == "builtin"
 
 
 def test_the_installed_debian_catalogs_are_the_inputs_of_builtin_debian(tmp_path, monkeypatch):

@@ -102,6 +102,43 @@ def test_named_hub_source_for_a_language_it_lacks():
         prepare_corpus("mt", {**SETTINGS, "source": "hf:cc100"}, "/nonexistent/never-written.txt")
 
 
+def test_a_list_of_sources_is_one_corpus_of_both_interleaved(tmp_path):
+    # a local file and a Hub mirror laid out like MADLAD-400 (documents, split into sentences)
+    local = tmp_path / "de.txt"
+    local.write_text("Erster Satz hier.\nZweiter Satz dort.\nDritter Satz da.\n", "utf-8")
+    madlad = {"hf": str(FIXTURES / "allenai-MADLAD-400"), "data_files": "data/{lang}/{lang}_clean_*.jsonl.gz"}
+    settings = {**SETTINGS, "source": [f"local:{tmp_path}/{{lang}}.txt", madlad], "split_documents": True}
+    out = tmp_path / "out" / "de.txt"
+    count = prepare_corpus("de", settings, out)
+    lines = out.read_text("utf-8").splitlines()
+    # each source on its own, then one line of each in turn
+    alone = []
+    for spec in settings["source"]:
+        prepare_corpus("de", {**settings, "source": spec}, tmp_path / "alone.txt")
+        alone.append((tmp_path / "alone.txt").read_text("utf-8").splitlines())
+    assert len(alone[1]) > len(alone[0]) == 3
+    expected = [line for pair in zip(alone[0], alone[1]) for line in pair] + alone[1][3:]
+    assert count == len(lines) == len(expected) and lines == expected
+    # the cap counts both sources, and takes from both alike
+    assert prepare_corpus("de", {**settings, "max_sentences": 4}, out) == 4
+    assert out.read_text("utf-8").splitlines() == expected[:4]
+    # a list of one source is that source
+    prepare_corpus("de", {**settings, "source": [madlad]}, out)
+    assert out.read_text("utf-8").splitlines() == alone[1]
+
+
+def test_a_bad_second_source_writes_nothing(tmp_path):
+    good, bad = tmp_path / "good.txt", tmp_path / "bad.txt"
+    good.write_text("Erster Satz hier.\nZweiter Satz dort.\n", "utf-8")
+    bad.write_bytes("gut genug\n".encode() + b"schlecht \xff\n")
+    out = tmp_path / "out" / "de.txt"
+    with pytest.raises(InputError, match=r"bad\.txt: line 2: invalid UTF-8"):
+        prepare_corpus("de", {**SETTINGS, "source": [f"local:{good}", f"local:{bad}"]}, out)
+    assert not out.exists()
+    with pytest.raises(InputError, match="names a source twice"):
+        prepare_corpus("de", {**SETTINGS, "source": [f"local:{good}", {"local": str(good)}]}, out)
+
+
 def test_builtin_paraphrases_contract(tmp_path):
     out = tmp_path / "builtin.parquet"
     count = prepare_paraphrase_dataset("builtin", {"source": "builtin", "max_pairs": None}, out)

@@ -424,6 +424,38 @@ def test_build_corpus_bad_input():
         corpus.build_corpus([], None, 1, 10, True, "en", splitter="nltk")
 
 
+def test_several_sources_interleave_one_sentence_each_in_turn_and_share_the_cap():
+    read = {"a": 0, "b": 0}
+
+    def records(name, items):
+        for item in items:
+            read[name] += 1
+            yield item
+
+    a = ["Beautiful is better than ugly. Explicit is better than implicit.", "Simple is better than complex."]
+    b = ["Explicit is better than implicit.", "Flat is better than nested.", "Sparse is better than dense.",
+         "Readability counts.", "Errors should never pass silently."]
+    stats: dict = {}
+    got = list(corpus.iter_corpus([(records("a", a), True, "a"), (records("b", b), False, "b")], 5, 1, 100, "en",
+                                  stats=stats))
+    # a's first document gives two sentences, one per turn: its second comes after b's first,
+    # the same sentence, and is dropped; the cap counts both sources
+    assert got == ["Beautiful is better than ugly.", "Explicit is better than implicit.",
+                   "Flat is better than nested.", "Simple is better than complex.", "Sparse is better than dense."]
+    assert stats["duplicates"] == 1 and stats["kept"] == 5
+    assert stats["kept_a"] == 2 and stats["kept_b"] == 3
+    assert read == {"a": 2, "b": 3}  # nothing read past the cap
+    # once a runs out, b goes on alone
+    rest = list(corpus.iter_corpus([(a, True, "a"), (b, False, "b")], None, 1, 100, "en"))
+    assert rest[5:] == ["Readability counts.", "Errors should never pass silently."]
+
+
+def test_one_source_in_the_list_form_is_build_corpus():
+    records = [f"{DE_NO_FILE}\nIhr Passwort wurde zurückgesetzt. Sie können sich nun anmelden.", "Löschen?"]
+    assert list(corpus.iter_corpus([(records, True, "s")], None, 5, 200, "de")) == \
+        corpus.build_corpus(records, None, 5, 200, True, "de")
+
+
 def test_sentencex_splitter_is_optional():
     try:
         import sentencex  # noqa: F401

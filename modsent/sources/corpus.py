@@ -1,9 +1,10 @@
 """Turn raw text records into the monolingual corpus contract: one clean sentence a line.
 
-:func:`build_corpus` normalises whitespace, splits documents into sentences, filters by
+:func:`iter_corpus` normalises whitespace, splits documents into sentences, filters by
 length, drops exact duplicates and stops at ``max_sentences``, reading its input lazily so a
-streamed Hub source is read no further than needed. :func:`write_corpus` writes the result
-atomically.
+streamed Hub source is read no further than needed; several sources of one language (CC100 and
+MADLAD-400, as paper 000 combines them) are interleaved sentence by sentence.
+:func:`write_corpus` writes the sentences atomically as they come.
 
 Sentence splitting is rule-based and dependency-free (:func:`split_sentences`): terminal
 punctuation of many scripts, abbreviation lists for the larger Latin/Cyrillic-script languages,
@@ -186,6 +187,107 @@ def _texts(records: Iterable[str | Mapping], source: str) -> Iterator[str | None
         yield text
 
 
+def _candidates(records: Iterable[str | Mapping], split_documents: bool, lang: str | None,
+                split, source: str, counts: MutableMapping[str, int]) -> Iterator[str]:
+    """Each record's normalised sentences (its lines split into sentences with
+    ``split_documents``, else the record whole), empty ones left out, read lazily."""
+    for text in _texts(records, source):
+        counts["records"] += 1
+        if not text:
+            continue
+        if not split_documents:
+            pieces: Iterable[str] = (normalise_text(text),)
+        else:
+            pieces = (sentence for raw in text.splitlines() if (line := normalise_text(raw))
+                      for sentence in split(line, lang))
+        for sentence in pieces:
+            sentence = normalise_text(sentence)
+            if sentence:
+                yield sentence
+
+
+def _interleaved(streams: list[Iterator[str]]) -> Iterator[tuple[int, str]]:
+    """(stream index, item): one item of each stream in turn, each exhausted stream dropping out."""
+    live = list(enumerate(streams))
+    while live:
+        still = []
+        for index, stream in live:
+            for item in stream:
+                yield index, item
+                still.append((index, stream))
+                break
+        live = still
+
+
+def iter_corpus(
+    sources: list[tuple[Iterable[str | Mapping], bool, str]],
+    max_sentences: int | None,
+    min_chars: int,
+    max_chars: int,
+    lang: str | None,
+    *,
+    splitter: str = "rules",
+    stats: MutableMapping[str, int] | None = None,
+) -> Iterator[str]:
+    """Clean sentences of one or more sources, ``(records, split_documents, name)`` each, read
+    lazily; several sources are interleaved one sentence of each in turn (a source that runs
+    out drops out), so any prefix of the corpus, and so the cap, takes from all of them alike.
+
+    Records are strings or dicts with a ``text`` field; each is normalised
+    (:func:`normalise_text`) and, with its source's ``split_documents``, cut into lines and every
+    line into sentences (:func:`split_sentences`), otherwise it is one sentence. Sentences
+    shorter than ``min_chars`` or longer than ``max_chars`` characters are dropped (not
+    truncated), exact duplicates after normalisation are dropped (across sources too), and
+    reading stops once ``max_sentences`` are kept (``None``: no cap). ``stats``, when given,
+    receives the counts once the iterator is exhausted or closed (``kept_NAME`` per source when
+    there are several). Memory: an 8-byte digest per kept sentence in a set (~70 bytes each in
+    Python), not the sentences themselves."""
+    if max_sentences is not None and max_sentences < 1:
+        raise InputError(f"{sources[0][2] if sources else 'corpus source'}: max_sentences must be >= 1, "
+                         f"got {max_sentences}")
+    if min_chars < 0 or max_chars < max(min_chars, 1):
+        raise InputError(
+            f"{sources[0][2] if sources else 'corpus source'}: need 0 <= min_chars <= max_chars and "
+            f"max_chars >= 1, got min_chars={min_chars}, max_chars={max_chars}"
+        )
+    split = _splitter(splitter)
+    return _iter_corpus(sources, max_sentences, min_chars, max_chars, lang, split, stats)
+
+
+def _iter_corpus(sources, max_sentences, min_chars, max_chars, lang, split, stats) -> Iterator[str]:
+    counts = {"records": 0, "candidates": 0, "too_short": 0, "too_long": 0, "duplicates": 0, "kept": 0}
+    kept_from = [0] * len(sources)
+    seen: set[int] = set()
+    streams = [_candidates(records, documents, lang, split, name, counts) for records, documents, name in sources]
+    pairs = ((0, sentence) for sentence in streams[0]) if len(streams) == 1 else _interleaved(streams)
+    try:
+        for index, sentence in pairs:
+            counts["candidates"] += 1
+            if len(sentence) < min_chars:
+                counts["too_short"] += 1
+                continue
+            if len(sentence) > max_chars:
+                counts["too_long"] += 1
+                continue
+            # 8-byte digests keep 10M sentences in well under a GB; a false duplicate is a
+            # ~1e-6 event at that size.
+            key = int.from_bytes(hashlib.blake2b(sentence.encode("utf-8"), digest_size=8).digest(), "big")
+            if key in seen:
+                counts["duplicates"] += 1
+                continue
+            seen.add(key)
+            counts["kept"] += 1
+            kept_from[index] += 1
+            yield sentence
+            if max_sentences is not None and counts["kept"] >= max_sentences:
+                return
+    finally:
+        if len(sources) > 1:
+            counts.update({f"kept_{name}": kept for (_, _, name), kept in zip(sources, kept_from)})
+        if stats is not None:
+            stats.update(counts)
+
+
 def build_corpus(
     records: Iterable[str | Mapping],
     max_sentences: int | None,
@@ -198,66 +300,10 @@ def build_corpus(
     source: str = "corpus source",
     stats: MutableMapping[str, int] | None = None,
 ) -> list[str]:
-    """Clean sentences from ``records`` (strings or dicts with a ``text`` field), in input order.
-
-    Each record is normalised (:func:`normalise_text`); with ``split_documents`` it is first cut
-    into lines and every line into sentences (:func:`split_sentences`), otherwise it is one
-    sentence. Sentences shorter than ``min_chars`` or longer than ``max_chars`` characters are
-    dropped (not truncated), exact duplicates after normalisation are dropped, and reading stops
-    once ``max_sentences`` are kept (``None``: no cap). ``stats``, when given, receives counts.
-    """
-    if max_sentences is not None and max_sentences < 1:
-        raise InputError(f"{source}: max_sentences must be >= 1, got {max_sentences}")
-    if min_chars < 0 or max_chars < max(min_chars, 1):
-        raise InputError(
-            f"{source}: need 0 <= min_chars <= max_chars and max_chars >= 1, got "
-            f"min_chars={min_chars}, max_chars={max_chars}"
-        )
-    split = _splitter(splitter)
-    counts = {"records": 0, "candidates": 0, "too_short": 0, "too_long": 0, "duplicates": 0, "kept": 0}
-    seen: set[int] = set()
-    sentences: list[str] = []
-
-    def candidates(text: str) -> Iterator[str]:
-        if not split_documents:
-            yield normalise_text(text)
-            return
-        for line in text.splitlines():
-            line = normalise_text(line)
-            if line:
-                yield from split(line, lang)
-
-    try:
-        for text in _texts(records, source):
-            counts["records"] += 1
-            if not text:
-                continue
-            for sentence in candidates(text):
-                sentence = normalise_text(sentence)
-                if not sentence:
-                    continue
-                counts["candidates"] += 1
-                if len(sentence) < min_chars:
-                    counts["too_short"] += 1
-                    continue
-                if len(sentence) > max_chars:
-                    counts["too_long"] += 1
-                    continue
-                # 8-byte digests keep 10M sentences in well under a GB; a false duplicate is a
-                # ~1e-6 event at that size.
-                key = int.from_bytes(hashlib.blake2b(sentence.encode("utf-8"), digest_size=8).digest(), "big")
-                if key in seen:
-                    counts["duplicates"] += 1
-                    continue
-                seen.add(key)
-                sentences.append(sentence)
-                if max_sentences is not None and len(sentences) >= max_sentences:
-                    return sentences
-        return sentences
-    finally:
-        counts["kept"] = len(sentences)
-        if stats is not None:
-            stats.update(counts)
+    """Clean sentences from ``records`` (strings or dicts with a ``text`` field), in input order:
+    :func:`iter_corpus` of one source, as a list."""
+    return list(iter_corpus([(records, split_documents, source)], max_sentences, min_chars, max_chars, lang,
+                            splitter=splitter, stats=stats))
 
 
 def write_corpus(

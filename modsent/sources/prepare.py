@@ -115,20 +115,34 @@ def corpus_records(source: Source, lang: str, *, split_documents) -> tuple[Itera
                             revision=source.options.get("revision")), documents
 
 
-def prepare_corpus(lang: str, settings: Mapping, out_path: str | Path) -> int:
-    """Write ``resources/corpora/{lang}.txt`` from the language's corpus settings."""
-    from modsent.sources.corpus import build_corpus, write_corpus
+def corpus_source_specs(spec) -> list:
+    """The corpus sources of a language's ``source`` setting: one spec, or a list of them."""
+    return list(spec) if isinstance(spec, (list, tuple)) else [spec]
 
-    source = parse_source(settings["source"], key=f"corpora source of {lang!r}")
+
+def prepare_corpus(lang: str, settings: Mapping, out_path: str | Path) -> int:
+    """Write ``resources/corpora/{lang}.txt`` from the language's corpus settings: its source, or
+    its sources interleaved sentence by sentence (:func:`modsent.sources.corpus.iter_corpus`),
+    written as they are read."""
+    from modsent.sources.corpus import iter_corpus, write_corpus
+
+    specs = corpus_source_specs(settings["source"])
+    key = f"corpora source of {lang!r}"
+    sources = [parse_source(spec, key=key if len(specs) == 1 else f"{key} [{i}]") for i, spec in enumerate(specs)]
+    names = [source.describe() for source in sources]
+    if len(set(names)) < len(names):
+        raise InputError(f"{key}: {', '.join(names)} names a source twice")
     start = time.perf_counter()
-    records, documents = corpus_records(source, lang, split_documents=settings["split_documents"])
+    streams = []
+    for source, name in zip(sources, names):
+        records, documents = corpus_records(source, lang, split_documents=settings["split_documents"])
+        streams.append((records, documents, f"{name} ({lang})" if len(sources) == 1 else name))
+    described = " + ".join(names)
     stats: dict[str, int] = {}
-    sentences = build_corpus(
-        records, settings["max_sentences"], settings["min_chars"], settings["max_chars"],
-        documents, lang, source=f"{source.describe()} ({lang})", stats=stats,
-    )
-    count = write_corpus(sentences, out_path, source=f"{source.describe()} ({lang})")
-    log.info("corpus %s from %s: %d sentences in %.1f s; %s", lang, source.describe(), count,
+    sentences = iter_corpus(streams, settings["max_sentences"], settings["min_chars"], settings["max_chars"],
+                            lang, stats=stats)
+    count = write_corpus(sentences, out_path, source=f"{described} ({lang})")
+    log.info("corpus %s from %s: %d sentences in %.1f s; %s", lang, described, count,
              time.perf_counter() - start, stats)
     return count
 
