@@ -1,3 +1,4 @@
+import hashlib
 import json
 import multiprocessing
 import os
@@ -74,6 +75,35 @@ def test_pack_sequences_wastes_nothing_on_padding(inputs):
     assert short.shape == (1, 256) and (short == tok.pad_token_id).any()
     with pytest.raises(InputError, match="no tokens"):
         la.pack_sequences(["", ""], tok, 32)
+
+
+def test_the_corpus_read_twice_is_split_and_packed_as_when_held(inputs, tmp_path):
+    """The LA reads its corpus twice instead of holding it (the held-out lines by a heap of
+    hashes, then the rest tokenised in chunks) and keeps int32 sequences: the lines, sequences
+    and masked batches of the corpus read into a list, split by sorting every hash, in int64."""
+    tok = tokenizer(inputs)
+    lines = la.read_corpus(inputs["corpus"])
+    corpus = tmp_path / "corpus.txt"  # blank and padded lines are no lines; a repeated line two
+    corpus.write_text("\n".join(["", *lines[:40], "  " + lines[3] + " ", "", *lines[40:], lines[7], ""]), "utf-8")
+    held_in_memory = la.read_corpus(corpus)
+    assert len(held_in_memory) == len(lines) + 2
+    for count in (0, 5, 50, 10 ** 6):  # 10**6: capped at a tenth of the lines
+        ranked = sorted(range(len(held_in_memory)), key=lambda i: hashlib.sha1(held_in_memory[i].encode()).digest())
+        held = set(ranked[:min(count, len(held_in_memory) // 10)])
+        train, heldout = la.split_heldout(held_in_memory, count)
+        assert heldout == [line for i, line in enumerate(held_in_memory) if i in held]
+        train_lines, n_train, heldout_read = la.read_split_corpus(corpus, count)
+        assert heldout_read == heldout and list(train_lines()) == train == list(train_lines())
+        assert n_train == len(train) == len(held_in_memory) - len(held)
+    packed = la.pack_sequences(train, tok, 32, chunk_lines=9)
+    narrow = la.pack_sequences(iter(train_lines()), tok, 32, chunk_lines=9, total=n_train, dtype=torch.int32)
+    assert narrow.dtype == torch.int32 and torch.equal(narrow.long(), packed)
+    for a, b in zip(la.mask_tokens(narrow[:8], tok, 0.15, torch.Generator().manual_seed(3)),
+                    la.mask_tokens(packed[:8], tok, 0.15, torch.Generator().manual_seed(3))):
+        assert a.dtype == b.dtype == torch.long and torch.equal(a, b)
+    with pytest.raises(InputError, match="empty"):
+        (tmp_path / "blank.txt").write_text(" \n\n", "utf-8")
+        la.read_split_corpus(tmp_path / "blank.txt", 5)
 
 
 def test_masking_follows_bert(inputs):
@@ -230,7 +260,7 @@ def test_a_sequence_longer_than_the_base_s_positions_is_refused_before_the_corpu
     config = json.loads((inputs["base"] / "config.json").read_text())
     limit = config["max_position_embeddings"] - config["pad_token_id"] - 1
     assert la.position_limit(inputs["base"]) == limit
-    monkeypatch.setattr(la, "read_corpus", lambda *a: pytest.fail("the corpus was read"))
+    monkeypatch.setattr(la, "corpus_lines", lambda *a: pytest.fail("the corpus was read"))
     with pytest.raises(InputError, match=rf"language_adapter\.seq_len {limit + 1}: the base model .* has positions "
                                          rf"for {limit} tokens"):
         la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"], tmp_path / "la",

@@ -27,13 +27,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import heapq
 import json
 import logging
 import math
 import shutil
 import sys
 import time
-
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -128,23 +129,65 @@ class LanguageAdapterConfig:
 def split_heldout(lines: list[str], count: int) -> tuple[list[str], list[str]]:
     """(train, heldout): the held-out lines are those with the smallest content hash, so the
     split does not depend on the corpus order and a line is never in both."""
-    count = min(count, len(lines) // 10)
-    ranked = sorted(range(len(lines)), key=lambda i: hashlib.sha1(lines[i].encode()).digest())
-    held = set(ranked[:count])
+    held = _smallest_hashes(lines, min(count, len(lines) // 10))
     return ([line for i, line in enumerate(lines) if i not in held],
             [line for i, line in enumerate(lines) if i in held])
 
 
-def pack_sequences(lines: list[str], tokenizer, seq_len: int, *, chunk_lines: int = 100_000,
-                   progress: bool = False) -> torch.Tensor:
+def _smallest_hashes(lines: Iterable[str], count: int) -> set[int]:
+    """The indices of the ``count`` lines with the smallest SHA-1, ties by position: those of
+    ``sorted(range(n), key=sha1)[:count]``, keeping ``count`` of them in memory, not ``n``."""
+    return {i for _, i in heapq.nsmallest(count, ((hashlib.sha1(line.encode()).digest(), i)
+                                                  for i, line in enumerate(lines)))}
+
+
+def corpus_lines(path: str | Path) -> Iterator[str]:
+    """The corpus's non-empty lines, stripped, read as they are needed (:func:`read_corpus`'s)."""
+    for _, line in iter_utf8_lines(path):
+        line = line.strip()
+        if line:
+            yield line
+
+
+def read_split_corpus(path: str | Path, count: int) -> tuple[Callable[[], Iterator[str]], int, list[str]]:
+    """:func:`split_heldout` of the corpus at ``path``, reading it twice instead of holding it:
+    (a function giving the training lines anew, their number, the held-out lines). The same
+    lines as ``split_heldout(read_corpus(path), count)``; memory: the held-out lines only."""
+    n = 0
+
+    def hashed() -> Iterator[tuple[bytes, int]]:
+        nonlocal n
+        for n, line in enumerate(corpus_lines(path), start=1):
+            yield hashlib.sha1(line.encode()).digest(), n - 1
+
+    hashes = hashed()
+    smallest = heapq.nsmallest(count, hashes)  # sorted(...)[:count], ties by position
+    for _ in hashes:  # with a count of 0 nsmallest reads nothing: n still counts every line
+        pass
+    if n == 0:
+        raise InputError(f"{path}: the corpus is empty")
+    held = {i for _, i in smallest[:min(count, n // 10)]}
+    heldout = [line for i, line in enumerate(corpus_lines(path)) if i in held] if held else []
+
+    def train_lines() -> Iterator[str]:
+        return (line for i, line in enumerate(corpus_lines(path)) if i not in held)
+
+    return train_lines, n - len(held), heldout
+
+
+def pack_sequences(lines: Iterable[str], tokenizer, seq_len: int, *, chunk_lines: int = 100_000,
+                   progress: bool = False, total: int | None = None,
+                   dtype: torch.dtype = torch.long) -> torch.Tensor:
     """Token ids of all lines, concatenated with the separator token and cut into sequences of
     exactly ``seq_len`` (``cls ... sep``): no position is padding, so no compute is wasted on it.
     The last partial sequence is dropped unless it is the only one.
 
-    The lines are tokenised ``chunk_lines`` at a time by the Rust tokenizer into one int32 stream
-    (4 bytes a token; the Python wrapper's lists over the whole corpus took ~2 GiB per 1M lines,
-    benchmarks/pack_corpus.py), then cut; the sequences are int64, as the model and the loss
-    take them."""
+    The lines (any iterable, read ``chunk_lines`` at a time; ``total``: their number, for the
+    progress bar) are tokenised by the Rust tokenizer into int32 parts (4 bytes a token; the
+    Python wrapper's lists over the whole corpus took ~2 GiB per 1M lines,
+    benchmarks/pack_corpus.py), moved one by one into one stream, then cut into sequences of
+    ``dtype``: int64 by default, as the model and the loss take them; the LA keeps int32, half the
+    memory, and :func:`mask_tokens` widens each batch."""
     import itertools
 
     import numpy as np
@@ -156,9 +199,11 @@ def pack_sequences(lines: list[str], tokenizer, seq_len: int, *, chunk_lines: in
     sep = tokenizer.sep_token_id
     backend = getattr(tokenizer, "backend_tokenizer", None)
     parts = []
-    with tqdm(total=len(lines), desc="tokenising", unit="line", disable=not progress) as bar:
-        for start in range(0, len(lines), chunk_lines):
-            chunk = lines[start:start + chunk_lines]
+    if total is None and hasattr(lines, "__len__"):
+        total = len(lines)
+    lines = iter(lines)
+    with tqdm(total=total, desc="tokenising", unit="line", disable=not progress) as bar:
+        while chunk := list(itertools.islice(lines, chunk_lines)):
             if backend is not None:  # the Rust tokenizer itself: half the time of the Python wrapper
                 encoded = [e.ids for e in backend.encode_batch(chunk, add_special_tokens=False) if e.ids]
             else:
@@ -173,13 +218,18 @@ def pack_sequences(lines: list[str], tokenizer, seq_len: int, *, chunk_lines: in
             part[seps] = sep
             parts.append(part)
             bar.update(len(chunk))
-    stream = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-    if not len(stream):
+    length = sum(map(len, parts))
+    if not length:
         raise InputError("the corpus has no tokens")
-    if len(stream) < body:
-        stream = np.concatenate([stream, np.full(body - len(stream), tokenizer.pad_token_id, dtype=np.int32)])
+    stream = np.full(max(length, body), tokenizer.pad_token_id if length < body else 0, dtype=np.int32)
+    offset = 0
+    parts.reverse()
+    while parts:  # each part freed once copied: the stream and one part at a time, not twice the stream
+        part = parts.pop()
+        stream[offset:offset + len(part)] = part
+        offset += len(part)
     n = len(stream) // body
-    packed = torch.empty((n, seq_len), dtype=torch.long)
+    packed = torch.empty((n, seq_len), dtype=dtype)
     packed[:, 0] = tokenizer.cls_token_id
     packed[:, 1:-1] = torch.from_numpy(stream[: n * body].reshape(n, body))
     packed[:, -1] = sep
@@ -190,7 +240,9 @@ def mask_tokens(input_ids: torch.Tensor, tokenizer, probability: float,
                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT's masking: choose ``probability`` of the non-special positions; of those 80% become
     the mask token, 10% a random token, 10% stay. Returns (inputs, labels with -100 elsewhere).
-    Seeded by ``generator`` so a resumed run masks exactly as an uninterrupted one."""
+    Seeded by ``generator`` so a resumed run masks exactly as an uninterrupted one. Ids of a
+    narrower integer type (the LA's int32 sequences) are widened to int64 first."""
+    input_ids = input_ids.long()
     special = torch.zeros_like(input_ids, dtype=torch.bool)
     for token_id in set(tokenizer.all_special_ids):
         special |= input_ids == token_id
@@ -389,8 +441,8 @@ def warm_up_head(model, train: torch.Tensor, tokenizer, cfg: LanguageAdapterConf
 
 
 def read_corpus(path: str | Path) -> list[str]:
-    lines = [line.strip() for _, line in iter_utf8_lines(path)]
-    lines = [line for line in lines if line]
+    """The corpus's non-empty lines, stripped, in a list."""
+    lines = list(corpus_lines(path))
     if not lines:
         raise InputError(f"{path}: the corpus is empty")
     return lines
@@ -454,11 +506,15 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
                          f"positions for {limit} tokens; set it to {limit} or less")
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    train_lines, heldout_lines = split_heldout(read_corpus(corpus_path), cfg.eval_sentences)
-    train = pack_sequences(train_lines, tokenizer, cfg.seq_len, progress=progress and main)
-    heldout = pack_sequences(heldout_lines, tokenizer, cfg.seq_len) if heldout_lines else train[:0]
+    # read twice rather than held (the held-out lines by hash, then the rest tokenised in
+    # chunks), kept as int32 sequences: the lines of split_heldout(read_corpus(...)), in half the
+    # memory of int64 and without the corpus's text (benchmarks/pack_corpus.py --la)
+    train_lines, n_train, heldout_lines = read_split_corpus(corpus_path, cfg.eval_sentences)
+    train = pack_sequences(train_lines(), tokenizer, cfg.seq_len, progress=progress and main, total=n_train,
+                           dtype=torch.int32)
+    heldout = pack_sequences(heldout_lines, tokenizer, cfg.seq_len, dtype=torch.int32) if heldout_lines else train[:0]
     log.info("corpus %s: %d training lines → %d sequences of %d tokens; %d held-out lines",
-             corpus_path, len(train_lines), len(train), cfg.seq_len, len(heldout_lines))
+             corpus_path, n_train, len(train), cfg.seq_len, len(heldout_lines))
     if world > 1:
         if min(cfg.batch_size, len(train)) < world:
             raise InputError(f"a batch of {min(cfg.batch_size, len(train))} sequences cannot be "
@@ -570,7 +626,7 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
     metrics = {
         "heldout_mlm_loss_before": loss_before, "heldout_mlm_loss_after": loss_after,
         "uniform_guess_loss": math.log(len(tokenizer)), "head_warmup_steps": cfg.head_warmup_steps,
-        "heldout_lines": len(heldout_lines), "train_lines": len(train_lines),
+        "heldout_lines": len(heldout_lines), "train_lines": n_train,
         "train_sequences": len(train), "steps": cfg.steps, "resumed_from_step": resumed[0] if resumed else 0,
         "tokens_per_second": tokens_seen / elapsed if elapsed > 0 else None,
         # packed: only the last sequence can hold padding (a corpus shorter than one sequence)
