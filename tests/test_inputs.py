@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -137,6 +138,50 @@ def test_a_bad_second_source_writes_nothing(tmp_path):
     assert not out.exists()
     with pytest.raises(InputError, match="names a source twice"):
         prepare_corpus("de", {**SETTINGS, "source": [f"local:{good}", {"local": str(good)}]}, out)
+
+
+@pytest.mark.workflow
+def test_the_corpus_rule_combines_a_list_of_sources_and_reruns_only_for_what_changed(tmp_path):
+    """The workflow end to end: a language whose corpus lists a built-in and a local source gets
+    both, interleaved; a list of one source plans nothing new; editing the local file reruns
+    only the language that reads it."""
+    import subprocess
+    import sys
+
+    import yaml
+    from conftest import REPO, snakemake_exe
+
+    beside = Path(sys.executable).parent / "snakemake"
+    exe = str(beside) if beside.exists() else snakemake_exe()
+    (tmp_path / "extra").mkdir()
+    extra = tmp_path / "extra" / "de.txt"
+    extra.write_text("Ein Satz aus der eigenen Datei.\nNoch ein Satz aus der eigenen Datei.\n", "utf-8")
+    config = yaml.safe_load((REPO / "configs" / "test.yaml").read_text())
+    config["corpora"]["per_language"] = {"de": {"source": [config["corpora"].get("source", "builtin"),
+                                                           f"local:{tmp_path}/extra/{{lang}}.txt"]}}
+    path = tmp_path / "config.yaml"
+
+    def snakemake(*args):
+        path.write_text(yaml.safe_dump(config))
+        proc = subprocess.run([exe, "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+                               "--configfile", str(path), "--cores", "1", *args,
+                               "resources/corpora/de.txt", "resources/corpora/ky.txt"],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout + proc.stderr
+
+    snakemake()
+    lines = (tmp_path / "resources" / "corpora" / "de.txt").read_text("utf-8").splitlines()
+    assert lines[1] == "Ein Satz aus der eigenen Datei." and lines[3] == "Noch ein Satz aus der eigenen Datei."
+    prepare_corpus("de", {**SETTINGS, **config["corpora"], "source": "builtin"}, tmp_path / "alone.txt")
+    builtin = (tmp_path / "alone.txt").read_text("utf-8").splitlines()
+    assert lines[::2][:2] == builtin[:2] and lines[4:] == builtin[2:len(lines) - 2]
+    assert "Nothing to be done" in snakemake("-n")
+    config["corpora"]["per_language"]["ky"] = {"source": [config["corpora"].get("source", "builtin")]}
+    assert "Nothing to be done" in snakemake("-n")  # a list of one source is that source
+    extra.write_text("Ein anderer Satz.\n", "utf-8")
+    planned = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    wildcards: lang=(\S+)$", snakemake("-n"), flags=re.M)
+    assert planned == [("corpus", "de")]
 
 
 def test_builtin_paraphrases_contract(tmp_path):
