@@ -11,6 +11,7 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -56,11 +57,43 @@ def prepare_local(tmp_path, name, subset, folder) -> pd.DataFrame:
     return frame
 
 
+def test_kardes_and_korsts_join_by_sts_b_row_into_one_multi_parallel_set(tmp_path):
+    """Paper 000's STSB: Kardeş-NLU's Turkic translations and KorSTS's Korean of the same STS-B
+    test pairs. KorSTS has no row-number column: its 0-based row is the STS-B row, the number
+    Kardeş-NLU's first column holds, so ko-az pairs are scored on the rows both have."""
+    from modsent.evaluation import tasks
+
+    name, folder = "stsb_kardes_korsts", "stsb-kardes-korsts"  # clones of both repositories in one folder
+    assert ev.subsets(name, ["en", "ko", "az", "de"], f"local:{FIXTURES / folder}") == (["az", "en", "ko"], ["de"])
+    frames = {code: prepare_local(tmp_path, name, code, folder) for code in ("az", "en", "ko")}
+    assert list(frames["ko"]["pair_id"]) == [str(i) for i in range(9)]
+    assert list(frames["az"]["pair_id"]) == list(frames["en"]["pair_id"]) == ["5", "6", "8"]
+    ko = frames["ko"].set_index("pair_id").loc[["5", "6", "8"]]
+    assert list(ko["score"]) == list(frames["az"]["score"])  # the same pairs, as the fixture's rows are
+    # scored: ko-az on the three pairs all languages have. Each sentence's vector is its English
+    # sentence's (Korean and Azerbaijani by pair_id and column), so every cross-lingual score
+    # equals the English one
+    to_english = {}
+    for code in ("az", "ko"):
+        aligned = frames[code].set_index("pair_id").loc[list(frames["en"]["pair_id"])]
+        for column in ("sentence1", "sentence2"):
+            to_english.update(zip(aligned[column], frames["en"][column]))
+    english = sorted(set(frames["en"]["sentence1"]) | set(frames["en"]["sentence2"]))
+    basis = dict(zip(english, np.random.default_rng(0).normal(size=(len(english), 16))))
+    embeddings = {code: (lambda texts: np.stack([basis[to_english.get(t, t)] for t in texts]))
+                  for code in ("en", "ko", "az")}
+    scores = tasks.score_pairs(tasks.Scoring(ev.get(name), frames, embeddings, ["en", "ko", "az"]))
+    assert scores["language_bias"]["pairs"] == 3 and scores["language_bias"]["languages"] == ["en", "ko", "az"]
+    cross = scores["cross"]["values"]
+    assert len(cross) == 3 and {round(v, 9) for v in cross.values()} == {round(scores["mono"]["values"]["en"], 9)}
+    assert set(scores["mono"]["values"]) == {"en", "ko", "az"}
+
+
 # --- the registry of datasets ------------------------------------------------------------
 
 
 def test_every_dataset_is_well_formed():
-    assert set(ev.DATASETS) == {"sts17", "stsb_multi_mt", "kardes_sts", "korsts", "sick",
+    assert set(ev.DATASETS) == {"sts17", "stsb_multi_mt", "kardes_sts", "korsts", "stsb_kardes_korsts", "sick",
                                 "str2024", "sib200", "flores", "tatoeba", "builtin_parallel",
                                 "builtin_topics", "builtin_paraphrase"}
     for name, dataset in ev.DATASETS.items():

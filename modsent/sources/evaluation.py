@@ -44,6 +44,7 @@ files in the same layout, columns and types with rows written for the tests.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import glob
 import logging
 import math
@@ -301,6 +302,44 @@ KORSTS = EvalDataset(
     ),
 )
 
+def _kardes_korsts_table() -> dict[str, Subset]:
+    """Kardeş-NLU's subsets and KorSTS's Korean, each also found one folder down (a folder
+    holding clones of both repositories)."""
+    table = {code: dataclasses.replace(sub, local=sub.local + tuple(f"*/{pattern}" for pattern in sub.local[:1]))
+             for code, sub in _kardes_table().items()}
+    # no pair_id column: the row number, which is the STS-B test row number (see the evidence)
+    table["ko"] = Subset("ko", "ko", configs=(), on_hub=False,
+                         local=("KorSTS/sts-test.tsv", "*/KorSTS/sts-test.tsv"),
+                         columns=({"sentence1": "sentence1", "sentence2": "sentence2", "score": "score"},))
+    return dict(sorted(table.items()))
+
+
+STSB_KARDES_KORSTS = EvalDataset(
+    name="stsb_kardes_korsts",
+    kind="pairs",
+    task="sts",
+    hub_id=None,
+    description="The STS-B test set in the human translations paper 000 joins: Kardeş-NLU's "
+                "Azerbaijani, Kazakh, Kyrgyz, Uyghur and Uzbek (800 pairs, with the English "
+                "originals) and KorSTS's Korean (all 1,379), aligned by STS-B row, so that "
+                "cross-lingual pairs such as ko-uz are scored on the 800 pairs all share.",
+    multi_parallel=True,
+    subset_table=_kardes_korsts_table(),
+    score_range=(0.0, 5.0),
+    transliterate={"ug": ("UCS", "UAS")},
+    evidence=(
+        "Paper 000: 'the STS datasets for Turkic languages in Kardeş-NLU and the Korean STS "
+        "dataset ... all translated from the English STS-Benchmark ... effectively "
+        "multi-parallel STS data for cross-lingual evaluation ... e.g. Korean-Uzbek'. Files as "
+        "kardes_sts's and korsts's, from clones of lksenel/Kardes-NLU and "
+        "kakaobrain/kor-nlu-datasets (in one folder, or KorSTS/ inside the Kardeş-NLU clone). "
+        "Alignment: Kardeş-NLU's first column is the STS-B test row number (5 ... 1375; 800 "
+        "rows); KorSTS's sts-test.tsv holds the 1,379 STS-B test rows in STS-B's order, so its "
+        "0-based row number is that row number: in the repositories' files all 800 Kardeş-NLU "
+        "rows, in each of the five languages, have KorSTS's score at that row (checked with this loader)."
+    ),
+)
+
 _SICK_COLUMNS = ({"pair_id": "pair_ID", "sentence1": "sentence_A", "sentence2": "sentence_B",
                   "score": "relatedness_score"},)
 # Per language, so that a folder of one release is never read as another language's.
@@ -538,7 +577,7 @@ BUILTIN_PARAPHRASE = EvalDataset(
 )
 
 DATASETS: Mapping[str, EvalDataset] = MappingProxyType(
-    {d.name: d for d in (STS17, STSB_MULTI_MT, KARDES_STS, KORSTS, SICK, STR2024, SIB200, FLORES,
+    {d.name: d for d in (STS17, STSB_MULTI_MT, KARDES_STS, KORSTS, STSB_KARDES_KORSTS, SICK, STR2024, SIB200, FLORES,
                          TATOEBA, BUILTIN_PARALLEL, BUILTIN_TOPICS, BUILTIN_PARAPHRASE)}
 )
 
