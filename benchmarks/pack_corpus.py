@@ -16,8 +16,8 @@ that both give the same sequences.
 ``--la`` times the language adapter's whole preparation from the corpus file instead: the
 earlier one (every line read into a list, the held-out lines chosen by sorting all their hashes,
 the parts concatenated into one stream, int64 sequences) against the LA's (the file read twice,
-the held-out lines chosen by a heap of as many hashes, the parts moved into the stream one by
-one, int32 sequences), from the file to the training and held-out sequences; the peak memory is
+the held-out lines chosen by a heap of as many hashes, each part moved into its rows of int32
+sequences and freed), from the file to the training and held-out sequences; the peak memory is
 above the process's before the file is read, and both must give the same sequences.
 """
 
@@ -180,7 +180,7 @@ def main() -> None:
     for name, r in results.items():
         print(f"  {name:11s} {r['seconds']:7.1f} s   peak memory {above} {r['extra_bytes'] / 2**30:6.2f} GiB")
     print(f"  {names[1]} / {names[0]}: time {ours['seconds'] / ref['seconds']:.2f}x, "
-          f"memory {ours['extra_bytes'] / ref['extra_bytes']:.2f}x")
+          f"memory {ours['extra_bytes'] / max(ref['extra_bytes'], 1):.2f}x")
     if not same:
         sys.exit("the two implementations gave different sequences")
 

@@ -108,8 +108,9 @@ def _yaml_hint(error: jsonschema.ValidationError, key: str) -> str:
     return ""
 
 
-def _describe(error: jsonschema.ValidationError) -> str:
-    """One readable line for a schema error: the key, then what was expected."""
+def _describe(error: jsonschema.ValidationError, fallback: str | None = None) -> str:
+    """One readable line for a schema error: the key, then what was expected (``fallback``: the
+    description of a ``oneOf`` this one is nested in, which says more about the key)."""
     key = _key(error.absolute_path)
     if error.validator == "type":
         return f"{key}: {error.message}{_yaml_hint(error, key)}"
@@ -129,10 +130,13 @@ def _describe(error: jsonschema.ValidationError) -> str:
             same_place = len(e.absolute_path) == len(error.absolute_path)
             return same_place and (e.validator == "type" or e.validator == "oneOf" and all(map(mismatch, e.context)))
 
+        def flat(errors):  # the type errors of every alternative, nested oneOfs opened
+            return [leaf for e in errors for leaf in (flat(e.context) if e.validator == "oneOf" else [e])]
+
         fitting = [e for e in error.context if not mismatch(e)]
         if len(fitting) == 1 and len(fitting[0].absolute_path) == len(error.absolute_path) \
                 and fitting[0].validator in ("oneOf", "uniqueItems", "minItems"):
-            return _describe(fitting[0])
+            return _describe(fitting[0], error.schema.get("description", "").strip() or fallback)
         # show the alternative that got furthest (the deepest error)
         best = max(error.context, key=lambda e: len(e.absolute_path))
         if len(best.absolute_path) > len(error.absolute_path):
@@ -141,12 +145,12 @@ def _describe(error: jsonschema.ValidationError) -> str:
             for sub in error.context:
                 if sub.validator == "additionalProperties" and set(sub.schema.get("required", ())) <= set(error.instance):
                     return _describe(sub)
-        description = error.schema.get("description", "").strip()
+        description = fallback or error.schema.get("description", "").strip()
         bounds = [e for e in error.context if e.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")]
         if len(bounds) == 1:  # a number of the right type out of its range: say the bound
             return f"{key}: {bounds[0].message}" + (f" ({description})" if description else "")
-        if all(e.validator == "type" for e in error.context):  # of none of the accepted types: name them
-            expected = " or ".join(dict.fromkeys(_expectation(e.schema) for e in error.context))
+        if all(map(mismatch, error.context)):  # of none of the accepted types: name them
+            expected = " or ".join(dict.fromkeys(_expectation(e.schema) for e in flat(error.context)))
             return f"{key}: {error.instance!r} is not valid: expected {expected}" + (
                 f" ({description})" if description else "")
         return f"{key}: {error.instance!r} is not valid: {description or best.message}"

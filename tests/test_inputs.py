@@ -136,8 +136,15 @@ def test_a_bad_second_source_writes_nothing(tmp_path):
     with pytest.raises(InputError, match=r"bad\.txt: line 2: invalid UTF-8"):
         prepare_corpus("de", {**SETTINGS, "source": [f"local:{good}", f"local:{bad}"]}, out)
     assert not out.exists()
-    with pytest.raises(InputError, match="names a source twice"):
-        prepare_corpus("de", {**SETTINGS, "source": [f"local:{good}", {"local": str(good)}]}, out)
+    # the error names the language's job, as with one source
+    records = tmp_path / "records.jsonl"
+    records.write_text('{"body": "Kein Text hier."}\n', "utf-8")
+    with pytest.raises(InputError, match=r"\(de\): record 1 has no 'text' field"):
+        prepare_corpus("de", {**SETTINGS, "source": [f"local:{good}", {"local": str(records)}]}, out)
+    assert not out.exists()
+    # one file named twice, in the two spellings: read twice, kept once
+    assert prepare_corpus("de", {**SETTINGS, "source": [f"local:{good}", {"local": str(good)}]}, out) == 2
+    assert out.read_text("utf-8") == good.read_text("utf-8")
 
 
 @pytest.mark.workflow

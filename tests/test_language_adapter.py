@@ -77,6 +77,33 @@ def test_pack_sequences_wastes_nothing_on_padding(inputs):
         la.pack_sequences(["", ""], tok, 32)
 
 
+def test_packing_in_parts_equals_concatenating_and_cutting():
+    """Each tokenised part is moved into its rows of the sequences: for random corpora, sequence
+    lengths and chunk sizes (parts ending anywhere in a row, shorter than one, a corpus shorter
+    than one sequence) the sequences of one token stream cut in rows of seq_len - 2."""
+    import random
+
+    class Words:
+        sep_token_id, cls_token_id, pad_token_id = 2, 1, 0
+
+        def __call__(self, lines, add_special_tokens=False):
+            return {"input_ids": [[3 + int(word[1:]) for word in line.split()] for line in lines]}
+
+    rng = random.Random(0)
+    for _ in range(300):
+        lines = [" ".join(f"w{rng.randrange(9)}" for _ in range(rng.randrange(0, 12))) for _ in range(rng.randrange(1, 60))]
+        seq_len, chunk = rng.randrange(3, 20), rng.randrange(1, 9)
+        stream = [i for ids in Words()(lines)["input_ids"] if ids for i in ids + [2]]
+        if not stream:
+            continue
+        body = seq_len - 2
+        stream += [0] * (body - len(stream))  # shorter than one sequence: padded to one
+        reference = torch.tensor([[1, *stream[i * body:(i + 1) * body], 2] for i in range(len(stream) // body)])
+        assert torch.equal(la.pack_sequences(lines, Words(), seq_len, chunk_lines=chunk), reference)
+        narrow = la.pack_sequences(iter(lines), Words(), seq_len, chunk_lines=chunk, dtype=torch.int32)
+        assert narrow.dtype == torch.int32 and torch.equal(narrow.long(), reference)
+
+
 def test_the_corpus_read_twice_is_split_and_packed_as_when_held(inputs, tmp_path):
     """The LA reads its corpus twice instead of holding it (the held-out lines by a heap of
     hashes, then the rest tokenised in chunks) and keeps int32 sequences: the lines, sequences

@@ -424,7 +424,7 @@ def test_build_corpus_bad_input():
         corpus.build_corpus([], None, 1, 10, True, "en", splitter="nltk")
 
 
-def test_several_sources_interleave_one_sentence_each_in_turn_and_share_the_cap():
+def test_several_sources_interleave_one_kept_sentence_each_in_turn_and_share_the_cap():
     read = {"a": 0, "b": 0}
 
     def records(name, items):
@@ -438,16 +438,20 @@ def test_several_sources_interleave_one_sentence_each_in_turn_and_share_the_cap(
     stats: dict = {}
     got = list(corpus.iter_corpus([(records("a", a), True, "a"), (records("b", b), False, "b")], 5, 1, 100, "en",
                                   stats=stats))
-    # a's first document gives two sentences, one per turn: its second comes after b's first,
-    # the same sentence, and is dropped; the cap counts both sources
+    # a's first document gives two sentences: its second, in a's second turn, is b's first, a
+    # duplicate, so a reads on to its next kept sentence; the cap counts both sources
     assert got == ["Beautiful is better than ugly.", "Explicit is better than implicit.",
-                   "Flat is better than nested.", "Simple is better than complex.", "Sparse is better than dense."]
-    assert stats["duplicates"] == 1 and stats["kept"] == 5
-    assert stats["kept_a"] == 2 and stats["kept_b"] == 3
+                   "Simple is better than complex.", "Flat is better than nested.", "Sparse is better than dense."]
+    assert stats["duplicates"] == 1 and stats["kept"] == 5 and stats["candidates"] == 6
+    assert stats["kept a"] == 2 and stats["kept b"] == 3
     assert read == {"a": 2, "b": 3}  # nothing read past the cap
     # once a runs out, b goes on alone
     rest = list(corpus.iter_corpus([(a, True, "a"), (b, False, "b")], None, 1, 100, "en"))
     assert rest[5:] == ["Readability counts.", "Errors should never pass silently."]
+    # a candidate too short does not cost its source the turn either
+    short = list(corpus.iter_corpus([(["Tiny.", "Now is better than never."], False, "a"),
+                                     (["Namespaces are one honking great idea."], False, "b")], None, 10, 100, "en"))
+    assert short == ["Now is better than never.", "Namespaces are one honking great idea."]
 
 
 def test_one_source_in_the_list_form_is_build_corpus():

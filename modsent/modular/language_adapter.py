@@ -185,9 +185,10 @@ def pack_sequences(lines: Iterable[str], tokenizer, seq_len: int, *, chunk_lines
     The lines (any iterable, read ``chunk_lines`` at a time; ``total``: their number, for the
     progress bar) are tokenised by the Rust tokenizer into int32 parts (4 bytes a token; the
     Python wrapper's lists over the whole corpus took ~2 GiB per 1M lines,
-    benchmarks/pack_corpus.py), moved one by one into one stream, then cut into sequences of
-    ``dtype``: int64 by default, as the model and the loss take them; the LA keeps int32, half the
-    memory, and :func:`mask_tokens` widens each batch."""
+    benchmarks/pack_corpus.py), and each part is moved into its rows of the int32 sequences and
+    freed, so the tokens are held about once. The sequences are of ``dtype``: int64 by default,
+    as the model and the loss take them (a copy); the LA keeps int32, half the memory, and
+    :func:`mask_tokens` widens each batch."""
     import itertools
 
     import numpy as np
@@ -221,19 +222,28 @@ def pack_sequences(lines: Iterable[str], tokenizer, seq_len: int, *, chunk_lines
     length = sum(map(len, parts))
     if not length:
         raise InputError("the corpus has no tokens")
-    stream = np.full(max(length, body), tokenizer.pad_token_id if length < body else 0, dtype=np.int32)
-    offset = 0
-    parts.reverse()
-    while parts:  # each part freed once copied: the stream and one part at a time, not twice the stream
-        part = parts.pop()
-        stream[offset:offset + len(part)] = part
-        offset += len(part)
-    n = len(stream) // body
-    packed = torch.empty((n, seq_len), dtype=dtype)
+    n = max(1, length // body)  # the last partial sequence dropped, unless it is the only one
+    packed = np.empty((n, seq_len), dtype=np.int32)
     packed[:, 0] = tokenizer.cls_token_id
-    packed[:, 1:-1] = torch.from_numpy(stream[: n * body].reshape(n, body))
     packed[:, -1] = sep
-    return packed
+    if length < body:
+        packed[0, 1 + length:-1] = tokenizer.pad_token_id
+    position, end = 0, n * body
+    parts.reverse()
+    while parts and position < end:  # each part moved into its rows and freed: no second copy of the stream
+        part = parts.pop()[:end - position]
+        row, column = divmod(position, body)
+        head = min(len(part), body - column) if column else 0
+        packed[row, 1 + column:1 + column + head] = part[:head]
+        full = (len(part) - head) // body
+        rows = (position + head) // body
+        packed[rows:rows + full, 1:-1] = part[head:head + full * body].reshape(full, body)
+        tail = part[head + full * body:]
+        if len(tail):
+            packed[rows + full, 1:1 + len(tail)] = tail
+        position += len(part)
+    packed = torch.from_numpy(packed)
+    return packed if dtype == torch.int32 else packed.to(dtype)
 
 
 def mask_tokens(input_ids: torch.Tensor, tokenizer, probability: float,

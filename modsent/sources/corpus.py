@@ -206,19 +206,6 @@ def _candidates(records: Iterable[str | Mapping], split_documents: bool, lang: s
                 yield sentence
 
 
-def _interleaved(streams: list[Iterator[str]]) -> Iterator[tuple[int, str]]:
-    """(stream index, item): one item of each stream in turn, each exhausted stream dropping out."""
-    live = list(enumerate(streams))
-    while live:
-        still = []
-        for index, stream in live:
-            for item in stream:
-                yield index, item
-                still.append((index, stream))
-                break
-        live = still
-
-
 def iter_corpus(
     sources: list[tuple[Iterable[str | Mapping], bool, str]],
     max_sentences: int | None,
@@ -230,8 +217,9 @@ def iter_corpus(
     stats: MutableMapping[str, int] | None = None,
 ) -> Iterator[str]:
     """Clean sentences of one or more sources, ``(records, split_documents, name)`` each, read
-    lazily; several sources are interleaved one sentence of each in turn (a source that runs
-    out drops out), so any prefix of the corpus, and so the cap, takes from all of them alike.
+    lazily; several sources are interleaved one kept sentence of each in turn (a source that
+    runs out drops out; one whose candidates are dropped reads on to its next kept one), so any
+    prefix of the corpus, and so the cap, takes from all of them alike.
 
     Records are strings or dicts with a ``text`` field; each is normalised
     (:func:`normalise_text`) and, with its source's ``split_documents``, cut into lines and every
@@ -239,7 +227,7 @@ def iter_corpus(
     shorter than ``min_chars`` or longer than ``max_chars`` characters are dropped (not
     truncated), exact duplicates after normalisation are dropped (across sources too), and
     reading stops once ``max_sentences`` are kept (``None``: no cap). ``stats``, when given,
-    receives the counts once the iterator is exhausted or closed (``kept_NAME`` per source when
+    receives the counts once the iterator is exhausted or closed (``kept NAME`` per source when
     there are several). Memory: an 8-byte digest per kept sentence in a set (~70 bytes each in
     Python), not the sentences themselves."""
     if max_sentences is not None and max_sentences < 1:
@@ -259,31 +247,37 @@ def _iter_corpus(sources, max_sentences, min_chars, max_chars, lang, split, stat
     kept_from = [0] * len(sources)
     seen: set[int] = set()
     streams = [_candidates(records, documents, lang, split, name, counts) for records, documents, name in sources]
-    pairs = ((0, sentence) for sentence in streams[0]) if len(streams) == 1 else _interleaved(streams)
+    live = list(range(len(streams)))
     try:
-        for index, sentence in pairs:
-            counts["candidates"] += 1
-            if len(sentence) < min_chars:
-                counts["too_short"] += 1
-                continue
-            if len(sentence) > max_chars:
-                counts["too_long"] += 1
-                continue
-            # 8-byte digests keep 10M sentences in well under a GB; a false duplicate is a
-            # ~1e-6 event at that size.
-            key = int.from_bytes(hashlib.blake2b(sentence.encode("utf-8"), digest_size=8).digest(), "big")
-            if key in seen:
-                counts["duplicates"] += 1
-                continue
-            seen.add(key)
-            counts["kept"] += 1
-            kept_from[index] += 1
-            yield sentence
-            if max_sentences is not None and counts["kept"] >= max_sentences:
-                return
+        while live:  # each live source in turn gives its next kept sentence
+            still = []
+            for index in live:
+                for sentence in streams[index]:
+                    counts["candidates"] += 1
+                    if len(sentence) < min_chars:
+                        counts["too_short"] += 1
+                        continue
+                    if len(sentence) > max_chars:
+                        counts["too_long"] += 1
+                        continue
+                    # 8-byte digests keep 10M sentences in well under a GB; a false duplicate
+                    # is a ~1e-6 event at that size.
+                    key = int.from_bytes(hashlib.blake2b(sentence.encode("utf-8"), digest_size=8).digest(), "big")
+                    if key in seen:
+                        counts["duplicates"] += 1
+                        continue
+                    seen.add(key)
+                    counts["kept"] += 1
+                    kept_from[index] += 1
+                    yield sentence
+                    if max_sentences is not None and counts["kept"] >= max_sentences:
+                        return
+                    still.append(index)
+                    break
+            live = still
     finally:
         if len(sources) > 1:
-            counts.update({f"kept_{name}": kept for (_, _, name), kept in zip(sources, kept_from)})
+            counts.update({f"kept {name}": kept for (_, _, name), kept in zip(sources, kept_from)})
         if stats is not None:
             stats.update(counts)
 

@@ -130,13 +130,13 @@ def prepare_corpus(lang: str, settings: Mapping, out_path: str | Path) -> int:
     key = f"corpora source of {lang!r}"
     sources = [parse_source(spec, key=key if len(specs) == 1 else f"{key} [{i}]") for i, spec in enumerate(specs)]
     names = [source.describe() for source in sources]
-    if len(set(names)) < len(names):
-        raise InputError(f"{key}: {', '.join(names)} names a source twice")
+    # two mappings of one repository (MADLAD-400's clean and noisy files) describe alike: numbered
+    names = [f"{name} [{i}]" if names.count(name) > 1 else name for i, name in enumerate(names)]
     start = time.perf_counter()
     streams = []
     for source, name in zip(sources, names):
         records, documents = corpus_records(source, lang, split_documents=settings["split_documents"])
-        streams.append((records, documents, f"{name} ({lang})" if len(sources) == 1 else name))
+        streams.append((records, documents, f"{name} ({lang})"))
     described = " + ".join(names)
     stats: dict[str, int] = {}
     sentences = iter_corpus(streams, settings["max_sentences"], settings["min_chars"], settings["max_chars"],
