@@ -17,8 +17,9 @@ that both give the same sequences.
 earlier one (every line read into a list, the held-out lines chosen by sorting all their hashes,
 the parts concatenated into one stream, int64 sequences) against the LA's (the file read twice,
 the held-out lines chosen by a heap of as many hashes, each part moved into its rows of int32
-sequences and freed), from the file to the training and held-out sequences; the peak memory is
-above the process's before the file is read, and both must give the same sequences.
+sequences and freed), from the file to the training and held-out sequences; the peak resident
+memory (sampled every 5 ms) is above the process's when the file is first read, and both must
+give the same sequences.
 """
 
 from __future__ import annotations
@@ -132,12 +133,33 @@ def child(which: str, count: int, seq_len: int, tokenizer_dir: str) -> None:
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
     if which in ("previous-la", "la"):
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        # the resident memory sampled every 5 ms, above what it was when the preparation began
+        # (ru_maxrss would be the process's peak so far: imports and the tokenizer's load)
+        import os
+        import threading
+
+        page = os.sysconf("SC_PAGE_SIZE")
+
+        def resident() -> int:
+            with open("/proc/self/statm") as handle:
+                return int(handle.read().split()[1]) * page
+
+        before, peak, done = resident(), [0], threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], resident())
+                done.wait(0.005)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         start = time.perf_counter()
         train, heldout = (la_data if which == "la" else previous_la_data)(Path(tokenizer_dir) / "corpus.txt",
                                                                           tokenizer, seq_len, 1000)
         seconds = time.perf_counter() - start
-        extra = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+        done.set()
+        sampler.join()
+        extra = max(peak[0], resident()) - before
         print(json.dumps({"seconds": seconds, "extra_bytes": extra, "shape": list(train.shape),
                           "checksum": int(train.long().sum()) + int(heldout.long().sum()),
                           "first": train[0, :8].tolist() + heldout[0, :8].tolist()}))
