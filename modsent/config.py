@@ -788,10 +788,12 @@ def corpus_sources(config: dict, lang: str) -> list[tuple[str, object]]:
     override = (corpora.get("per_language") or {}).get(lang) or {}
     key = f"corpora.per_language.{lang}.source" if isinstance(override, dict) and "source" in override \
         else "corpora.source"
-    spec = override["source"] if key != "corpora.source" else corpora.get("source", "builtin")
-    if isinstance(spec, list):
-        return [(f"{key}[{i}]", item) for i, item in enumerate(spec)]
-    return [(key, spec)]
+    return _listed(key, override["source"] if key != "corpora.source" else corpora.get("source", "builtin"))
+
+
+def _listed(key: str, spec) -> list[tuple[str, object]]:
+    """(key, spec), or (``key[i]``, item) for each item of a list of sources."""
+    return [(f"{key}[{i}]", item) for i, item in enumerate(spec)] if isinstance(spec, list) else [(key, spec)]
 
 
 def corpus_local_files(config: dict, lang: str) -> list[str]:
@@ -807,14 +809,10 @@ def all_corpus_sources(config: dict) -> list[tuple[str, object]]:
     """(config key, spec) of every corpus source the config names: ``corpora.source``'s and each
     per-language override's, whether or not a configured language reads it."""
     corpora = config.get("corpora") or {}
-
-    def entries(key, spec):
-        return [(f"{key}[{i}]", item) for i, item in enumerate(spec)] if isinstance(spec, list) else [(key, spec)]
-
-    found = entries("corpora.source", corpora.get("source", "builtin"))
+    found = _listed("corpora.source", corpora.get("source", "builtin"))
     for lang, override in (corpora.get("per_language") or {}).items():
         if isinstance(override, dict) and "source" in override:
-            found += entries(f"corpora.per_language.{lang}.source", override["source"])
+            found += _listed(f"corpora.per_language.{lang}.source", override["source"])
     return found
 
 

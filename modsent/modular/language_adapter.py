@@ -129,16 +129,20 @@ class LanguageAdapterConfig:
 def split_heldout(lines: list[str], count: int) -> tuple[list[str], list[str]]:
     """(train, heldout): the held-out lines are those with the smallest content hash, so the
     split does not depend on the corpus order and a line is never in both."""
-    held = _smallest_hashes(lines, min(count, len(lines) // 10))
+    held = set(_ranked_by_hash(lines, min(count, len(lines) // 10)))
     return ([line for i, line in enumerate(lines) if i not in held],
             [line for i, line in enumerate(lines) if i in held])
 
 
-def _smallest_hashes(lines: Iterable[str], count: int) -> set[int]:
-    """The indices of the ``count`` lines with the smallest SHA-1, ties by position: those of
-    ``sorted(range(n), key=sha1)[:count]``, keeping ``count`` of them in memory, not ``n``."""
-    return {i for _, i in heapq.nsmallest(count, ((hashlib.sha1(line.encode()).digest(), i)
-                                                  for i, line in enumerate(lines)))}
+def _ranked_by_hash(lines: Iterable[str], count: int) -> list[int]:
+    """The indices of the ``count`` lines with the smallest SHA-1, smallest first, ties by
+    position: ``sorted(range(n), key=sha1)[:count]``, keeping ``count`` of them in memory, not
+    ``n``. Reads every line (also for a count of 0)."""
+    hashes = ((hashlib.sha1(line.encode()).digest(), i) for i, line in enumerate(lines))
+    ranked = [i for _, i in heapq.nsmallest(count, hashes)]
+    for _ in hashes:  # nsmallest reads nothing for a count of 0
+        pass
+    return ranked
 
 
 def corpus_lines(path: str | Path) -> Iterator[str]:
@@ -155,18 +159,15 @@ def read_split_corpus(path: str | Path, count: int) -> tuple[Callable[[], Iterat
     lines as ``split_heldout(read_corpus(path), count)``; memory: the held-out lines only."""
     n = 0
 
-    def hashed() -> Iterator[tuple[bytes, int]]:
+    def counted() -> Iterator[str]:
         nonlocal n
         for n, line in enumerate(corpus_lines(path), start=1):
-            yield hashlib.sha1(line.encode()).digest(), n - 1
+            yield line
 
-    hashes = hashed()
-    smallest = heapq.nsmallest(count, hashes)  # sorted(...)[:count], ties by position
-    for _ in hashes:  # with a count of 0 nsmallest reads nothing: n still counts every line
-        pass
+    ranked = _ranked_by_hash(counted(), count)  # the count is capped below, once n is known
     if n == 0:
         raise InputError(f"{path}: the corpus is empty")
-    held = {i for _, i in smallest[:min(count, n // 10)]}
+    held = set(ranked[:min(count, n // 10)])
     heldout = [line for i, line in enumerate(corpus_lines(path)) if i in held] if held else []
 
     def train_lines() -> Iterator[str]:
