@@ -132,7 +132,7 @@ def test_two_processes_train_what_one_process_trains(inputs, single, tmp_path):
     assert two == pytest.approx(one) and one > 0
     assert "data-parallel over 2 processes" in log  # the main process's records reach the log
     assert "[rank 1]" not in log  # the others' do not
-    assert not Path(str(out) + ".checkpoint").exists()
+    assert not Path(str(out) + ".checkpoint").exists() and not la.sequences_path(out).exists()
 
 
 def _train_and_die(inputs, out, die_at):
@@ -151,7 +151,10 @@ def test_a_checkpoint_of_one_process_resumes_on_two(inputs, single, tmp_path):
     process.join()
     assert process.exitcode == -signal.SIGKILL
     assert json.loads((Path(str(out) + ".checkpoint") / "meta.json").read_text())["step"] == 3
-    _torchrun(inputs, out)
+    assert (la.sequences_path(out) / la.SEQUENCES_MANIFEST).is_file()
+    log = _torchrun(inputs, out)
+    assert "tokenised by an earlier run, are read from" in log  # the processes map the killed run's sequences
+    assert not la.sequences_path(out).exists()
     assert json.loads((out / "metrics.json").read_text())["resumed_from_step"] == 3
     _assert_same_training(single, out)
 
@@ -390,6 +393,58 @@ def test_all_gather_rows_stacks_uneven_shares_and_keeps_each_process_s_gradient(
             assert grad is None  # nothing of its own to back-propagate into
     single = torch.ones(2, 3)
     assert distributed.all_gather_rows(single) is single  # no process group: the tensor itself
+
+
+def _sequences_process(rank: int, store: str, inputs: dict, folder: str, fail: bool, results) -> None:
+    """One of two processes of test_only_the_main_process_tokenises...: prepare the LA's sequences."""
+    import hashlib
+
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    calls, pack = [], la.pack_sequences
+    la.pack_sequences = lambda *a, **k: calls.append(1) or pack(*a, **k)
+    if fail and rank == 0:
+        def full_disk(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+        np.save = full_disk
+    try:
+        train, heldout, counts = la.prepared_sequences(inputs["corpus"], AutoTokenizer.from_pretrained(str(inputs["tok"])),
+                                                       inputs["tok"], CFG, Path(folder))
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            mapped = str(Path(folder) / "train.npy") in maps.read()
+        results.put((rank, len(calls), hashlib.sha256(train.numpy().tobytes()).hexdigest(), counts, mapped))
+    except Exception as error:
+        results.put((rank, len(calls), type(error).__name__, str(error), None))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_only_the_main_process_tokenises_and_its_failure_stops_every_process(inputs, tmp_path):
+    """The LA's corpus is tokenised by the main process alone and mapped by every process; when
+    the main process fails to write it (a full disk here), the other one raises as well rather
+    than tokenising for itself."""
+    context = multiprocessing.get_context("spawn")
+    received = {}
+    for fail in (False, True):
+        results = context.Queue()
+        folder, store = tmp_path / f"de{fail}.sequences", tmp_path / f"store{fail}"
+        processes = [context.Process(target=_sequences_process, args=(rank, str(store), inputs, str(folder), fail, results))
+                     for rank in range(2)]
+        for process in processes:
+            process.start()
+        received[fail] = dict((item[0], item[1:]) for item in (results.get(timeout=180) for _ in processes))
+        for process in processes:
+            process.join(timeout=60)
+            assert process.exitcode == 0
+    (calls0, digest0, counts0, mapped0), (calls1, digest1, counts1, mapped1) = received[False][0], received[False][1]
+    assert (calls0, calls1) == (2, 0)  # training and held-out sequences, in the main process only
+    assert digest0 == digest1 and counts0 == counts1 and mapped0 and mapped1
+    (calls0, error0, message0, _), (calls1, error1, message1, _) = received[True][0], received[True][1]
+    assert (error0, error1) == ("OSError", "RuntimeError") and calls1 == 0
+    assert "No space left" in message0 and "the main process could not prepare the sequences" in message1
+    assert not (tmp_path / "deTrue.sequences").exists()
 
 
 # ---- the workflow scripts' side ---------------------------------------------------------------------

@@ -1,3 +1,4 @@
+import dataclasses
 import hashlib
 import json
 import multiprocessing
@@ -133,6 +134,77 @@ def test_the_corpus_read_twice_is_split_and_packed_as_when_held(inputs, tmp_path
         la.read_split_corpus(tmp_path / "blank.txt", 5)
 
 
+def test_the_corpus_is_tokenised_once_into_files_every_process_maps(inputs, tmp_path, monkeypatch, caplog):
+    """prepared_sequences: the sequences of the corpus read twice (previous test), written once
+    to a folder and mapped from it; made anew for another corpus, tokenizer, seq_len or
+    eval_sentences, or for files that do not match their manifest; a failure leaves no folder.
+    (Several processes: tests/test_distributed.py.)"""
+    import shutil
+
+    tok, tokenizer_dir = tokenizer(inputs), inputs["tok"]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(inputs["corpus"].read_text(encoding="utf-8"), encoding="utf-8")
+    folder = tmp_path / "de.sequences"
+    pack = la.pack_sequences  # the reference, uncounted
+
+    def expected(cfg):
+        train, heldout = la.split_heldout(la.read_corpus(corpus), cfg.eval_sentences)
+        return (pack(train, tok, cfg.seq_len), pack(heldout, tok, cfg.seq_len),
+                {"train_lines": len(train), "heldout_lines": len(heldout)})
+
+    def check(result, cfg):
+        train, heldout, counts = result
+        want_train, want_heldout, want_counts = expected(cfg)
+        assert train.dtype == heldout.dtype == torch.int32 and counts == want_counts
+        assert torch.equal(train.long(), want_train) and torch.equal(heldout.long(), want_heldout)
+        return train
+
+    calls = []
+    monkeypatch.setattr(la, "pack_sequences", lambda *a, **k: calls.append(1) or pack(*a, **k))
+
+    def prepared(cfg=CFG, tokenizer_dir=tokenizer_dir, made=2):
+        before = len(calls)
+        result = check(la.prepared_sequences(corpus, tok, tokenizer_dir, cfg, folder), cfg)
+        assert len(calls) - before == made, "tokenised" if made == 0 else "not tokenised"
+        return result
+
+    prepared()
+    assert {p.name for p in folder.iterdir()} == {"train.npy", "heldout.npy", la.SEQUENCES_MANIFEST}
+    with caplog.at_level("INFO", logger=la.log.name):
+        train = prepared(made=0)  # read back, not made
+    assert "tokenised by an earlier run" in caplog.text
+    with open("/proc/self/maps", encoding="utf-8") as maps:  # mapped from the file, not read into memory
+        assert str(folder / "train.npy") in maps.read()
+    del train
+    assert la.sequences_key(tokenizer_dir, corpus, CFG) == la.sequences_key(
+        tokenizer_dir, corpus, dataclasses.replace(CFG, steps=99, learning_rate=1.0))  # training settings: same data
+    prepared(dataclasses.replace(CFG, seq_len=24))
+    prepared(dataclasses.replace(CFG, eval_sentences=7))
+    other = tmp_path / "tok"  # another file of the tokenizer (its special tokens live beside the vocabulary)
+    shutil.copytree(tokenizer_dir, other)
+    config = json.loads((other / "tokenizer_config.json").read_text(encoding="utf-8"))
+    (other / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 77}), encoding="utf-8")
+    prepared(tokenizer_dir=other)
+    prepared(made=2)
+    with corpus.open("a", encoding="utf-8") as handle:
+        handle.write("Noch ein Satz, der vorher nicht da war.\n")
+    prepared()
+    for damage in ("truncate", "remove", "manifest"):  # what a crash or a full disk can leave
+        if damage == "truncate":
+            data = (folder / "train.npy").read_bytes()
+            (folder / "train.npy").write_bytes(data[:len(data) // 2])
+        elif damage == "remove":
+            (folder / "heldout.npy").unlink()
+        else:
+            (folder / la.SEQUENCES_MANIFEST).write_text("[1]", encoding="utf-8")
+        prepared()
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n \n", encoding="utf-8")
+    with pytest.raises(InputError, match="empty"):
+        la.prepared_sequences(blank, tok, tokenizer_dir, CFG, tmp_path / "blank.sequences")
+    assert not (tmp_path / "blank.sequences").exists()
+
+
 def test_masking_follows_bert(inputs):
     tok = tokenizer(inputs)
     packed = la.pack_sequences(la.read_corpus(inputs["corpus"]), tok, 32)
@@ -229,7 +301,7 @@ def _train_and_die(inputs, out, die_at):
                               out, CFG, progress=False, on_step=die)
 
 
-def test_killed_job_resumes_from_its_last_checkpoint(inputs, tmp_path):
+def test_killed_job_resumes_from_its_last_checkpoint(inputs, tmp_path, monkeypatch):
     torch.set_num_threads(1)
     straight = tmp_path / "straight"
     la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
@@ -242,9 +314,17 @@ def test_killed_job_resumes_from_its_last_checkpoint(inputs, tmp_path):
     assert not resumed.exists()  # nothing Snakemake would accept
     checkpoint = Path(str(resumed) + ".checkpoint")
     assert json.loads((checkpoint / "meta.json").read_text())["step"] == 3
+    sequences = la.sequences_path(resumed)
+    assert (sequences / la.SEQUENCES_MANIFEST).is_file()  # the tokenised corpus outlives the kill
+
+    def tokenise_again(*args, **kwargs):
+        raise AssertionError("the rerun tokenised the corpus again")
+
+    monkeypatch.setattr(la, "pack_sequences", tokenise_again)  # the rerun reads what the first run made
     metrics = la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
                                         resumed, CFG, progress=False)
     assert metrics["resumed_from_step"] == 3
+    assert not sequences.exists() and not checkpoint.exists()  # both go once the LA is written
     a = load_file(str(straight / "embeddings.safetensors"))
     b = load_file(str(resumed / "embeddings.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)  # bit for bit what an unbroken run gives

@@ -247,6 +247,115 @@ def pack_sequences(lines: Iterable[str], tokenizer, seq_len: int, *, chunk_lines
     return packed if dtype == torch.int32 else packed.to(dtype)
 
 
+SEQUENCES_FORMAT = 1  # of the prepared sequences' folder: a change of how they are made bumps it
+SEQUENCES_MANIFEST = "manifest.json"
+
+
+def sequences_path(out_dir: str | Path) -> Path:
+    """Where the LA that writes ``out_dir`` keeps its tokenised corpus while it trains:
+    ``{out}.sequences`` beside the output (and beside its ``.checkpoint``), removed with the
+    checkpoint when the LA is written."""
+    out_dir = Path(out_dir)
+    return out_dir.with_name(out_dir.name + ".sequences")
+
+
+def sequences_key(tokenizer_dir: str | Path, corpus_path: str | Path, cfg: "LanguageAdapterConfig") -> str:
+    """What prepared sequences are made of: the format, the tokenizer directory's files (the
+    vocabulary and the special tokens' ids), the corpus's bytes, the sequence length and the
+    held-out count (nothing else of the LA's settings)."""
+    from modsent.training.checkpoints import fingerprint
+
+    return fingerprint({"sequences_format": SEQUENCES_FORMAT, "seq_len": cfg.seq_len,
+                        "eval_sentences": cfg.eval_sentences}, tokenizer_dir, corpus_path)
+
+
+def _tokenised(corpus_path, tokenizer, cfg, progress: bool) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """The corpus's training and held-out sequences (int32) and their counts, made in memory."""
+    # read twice rather than held (the held-out lines by hash, then the rest tokenised in
+    # chunks), kept as int32 sequences: the lines of split_heldout(read_corpus(...)), in half the
+    # memory of int64 and without the corpus's text (benchmarks/pack_corpus.py --la)
+    train_lines, n_train, heldout_lines = read_split_corpus(corpus_path, cfg.eval_sentences)
+    train = pack_sequences(train_lines(), tokenizer, cfg.seq_len, progress=progress, total=n_train,
+                           dtype=torch.int32)
+    heldout = pack_sequences(heldout_lines, tokenizer, cfg.seq_len, dtype=torch.int32) if heldout_lines else train[:0]
+    return train, heldout, {"train_lines": n_train, "heldout_lines": len(heldout_lines)}
+
+
+def _load_sequences(folder: Path, key: str, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, dict] | None:
+    """The sequences prepared in ``folder`` for ``key``, memory-mapped copy-on-write (the
+    processes of a node share one copy in the page cache), or None when there are none of that
+    key, or files that do not hold what the manifest says (a folder a crash left incomplete)."""
+    import numpy as np
+
+    try:
+        manifest = json.loads((folder / SEQUENCES_MANIFEST).read_text(encoding="utf-8"))
+        if not isinstance(manifest, dict) or manifest.get("key") != key:
+            return None
+        train, heldout = (np.load(folder / f"{name}.npy", mmap_mode="c") for name in ("train", "heldout"))
+        counts = {name: int(manifest["counts"][name]) for name in ("train_lines", "heldout_lines")}
+        shapes = [(manifest["train_sequences"], seq_len), (manifest["heldout_sequences"], seq_len)]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if [train.shape, heldout.shape] != shapes or train.dtype != heldout.dtype or train.dtype != np.int32:
+        return None
+    return torch.from_numpy(train), torch.from_numpy(heldout), counts
+
+
+def prepared_sequences(corpus_path: str | Path, tokenizer, tokenizer_dir: str | Path,
+                       cfg: "LanguageAdapterConfig", folder: str | Path, *,
+                       progress: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(training sequences, held-out sequences, {"train_lines", "heldout_lines"}) of the LA:
+    the corpus tokenised once per training, not once per process and once per restart.
+
+    The main process tokenises the corpus (:func:`read_split_corpus`, :func:`pack_sequences`)
+    and writes the int32 sequences to ``folder`` (``train.npy``, ``heldout.npy`` and a manifest
+    naming what they were made of, :func:`sequences_key`, and their shapes; atomically), while
+    the others wait at a barrier; every process then maps them copy-on-write, so the processes
+    of a data-parallel LA share them in the page cache rather than each holding its own, and a
+    rerun after a kill or a time limit maps them again instead of tokenising. Sequences made of
+    another tokenizer, corpus, ``seq_len`` or ``eval_sentences``, or files that do not match
+    their manifest, are made anew. When the main process fails (bad input, a full disk) every
+    process raises: the others with an error that points to the main process's."""
+    import numpy as np
+
+    folder = Path(folder)
+    main, failed = distributed.is_main(), None
+    if main:
+        try:
+            key = sequences_key(tokenizer_dir, corpus_path, cfg)
+            if _load_sequences(folder, key, cfg.seq_len) is None:
+                train, heldout, counts = _tokenised(corpus_path, tokenizer, cfg, progress)
+                with atomic_path(folder, directory=True) as tmp:
+                    np.save(tmp / "train.npy", train.numpy())
+                    np.save(tmp / "heldout.npy", heldout.numpy())
+                    (tmp / SEQUENCES_MANIFEST).write_text(json.dumps(
+                        {"key": key, "counts": counts, "corpus": str(corpus_path), "seq_len": cfg.seq_len,
+                         "train_sequences": len(train), "heldout_sequences": len(heldout)}, indent=2) + "\n",
+                        encoding="utf-8")
+                del train, heldout  # the mapped file's pages stand for them from here on
+            else:
+                log.info("the corpus's sequences, tokenised by an earlier run, are read from %s", folder)
+        except BaseException as error:  # the others wait at the barrier: tell them, then raise
+            failed = error
+    # the others wait for the main process here (at most the process group's timeout, 60
+    # minutes: ~300M lines at 2 cores' ~5M lines a minute), then learn whether it succeeded
+    distributed.barrier()
+    status = torch.tensor([0 if failed is None else 1],
+                          device="cuda" if distributed.is_initialized()
+                          and torch.distributed.get_backend() == "nccl" else "cpu")
+    distributed.broadcast_from_main([status])
+    if failed is not None:
+        raise failed
+    if status.item():
+        raise RuntimeError(f"process {distributed.rank()}: the main process could not prepare the sequences "
+                           f"of {corpus_path} in {folder} (its error is in the log)")
+    loaded = _load_sequences(folder, key if main else sequences_key(tokenizer_dir, corpus_path, cfg), cfg.seq_len)
+    if loaded is None:
+        raise InputError(f"{folder}: process {distributed.rank()} cannot read the sequences the main process "
+                         "wrote there")
+    return loaded
+
+
 def mask_tokens(input_ids: torch.Tensor, tokenizer, probability: float,
                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT's masking: choose ``probability`` of the non-special positions; of those 80% become
@@ -517,15 +626,12 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
                          f"positions for {limit} tokens; set it to {limit} or less")
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    # read twice rather than held (the held-out lines by hash, then the rest tokenised in
-    # chunks), kept as int32 sequences: the lines of split_heldout(read_corpus(...)), in half the
-    # memory of int64 and without the corpus's text (benchmarks/pack_corpus.py --la)
-    train_lines, n_train, heldout_lines = read_split_corpus(corpus_path, cfg.eval_sentences)
-    train = pack_sequences(train_lines(), tokenizer, cfg.seq_len, progress=progress and main, total=n_train,
-                           dtype=torch.int32)
-    heldout = pack_sequences(heldout_lines, tokenizer, cfg.seq_len, dtype=torch.int32) if heldout_lines else train[:0]
+    sequences_dir = sequences_path(out_dir)
+    train, heldout, counts = prepared_sequences(corpus_path, tokenizer, tokenizer_dir, cfg, sequences_dir,
+                                                progress=progress and main)
+    n_train = counts["train_lines"]
     log.info("corpus %s: %d training lines → %d sequences of %d tokens; %d held-out lines",
-             corpus_path, n_train, len(train), cfg.seq_len, len(heldout_lines))
+             corpus_path, n_train, len(train), cfg.seq_len, counts["heldout_lines"])
     if world > 1:
         if min(cfg.batch_size, len(train)) < world:
             raise InputError(f"a batch of {min(cfg.batch_size, len(train))} sequences cannot be "
@@ -625,6 +731,7 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
         efficiency.encoder_flops(body, tokens_seen, tokens_seen * train.shape[1])
         + efficiency.mlm_head_flops(mlm_parts(model)[1], masked_seen), elapsed, device, processes=world)
     if not main:
+        del train, heldout  # unmapped before the main process removes their files (an NFS keeps mapped ones)
         distributed.barrier()  # while the main process evaluates and writes the output
         return None
 
@@ -637,7 +744,7 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
     metrics = {
         "heldout_mlm_loss_before": loss_before, "heldout_mlm_loss_after": loss_after,
         "uniform_guess_loss": math.log(len(tokenizer)), "head_warmup_steps": cfg.head_warmup_steps,
-        "heldout_lines": len(heldout_lines), "train_lines": n_train,
+        "heldout_lines": counts["heldout_lines"], "train_lines": n_train,
         "train_sequences": len(train), "steps": cfg.steps, "resumed_from_step": resumed[0] if resumed else 0,
         "tokens_per_second": tokens_seen / elapsed if elapsed > 0 else None,
         # packed: only the last sequence can hold padding (a corpus shorter than one sequence)
@@ -654,8 +761,10 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
                          lines={"held-out before": loss_before, "held-out after": loss_after})
     log.info("LA %s: held-out MLM loss %s → %s; %.0f tokens/s, %s", out_dir.name,
              _fmt(loss_before), _fmt(loss_after), metrics["tokens_per_second"] or 0, efficiency.describe(figures))
+    del train, heldout  # unmapped before their files are removed
     distributed.barrier()  # every process got here: only now is the checkpoint not needed by a rerun
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    shutil.rmtree(sequences_dir, ignore_errors=True)
     return metrics
 
 
