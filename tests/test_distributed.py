@@ -403,6 +403,8 @@ def _sequences_process(rank: int, store: str, inputs: dict, folder: str, fail: b
     from transformers import AutoTokenizer
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    groups, new_group = [], torch.distributed.new_group
+    torch.distributed.new_group = lambda *a, **k: groups.append(k) or new_group(*a, **k)
     calls, pack = [], la.pack_sequences
     la.pack_sequences = lambda *a, **k: calls.append(1) or pack(*a, **k)
     if fail and rank == 0:
@@ -414,6 +416,8 @@ def _sequences_process(rank: int, store: str, inputs: dict, folder: str, fail: b
                                                        inputs["tok"], CFG, Path(folder))
         with open("/proc/self/maps", encoding="utf-8") as maps:
             mapped = str(Path(folder) / "train.npy") in maps.read()
+        # the others waited in a CPU group of their own, with its own timeout
+        assert groups == [{"backend": "gloo", "timeout": la.SEQUENCES_WAIT}], groups
         results.put((rank, len(calls), hashlib.sha256(train.numpy().tobytes()).hexdigest(), counts, mapped))
     except Exception as error:
         results.put((rank, len(calls), type(error).__name__, str(error), None))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import hashlib
 import heapq
 import json
@@ -249,6 +250,9 @@ def pack_sequences(lines: Iterable[str], tokenizer, seq_len: int, *, chunk_lines
 
 SEQUENCES_FORMAT = 1  # of the prepared sequences' folder: a change of how they are made bumps it
 SEQUENCES_MANIFEST = "manifest.json"
+# How long the other processes of a data-parallel LA wait for the main one to tokenise the
+# corpus (~5M lines a minute on 2 cores: the paper's 10M sentences take minutes)
+SEQUENCES_WAIT = datetime.timedelta(hours=12)
 
 
 def sequences_path(out_dir: str | Path) -> Path:
@@ -310,7 +314,8 @@ def prepared_sequences(corpus_path: str | Path, tokenizer, tokenizer_dir: str | 
     The main process tokenises the corpus (:func:`read_split_corpus`, :func:`pack_sequences`)
     and writes the int32 sequences to ``folder`` (``train.npy``, ``heldout.npy`` and a manifest
     naming what they were made of, :func:`sequences_key`, and their shapes; atomically), while
-    the others wait at a barrier; every process then maps them copy-on-write, so the processes
+    the others wait for it (in a gloo group of their own, blocked rather than spinning on a GPU,
+    up to :data:`SEQUENCES_WAIT`); every process then maps them copy-on-write, so the processes
     of a data-parallel LA share them in the page cache rather than each holding its own, and a
     rerun after a kill or a time limit maps them again instead of tokenising. Sequences made of
     another tokenizer, corpus, ``seq_len`` or ``eval_sentences``, or files that do not match
@@ -320,6 +325,10 @@ def prepared_sequences(corpus_path: str | Path, tokenizer, tokenizer_dir: str | 
 
     folder = Path(folder)
     main, failed = distributed.is_main(), None
+    # the others wait for the main process in a CPU (gloo) group of their own: blocked in a
+    # socket, not spinning on a GPU synchronisation beside the main process's tokenizer threads,
+    # and for up to SEQUENCES_WAIT rather than the process group's 60 minutes
+    group = torch.distributed.new_group(backend="gloo", timeout=SEQUENCES_WAIT) if distributed.is_initialized() else None
     if main:
         try:
             key = sequences_key(tokenizer_dir, corpus_path, cfg)
@@ -337,13 +346,12 @@ def prepared_sequences(corpus_path: str | Path, tokenizer, tokenizer_dir: str | 
                 log.info("the corpus's sequences, tokenised by an earlier run, are read from %s", folder)
         except BaseException as error:  # the others wait at the barrier: tell them, then raise
             failed = error
-    # the others wait for the main process here (at most the process group's timeout, 60
-    # minutes: ~300M lines at 2 cores' ~5M lines a minute), then learn whether it succeeded
-    distributed.barrier()
-    status = torch.tensor([0 if failed is None else 1],
-                          device="cuda" if distributed.is_initialized()
-                          and torch.distributed.get_backend() == "nccl" else "cpu")
-    distributed.broadcast_from_main([status])
+    status = torch.tensor([0 if failed is None else 1])  # whether the main process failed, told to all
+    if group is not None:
+        try:
+            torch.distributed.broadcast(status, src=0, group=group)
+        finally:
+            torch.distributed.destroy_process_group(group)
     if failed is not None:
         raise failed
     if status.item():
