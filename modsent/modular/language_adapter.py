@@ -52,7 +52,13 @@ from modsent.io import (
 )
 from modsent.losses import MaskedLanguageModelingLoss, mlm_parts
 from modsent.training import efficiency, fastpath, schedules, tracking
-from modsent.training.checkpoints import RUNTIME_SETTINGS, at_later_default, load_checkpoint, save_checkpoint
+from modsent.training.checkpoints import (
+    RUNTIME_SETTINGS,
+    at_later_default,
+    checkpoint_path,
+    load_checkpoint,
+    save_checkpoint,
+)
 from modsent.training.loop import LossScaleWatch, optimizer_step, report_step, to_device
 from modsent.training.optim import adamw, step_options
 from modsent.training.precision import autocast, default_device, grad_scaler, resolve as resolve_precision
@@ -329,10 +335,12 @@ def prepared_sequences(corpus_path: str | Path, tokenizer, tokenizer_dir: str | 
     # socket, not spinning on a GPU synchronisation beside the main process's tokenizer threads,
     # and for up to SEQUENCES_WAIT rather than the process group's 60 minutes
     group = torch.distributed.new_group(backend="gloo", timeout=SEQUENCES_WAIT) if distributed.is_initialized() else None
+    loaded = None
     if main:
         try:
             key = sequences_key(tokenizer_dir, corpus_path, cfg)
-            if _load_sequences(folder, key, cfg.seq_len) is None:
+            loaded = _load_sequences(folder, key, cfg.seq_len)
+            if loaded is None:
                 train, heldout, counts = _tokenised(corpus_path, tokenizer, cfg, progress)
                 with atomic_path(folder, directory=True) as tmp:
                     np.save(tmp / "train.npy", train.numpy())
@@ -344,7 +352,7 @@ def prepared_sequences(corpus_path: str | Path, tokenizer, tokenizer_dir: str | 
                 del train, heldout  # the mapped file's pages stand for them from here on
             else:
                 log.info("the corpus's sequences, tokenised by an earlier run, are read from %s", folder)
-        except BaseException as error:  # the others wait at the barrier: tell them, then raise
+        except BaseException as error:  # the others are waiting: tell them, then raise
             failed = error
     status = torch.tensor([0 if failed is None else 1])  # whether the main process failed, told to all
     if group is not None:
@@ -357,7 +365,8 @@ def prepared_sequences(corpus_path: str | Path, tokenizer, tokenizer_dir: str | 
     if status.item():
         raise RuntimeError(f"process {distributed.rank()}: the main process could not prepare the sequences "
                            f"of {corpus_path} in {folder} (its error is in the log)")
-    loaded = _load_sequences(folder, key if main else sequences_key(tokenizer_dir, corpus_path, cfg), cfg.seq_len)
+    if loaded is None:  # just written, or another process
+        loaded = _load_sequences(folder, key if main else sequences_key(tokenizer_dir, corpus_path, cfg), cfg.seq_len)
     if loaded is None:
         raise InputError(f"{folder}: process {distributed.rank()} cannot read the sequences the main process "
                          "wrote there")
@@ -621,7 +630,7 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
     from tqdm.auto import tqdm
 
     out_dir = Path(out_dir)
-    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else out_dir.with_name(out_dir.name + ".checkpoint")
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else checkpoint_path(out_dir)
     device = default_device(device)
     rank, world = distributed.rank(), distributed.world_size()
     main = rank == 0
