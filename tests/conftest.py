@@ -26,6 +26,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# torch.compile's Inductor keeps compiled kernels in one cache per user (/tmp/torchinductor_$USER)
+# and loads what it finds there: a run killed mid-compile can leave a zero-byte .so behind that
+# fails every later compile test on the machine. Each test run compiles into a cache of its own
+# (inherited by the workflow tests' Snakemake jobs), removed when the run ends; a cache set by the
+# caller is used as it is.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import atexit
+    import tempfile
+
+    _INDUCTOR_CACHE = tempfile.mkdtemp(prefix="modsent-tests-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _INDUCTOR_CACHE
+    atexit.register(shutil.rmtree, _INDUCTOR_CACHE, ignore_errors=True)
+
 
 @pytest.fixture(scope="session")
 def repo() -> Path:
