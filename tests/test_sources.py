@@ -27,6 +27,7 @@ LOCATIONS = {
     "cc100-parquet-export": "statmt-cc100-refs-convert-parquet",
     "madlad-400": "allenai-MADLAD-400",
     "mnli": "nyu-mll-multi_nli",
+    "snli": "stanfordnlp-snli",
     "sentence-compression": "sentence-transformers-embedding-training-data",
     "simple-wiki": "sentence-transformers-embedding-training-data",
     "altlex": "sentence-transformers-embedding-training-data",
@@ -198,7 +199,7 @@ def test_every_definition_loads_its_fixture(name):
         assert all(isinstance(value, str) and value for value in record.values())
 
 
-@pytest.mark.parametrize("name", ["mnli", "st-quora-duplicates-triplets", "cc100", "madlad-400", "altlex"])
+@pytest.mark.parametrize("name", ["mnli", "snli", "st-quora-duplicates-triplets", "cc100", "madlad-400", "altlex"])
 def test_non_streaming_load_gives_the_same_records(name, tmp_path, monkeypatch):
     import datasets
 
@@ -286,6 +287,26 @@ def test_mnli_one_triplet_per_premise_in_file_order():
             "negative": "Although practicality beats purity.",
         },
     ]
+
+
+def test_snli_one_triplet_per_premise_without_the_rows_of_no_gold_label():
+    """stanfordnlp/snli's parquet layout (config plain_text): label -1 (no gold label) and neutral rows
+    are skipped, a premise without a contradiction gives no triplet."""
+    triplets = list(hub.iter_hub_records(fixture("snli")))
+    assert triplets == [
+        {
+            "anchor": "Namespaces are one honking great idea -- let's do more of those!",
+            "positive": "If the implementation is easy to explain, it may be a good idea.",
+            "negative": "If the implementation is hard to explain, it's a bad idea.",
+        },
+        {
+            "anchor": "Now is better than never.",
+            "positive": "Complex is better than complicated.",
+            "negative": "Although never is often better than *right* now.",
+        },
+    ]
+    frame = paraphrase.read_hub_pairs(fixture("snli"))
+    assert list(frame["dataset"]) == ["snli", "snli"] and frame["negative"].notna().all()
 
 
 def test_missing_column_names_source_column_and_found():
@@ -623,6 +644,7 @@ def test_fixture_cc100_files_are_xz_text():
         ("simple-wiki", None, "text", None,
          ["hf://datasets/sentence-transformers/embedding-training-data/SimpleWiki.jsonl.gz"]),
         ("mnli", None, "nyu-mll/multi_nli", None, None),
+        ("snli", None, "stanfordnlp/snli", "plain_text", None),
         ("st-altlex", None, "sentence-transformers/altlex", "pair", None),
         ("st-quora-duplicates-triplets", None, "sentence-transformers/quora-duplicates", "triplet", None),
     ],

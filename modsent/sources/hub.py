@@ -341,6 +341,27 @@ MNLI = HubDataset(
     ),
 )
 
+SNLI = HubDataset(
+    name="snli",
+    dataset="snli",
+    kind="triplets",
+    columns={"premise": "premise", "hypothesis": "hypothesis", "label": "label"},
+    repo_id="stanfordnlp/snli",
+    config="plain_text",
+    split="train",
+    transform="nli-triplets",
+    evidence=(
+        "huggingface.co/datasets/stanfordnlp/snli: converted to parquet (#6), config plain_text, data_files "
+        "plain_text/{test,validation,train}-*; features premise, hypothesis (string), label (0 entailment, "
+        "1 neutral, 2 contradiction; -1 where the annotators gave no gold label); 550,152 train rows."
+    ),
+    notes=(
+        "English only: m-ST5's English NLI set is SNLI + MNLI triplets (mSimCSE's); declare it with "
+        "english_only: true (paraphrases.{name}.english_only). One triplet per premise as for mnli; rows "
+        "without a gold label (-1) are skipped."
+    ),
+)
+
 CATALOG: Mapping[str, HubDataset] = MappingProxyType(
     {
         d.name: d
@@ -349,6 +370,7 @@ CATALOG: Mapping[str, HubDataset] = MappingProxyType(
             CC100_PARQUET_EXPORT,
             MADLAD400,
             MNLI,
+            SNLI,
             ETD_SENTENCE_COMPRESSION,
             ETD_SIMPLE_WIKI,
             ETD_ALTLEX,
