@@ -105,9 +105,13 @@ def workflow_config() -> dict:
 
 
 def prepare(workdir: Path, cores: int) -> None:
-    """Write the configuration and run every job upstream of the GPU rules in ``workdir``."""
+    """Write the configuration (and the English-only dataset's file it names) and run every job
+    upstream of the GPU rules in ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "workflow.yaml").write_text(yaml.safe_dump(workflow_config(), sort_keys=False))
+    from test_workflow import write_english_only_file
+
+    write_english_only_file(workdir)
     start = time.perf_counter()
     rules = gpu_rules(workdir)
     subprocess.run(snakemake_command(workdir, cores, "--omit-from", *rules), env=environment(), check=True)

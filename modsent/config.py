@@ -198,6 +198,10 @@ def semantic_errors(config: dict) -> list[str]:
                             "data-parallel process per GPU, each a share of every batch): raise batch_size "
                             "or lower gpus")
     problems += base_model_errors(config.get("base_model"))
+    paraphrases = config.get("paraphrases")
+    if isinstance(paraphrases, dict) and paraphrases and len(english_only_datasets(config)) == len(paraphrases):
+        problems.append("paraphrases: every dataset is english_only: at least one must be translated (the "
+                        "pairs of every language that the modular encoder and the baselines train on)")
     corpora = config.get("corpora")
     if isinstance(corpora, dict):
         for lang in [code for code in langs if isinstance(code, str)]:
@@ -524,6 +528,60 @@ def local_source_files(spec, **fill: str) -> list[str]:
     return files
 
 
+def english_only_datasets(config: dict) -> list[str]:
+    """The ``paraphrases`` keys marked ``english_only`` (not translated), in the config's order."""
+    return [name for name, spec in (config.get("paraphrases") or {}).items()
+            if isinstance(spec, dict) and spec.get("english_only") is True]
+
+
+def english_only_labels(config: dict) -> dict[str, str] | None:
+    """``dataset`` column value -> the ``paraphrases`` key it comes from, for the English-only
+    datasets; None where one of them is the whole built-in set (labels known only once read)."""
+    from modsent.io import InputError
+    from modsent.sources.prepare import paraphrase_labels
+
+    labels = {}
+    for name in english_only_datasets(config):
+        try:
+            found = paraphrase_labels(name, config["paraphrases"][name])
+        except InputError:  # a bad source: source_errors says so
+            continue
+        if found is None:
+            return None
+        labels.update(dict.fromkeys(found, name))
+    return labels
+
+
+def reads_english_only(config: dict, settings: dict | None) -> bool:
+    """Whether an English-only method with ``settings`` trains on the English-only datasets too
+    (results/paraphrase/en.all.parquet): there are some, and its ``datasets`` setting, where it
+    has one, is null or names one of them."""
+    if not english_only_datasets(config):
+        return False
+    wanted = (settings or {}).get("datasets")
+    if wanted is None:
+        return True
+    labels = english_only_labels(config)
+    return labels is None or any(label in labels for label in wanted)
+
+
+def _english_only_errors(config: dict, registry: dict, filled: dict) -> list[str]:
+    """Methods that train on every language's pairs naming an English-only dataset."""
+    labels = english_only_labels(config) or {}
+    problems = []
+    for name, settings in filled.items():
+        wanted = settings.get("datasets")
+        if registry[name].english_only or not isinstance(wanted, list):
+            continue
+        for label in wanted:
+            if label in labels:
+                english = sorted(n for n, m in registry.items() if m.english_only)
+                problems.append(f"methods.{name}.datasets: {label!r} (paraphrases.{labels[label]}) is english_only: "
+                                f"it is not translated, so {name}, which trains on every language's pairs, has no "
+                                f"rows of it; English-only methods ({', '.join(english)}) train on it")
+    return problems
+
+
 def method_errors(config: dict) -> list[str]:
     """Configured training methods that are not registered, and settings their schemas reject."""
     from modsent import methods
@@ -563,7 +621,7 @@ def method_errors(config: dict) -> list[str]:
         required = registry[name].requires
         if registry[name].check_required is not None and all(other in filled for other in required):
             problems += registry[name].check_required({key: filled[key] for key in (name, *required)})
-    return problems
+    return problems + _english_only_errors(config, registry, filled)
 
 
 def fill_defaults(instance, node: dict):

@@ -35,6 +35,8 @@ INPUTS_SUMMARY = "resources/inputs_summary.md"
 INPUTS_SUMMARY_HTML = "resources/inputs_summary.html"  # each summary's HTML twin: modsent.reporting
 MT_MODEL = "resources/mt_models/ct2"
 ENGLISH_PAIRS = "results/paraphrase/en.parquet"
+# ENGLISH_PAIRS and the paraphrases marked english_only: the English-only methods' pairs
+ENGLISH_TRAINING_PAIRS = "results/paraphrase/en.all.parquet"
 PAIRS = "results/paraphrase/{lang}.parquet"
 TRANSLATION_UNITS = "results/translation/units.parquet"
 TRANSLATIONS = "results/translation/{lang}.parquet"

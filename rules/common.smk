@@ -145,11 +145,25 @@ def evaluation_local_files(wildcards):
 
 
 def paraphrase_spec(wildcards):
-    return canonical(config["paraphrases"][wildcards.dataset])
+    """What the dataset's file is made from: english_only says who reads it, not what it holds."""
+    spec = config["paraphrases"][wildcards.dataset]
+    return canonical({key: value for key, value in spec.items() if key != "english_only"})
 
 
 def paraphrase_source_paths():
+    """Every configured paraphrase dataset's file (the inputs' summary)."""
     return expand(layout.PARAPHRASE_SOURCE, dataset=list(config["paraphrases"]))
+
+
+def english_only_datasets():
+    """The paraphrases keys marked english_only (modsent.config.english_only_datasets)."""
+    return modsent_config.english_only_datasets(config)
+
+
+def translated_paraphrase_paths():
+    """The files of the datasets that are translated: the English pairs of every language."""
+    only = set(english_only_datasets())
+    return expand(layout.PARAPHRASE_SOURCE, dataset=[name for name in config["paraphrases"] if name not in only])
 
 
 def translation_targets():
@@ -536,6 +550,8 @@ def method_inputs(wildcards):
     inputs = {"base": layout.base_model(wildcards.base)}
     if "pairs" in method.uses:
         inputs["pairs"] = [layout.pairs(lang) for lang in method.training_languages(languages())]
+        if method.english_only and modsent_config.reads_english_only(config, replicate_methods(wildcards)[wildcards.method]):
+            inputs["pairs"] = [layout.ENGLISH_TRAINING_PAIRS]  # the English pairs and the English-only datasets
     if "translations" in method.uses:
         inputs["translations"] = [layout.translations(lang) for lang in non_english()]
     if method.extra_inputs is not None:  # made by the method's own rules (rules/methods/)

@@ -1,12 +1,14 @@
 # Paraphrase data: the English set, translation into every language (scattered shards or
-# provided human translations), per-language multi-parallel files and a quality report.
+# provided human translations), per-language multi-parallel files and a quality report; the
+# English-only methods' pairs with the datasets that are not translated (english_only).
 # Nothing here depends on the base model: translations are shared by every base.
 
 
 rule english_paraphrases:
-    """The configured English datasets merged into one contract file (stable pair_ids)."""
+    """The configured English datasets merged into one contract file (stable pair_ids): those that
+    are translated, not those marked english_only."""
     input:
-        paraphrase_source_paths(),
+        translated_paraphrase_paths(),
     output:
         layout.ENGLISH_PAIRS,
     resources:
@@ -17,6 +19,26 @@ rule english_paraphrases:
         ENV
     script:
         "../workflow_scripts/english_paraphrases.py"
+
+
+if english_only_datasets():
+
+    rule english_training_pairs:
+        """The English pairs and the datasets that are not translated (paraphrases.{name}.english_only):
+        what the English-only methods train on."""
+        input:
+            english=layout.ENGLISH_PAIRS,
+            english_only=expand(layout.PARAPHRASE_SOURCE, dataset=english_only_datasets()),
+        output:
+            layout.ENGLISH_TRAINING_PAIRS,
+        resources:
+            **job_resources("cpu"),
+        log:
+            "logs/paraphrase/en.all.log",
+        conda:
+            ENV
+        script:
+            "../workflow_scripts/english_training_pairs.py"
 
 
 rule translation_units:

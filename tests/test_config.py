@@ -142,6 +142,17 @@ CASES = [
                                                                                       "translation": "translation"}}),
      ["translation.provided.columns: 'englsh' is no column of the translation.provided contract; it maps english, "
       "translation"]),
+    ("every paraphrase dataset english_only",
+     lambda c: [spec.update(english_only=True) for spec in c["paraphrases"].values()],
+     ["paraphrases: every dataset is english_only: at least one must be translated"]),
+    ("a cross-lingual method naming an English-only dataset",
+     lambda c: (c["paraphrases"].update(nli={"source": "hf:snli", "english_only": True}),
+                c["methods"]["mST5-xnli"].update(datasets=["mnli", "snli"])),
+     ["methods.mST5-xnli.datasets: 'snli' (paraphrases.nli) is english_only: it is not translated, so "
+      "mST5-xnli, which trains on every language's pairs, has no rows of it; English-only methods (mST5-en, "
+      "mST5-en-all) train on it"]),
+    ("an english_only that is not a boolean", lambda c: c["paraphrases"]["builtin"].update(english_only="yes"),
+     ["paraphrases.builtin.english_only", "'yes' is not of type 'boolean'"]),
     ("InteMATs-ST and -DT saved in two dtypes",  # the fusion reads ST's backbone with DT's adapters
      lambda c: c["methods"]["InteMATs-DT"].update(storage_dtype="float32"),
      ["methods.InteMATs-DT.storage_dtype: float32, but methods.InteMATs-ST.storage_dtype is float16: the fusion "

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -182,3 +183,54 @@ def test_provided_translations_for_alignment_rerun_pl_not_pp(workdir):
     assert planned == [("alignment_adapter", "pl", "ky"), ("english_embeddings_provided", "", "ky"),
                        ("merge_alignment", "", "ky")], planned
     assert "alignment_summary" in {rule for rule, _, _ in plan}
+
+
+def test_an_english_only_dataset_added_later_translates_and_retrains_nothing(workdir):
+    """paraphrases.snli with english_only (SNLI's triplets, from the Hub fixture, as a local file):
+    a finished tree plans that dataset's file, the English-only methods' pairs
+    (results/paraphrase/en.all.parquet) and the inputs' summary, no translation, pair file or
+    adapter; running them leaves every earlier file as it was. The English-only method that may
+    read it (mST5-en, datasets: null) trains on en.all.parquet; those whose datasets name none of
+    it (mST5-en-all's [mnli]) and the cross-lingual ones (mST5-xnli) on what they read before."""
+    import json
+
+    from modsent.sources import hub
+
+    records = hub.iter_hub_records(hub.with_location(hub.SNLI, REPO / "tests/fixtures/hub/stanfordnlp-snli"))
+    (workdir / "snli.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    config = yaml.safe_load((workdir / "config-en-ky.yaml").read_text())
+    config["paraphrases"]["snli"] = {"source": "local:snli.jsonl", "english_only": True}
+    path = workdir / "config-english-only.yaml"
+    path.write_text(yaml.safe_dump(config))
+    every = "results/paraphrase/en.all.parquet"
+    plan = planned_jobs(snakemake(workdir, path, "-n", *targets(["en", "ky"]), every))
+    # (the summaries may also be planned: an earlier test of the module may have added German)
+    planned = sorted((rule, w.get("dataset", "")) for rule, w, _ in plan if rule not in SUMMARIES)
+    assert planned == [("english_training_pairs", ""), ("paraphrase_source", "snli")], planned
+    assert "inputs_summary" in {rule for rule, _, _ in plan}
+
+    before = snapshot(workdir)
+    snakemake(workdir, path, *targets(["en", "ky"]), every)
+    after = snapshot(workdir)
+    summaries = ("resources/inputs_summary", f"results/{BASE}/language_adapters/summary",
+                 f"results/{BASE}/sentence_adapters/summary", f"results/{BASE}/alignment/summary",
+                 "results/translation/quality.")
+    assert {p for p in after if before.get(p) != after[p] and not p.startswith(summaries)} == {
+        "resources/paraphrases/snli.parquet", every}
+    english, snli, pairs = (pd.read_parquet(workdir / p) for p in (
+        "results/paraphrase/en.parquet", "resources/paraphrases/snli.parquet", every))
+    assert list(pairs["pair_id"]) == list(english["pair_id"]) + list(snli["pair_id"]) and len(snli) == 2
+    units = set(pd.read_parquet(workdir / "results/translation/units.parquet")["text"])
+    assert not units & set(snli[["anchor", "positive", "negative"]].stack())
+
+    config["methods"] = {"mST5-en": {"datasets": None}, "mST5-en-all": {"datasets": ["mnli"]}, "mST5-xnli": {}}
+    path.write_text(yaml.safe_dump(config))
+    methods = [f"results/{BASE}/methods/{name}" for name in config["methods"]]
+    out = snakemake(workdir, path, "-n", *methods)
+    inputs = {fields["output"]: fields["input"].split(", ") for fields in (
+        dict(re.findall(r"^    (\w+): (.*)$", body, flags=re.M))
+        for rule, body in re.findall(r"^(?:local)?rule (\w+):\n((?:    .*\n?)*)", out, flags=re.M)
+        if rule == "train_method")}
+    assert every in inputs[methods[0]]
+    assert "results/paraphrase/en.parquet" in inputs[methods[1]] and every not in inputs[methods[1]]
+    assert "results/paraphrase/ky.parquet" in inputs[methods[2]] and every not in inputs[methods[2]]

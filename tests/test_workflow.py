@@ -43,11 +43,29 @@ RECIPES = {
 }
 
 
+# An English-only paraphrase dataset (paraphrases.{name}.english_only): SNLI's triplets, read from
+# the Hub fixture into a local file of the run directory; not translated, mST5-en trains on it
+ENGLISH_ONLY_FILE = "snli-triplets.jsonl"
+
+
+def write_english_only_file(workdir: Path) -> Path:
+    """``workdir``/ENGLISH_ONLY_FILE: the triplets modsent reads from the stanfordnlp/snli fixture."""
+    from modsent.sources import hub
+
+    path = workdir / ENGLISH_ONLY_FILE
+    if not path.exists():
+        records = hub.iter_hub_records(hub.with_location(hub.SNLI, TESTS / "fixtures" / "hub" / "stanfordnlp-snli"))
+        path.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
+    return path
+
+
 def workflow_config() -> dict:
-    """configs/test.yaml with the toy method and a tiny system of each recipe: the
-    configuration of the whole-DAG run."""
+    """configs/test.yaml with the toy method, a tiny system of each recipe and an English-only
+    dataset (a file of the run directory: write_english_only_file): the configuration of the
+    whole-DAG run."""
     config = {**yaml.safe_load(CONFIG.read_text()), **copy.deepcopy(TOY_METHOD)}
     config["methods"].update(copy.deepcopy(RECIPES))
+    config["paraphrases"]["snli"] = {"source": f"local:{ENGLISH_ONLY_FILE}", "english_only": True}
     # an evaluation set that is also an mteb task (local files of its Hub layout, German only):
     # the paper's xsim and the mteb result files of every system
     config["evaluation"]["datasets"]["tatoeba"] = {"source": f"local:{TATOEBA_FILES}"}
@@ -63,6 +81,7 @@ def snakemake(workdir, *args, check=True):
     config = workdir / "workflow.yaml"
     if not config.exists():
         config.write_text(yaml.safe_dump(workflow_config(), sort_keys=False))
+    write_english_only_file(workdir)
     proc = subprocess.run(
         [snakemake_exe(), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
          "--configfile", str(config), "--cores", "2", *args],
@@ -598,7 +617,7 @@ def test_variants_assemble_from_the_results_tree(run):
     assert np.allclose(english["Mod_m"], english["Mod_mc-0.5"])  # English has no CLA adapter
 
 
-def test_evaluation_summary_has_every_system_and_task(run):
+def test_evaluation_summary_has_every_system_and_task(run, monkeypatch):
     import json
 
     import numpy as np
@@ -606,6 +625,7 @@ def test_evaluation_summary_has_every_system_and_task(run):
     from modsent.encoders import systems as variants
 
     config = workflow_config()
+    monkeypatch.chdir(run)  # its local paths are the run directory's, as the jobs see them
     from modsent.config import check_config  # fills nothing: the schema defaults come from validate
 
     check_config(config)
@@ -731,6 +751,32 @@ def test_every_recipe_trains_evaluates_and_is_a_summary_row(run, tmp_path):
     toy = load_sentence_transformer(run / "results/tiny/methods/Toy-cos", device="cpu").encode(texts)
     toy = toy / np.linalg.norm(toy, axis=1, keepdims=True)
     assert np.allclose(np.load(tmp_path / "toy.npy"), toy, atol=1e-6)
+
+
+def test_an_english_only_dataset_is_not_translated_and_mst5_en_trains_on_it(run):
+    """paraphrases.snli.english_only: its pairs are in no language's pair file and no sentence of
+    it is a translation unit; mST5-en (datasets: null) trained on results/paraphrase/en.all.parquet,
+    the English pairs followed by SNLI's."""
+    from modsent.methods import baselines as bl
+    from modsent.methods.mst5.training import english_triplets, read_frames
+
+    snli = pd.read_parquet(run / "resources/paraphrases/snli.parquet")
+    english = pd.read_parquet(run / "results/paraphrase/en.parquet")
+    every = pd.read_parquet(run / "results/paraphrase/en.all.parquet")
+    units = set(pd.read_parquet(run / "results/translation/units.parquet")["text"])
+    assert len(snli) == 2 and set(snli["dataset"]) == {"snli"}
+    assert not units & set(snli[["anchor", "positive", "negative"]].stack())
+    for lang in workflow_config()["languages"]:
+        assert "snli" not in set(pd.read_parquet(run / f"results/paraphrase/{lang}.parquet")["dataset"]), lang
+    assert list(every["pair_id"]) == list(english["pair_id"]) + list(snli["pair_id"])
+
+    def train_triplets(path):  # mST5-en's training triplets from a pair file, as run_training takes them
+        return len(english_triplets(bl.split_heldout_by_pivot(read_frames({"en": path}, None, "datasets"),
+                                                              RECIPES["mST5-en"]["eval_pairs"])[0]["en"]))
+
+    metrics = json.loads((run / "results/tiny/methods/mST5-en/metrics.json").read_text())
+    assert metrics["train_triplets"] == train_triplets(run / "results/paraphrase/en.all.parquet")
+    assert metrics["train_triplets"] > train_triplets(run / "results/paraphrase/en.parquet")
 
 
 def test_every_system_has_mteb_result_files_that_mteb_reads(run):

@@ -7,6 +7,8 @@ Files (all parquet):
     results/translation/units.parquet      unit_id, text   (unique English sentences)
     results/translation/{lang}.parquet     unit_id, text, translation
     results/paraphrase/{lang}.parquet      the English pairs with every sentence translated
+    results/paraphrase/en.all.parquet      en.parquet and the datasets marked english_only (not
+                                           translated): the English-only methods' pairs
 
 A pair exists in language L when all of its sentences have a translation into L; machine
 translation returns every unit, so then every language has the same pair_ids. With provided
@@ -39,6 +41,13 @@ def merge_english(paths: Iterable[str | Path]) -> pd.DataFrame:
     if merged.empty:
         raise InputError("the English paraphrase datasets hold no pairs")
     return merged
+
+
+def english_training_pairs(english: str | Path, english_only: Iterable[str | Path]) -> pd.DataFrame:
+    """The English pairs (``en.parquet``) followed by those of the datasets that are not
+    translated (``paraphrases.{name}.english_only``): the English-only methods' training pairs
+    (``en.all.parquet``). A pair id already there is kept once, the first."""
+    return combine_pairs([read_pairs(english), *(read_pairs(path) for path in english_only)])
 
 
 def translation_units(pairs: pd.DataFrame) -> pd.DataFrame:

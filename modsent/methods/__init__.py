@@ -66,7 +66,10 @@ class Method:
     directory ``out_dir`` (atomically, with a ``metrics.json``) and returns its metrics.
     ``inputs``: ``base`` (the base model directory), ``pairs`` ({language: paraphrase pair
     file}) and ``translations`` ({language: translation file}, non-English languages), as
-    ``uses`` asks. ``settings``: the config's ``methods.{name}`` with the defaults of
+    ``uses`` asks. An ``english_only`` method's English pair file also holds the paraphrase
+    datasets that are not translated (``paraphrases.{name}.english_only``), when there are any
+    and its ``datasets`` setting, where it has one, is null or names one of them:
+    ``results/paraphrase/en.all.parquet`` (``modsent.config.reads_english_only``). ``settings``: the config's ``methods.{name}`` with the defaults of
     ``settings_schema`` filled in, without ``gpus`` and ``resources`` (the workflow's: the
     processes it starts, the job's cluster request).
 

@@ -150,6 +150,20 @@ def prepare_corpus(lang: str, settings: Mapping, out_path: str | Path) -> int:
 # ---- paraphrases --------------------------------------------------------------------------
 
 
+def paraphrase_labels(name: str, spec: Mapping) -> set[str] | None:
+    """The values of the ``dataset`` column that paraphrases.``name``'s file will hold, known
+    without reading it: a catalog entry's ``dataset``, a built-in subset's name, else ``name``
+    (local files, other Hub repositories); None for the whole built-in set (several subsets)."""
+    source = parse_source(spec["source"], key=f"paraphrases.{name}.source")
+    if source.kind == "builtin":
+        return None if source.name is None else {source.name}
+    if source.kind == "hf" and source.name is not None:
+        from modsent.sources.hub import get_definition
+
+        return {get_definition(source.name).dataset}
+    return {name}
+
+
 def prepare_paraphrase_dataset(name: str, spec: Mapping, out_path: str | Path) -> int:
     """Write one English paraphrase dataset in the contract to ``out_path``."""
     from modsent.sources.paraphrase import (cap_pairs, combine_pairs, pairs_frame,

@@ -21,8 +21,10 @@ Data (:mod:`modsent.methods.mst5.training`): the ``mnli`` rows (setting ``datase
 multi-parallel paraphrase files, whose pairs are (premise, entailment, contradiction) in every
 language. Cross-lingual triplets are built the mSimCSE way: for every pair id and every language
 L, the premise in L, its entailment in a random language and its contradiction in a random
-language; English-only triplets are the English rows. Batches never hold two triplets of one
-pair id (they would be each other's false negatives).
+language; English-only triplets are the English rows, those of the datasets that are not
+translated included (``paraphrases.{name}.english_only``: SNLI, for the paper's English SNLI +
+MNLI set) when ``datasets`` names them. Batches never hold two triplets of one pair id (they
+would be each other's false negatives).
 
 Output: ``results/{base}/methods/{name}/``, the LoRA merged into the encoder, saved as a plain
 sentence-transformers directory with ``metrics.json`` and the loss curve.
