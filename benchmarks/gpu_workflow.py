@@ -109,6 +109,7 @@ def prepare(workdir: Path, cores: int) -> None:
     upstream of the GPU rules in ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "workflow.yaml").write_text(yaml.safe_dump(workflow_config(), sort_keys=False))
+    sys.path.insert(0, str(TESTS))
     from test_workflow import write_english_only_file
 
     write_english_only_file(workdir)

@@ -534,51 +534,58 @@ def english_only_datasets(config: dict) -> list[str]:
             if isinstance(spec, dict) and spec.get("english_only") is True]
 
 
-def english_only_labels(config: dict) -> dict[str, str] | None:
-    """``dataset`` column value -> the ``paraphrases`` key it comes from, for the English-only
-    datasets; None where one of them is the whole built-in set (labels known only once read)."""
+def _labels_of(config: dict, names: list[str]) -> dict[str, str]:
+    """``dataset`` column value -> the ``paraphrases`` key it comes from, for the keys ``names``
+    (``sources.prepare.paraphrase_labels``: known from the config, nothing is read)."""
     from modsent.io import InputError
     from modsent.sources.prepare import paraphrase_labels
 
     labels = {}
-    for name in english_only_datasets(config):
+    for name in names:
         try:
-            found = paraphrase_labels(name, config["paraphrases"][name])
+            labels.update(dict.fromkeys(paraphrase_labels(name, config["paraphrases"][name]), name))
         except InputError:  # a bad source: source_errors says so
             continue
-        if found is None:
-            return None
-        labels.update(dict.fromkeys(found, name))
     return labels
+
+
+def english_only_labels(config: dict) -> dict[str, str]:
+    """``dataset`` column value -> the ``paraphrases`` key it comes from, for the English-only
+    datasets."""
+    return _labels_of(config, english_only_datasets(config))
 
 
 def reads_english_only(config: dict, settings: dict | None) -> bool:
     """Whether an English-only method with ``settings`` trains on the English-only datasets too
-    (results/paraphrase/en.all.parquet): there are some, and its ``datasets`` setting, where it
-    has one, is null or names one of them."""
+    (results/paraphrase/en.all.parquet): there are some, and its ``datasets`` setting (labels of
+    the pair files' ``dataset`` column), where it has one, is null or names one of them."""
     if not english_only_datasets(config):
         return False
     wanted = (settings or {}).get("datasets")
     if wanted is None:
         return True
     labels = english_only_labels(config)
-    return labels is None or any(label in labels for label in wanted)
+    return any(label in labels for label in wanted)
 
 
 def _english_only_errors(config: dict, registry: dict, filled: dict) -> list[str]:
-    """Methods that train on every language's pairs naming an English-only dataset."""
-    labels = english_only_labels(config) or {}
+    """Methods that train on every language's pairs naming a dataset only English has: a label of
+    an English-only dataset that no translated one gives too."""
+    only = set(english_only_datasets(config))
+    labels = english_only_labels(config)
+    translated = _labels_of(config, [name for name in config.get("paraphrases") or {} if name not in only])
     problems = []
     for name, settings in filled.items():
         wanted = settings.get("datasets")
         if registry[name].english_only or not isinstance(wanted, list):
             continue
         for label in wanted:
-            if label in labels:
+            if label in labels and label not in translated:
                 english = sorted(n for n, m in registry.items() if m.english_only)
                 problems.append(f"methods.{name}.datasets: {label!r} (paraphrases.{labels[label]}) is english_only: "
                                 f"it is not translated, so {name}, which trains on every language's pairs, has no "
-                                f"rows of it; English-only methods ({', '.join(english)}) train on it")
+                                f"rows of it; English-only methods ({', '.join(english)}) can, when their datasets "
+                                "name it")
     return problems
 
 

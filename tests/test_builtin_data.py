@@ -89,6 +89,11 @@ def test_paraphrases_shape():
     assert pairs["pair_id"].is_unique
     assert set(pairs["dataset"]) >= {"builtin-countries", "builtin-pivot"}
     assert all(name.startswith("builtin-") for name in pairs["dataset"])
+    # the labels the config checks know without reading the set (paraphrases.{name}.english_only)
+    from modsent.sources.prepare import BUILTIN_PARAPHRASE_SETS
+
+    assert set(pairs["dataset"]) <= set(BUILTIN_PARAPHRASE_SETS)
+    assert set(BUILTIN_PARAPHRASE_SETS) == set(builtin._PARAPHRASE_GROUPS.values()) | {"builtin-pivot"}
     assert (pairs["anchor"].map(overlap_key) != pairs["positive"].map(overlap_key)).all()
     negatives = pairs["negative"].tolist()
     assert any(n is None for n in negatives) and any(isinstance(n, str) for n in negatives)

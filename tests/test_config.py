@@ -150,7 +150,11 @@ CASES = [
                 c["methods"]["mST5-xnli"].update(datasets=["mnli", "snli"])),
      ["methods.mST5-xnli.datasets: 'snli' (paraphrases.nli) is english_only: it is not translated, so "
       "mST5-xnli, which trains on every language's pairs, has no rows of it; English-only methods (mST5-en, "
-      "mST5-en-all) train on it"]),
+      "mST5-en-all) can, when their datasets name it"]),
+    ("a cross-lingual method naming an English-only dataset under a key of its own",
+     lambda c: (c["paraphrases"].update(nli={"source": "local:snli-triplets.jsonl", "english_only": True}),
+                c["methods"]["DuEAM-weak"].update(datasets=["nli"])),
+     ["methods.DuEAM-weak.datasets: 'nli' (paraphrases.nli) is english_only"]),
     ("an english_only that is not a boolean", lambda c: c["paraphrases"]["builtin"].update(english_only="yes"),
      ["paraphrases.builtin.english_only", "'yes' is not of type 'boolean'"]),
     ("InteMATs-ST and -DT saved in two dtypes",  # the fusion reads ST's backbone with DT's adapters
@@ -168,6 +172,34 @@ def test_broken_configs_rejected_naming_the_key(what, mutate, expected):
         assert text in str(err.value), f"{what}: {text!r} not in {err.value}"
     if what.startswith("MEXMA"):  # without KoLeo one pair per GPU is enough
         assert "MEXMA-no-koleo" not in str(err.value)
+
+
+def test_which_english_only_datasets_a_method_reads_goes_by_the_labels_of_the_dataset_column():
+    """reads_english_only: an English-only method reads en.all.parquet when its datasets (labels
+    of the pair files' dataset column, not paraphrases keys) is null, absent or names an
+    English-only dataset's label; a label that a translated dataset also gives is no error for a
+    cross-lingual method."""
+    from modsent.config import english_only_labels, method_errors, reads_english_only
+
+    config = load("configs/mst5.yaml")
+    assert english_only_labels(config) == {"snli": "snli"}
+    config["paraphrases"]["nli"] = config["paraphrases"].pop("snli")  # the key is not the label
+    assert english_only_labels(config) == {"snli": "nli"}
+    assert reads_english_only(config, {"datasets": ["mnli", "snli"]})
+    assert not reads_english_only(config, {"datasets": ["mnli", "nli"]})
+    assert not reads_english_only(config, {"datasets": ["mnli"]})
+    assert reads_english_only(config, {"datasets": None}) and reads_english_only(config, {})
+    local = {"source": "local:extra.jsonl", "english_only": True}  # a local file's label is its key
+    assert english_only_labels({"paraphrases": {"extra": local}}) == {"extra": "extra"}
+    config["paraphrases"]["nli"]["english_only"] = False
+    assert not reads_english_only(config, {"datasets": None})  # no English-only dataset: en.parquet
+    # the whole MNLI English-only beside the capped, translated one: mST5-xnli's [mnli] has rows
+    config["paraphrases"]["mnli-all"] = {"source": "hf:mnli", "english_only": True}
+    assert english_only_labels(config) == {"mnli": "mnli-all"}
+    assert not [p for p in method_errors(config) if "english_only" in p]
+    del config["paraphrases"]["mnli"]
+    assert [p for p in method_errors(config) if "english_only" in p][0].startswith(
+        "methods.mST5-xnli.datasets: 'mnli' (paraphrases.mnli-all) is english_only")
 
 
 def run_snakemake(*args, cwd=REPO, check=True):

@@ -189,9 +189,10 @@ def test_an_english_only_dataset_added_later_translates_and_retrains_nothing(wor
     """paraphrases.snli with english_only (SNLI's triplets, from the Hub fixture, as a local file):
     a finished tree plans that dataset's file, the English-only methods' pairs
     (results/paraphrase/en.all.parquet) and the inputs' summary, no translation, pair file or
-    adapter; running them leaves every earlier file as it was. The English-only method that may
-    read it (mST5-en, datasets: null) trains on en.all.parquet; those whose datasets name none of
-    it (mST5-en-all's [mnli]) and the cross-lingual ones (mST5-xnli) on what they read before."""
+    adapter; running them leaves every earlier file as it was. The English-only method whose
+    datasets names it (mST5-en-all's [mnli, snli]; null, in tests/test_workflow.py) trains on
+    en.all.parquet; one whose datasets names none of it (mST5-en's [mnli]) and the cross-lingual
+    ones (mST5-xnli) on what they read before."""
     import json
 
     from modsent.sources import hub
@@ -223,7 +224,8 @@ def test_an_english_only_dataset_added_later_translates_and_retrains_nothing(wor
     units = set(pd.read_parquet(workdir / "results/translation/units.parquet")["text"])
     assert not units & set(snli[["anchor", "positive", "negative"]].stack())
 
-    config["methods"] = {"mST5-en": {"datasets": None}, "mST5-en-all": {"datasets": ["mnli"]}, "mST5-xnli": {}}
+    config["methods"] = {"mST5-en": {"datasets": ["mnli"]}, "mST5-en-all": {"datasets": ["mnli", "snli"]},
+                         "mST5-xnli": {}}
     path.write_text(yaml.safe_dump(config))
     methods = [f"results/{BASE}/methods/{name}" for name in config["methods"]]
     out = snakemake(workdir, path, "-n", *methods)
@@ -231,6 +233,6 @@ def test_an_english_only_dataset_added_later_translates_and_retrains_nothing(wor
         dict(re.findall(r"^    (\w+): (.*)$", body, flags=re.M))
         for rule, body in re.findall(r"^(?:local)?rule (\w+):\n((?:    .*\n?)*)", out, flags=re.M)
         if rule == "train_method")}
-    assert every in inputs[methods[0]]
-    assert "results/paraphrase/en.parquet" in inputs[methods[1]] and every not in inputs[methods[1]]
+    assert "results/paraphrase/en.parquet" in inputs[methods[0]] and every not in inputs[methods[0]]
+    assert every in inputs[methods[1]] and "results/paraphrase/en.parquet" not in inputs[methods[1]]
     assert "results/paraphrase/ky.parquet" in inputs[methods[2]] and every not in inputs[methods[2]]

@@ -66,12 +66,15 @@ class Method:
     directory ``out_dir`` (atomically, with a ``metrics.json``) and returns its metrics.
     ``inputs``: ``base`` (the base model directory), ``pairs`` ({language: paraphrase pair
     file}) and ``translations`` ({language: translation file}, non-English languages), as
-    ``uses`` asks. An ``english_only`` method's English pair file also holds the paraphrase
-    datasets that are not translated (``paraphrases.{name}.english_only``), when there are any
-    and its ``datasets`` setting, where it has one, is null or names one of them:
-    ``results/paraphrase/en.all.parquet`` (``modsent.config.reads_english_only``). ``settings``: the config's ``methods.{name}`` with the defaults of
-    ``settings_schema`` filled in, without ``gpus`` and ``resources`` (the workflow's: the
-    processes it starts, the job's cluster request).
+    ``uses`` asks. A setting named ``datasets`` means a list of labels of the pair files'
+    ``dataset`` column (null: every row): the workflow reads it so. An ``english_only`` method's
+    English pair file also holds the paraphrase datasets that are not translated
+    (``paraphrases.{name}.english_only``), when there are any and its ``datasets`` setting,
+    where it has one, is null or names one of them: ``results/paraphrase/en.all.parquet``
+    (``modsent.config.reads_english_only``); a method that trains on every language's pairs
+    may not name one (``check-config`` says so). ``settings``: the config's ``methods.{name}``
+    with the defaults of ``settings_schema`` filled in, without ``gpus`` and ``resources`` (the
+    workflow's: the processes it starts, the job's cluster request).
 
     A method with stages of its own before training (a cache, a teacher's outputs) writes them
     with rules in ``rules/methods/{module}.smk`` (the Snakefile includes every file there) and

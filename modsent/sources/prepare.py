@@ -150,13 +150,19 @@ def prepare_corpus(lang: str, settings: Mapping, out_path: str | Path) -> int:
 # ---- paraphrases --------------------------------------------------------------------------
 
 
-def paraphrase_labels(name: str, spec: Mapping) -> set[str] | None:
+# the ``dataset`` labels of the built-in paraphrase set's subsets (sources.builtin.builtin_paraphrases;
+# a test checks them), known here without importing it while planning
+BUILTIN_PARAPHRASE_SETS = ("builtin-countries", "builtin-languages", "builtin-currencies", "builtin-scripts",
+                           "builtin-pivot")
+
+
+def paraphrase_labels(name: str, spec: Mapping) -> set[str]:
     """The values of the ``dataset`` column that paraphrases.``name``'s file will hold, known
-    without reading it: a catalog entry's ``dataset``, a built-in subset's name, else ``name``
-    (local files, other Hub repositories); None for the whole built-in set (several subsets)."""
+    without reading it: a catalog entry's ``dataset``, a built-in subset's name (the whole
+    built-in set: every subset's), else ``name`` (local files, other Hub repositories)."""
     source = parse_source(spec["source"], key=f"paraphrases.{name}.source")
     if source.kind == "builtin":
-        return None if source.name is None else {source.name}
+        return set(BUILTIN_PARAPHRASE_SETS) if source.name is None else {source.name}
     if source.kind == "hf" and source.name is not None:
         from modsent.sources.hub import get_definition
 

@@ -23,7 +23,7 @@ language. Cross-lingual triplets are built the mSimCSE way: for every pair id an
 L, the premise in L, its entailment in a random language and its contradiction in a random
 language; English-only triplets are the English rows, those of the datasets that are not
 translated included (``paraphrases.{name}.english_only``: SNLI, for the paper's English SNLI +
-MNLI set) when ``datasets`` names them. Batches never hold two triplets of one pair id (they
+MNLI set) when ``datasets`` names them or is null. Batches never hold two triplets of one pair id (they
 would be each other's false negatives).
 
 Output: ``results/{base}/methods/{name}/``, the LoRA merged into the encoder, saved as a plain
