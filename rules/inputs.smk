@@ -2,9 +2,10 @@
 #
 # The rules that read what the user gave (these, base_model and evaluation_subset) carry
 # `priority: 5`, above every training rule (rules/specialization.smk says why those have theirs):
-# they run first, so a local file with a missing column, invalid UTF-8 or a model directory without
-# safetensors weights stops the run in its first minutes, before any training starts, and not when
-# the evaluation's turn comes hours later. They are quick and every chain waits on some of them.
+# they start first, so a local file with a missing column, invalid UTF-8 or a model directory without
+# safetensors weights stops the run in its first minutes, and not when the evaluation's turn comes
+# hours later (on several cores, a training job started beside the last of them ends first). They
+# are quick and every chain waits on some of them.
 
 
 rule corpus:
