@@ -6,16 +6,22 @@
 #   BENCHMARKS="tests mlm_throughput" DEADLINE=500 bash benchmarks/gpu.sh RESULTS_DIR
 #
 # Each benchmark writes RESULTS_DIR/<name>_<gpu>.txt and runs under its own time limit, so one
-# failure does not lose the others. Wheels in .whl/ (e.g. ctranslate2, pycountry for Python 3.12)
-# are installed into a private directory first when the environment lacks them.
+# failure does not lose the others. Wheels in .whl/ (pycountry for Python 3.12), .whl-translation/
+# (CTranslate2) and, from .whl/workflow, the ones modsent imports that such an image lacks (jsonschema,
+# the built-in data's packages: for the tests block) go into a private directory first, after the
+# image's own packages on the path (benchmarks/gpu_wheels.sh downloads them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR="${1:?usage: bash benchmarks/gpu.sh RESULTS_DIR [PYTHON]}"
 PY="${2:-python3}"
 mkdir -p "$OUT_DIR"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
-if ls .whl/*.whl >/dev/null 2>&1; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+WHEELS=()
+for wheel in .whl/*.whl .whl-translation/*.whl .whl/workflow/{jsonschema,jsonschema_specifications,referencing,rpds_py,babel,django,django_allauth,asgiref,sqlparse}-*.whl; do
+    [ -e "$wheel" ] && WHEELS+=("$wheel")
+done
+if ((${#WHEELS[@]})); then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS[@]}" \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za-z0-9\n' '-' | sed 's/-*$//')"
