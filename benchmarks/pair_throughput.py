@@ -445,6 +445,7 @@ def main() -> None:
                     optimizer_step(optimizer, trainable, 1.0)  # the stages': clip to norm 1, step, clear
 
                 # the untimed steps one by one, each timed up to a wait (what a new shape costs)
+                warm_start = time.perf_counter()
                 for i, k in enumerate(schedule[:untimed]):
                     sent, inputs, _ = prepare(batches[k])
                     if cuda:
@@ -455,6 +456,9 @@ def main() -> None:
                         torch.cuda.synchronize()
                     if i in firsts:
                         first_times.append(time.perf_counter() - start)
+                if net is not model:  # compiling can outlast a run's time limit: the rows come at the end
+                    print(f"# {stage} {seq_len} {name!r}: warm-up and compilation, {untimed} steps in "
+                          f"{time.perf_counter() - warm_start:.0f} s", flush=True)
                 # the timed steps' inputs, prepared before the clock as the stages prepare them ahead (kept
                 # on the host until their variant's turn: on the device they would count in the others' peak)
                 timed = [(len(batches[k]), *prepare(batches[k], "cpu")) for k in schedule[untimed:]]
