@@ -77,14 +77,14 @@ def environment() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
 
 
-def snakemake(workdir, *args, check=True):
+def snakemake(workdir, *args, check=True, cores=2):
     config = workdir / "workflow.yaml"
     if not config.exists():
         config.write_text(yaml.safe_dump(workflow_config(), sort_keys=False))
     write_english_only_file(workdir)
     proc = subprocess.run(
         [snakemake_exe(), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-         "--configfile", str(config), "--cores", "2", *args],
+         "--configfile", str(config), "--cores", str(cores), *args],
         capture_output=True, text=True, env=environment(),
     )
     if check and proc.returncode != 0:
@@ -550,7 +550,7 @@ def test_a_bad_local_evaluation_file_stops_the_run_before_any_training(tmp_path)
     config = workflow_config()
     config["evaluation"]["datasets"]["tatoeba"] = {"source": f"local:{broken}"}
     (work / "workflow.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    proc = snakemake(work, "--cores", "1", check=False)
+    proc = snakemake(work, check=False, cores=1)
     assert proc.returncode != 0
     logs = "".join(p.read_text() for p in (work / "logs" / "eval" / "tatoeba").glob("*.log"))
     assert "deu-eng.jsonl.gz" in logs and "sentence2" in logs
