@@ -33,7 +33,7 @@ GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za
 
 # BENCHMARKS="name ..." runs only those (default: all, in this order); DEADLINE=SECONDS stops
 # starting benchmarks that would outlast it (each one's limit is cut to what is left).
-WANT=" ${BENCHMARKS:-tests mlm_throughput mlm_throughput_graphs workflow mlm_throughput_outside profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_throughput_strata pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_speed_3.3B} "
+WANT=" ${BENCHMARKS:-tests mlm_fused profile_la_fused mlm_fused_128 mlm_throughput mlm_throughput_graphs workflow mlm_throughput_outside profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_throughput_strata pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_batching_int8 translation_speed_3.3B} "
 DEADLINE="${DEADLINE:-100000}"
 
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever happens
@@ -53,6 +53,19 @@ bench tests 150 -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/te
     tests/test_training_loop.py tests/test_mexma.py -k "not two_processes and not workflow"
 bench mlm_throughput 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
     --batch-size 128 --steps 10 --bf16-residual
+# fewer, fuller kernels for the LA with its products and attention eager: one product for each attention's
+# query, key and value (fastpath.fuse_projections: three 768x768 products ran at 46% of the peak, the
+# feed-forward's 768x3072 at 71%) and dropout + residual add + LayerNorm compiled into one kernel each way
+# (fastpath.fuse_residual_norms: the element-wise traffic, ~21 ms of the 52.5 ms step, profile_la_compiled)
+bench mlm_fused 200 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 --batch-size 128 \
+    --steps 10 --repeats 2 --bf16-residual --fused --only "masked, bf16, fused, fast, bf16 residual" \
+    "masked, bf16, fused, fast, fused projections, bf16 residual" "masked, bf16, fused, fast, fused norms, bf16 residual" \
+    "masked, bf16, fused, fast, fused norms and projections, bf16 residual" "masked, bf16, fused, fast" \
+    "masked, bf16, fused, fast, fused norms and projections"
+bench profile_la_fused 150 -m benchmarks.profile_steps --device cuda --steps 5 --top 16 --stages LA --bf16-residual --fused
+bench mlm_fused_128 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 --batch-size 128 \
+    --steps 10 --repeats 2 --bf16-residual --fused --only "masked, bf16, fused, fast, bf16 residual" \
+    "masked, bf16, fused, fast, fused norms and projections, bf16 residual"
 # the LA's encoder replayed as CUDA graphs of its eager kernels (cudagraphs backend, no Inductor): how
 # much of the eager step is the host launching its ~1,500 kernels (the GPU was busy 80% of it, profiled)
 bench mlm_throughput_graphs 150 -X faulthandler benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 \
@@ -141,5 +154,8 @@ bench translation_speed 200 benchmarks/translation_speed.py --size 600M --device
 # as many tokens as its longest source
 bench translation_batching 200 benchmarks/translation_speed.py --size 600M --device cuda --units 1024 \
     --batch-size 64 --batch-tokens 4096 --max-sentences 256 --tokens source --ct2-compute-types bfloat16
+# the same with CTranslate2's int8 weights beside bf16 (int8 gave the most at 32 tokens a sentence)
+bench translation_batching_int8 220 benchmarks/translation_speed.py --size 600M --device cuda --units 1024 \
+    --batch-size 64 --batch-tokens 4096 --max-sentences 256 --tokens source --ct2-compute-types bfloat16,int8_bfloat16
 bench translation_speed_3.3B 300 benchmarks/translation_speed.py --size 3.3B --device cuda --units 512 \
     --batch-size 64 --tokens 32 --ct2-compute-types bfloat16,int8_bfloat16

@@ -105,6 +105,11 @@ def main() -> None:
     parser.add_argument("--bf16-residual", action="store_true",
                         help="also time modsent's step with the residual stream in bf16 (language_adapter."
                              "residual_stream: bf16; other numerics: fastpath.bf16_residual_stream)")
+    parser.add_argument("--fused", action="store_true",
+                        help="also time modsent's step with one product for each attention's query, key and value "
+                             "(fastpath.fuse_projections), with dropout, residual add and LayerNorm compiled into "
+                             "one kernel each way (fastpath.fuse_residual_norms), and with both (each with the "
+                             "bf16 stream where --bf16-residual)")
     parser.add_argument("--only", nargs="+", metavar="VARIANT",
                         help="time only these variants (and the unoptimised one the ratios need)")
     args = parser.parse_args()
@@ -119,6 +124,13 @@ def main() -> None:
                                             ("masked, fp32, fast", "masked, fp32", "full head, fp32")}
     if args.bf16_residual and cuda:
         variants["masked, bf16, fused, fast, bf16 residual"] = (True, True, True, True)
+    if args.fused:  # eager products and attention: only the LayerNorm steps compiled, as small functions
+        prefix = "masked, bf16, fused, fast" if cuda else "masked, fp32, fast"
+        flags = (True, True, True, True) if cuda else (True, False, False, True)
+        for what in ("fused projections", "fused norms", "fused norms and projections"):
+            variants[f"{prefix}, {what}"] = flags
+            if args.bf16_residual and cuda:
+                variants[f"{prefix}, {what}, bf16 residual"] = flags
     if args.compile:  # last: it compiles the encoder in place (on the CPU: in fp32, as every CPU variant)
         prefix = "masked, bf16, fused, fast" if cuda else "masked, fp32, fast"  # the CPU's: fp32, foreach AdamW
         flags = (True, True, True, True) if cuda else (True, False, False, True)
@@ -180,7 +192,9 @@ def main() -> None:
                 fastpath.speed_up(model)
             else:
                 fastpath.restore(model)
-            fastpath.bf16_residual_stream(model, name.endswith("bf16 residual"))  # language_adapter.residual_stream
+            fastpath.bf16_residual_stream(model, "bf16 residual" in name)  # language_adapter.residual_stream
+            fastpath.fuse_projections(model, fast and "projections" in name)
+            fastpath.fuse_residual_norms(model, args.device, "--fused", "fused norms" in name)
             fastpath.attention_outside_graph(mlm_parts(model)[0], "attention outside" in name)
             graphs = "graphs" in name
             optimizer = torch.optim.AdamW(params, lr=1e-4, **(step_options(params) if fused else {}))
@@ -209,7 +223,7 @@ def main() -> None:
                 if cuda and graphs:  # the graphs' memory pool is allocated while they are recorded
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
-                for _ in range(2 if not ("compiled" in name or graphs) else 3):  # warm-up (compilation, recording)
+                for _ in range(2 if not ("compiled" in name or graphs or "fused norms" in name) else 3):  # warm-up (compilation, recording)
                     step()
                 if cuda:
                     torch.cuda.synchronize()

@@ -82,6 +82,10 @@ def main() -> None:
     parser.add_argument("--compile", nargs="+", choices=("whole", "attention-outside"), default=None,
                         help="profile the LA step again with the encoder compiled (language_adapter.compile): "
                              "whole, and/or with the attention outside the graphs (fastpath.attention_outside_graph)")
+    parser.add_argument("--fused", action="store_true",
+                        help="profile the LA step again with fastpath.fuse_projections (one product for query, "
+                             "key and value) and fastpath.fuse_residual_norms (dropout, residual add and "
+                             "LayerNorm compiled into one kernel each way)")
     parser.add_argument("--stages", nargs="+", choices=("LA", "SE"), default=["LA", "SE"])
     args = parser.parse_args()
     speed_up = (lambda model: None) if args.peft else fastpath.speed_up
@@ -127,6 +131,13 @@ def profile_la(args, speed_up, cuda: bool, autocast) -> None:
         profile(f"LA step, {args.la_batch} x {args.la_seq_len} tokens, bf16 residual stream", la_step, args.steps,
                 cuda, args.top)
     stream = ", bf16 residual stream" if args.bf16_residual else ""
+    if args.fused:  # the element-wise steps and products left after the bf16 stream, fewer and fuller
+        fastpath.fuse_projections(model)
+        fastpath.fuse_residual_norms(model, args.device, "--fused")
+        profile(f"LA step, {args.la_batch} x {args.la_seq_len} tokens{stream}, fused norms and projections",
+                la_step, args.steps, cuda, args.top)
+        fastpath.fuse_projections(model, on=False)
+        fastpath.fuse_residual_norms(model, args.device, "--fused", on=False)
     for how in args.compile or ():  # Inductor's kernels: which attention, what is left unfused
         torch._dynamo.reset()
         fastpath.attention_outside_graph(mlm_parts(model)[0], how == "attention-outside")

@@ -8,6 +8,7 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 
 from modsent.training import fastpath
+from tiny_modules import inductor_draws_as_eager, needs_cpu_compiler
 
 
 def tiny_lora_bert(dropout=0.1, targets="all-linear"):
@@ -438,3 +439,119 @@ def test_attention_outside_the_graph_breaks_it_at_each_attention_and_trains_the_
         assert dynamo.explain(model)(input_ids=ids, attention_mask=mask).graph_break_count == 0
     finally:
         dynamo.reset()
+
+
+def weighted_step(model, device="cpu", seed=7, autocast=False):
+    """A training-mode step whose loss LayerNorm cannot flatten (a fixed random weighting of the
+    output): the output and every gradient."""
+    ids, mask = (t.to(device) for t in batch())
+    model.train()
+    torch.manual_seed(seed)
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+        out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(device)
+    (out.float() * weight).sum().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out.detach(), grads
+
+
+def assert_close_grads(grads, reference, share):
+    assert grads.keys() == reference.keys() and grads
+    for name, grad in reference.items():
+        assert (grads[name] - grad).abs().max() <= share * grad.abs().max(), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("targets", ["all-linear", ["dense"]])
+def test_fused_projections_compute_query_key_and_value_in_one_product(device, targets, monkeypatch):
+    """fastpath.fuse_projections: one product of the input by the three frozen weights side by side
+    per attention (LoRA base layers or plain frozen Linears), the same outputs and gradients as
+    three products; a merge, a trained projection or inference mode computes alone; undone, three."""
+    model = tiny_lora_bert(targets=targets).to(device)
+    fastpath.speed_up(model)
+    out_fp32, grads_fp32 = weighted_step(model, device)
+    out_bf16, grads_bf16 = weighted_step(model, device, autocast=True)
+    assert fastpath.fuse_projections(model) == 2 and fastpath.fuse_projections(model) == 0
+    widths = []
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear",
+                        lambda x, w, b=None: widths.append(w.shape[0]) or linear(x, w, b))
+    out, grads = weighted_step(model, device)
+    assert widths.count(96) == 2  # one product of width 3 x 32 per layer
+    torch.testing.assert_close(out, out_fp32, rtol=1e-5, atol=1e-5)
+    assert_close_grads(grads, grads_fp32, 1e-5)
+    widths.clear()
+    out, grads = weighted_step(model, device, autocast=True)
+    assert widths.count(96) == 2
+    assert (out.float() - out_bf16.float()).abs().max() <= 0.02 * out_bf16.float().abs().max()
+    assert_close_grads(grads, grads_bf16, 0.05)
+    widths.clear()
+    with torch.inference_mode(), torch.autocast(device, dtype=torch.bfloat16):  # computes alone
+        model(input_ids=batch()[0].to(device))
+    assert 96 not in widths
+    monkeypatch.undo()
+
+    attention = model.base_model.model.encoder.layer[0].attention.self
+    if targets == "all-linear":  # a merged adapter: the merged weights, in the product of three
+        attention.query.merge()
+        merged, _ = weighted_step(model, device)
+        fastpath.fuse_projections(model, on=False)
+        torch.testing.assert_close(weighted_step(model, device)[0], merged, rtol=1e-5, atol=1e-5)
+        attention.query.unmerge()
+        fastpath.fuse_projections(model)
+    key = attention.key.base_layer if targets == "all-linear" else attention.key
+    key.weight.requires_grad_(True)  # a trained projection: each of the three alone, its gradient reached
+    out, grads = weighted_step(model, device)
+    torch.testing.assert_close(out, out_fp32, rtol=1e-5, atol=1e-5)
+    assert grads[next(n for n, p in model.named_parameters() if p is key.weight)].abs().sum() > 0
+    key.weight.requires_grad_(False)
+    assert fastpath.fuse_projections(model, on=False) == 2
+    assert all("_modsent_group" not in vars(m) for m in model.modules())
+
+
+@needs_cpu_compiler
+def test_fused_residual_norms_compile_dropout_add_and_layernorm_and_compute_what_the_modules_do():
+    """fastpath.fuse_residual_norms: each attention output and feed-forward output runs its
+    dropout, residual add and LayerNorm as one compiled function; with eager's dropout draws
+    (fallback_random) the outputs and gradients equal the modules' (fp32) or stay within bf16
+    rounding (autocast, the bf16 stream), in the dtypes the modules return; undone, the modules'."""
+    torch._dynamo.reset()  # the compiled function's graphs of other tests
+    model = tiny_lora_bert()
+    fastpath.speed_up(model)
+    layer = model.base_model.model.encoder.layer[0].attention  # its output: dense 32 -> 32
+    x, residual = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
+    for stream in (False, True):
+        fastpath.bf16_residual_stream(model, stream)
+        reference = {mode: weighted_step(model, autocast=mode) for mode in (False, True)}
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            dtype = layer.output(x, residual).dtype
+        assert fastpath.fuse_residual_norms(model, "cpu", "key") == 4  # 2 layers x (attention, feed-forward)
+        assert fastpath.fuse_residual_norms(model, "cpu", "key") == 0
+        assert layer.output.forward.__func__ is fastpath._fused_output_forward
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert layer.output(x, residual).dtype == dtype == (torch.bfloat16 if stream else torch.float32)
+        with inductor_draws_as_eager():
+            for autocast, (out_ref, grads_ref) in reference.items():
+                out, grads = weighted_step(model, autocast=autocast)
+                assert out.dtype == out_ref.dtype
+                if autocast:
+                    assert (out.float() - out_ref.float()).abs().max() <= 0.02 * out_ref.float().abs().max()
+                    assert_close_grads(grads, grads_ref, 0.05)
+                else:
+                    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-5)
+                    assert_close_grads(grads, grads_ref, 1e-5)
+        assert fastpath.fuse_residual_norms(model, "cpu", "key", on=False) == 4
+        assert "forward" not in vars(layer.output)
+    # the dropout is on in training and off in evaluation, as the module's
+    fastpath.bf16_residual_stream(model, False)
+    fastpath.fuse_residual_norms(model, "cpu", "key")
+    layer.output.train()
+    assert not torch.equal(layer.output(x, residual), layer.output(x, residual))
+    layer.output.eval()
+    expected = layer.output.LayerNorm(layer.output.dense(x) + residual)
+    torch.testing.assert_close(layer.output(x, residual), expected, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # without gradients: the module's own ops, nothing compiled
+        torch._dynamo.utils.counters.clear()
+        torch.testing.assert_close(layer.output(x, residual), expected, rtol=0, atol=0)
+        assert not torch._dynamo.utils.counters["stats"]["unique_graphs"]

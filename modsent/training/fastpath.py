@@ -30,6 +30,11 @@ and leave the casts to the compiler, so a sped-up model traces into one graph
 ``.data`` (which keeps its version) needs :func:`forget_casts`; PEFT's merge and unmerge of a
 sped-up layer call it. Used by the LA, SE, CLA and m-ST5 LoRA stages and InteMATs' frozen body, on every
 device.
+
+Two further fusions, :func:`fuse_projections` (one product for an attention's query, key and
+value) and :func:`fuse_residual_norms` (dropout, residual add and LayerNorm compiled into one
+kernel), compute the same and were measured slower on an H200 (benchmarks/results/README.md):
+no stage uses them; ``benchmarks/mlm_throughput.py --fused`` times them.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 _FAST = "_modsent_fast"
+_GROUP = "_modsent_group"  # on a frozen nn.Linear of fuse_projections: (its _ProjectionGroup, its index)
 
 
 def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
@@ -71,12 +77,18 @@ def forget_casts(model: nn.Module) -> None:
     this (PEFT's merge and unmerge of sped-up LoRA layers do it themselves)."""
     for module in model.modules():
         module.__dict__.pop("_modsent_cast", None)
+        group = module.__dict__.get(_GROUP)
+        if group is not None:
+            group[0].forget()
 
 
 def _frozen_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if torch.compiler.is_compiling():  # traced: the compiler fuses the casts itself, and the cache's
         return F.linear(x, self.weight, self.bias)  # Python bookkeeping would break the graph
     dtype = _autocast_dtype(x)
+    group = self.__dict__.get(_GROUP)
+    if group is not None and group[0].applies(x, dtype):
+        return group[0].output(group[1], x, dtype)
     frozen = not self.weight.requires_grad and (self.bias is None or not self.bias.requires_grad)
     if dtype is None or not frozen or self.weight.dtype == dtype or not self.weight.is_floating_point() \
             or torch.is_inference_mode_enabled() or self.weight.is_inference():
@@ -110,8 +122,13 @@ def _lora_linear_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor
         if not (x.dtype == lora_a.dtype == lora_b.dtype and getattr(base_weight, "dtype", x.dtype) == x.dtype):
             return type(self).forward(self, x, *args, **kwargs)
         dtype = x.dtype
-    x = x.to(dtype)  # once, for the base layer and the branch (autocast would cast it for each)
-    result = self.base_layer(x)
+    group = self.base_layer.__dict__.get(_GROUP)
+    if group is not None and group[0].applies(x, dtype):
+        result = group[0].output(group[1], x, dtype)  # its share of one product with its siblings'
+        x = x.to(dtype)
+    else:
+        x = x.to(dtype)  # once, for the base layer and the branch (autocast would cast it for each)
+        result = self.base_layer(x)
     branch = F.linear(self.lora_dropout[name](x), lora_a)
     out = torch.addmm(result.reshape(-1, result.shape[-1]), branch.reshape(-1, branch.shape[-1]),
                       lora_b.t(), alpha=self.scaling[name])
@@ -166,7 +183,7 @@ def restore(model: nn.Module) -> None:
     :func:`bf16_residual_stream` changed stays: ``bf16_residual_stream(model, False)`` undoes it)."""
     for module in model.modules():
         if module.__dict__.pop(_FAST, False):
-            for name in ("forward", "merge", "unmerge", "_modsent_cast"):
+            for name in ("forward", "merge", "unmerge", "_modsent_cast", _GROUP):
                 module.__dict__.pop(name, None)
 
 
@@ -318,5 +335,183 @@ def bf16_residual_stream(model: nn.Module, on: bool = True) -> int:
             changed += 1
         elif not on and ours:
             del module.__dict__["forward"]  # only the forward set here; another one stays
+            changed += 1
+    return changed
+
+
+# the transformers classes whose forward is ``LayerNorm(dropout(dense(hidden_states)) + input_tensor)``
+_RESIDUAL_OUTPUTS = frozenset({"BertSelfOutput", "BertOutput", "RobertaSelfOutput", "RobertaOutput",
+                               "XLMRobertaSelfOutput", "XLMRobertaOutput"})
+_fused_norm_function = None
+
+
+def _dropout_add_norm(hidden: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                      bias: torch.Tensor | None, eps: float, p: float, out_dtype: torch.dtype) -> torch.Tensor:
+    """``LayerNorm(dropout(hidden) + residual)`` computed in fp32 and returned as ``out_dtype``:
+    what the module computes under autocast (the sum in the inputs' promoted dtype, the norm in
+    fp32), for Inductor to make one kernel of forward and one of backward."""
+    x = F.dropout(hidden, p, training=p > 0) + residual
+    shape = (x.shape[-1],)
+    return F.layer_norm(x.float(), shape, None if weight is None else weight.float(),
+                        None if bias is None else bias.float(), eps).to(out_dtype)
+
+
+def _fused_norm():
+    global _fused_norm_function
+    if _fused_norm_function is None:  # default dynamic: a second shape recompiles once, with symbolic sizes
+        _fused_norm_function = torch.compile(_dropout_add_norm)
+    return _fused_norm_function
+
+
+def _fused_output_forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
+    hidden = self.dense(hidden_states)
+    norm = self.LayerNorm
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        # inside a compiled encoder: the module's own ops, fused there; without gradients
+        # (evaluation, encoding): the module's own ops too, no graph compiled for each such shape
+        return norm(self.dropout(hidden) + input_tensor)
+    dtype = _autocast_dtype(hidden)
+    if dtype == torch.bfloat16 and getattr(norm.forward, "__func__", None) is _layer_norm_in_bf16:
+        out_dtype = torch.bfloat16  # bf16_residual_stream: the norm returns bf16
+    elif dtype is not None:
+        out_dtype = torch.float32  # autocast runs LayerNorm in fp32 and returns fp32
+    else:
+        out_dtype = torch.promote_types(hidden.dtype, input_tensor.dtype)
+    p = self.dropout.p if self.dropout.training else 0.0
+    with torch.autocast(hidden.device.type, enabled=False):
+        return _fused_norm()(hidden, input_tensor, norm.weight, norm.bias, norm.eps, float(p), out_dtype)
+
+
+def fuse_residual_norms(model: nn.Module, device: str | torch.device, key: str, on: bool = True) -> int:
+    """Make each ``dropout → add the residual → LayerNorm`` after an attention output and a
+    feed-forward output one compiled function (``on=False`` undoes it); returns how many modules
+    changed. Only these element-wise steps are compiled (``torch.compile`` of a small function:
+    no matrix product or attention kernel changes, unlike compiling the encoder whole), so
+    Inductor writes one kernel for the three steps' forward and one for their backward: the
+    residual stream's tensors are read and written once instead of three times, with one launch
+    instead of three to six. The sum and the norm are computed as under autocast (fp32 norm; with
+    :func:`bf16_residual_stream` a bf16 output, from the unrounded sum); the dropout draws from
+    Inductor's generator (the same distribution, seeded from PyTorch's: a run stays reproducible).
+    ``device`` and ``key`` as for :func:`compile_in_place` (refused, naming ``key``, where nothing
+    compiles). Modules of other classes are left as they are. Parameters, state dict and saved
+    adapters are untouched; inside a compiled encoder, and without gradients (evaluation), the
+    module's own forward runs.
+
+    No stage uses it: on an H200 the LA step ran 0.84x as fast with it (mlm_fused_h200.txt; the
+    in-kernel dropout draws are slower than eager's, and each compiled call costs the host more
+    than the launches it saves). ``benchmarks/mlm_throughput.py --fused`` measures it beside the
+    eager step, for GPUs whose memory bandwidth weighs differently."""
+    if on:
+        check_compilable(device, key)
+    changed = 0
+    for module in model.modules():
+        if type(module).__name__ not in _RESIDUAL_OUTPUTS or not isinstance(getattr(module, "LayerNorm", None), nn.LayerNorm) \
+                or not isinstance(getattr(module, "dropout", None), nn.Dropout):
+            continue
+        ours = getattr(module.__dict__.get("forward"), "__func__", None) is _fused_output_forward
+        if on and not ours:
+            module.forward = types.MethodType(_fused_output_forward, module)
+            changed += 1
+        elif not on and ours:
+            del module.__dict__["forward"]
+            changed += 1
+    return changed
+
+
+class _ProjectionGroup:
+    """Frozen ``nn.Linear`` layers that read one input (an attention's query, key and value): the
+    first of them called computes all their outputs with one matrix product of their weights
+    side by side (cast once to the autocast dtype, kept until a weight changes, as
+    :func:`_cached_weights`), and each gets its columns; the others take theirs when they are
+    called with the same input (the same tensor, unchanged, in the same grad mode and dtype),
+    anything else computes afresh."""
+
+    def __init__(self, linears: list[nn.Linear]):
+        self.linears = linears
+        self.sizes = [linear.out_features for linear in linears]
+        self.cache = None  # (key, weight, bias)
+        self.pending = None  # (input, its version, dtype, grad mode, [outputs not yet taken])
+
+    def forget(self) -> None:
+        self.cache = self.pending = None
+
+    def applies(self, x: torch.Tensor, dtype: torch.dtype | None) -> bool:
+        if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
+            return False
+        for linear in self.linears:
+            weight, bias = linear.weight, linear.bias
+            if weight.requires_grad or (bias is not None and bias.requires_grad) or weight.is_inference() \
+                    or not weight.is_floating_point() or weight.device != x.device \
+                    or (dtype is None and weight.dtype != x.dtype):
+                return False
+        return True
+
+    def _weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+        key = (dtype,) + tuple((linear.weight.data_ptr(), linear.weight._version,
+                                None if linear.bias is None else (linear.bias.data_ptr(), linear.bias._version))
+                               for linear in self.linears)
+        if self.cache is None or self.cache[0] != key:
+            with torch.no_grad():
+                weight = torch.cat([linear.weight.to(dtype) for linear in self.linears])
+                bias = None if all(linear.bias is None for linear in self.linears) else torch.cat(
+                    [linear.bias.to(dtype) if linear.bias is not None else
+                     torch.zeros(linear.out_features, dtype=dtype, device=linear.weight.device)
+                     for linear in self.linears])
+            self.cache = (key, weight, bias)
+        return self.cache[1], self.cache[2]
+
+    def output(self, index: int, x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+        dtype = dtype or x.dtype
+        grad = torch.is_grad_enabled()
+        pending = self.pending
+        if pending is not None and pending[0] is x and pending[1] == x._version and pending[2] == dtype \
+                and pending[3] == grad and pending[4][index] is not None:
+            out, pending[4][index] = pending[4][index], None
+            if all(o is None for o in pending[4]):
+                self.pending = None
+            return out
+        weight, bias = self._weights(dtype)
+        outs = list(F.linear(x.to(dtype), weight, bias).split(self.sizes, dim=-1))
+        out, outs[index] = outs[index], None
+        self.pending = (x, x._version, dtype, grad, outs)
+        return out
+
+
+def fuse_projections(model: nn.Module, on: bool = True) -> int:
+    """Give each attention's frozen query, key and value projections (``nn.Linear`` layers, or the
+    base layers of PEFT LoRA layers) one matrix product instead of three (``on=False`` undoes
+    it); returns how many attentions changed. After :func:`speed_up`, which routes the frozen
+    layers (and the LoRA layers' base layers) through :class:`_ProjectionGroup`.
+
+    Three products of a 768-wide input by 768x768 weights seemed to run at 46% of an H200's bf16
+    peak where the feed-forward's 768x3072 ran at 71% (profile_la_compiled_h200.txt); one
+    768x2304 product was meant to run near the latter, its backward one product instead of three
+    and the sums of their input gradients. The same weights, the same arithmetic per output column
+    (up to the matrix kernel's order of additions); LoRA branches, dropouts and trainable
+    projections stay as they are, and a projection that is trained, merged into (its cached
+    weights are dropped: :func:`forget_casts`) or called on another input computes alone.
+
+    No stage uses it: on an H200 the products took no less time this way and the LA step ran
+    0.98x as fast (mlm_fused_h200.txt); ``benchmarks/mlm_throughput.py --fused`` measures it."""
+    from peft.tuners.lora import Linear as LoraLinear
+
+    changed = 0
+    for module in model.modules():
+        parts = [getattr(module, name, None) for name in ("query", "key", "value")]
+        if any(part is None for part in parts):
+            continue
+        linears = [part.base_layer if isinstance(part, LoraLinear) else part for part in parts]
+        if any(type(linear) is not nn.Linear for linear in linears) \
+                or len({linear.in_features for linear in linears}) != 1:
+            continue
+        grouped = all(_GROUP in linear.__dict__ for linear in linears)
+        if on and not grouped:
+            group = _ProjectionGroup(linears)
+            for index, linear in enumerate(linears):
+                linear.__dict__[_GROUP] = (group, index)
+            changed += 1
+        elif not on and any(_GROUP in linear.__dict__ for linear in linears):
+            for linear in linears:
+                linear.__dict__.pop(_GROUP, None)
             changed += 1
     return changed
