@@ -33,7 +33,7 @@ GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za
 
 # BENCHMARKS="name ..." runs only those (default: all, in this order); DEADLINE=SECONDS stops
 # starting benchmarks that would outlast it (each one's limit is cut to what is left).
-WANT=" ${BENCHMARKS:-tests mlm_fused profile_la_fused mlm_fused_128 mlm_throughput mlm_throughput_graphs workflow mlm_throughput_outside profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_throughput_strata pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_batching_int8 translation_speed_3.3B} "
+WANT=" ${BENCHMARKS:-tests mlm_fused la_graphs profile_la_fused mlm_fused_128 mlm_throughput mlm_throughput_graphs workflow mlm_throughput_outside profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_throughput_strata pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_batching_int8 translation_speed_3.3B} "
 DEADLINE="${DEADLINE:-100000}"
 
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever happens
@@ -62,6 +62,9 @@ bench mlm_fused 200 benchmarks/mlm_throughput.py --labse-random --device cuda --
     "masked, bf16, fused, fast, fused projections, bf16 residual" "masked, bf16, fused, fast, fused norms, bf16 residual" \
     "masked, bf16, fused, fast, fused norms and projections, bf16 residual" "masked, bf16, fused, fast" \
     "masked, bf16, fused, fast, fused norms and projections"
+# what torch.compile makes of the LA's encoder on this GPU (the attention kernel in the graphs, fp32 products,
+# what the graphs keep for the backward against the eager step): why the compiled and graphed LA lost
+bench la_graphs 120 -m benchmarks.la_graphs --device cuda --layers 12 --batch-size 128 --seq-len 256 --bf16-residual
 bench profile_la_fused 150 -m benchmarks.profile_steps --device cuda --steps 5 --top 16 --stages LA --bf16-residual --fused
 bench mlm_fused_128 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 --batch-size 128 \
     --steps 10 --repeats 2 --bf16-residual --fused --only "masked, bf16, fused, fast, bf16 residual" \
