@@ -26,8 +26,10 @@ prints for each variant:
 
 Variants: ``eager``; ``compiled`` (the encoder whole); ``compiled, no cuDNN attention`` (traced
 inside ``fastpath.attention_for_varying_shapes``, which leaves flash and memory-efficient
-attention to SDPA); ``compiled, attention outside`` (``fastpath.attention_outside_graph``); each
-also with ``--bf16-residual``'s stream when given. Nothing is timed: ``mlm_throughput.py`` times.
+attention to SDPA); ``compiled, attention outside`` (``fastpath.attention_outside_graph``);
+``compiled, no attention dropout`` (not the LA's: the attention probabilities' dropout set to 0,
+to see whether the dropout is what makes the graph decompose the attention); each also with
+``--bf16-residual``'s stream when given. Nothing is timed: ``mlm_throughput.py`` times.
 """
 
 from __future__ import annotations
@@ -146,7 +148,11 @@ def main() -> None:
         step()
     print(f"\n== eager: kept MiB {mib(saved)}")
 
-    for variant in ("compiled", "compiled, no cuDNN attention", "compiled, attention outside"):
+    attention_dropouts = [module for name, module in encoder.named_modules()
+                          if name.endswith("attention.self") and isinstance(getattr(module, "dropout", None), torch.nn.Dropout)]
+    rate = attention_dropouts[0].dropout.p
+    for variant in ("compiled", "compiled, no cuDNN attention", "compiled, attention outside",
+                    "compiled, no attention dropout"):
         graphs = {"fw": [], "bw": [], "fw_user_outputs": []}
 
         def forward_compiler(gm, example_inputs):
@@ -165,6 +171,8 @@ def main() -> None:
 
         torch._dynamo.reset()
         fastpath.attention_outside_graph(encoder, "outside" in variant)
+        for module in attention_dropouts:  # not the LA's: whether the attention's dropout decides the kernel
+            module.dropout.p = 0.0 if "no attention dropout" in variant else rate
         # the LA's compile (fastpath.compile_in_place: static shapes), with a backend that keeps the graphs
         encoder.compile(backend=aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler,
                                              partition_fn=partition), dynamic=False)
