@@ -54,9 +54,8 @@ bench tests 150 -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/te
 bench mlm_throughput 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
     --batch-size 128 --steps 10 --bf16-residual
 # fewer, fuller kernels for the LA with its products and attention eager: one product for each attention's
-# query, key and value (fastpath.fuse_projections: three 768x768 products ran at 46% of the peak, the
-# feed-forward's 768x3072 at 71%) and dropout + residual add + LayerNorm compiled into one kernel each way
-# (fastpath.fuse_residual_norms: the element-wise traffic, ~21 ms of the 52.5 ms step, profile_la_compiled)
+# query, key and value (fastpath.fuse_projections) and dropout + residual add + LayerNorm compiled into one
+# kernel each way (fastpath.fuse_residual_norms); on an H200 (2026-12-04) 0.98x and 0.84x the eager step
 bench mlm_fused 200 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 --batch-size 128 \
     --steps 10 --repeats 2 --bf16-residual --fused --only "masked, bf16, fused, fast, bf16 residual" \
     "masked, bf16, fused, fast, fused projections, bf16 residual" "masked, bf16, fused, fast, fused norms, bf16 residual" \

@@ -46,24 +46,6 @@ ATTENTION_OPS = ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_fla
                  "_scaled_dot_product_fused_attention_overrideable")
 
 
-def build(args):
-    import transformers
-    from peft import LoraConfig, get_peft_model
-
-    from modsent.losses import mlm_parts
-
-    config = transformers.BertConfig(vocab_size=args.vocab, hidden_size=768, num_hidden_layers=args.layers,
-                                     num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512)
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = get_peft_model(transformers.BertForMaskedLM(config),
-                           LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["query", "key", "value"]))
-    model.get_input_embeddings().weight.requires_grad_(True)  # as language_adapter.build_model trains
-    for param in mlm_parts(model)[1].parameters():
-        param.requires_grad_(True)
-    return model.to(args.device).train()
-
-
 def mib(counter: collections.Counter) -> str:
     return ", ".join(f"{dtype.removeprefix('torch.')} {size / 2**20:.1f}" for dtype, size in sorted(counter.items())) or "-"
 
@@ -101,6 +83,7 @@ def main() -> None:
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
+    from benchmarks import mlm_throughput
     from modsent.losses import mlm_parts
     from modsent.modular.language_adapter import mlm_loss
     from modsent.training import fastpath
@@ -114,7 +97,9 @@ def main() -> None:
     parser.add_argument("--bf16-residual", action="store_true")
     args = parser.parse_args()
 
-    model = build(args)
+    torch.manual_seed(0)
+    model, _ = mlm_throughput.build(argparse.Namespace(labse_random=True, device=args.device),
+                                    layers=args.layers, labse_vocab=args.vocab)
     fastpath.speed_up(model)
     fastpath.bf16_residual_stream(model, args.bf16_residual)
     encoder = mlm_parts(model)[0]

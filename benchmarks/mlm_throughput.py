@@ -38,17 +38,19 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 
 
-def build(args):
+def build(args, layers: int = 12, labse_vocab: int = 50_000):
+    """The LA's model (``--labse-random``: ``layers`` LaBSE-wide layers, ``labse_vocab`` words) in
+    training mode on ``args.device``, and its vocabulary size."""
     import transformers
     from peft import LoraConfig, get_peft_model
 
     if args.labse_random:
-        config = transformers.BertConfig(vocab_size=50_000, hidden_size=768, num_hidden_layers=12,
+        config = transformers.BertConfig(vocab_size=labse_vocab, hidden_size=768, num_hidden_layers=layers,
                                          num_attention_heads=12, intermediate_size=3072,
                                          max_position_embeddings=512)
         config._attn_implementation = "sdpa"
         model = transformers.BertForMaskedLM(config)
-        vocab = 50_000
+        vocab = labse_vocab
     else:
         base = Path(args.base)
         transformers.logging.set_verbosity_error()
@@ -124,16 +126,15 @@ def main() -> None:
                                             ("masked, fp32, fast", "masked, fp32", "full head, fp32")}
     if args.bf16_residual and cuda:
         variants["masked, bf16, fused, fast, bf16 residual"] = (True, True, True, True)
+    # modsent's step, the base of the variants below (the CPU's: fp32, foreach AdamW)
+    prefix = "masked, bf16, fused, fast" if cuda else "masked, fp32, fast"
+    flags = (True, True, True, True) if cuda else (True, False, False, True)
     if args.fused:  # eager products and attention: only the LayerNorm steps compiled, as small functions
-        prefix = "masked, bf16, fused, fast" if cuda else "masked, fp32, fast"
-        flags = (True, True, True, True) if cuda else (True, False, False, True)
         for what in ("fused projections", "fused norms", "fused norms and projections"):
             variants[f"{prefix}, {what}"] = flags
             if args.bf16_residual and cuda:
                 variants[f"{prefix}, {what}, bf16 residual"] = flags
     if args.compile:  # last: it compiles the encoder in place (on the CPU: in fp32, as every CPU variant)
-        prefix = "masked, bf16, fused, fast" if cuda else "masked, fp32, fast"  # the CPU's: fp32, foreach AdamW
-        flags = (True, True, True, True) if cuda else (True, False, False, True)
         variants[f"{prefix}, compiled"] = flags
         if args.bf16_residual and cuda:  # both: Inductor fusing a residual stream held in bf16
             variants[f"{prefix}, compiled, bf16 residual"] = flags
@@ -143,8 +144,6 @@ def main() -> None:
         if args.bf16_residual and cuda:
             variants[f"{prefix}, compiled, attention outside, bf16 residual"] = flags
     if args.graphs:  # after the compiled ones: the encoder's graphs are recorded in place, kernels as eager
-        prefix = "masked, bf16, fused, fast" if cuda else "masked, fp32, fast"
-        flags = (True, True, True, True) if cuda else (True, False, False, True)
         variants[f"{prefix}, graphs"] = flags
         if args.bf16_residual and cuda:
             variants[f"{prefix}, graphs, bf16 residual"] = flags

@@ -58,11 +58,18 @@ def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
     return None
 
 
+def _cast_key(module: nn.Linear, dtype: torch.dtype) -> tuple:
+    """What a cast of ``module``'s weight and bias to ``dtype`` stays valid for (changed through
+    ``.data``, which keeps the version, it needs :func:`forget_casts`)."""
+    weight, bias = module.weight, module.bias
+    return (dtype, weight.device, weight.data_ptr(), weight._version,
+            None if bias is None else (bias.data_ptr(), bias._version))
+
+
 def _cached_weights(module: nn.Linear, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The module's weight and bias in ``dtype``, cast once and kept until either changes."""
     weight, bias = module.weight, module.bias
-    key = (dtype, weight.device, weight.data_ptr(), weight._version,
-           None if bias is None else (bias.data_ptr(), bias._version))
+    key = _cast_key(module, dtype)
     cache = module.__dict__.get("_modsent_cast")
     if cache is None or cache[0] != key:
         with torch.no_grad():
@@ -447,9 +454,7 @@ class _ProjectionGroup:
         return True
 
     def _weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
-        key = (dtype,) + tuple((linear.weight.data_ptr(), linear.weight._version,
-                                None if linear.bias is None else (linear.bias.data_ptr(), linear.bias._version))
-                               for linear in self.linears)
+        key = tuple(_cast_key(linear, dtype) for linear in self.linears)
         if self.cache is None or self.cache[0] != key:
             with torch.no_grad():
                 weight = torch.cat([linear.weight.to(dtype) for linear in self.linears])
