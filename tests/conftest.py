@@ -26,6 +26,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# Off a GPU, Triton kernels (modsent.training.lora_kernels) run in Triton's interpreter on the CPU;
+# it must be chosen before Triton is first imported. With a GPU they run compiled, and so does
+# Inductor's own Triton code.
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
 # torch.compile's Inductor keeps compiled kernels in one cache per user (/tmp/torchinductor_$USER)
 # and loads what it finds there: a run killed mid-compile can leave a zero-byte .so behind that
 # fails every later compile test on the machine. Each test run compiles into a cache of its own

@@ -36,7 +36,10 @@ def train_step(model, seed=7):
     model.train()
     torch.manual_seed(seed)
     out = model(input_ids=ids, attention_mask=mask).last_hidden_state
-    out.pow(2).mean().backward()
+    # a fixed random direction: the squares of a LayerNorm's output sum to a near constant, whose
+    # gradients would be rounding noise
+    direction = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(out.device)
+    (out * direction).sum().backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     return out.detach(), grads
@@ -52,7 +55,8 @@ def test_fast_lora_equals_peft_in_fp32_with_dropout_and_gradients():
     assert grads_fast.keys() == grads_peft.keys() and len(grads_fast) == 2 * lora_layers
     torch.testing.assert_close(out_fast, out_peft, rtol=1e-6, atol=1e-6)
     for name in grads_peft:
-        torch.testing.assert_close(grads_fast[name], grads_peft[name], rtol=1e-5, atol=1e-7)
+        assert grads_peft[name].abs().max() > 1e-3, name
+        torch.testing.assert_close(grads_fast[name], grads_peft[name], rtol=1e-5, atol=1e-6)
     # the same dropout masks: another seed gives another output
     assert (train_step(model, seed=8)[0] - out_fast).abs().max() > 1e-3
     fastpath.restore(model)

@@ -34,7 +34,9 @@ device.
 Two further fusions, :func:`fuse_projections` (one product for an attention's query, key and
 value) and :func:`fuse_residual_norms` (dropout, residual add and LayerNorm compiled into one
 kernel), compute the same and were measured slower on an H200 (benchmarks/results/README.md):
-no stage uses them; ``benchmarks/mlm_throughput.py --fused`` times them.
+no stage uses them; ``benchmarks/mlm_throughput.py --fused`` times them. A third,
+:func:`fuse_lora_dropout`, runs each LoRA layer with dropout through two Triton kernels
+(:mod:`modsent.training.lora_kernels`); it has not run on a GPU yet and no stage uses it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from torch import nn
 
 _FAST = "_modsent_fast"
 _GROUP = "_modsent_group"  # on a frozen nn.Linear of fuse_projections: (its _ProjectionGroup, its index)
+_KERNEL = "_modsent_lora_kernel"  # on a sped-up LoRA Linear of fuse_lora_dropout
 
 
 def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
@@ -129,6 +132,10 @@ def _lora_linear_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor
         if not (x.dtype == lora_a.dtype == lora_b.dtype and getattr(base_weight, "dtype", x.dtype) == x.dtype):
             return type(self).forward(self, x, *args, **kwargs)
         dtype = x.dtype
+    if self.__dict__.get(_KERNEL):
+        out = _lora_kernel_forward(self, name, x, dtype)
+        if out is not None:
+            return out
     group = self.base_layer.__dict__.get(_GROUP)
     if group is not None and group[0].applies(x, dtype):
         result = group[0].output(group[1], x, dtype)  # its share of one product with its siblings'
@@ -140,6 +147,58 @@ def _lora_linear_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor
     out = torch.addmm(result.reshape(-1, result.shape[-1]), branch.reshape(-1, branch.shape[-1]),
                       lora_b.t(), alpha=self.scaling[name])
     return out.view(result.shape).to(result.dtype)
+
+
+def _lora_kernel_forward(self, name: str, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """The layer through :func:`modsent.training.lora_kernels.lora_linear` where it applies (a
+    dropout in training, gradients on, a frozen ``nn.Linear`` base not in a projection group, a
+    device the kernels run on, not inside a compiled trace), else None."""
+    from modsent.training import lora_kernels
+
+    dropout = self.lora_dropout[name]
+    base = self.base_layer
+    if not (isinstance(dropout, nn.Dropout) and dropout.training and dropout.p > 0) \
+            or not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or torch.compiler.is_compiling() \
+            or type(base) is not nn.Linear or base.weight.requires_grad \
+            or (base.bias is not None and base.bias.requires_grad) or _GROUP in base.__dict__ \
+            or not base.weight.is_floating_point() or base.weight.is_inference() or not lora_kernels.supported(x):
+        return None
+    if base.weight.dtype == dtype:
+        weight, bias = base.weight, base.bias
+    else:
+        weight, bias = _cached_weights(base, dtype)
+    out = lora_kernels.lora_linear(x.to(dtype), self.lora_A[name].weight, self.lora_B[name].weight,
+                                   weight, bias, self.scaling[name], dropout.p)
+    return out
+
+
+def fuse_lora_dropout(model: nn.Module, on: bool = True) -> int:
+    """Run each sped-up PEFT LoRA ``Linear`` of ``model`` whose dropout is on through
+    :func:`modsent.training.lora_kernels.lora_linear` (``on=False`` undoes it); returns how many
+    layers changed. After :func:`speed_up`. On a GPU with Triton: the dropout's mask is drawn
+    inside the branch's products (two Triton kernels), so no dropped copy of the input, no mask
+    and no input-sized gradient of the branch is written or kept, and the branch's gradient is
+    added to the input's in the same pass. The same function of the same parameters; the dropout
+    draws from its own Philox stream seeded from PyTorch's CPU generator (the same distribution,
+    ``p`` rounded to 1/65,536; not PEFT's draws). Where it does not apply (evaluation, no
+    gradients, a compiled trace, the CPU without Triton's interpreter, a projection group of
+    :func:`fuse_projections`) the layer runs the fast forward as before. Parameters, their names
+    and the saved adapters are untouched.
+
+    No stage uses it yet: it has not run on a GPU. ``benchmarks/mlm_throughput.py --fused-lora``
+    measures it beside the eager step."""
+    from peft.tuners.lora import Linear as LoraLinear
+
+    changed = 0
+    for module in model.modules():
+        if not isinstance(module, LoraLinear) or not module.__dict__.get(_FAST):
+            continue
+        if on and not module.__dict__.get(_KERNEL):
+            module.__dict__[_KERNEL] = True
+            changed += 1
+        elif not on and module.__dict__.pop(_KERNEL, False):
+            changed += 1
+    return changed
 
 
 def _merge(self, *args, **kwargs):
@@ -190,7 +249,7 @@ def restore(model: nn.Module) -> None:
     :func:`bf16_residual_stream` changed stays: ``bf16_residual_stream(model, False)`` undoes it)."""
     for module in model.modules():
         if module.__dict__.pop(_FAST, False):
-            for name in ("forward", "merge", "unmerge", "_modsent_cast", _GROUP):
+            for name in ("forward", "merge", "unmerge", "_modsent_cast", _GROUP, _KERNEL):
                 module.__dict__.pop(name, None)
 
 

@@ -1,0 +1,244 @@
+"""modsent.training.lora_kernels: the LoRA layer with its dropout drawn inside two Triton kernels
+computes what PEFT's layer computes with that dropout mask, and draws masks as nn.Dropout does.
+
+Off a GPU the kernels run in Triton's interpreter on the CPU (./run test installs Triton for it),
+where their products are computed in fp32; with a GPU, the same cases run compiled on CUDA."""
+
+import pytest
+import torch
+import transformers
+from peft import LoraConfig, get_peft_model
+from torch import nn
+
+pytest.importorskip("triton")
+
+from modsent.training import fastpath, lora_kernels  # noqa: E402
+
+# the CPU's kernels in the interpreter (conftest chooses it where there is no GPU), else CUDA's
+DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() and not lora_kernels.interpreting(),
+                                reason="no GPU, and Triton's interpreter was not chosen before Triton was imported")
+
+
+@pytest.fixture
+def device(request):
+    return request.param
+
+
+def relative_error(got, want):
+    got, want = got.detach().float(), want.detach().float()
+    return float((got - want).abs().max() / want.abs().max())
+
+
+CASES = [  # rows, input width, output width, rank, p, dtype, does x need a gradient
+    ((2, 50), 96, 80, 8, 0.1, torch.float32, True),
+    ((130,), 768, 64, 8, 0.3, torch.float32, True),  # a width of three full tiles, rows past a block
+    ((70,), 300, 40, 4, 0.1, torch.float32, False),  # a partial tile, rank 4, no input gradient
+    ((4, 16), 256, 32, 8, 0.1, torch.bfloat16, True),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+@pytest.mark.parametrize("rows, k, n, r, p, dtype, x_grad", CASES)
+def test_lora_linear_equals_the_layer_with_its_mask(device, rows, k, n, r, p, dtype, x_grad):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(*rows, k, generator=generator).to(device, dtype).requires_grad_(x_grad)
+    weight = (torch.randn(n, k, generator=generator) / k ** 0.5).to(device, dtype)
+    bias = torch.randn(n, generator=generator).to(device, dtype)
+    lora_a = (torch.randn(r, k, generator=generator) / k ** 0.5).to(device).requires_grad_(True)
+    lora_b = torch.randn(n, r, generator=generator).to(device).requires_grad_(True)
+    out = lora_kernels.lora_linear(x, lora_a, lora_b, weight, bias, 2.0, p, seed=1234)
+    assert out.shape == (*rows, n) and out.dtype == dtype
+    grad = torch.randn(out.shape, generator=generator).to(device, dtype)
+    inputs = (x, lora_a, lora_b) if x_grad else (lora_a, lora_b)
+    got = torch.autograd.grad(out, inputs, grad)
+    assert got[-2].dtype == got[-1].dtype == torch.float32  # the adapter's own dtype
+
+    keep = lora_kernels.dropout_mask((x.numel() // k, k), p, 1234, device)
+    ref_inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+    ref_x = ref_inputs[0] if x_grad else x
+    ref = lora_kernels.reference(ref_x, ref_inputs[-2], ref_inputs[-1], weight, bias, 2.0, p, keep)
+    want = torch.autograd.grad(ref, ref_inputs, grad)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    assert relative_error(out, ref) < tolerance
+    for got_grad, want_grad in zip(got, want):
+        assert relative_error(got_grad, want_grad) < tolerance
+    if x_grad:  # the branch's share of the input's gradient is there, and masked
+        branch = got[0] - (grad @ weight).view(got[0].shape)
+        assert relative_error(branch, want[0] - (grad @ weight).view(got[0].shape)) < 20 * tolerance
+        dropped = ~keep.view(x.shape)
+        assert branch.abs().max() > 0.1 and float(branch[dropped].abs().max()) < 1e-2 * float(branch.abs().max())
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_masks_draw_as_dropout_does(device):
+    shape, p = (256, 1024), 0.1
+    keep = lora_kernels.dropout_mask(shape, p, 42, device)
+    dropped = float((~keep).float().mean())
+    expected = round(p * 65536) / 65536
+    sigma = (expected * (1 - expected) / keep.numel()) ** 0.5
+    assert abs(dropped - expected) < 5 * sigma
+    assert torch.equal(keep, lora_kernels.dropout_mask(shape, p, 42, device))  # a seed draws one mask
+    other = lora_kernels.dropout_mask(shape, p, 43, device)
+    assert abs(float((keep != other).float().mean()) - 2 * p * (1 - p)) < 0.01  # another, independent
+    # each Philox call serves 8 neighbouring columns: their draws are independent of each other
+    drops = (~keep).float()
+    for step in (1, 2, 4, 7, 8):
+        both = float((drops[:, step:] * drops[:, :-step]).mean())
+        assert abs(both - p * p) < 0.005, step
+    assert float((drops[1:] * drops[:-1]).mean()) == pytest.approx(p * p, abs=0.005)  # and rows
+    assert torch.equal(lora_kernels.dropout_mask(shape, 0.0, 42, device), torch.ones(shape, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_masks_and_results_do_not_depend_on_the_tiles(device, monkeypatch):
+    shape = (100, 300)
+    keep = lora_kernels.dropout_mask(shape, 0.1, 7, device)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=generator).to(device).requires_grad_(True)
+    weight, lora_a, lora_b = (torch.randn(s, generator=generator).to(device) for s in ((20, 300), (4, 300), (20, 4)))
+    lora_a.requires_grad_(True)
+
+    def run():
+        out = lora_kernels.lora_linear(x, lora_a, lora_b, weight, None, 1.0, 0.1, seed=7)
+        return (out, *torch.autograd.grad(out, (x, lora_a), torch.ones_like(out)))
+
+    before = run()
+    for kernel in ("mask", "down", "up"):
+        monkeypatch.setitem(lora_kernels.TILES, kernel, (32, 8, 4))
+    assert torch.equal(lora_kernels.dropout_mask(shape, 0.1, 7, device), keep)
+    for got, want in zip(run(), before):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def tiny_lora_bert():
+    """A BERT whose only randomness is LoRA's dropout (on query, key and value, as the LA's)."""
+    config = transformers.BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=96, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = get_peft_model(transformers.BertModel(config, add_pooling_layer=False),
+                           LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["query", "key", "value"]))
+    for name, param in model.named_parameters():
+        if "lora_B" in name:  # PEFT starts B at zero: make the branch count
+            nn.init.normal_(param, std=0.2)
+    model.get_input_embeddings().weight.requires_grad_(True)  # as the LA: the input needs a gradient
+    return model.train()
+
+
+class MaskedDropout(nn.Module):
+    """nn.Dropout with the masks the kernels drew, in the order they drew them."""
+
+    def __init__(self, draws: list, p: float):
+        super().__init__()
+        self.draws, self.p = draws, p
+
+    def forward(self, x):
+        shape, seed = self.draws.pop(0)
+        assert shape == x.shape
+        keep = lora_kernels.dropout_mask((x.numel() // x.shape[-1], x.shape[-1]), self.p, seed, x.device)
+        return x * keep.view(x.shape) * lora_kernels._threshold(self.p)[1]
+
+
+def step(model, ids):
+    out = model(input_ids=ids).last_hidden_state
+    # a fixed random direction (the squares of a LayerNorm's output would sum to a near constant)
+    direction = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(out.device)
+    (out * direction).sum().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out.detach(), grads
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_a_model_with_fused_lora_dropout_trains_as_peft_with_those_masks(device, monkeypatch):
+    model = tiny_lora_bert().to(device)
+    ids = torch.randint(5, 300, (3, 9), generator=torch.Generator().manual_seed(1)).to(device)
+    fastpath.speed_up(model)
+    assert fastpath.fuse_lora_dropout(model) == 2 * 3 and fastpath.fuse_lora_dropout(model) == 0
+    draws = []
+    original = lora_kernels.lora_linear
+
+    def recorded(x, lora_a, lora_b, weight, bias, scaling, p, seed=None):
+        seed = len(draws) + 100
+        draws.append((x.shape, seed))
+        return original(x, lora_a, lora_b, weight, bias, scaling, p, seed)
+
+    monkeypatch.setattr(lora_kernels, "lora_linear", recorded)
+    out, grads = step(model, ids)
+    assert len(draws) == 2 * 3  # every LoRA layer went through the kernels
+
+    # PEFT's own layers, each dropout drawing the mask its kernel drew
+    fastpath.restore(model)
+    for module in model.modules():
+        if hasattr(module, "lora_dropout"):
+            module.lora_dropout["default"] = MaskedDropout(draws, 0.1)
+    ref_out, ref_grads = step(model, ids)
+    assert not draws
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == ref_grads.keys() and any("embeddings" in name for name in grads)
+    for name in ref_grads:
+        assert grads[name].abs().max() > 1e-3, name
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-5 * float(ref_grads[name].abs().max()))
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_fused_lora_dropout_stays_out_of_evaluation_and_can_be_undone(device, monkeypatch):
+    model = tiny_lora_bert().to(device)
+    ids = torch.randint(5, 300, (3, 9), generator=torch.Generator().manual_seed(1)).to(device)
+    fastpath.speed_up(model)
+    model.eval()
+    with torch.no_grad():
+        before = model(input_ids=ids).last_hidden_state
+    fastpath.fuse_lora_dropout(model)
+    calls = []
+    original = lora_kernels.lora_linear
+    monkeypatch.setattr(lora_kernels, "lora_linear", lambda *args: calls.append(1) or original(*args))
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).last_hidden_state, before, rtol=0, atol=0)
+    model.train()
+    with torch.no_grad():  # training mode, but no gradients: the fast forward
+        model(input_ids=ids)
+    assert not calls
+    step(model, ids)
+    assert len(calls) == 6
+    if device == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")  # the CPU without the interpreter: the fast forward
+        step(model, ids)
+        assert len(calls) == 6
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert fastpath.fuse_lora_dropout(model, False) == 6
+    step(model, ids)
+    assert len(calls) == 6
+    fastpath.fuse_lora_dropout(model)
+    fastpath.restore(model)  # restore takes the mark with the fast forward
+    assert not any("_modsent_lora_kernel" in vars(module) for module in model.modules())
+
+
+def test_frozen_base_and_probabilities_are_checked():
+    x = torch.randn(4, 8)
+    weight = torch.randn(6, 8, requires_grad=True)
+    with pytest.raises(ValueError, match="frozen"):
+        lora_kernels.lora_linear(x, torch.randn(2, 8), torch.randn(6, 2), weight, None, 1.0, 0.1)
+    with pytest.raises(ValueError, match="0 <= p < 1"):
+        lora_kernels._threshold(1.0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the kernels run compiled in the other tests")
+def test_kernels_compile_for_a_hopper_gpu_without_spilling(tmp_path):
+    """Off a GPU the interpreter runs the kernels as Python: Triton's compiler and ptxas check here
+    that they also compile for an H100/H200, and that the default tiles spill no register and
+    leave room for two programs a multiprocessor (<= 128 registers a thread at 256 threads)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = "import json; from modsent.training import lora_kernels; print(json.dumps(lora_kernels.hopper_report()))"
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert set(report) == {"down", "up", "mask"}
+    for name, figures in report.items():
+        assert figures["spill_bytes"] == 0, (name, figures)
+        assert 0 < figures["registers"] <= 128, (name, figures)
