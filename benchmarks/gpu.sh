@@ -33,7 +33,7 @@ GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za
 
 # BENCHMARKS="name ..." runs only those (default: all, in this order); DEADLINE=SECONDS stops
 # starting benchmarks that would outlast it (each one's limit is cut to what is left).
-WANT=" ${BENCHMARKS:-lora_kernels mlm_fused_lora tests_lora_kernels profile_la_fused_lora tests mlm_fused la_graphs profile_la_fused mlm_fused_128 mlm_throughput mlm_throughput_graphs workflow mlm_throughput_outside profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_throughput_strata pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_batching_int8 translation_speed_3.3B} "
+WANT=" ${BENCHMARKS:-lora_kernels mlm_fused_lora pair_throughput_fused_lora tests_lora_kernels profile_la_fused_lora tests mlm_fused la_graphs profile_la_fused mlm_fused_128 mlm_throughput mlm_throughput_graphs workflow mlm_throughput_outside profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_throughput_strata pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_batching_int8 translation_speed_3.3B} "
 DEADLINE="${DEADLINE:-100000}"
 
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever happens
@@ -57,6 +57,9 @@ bench mlm_fused_lora 150 benchmarks/mlm_throughput.py --labse-random --device cu
     --steps 10 --repeats 2 --bf16-residual --fused-lora --only "masked, bf16, fused, fast, bf16 residual" \
     "masked, bf16, fused, fast, fused LoRA dropout, bf16 residual" "masked, bf16, fused, fast" \
     "masked, bf16, fused, fast, fused LoRA dropout"
+bench pair_throughput_fused_lora 150 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
+    --batch-size 128 --steps 40 --warmup 10 --stages SE --rounds 3 --fused-lora --only "bf16, random, fast" \
+    "bf16, fused LoRA"
 bench tests_lora_kernels 90 -m pytest -q -p no:cacheprovider tests/test_lora_kernels.py
 bench profile_la_fused_lora 120 -m benchmarks.profile_steps --device cuda --steps 5 --top 16 --stages LA \
     --bf16-residual --fused-lora

@@ -49,7 +49,10 @@ from the host's copy, so the forward never asks the GPU whether there is padding
   SDPA without cuDNN's attention kernel, as the stages do
   (modsent.training.fastpath.attention_for_varying_shapes: the memory-efficient kernel with a
   padding mask, no plan per shape); ``bf16, fast, cuDNN`` lets PyTorch choose, which on Hopper
-  GPUs is cuDNN's kernel with a plan built for each new shape.
+  GPUs is cuDNN's kernel with a plan built for each new shape;
+- with ``--fused-lora``, ``bf16, fused LoRA``: ``bf16, random, fast`` with each LoRA layer's dropout
+  drawn inside its products by two Triton kernels (modsent.training.fastpath.fuse_lora_dropout;
+  on the CPU, ``fp32, fused LoRA`` in Triton's interpreter: a check that it runs, no speed).
 
 Each prints pairs/s (timed steps run back to back with one wait at the end, as the stages run
 them, over their total time; with ``--rounds N`` the median of N such blocks, the variants taking
@@ -71,6 +74,7 @@ work of a frozen body with LoRA, as in mlm_throughput.py) and the peak memory.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -320,6 +324,9 @@ def main() -> None:
                         help="torch.compile's mode: reduce-overhead replays CUDA graphs (one per padded "
                              "width: --pad-multiple keeps them few), the launch cost the SE and CLA steps "
                              "at 128 pairs are bound by")
+    parser.add_argument("--fused-lora", action="store_true",
+                        help="also time the fast path with each LoRA layer's dropout drawn inside its products by "
+                             "two Triton kernels (fastpath.fuse_lora_dropout; on the CPU: Triton's interpreter, no speed)")
     parser.add_argument("--only", nargs="+", metavar="VARIANT",
                         help="time only these variants (their names as printed) besides 'fp32, random'")
     parser.add_argument("--stages", nargs="+", choices=("SE", "CLA"), default=["SE", "CLA"])
@@ -328,6 +335,8 @@ def main() -> None:
                              "in another order), and report the median round: a host whose speed drifts "
                              "then slows every variant alike; 'spread' is (slowest - fastest) / median")
     args = parser.parse_args()
+    if args.fused_lora and not args.device.startswith("cuda"):
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # the CPU: Triton's interpreter, before Triton is imported
 
     if args.rounds < 1:
         parser.error(f"--rounds: at least 1, got {args.rounds}")
@@ -361,6 +370,8 @@ def main() -> None:
         variants["bf16, fast, cuDNN"] = (True, 1, True)
     if args.bf16_residual and cuda:
         variants["bf16, fast, bf16 res."] = (True, 1, True)
+    if args.fused_lora:
+        variants["bf16, fused LoRA" if cuda else "fp32, fused LoRA"] = (cuda, 1, True)
     if args.two_datasets:  # the stages' length_groups: each pair ranked by length within its dataset
         variants["bf16, strata, fast" if cuda else "fp32, strata"] = (cuda, args.group, cuda)
     if args.compile:
@@ -393,6 +404,7 @@ def main() -> None:
                 else:
                     fastpath.restore(model)
                 fastpath.bf16_residual_stream(model, name.endswith("bf16 res."))
+                fastpath.fuse_lora_dropout(model, name.endswith("fused LoRA"))
 
             for name, (bf16, group, _) in variants.items():
                 activate(name)
