@@ -26,7 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-# Off a GPU, Triton kernels (modsent.training.lora_kernels) run in Triton's interpreter on the CPU;
+# Off a GPU, Triton kernels (modsent.training.kernels) run in Triton's interpreter on the CPU;
 # it must be chosen before Triton is first imported. With a GPU they run compiled, and so does
 # Inductor's own Triton code.
 if "TRITON_INTERPRET" not in os.environ:

@@ -34,9 +34,11 @@ device.
 Two further fusions, :func:`fuse_projections` (one product for an attention's query, key and
 value) and :func:`fuse_residual_norms` (dropout, residual add and LayerNorm compiled into one
 kernel), compute the same and were measured slower on an H200 (benchmarks/results/README.md):
-no stage uses them; ``benchmarks/mlm_throughput.py --fused`` times them. A third,
-:func:`fuse_lora_dropout`, runs each LoRA layer with dropout through two Triton kernels
-(:mod:`modsent.training.lora_kernels`); it has not run on a GPU yet and no stage uses it.
+no stage uses them; ``benchmarks/mlm_throughput.py --fused`` times them. Triton kernels
+(:mod:`modsent.training.kernels`) are the next try: :func:`fuse_lora_dropout` runs each LoRA
+layer with dropout through two, and ``fuse_residual_norms(..., kernel="triton")`` each dropout,
+residual add and LayerNorm through one each way, the dropout's mask drawn in registers; they have
+not run on a GPU yet and no stage uses them (``benchmarks/mlm_throughput.py --triton``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from torch import nn
 _FAST = "_modsent_fast"
 _GROUP = "_modsent_group"  # on a frozen nn.Linear of fuse_projections: (its _ProjectionGroup, its index)
 _KERNEL = "_modsent_lora_kernel"  # on a sped-up LoRA Linear of fuse_lora_dropout
+_NORM_KERNEL = "_modsent_norm_kernel"  # on a module of fuse_residual_norms: "compiled" or "triton"
 
 
 def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
@@ -150,10 +153,10 @@ def _lora_linear_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor
 
 
 def _lora_kernel_forward(self, name: str, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
-    """The layer through :func:`modsent.training.lora_kernels.lora_linear` where it applies (a
+    """The layer through :func:`modsent.training.kernels.lora_linear` where it applies (a
     dropout in training, gradients on, a frozen ``nn.Linear`` base not in a projection group, a
     device the kernels run on, not inside a compiled trace), else None."""
-    from modsent.training import lora_kernels
+    from modsent.training import kernels
 
     dropout = self.lora_dropout[name]
     base = self.base_layer
@@ -161,20 +164,20 @@ def _lora_kernel_forward(self, name: str, x: torch.Tensor, dtype: torch.dtype) -
             or not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or torch.compiler.is_compiling() \
             or type(base) is not nn.Linear or base.weight.requires_grad \
             or (base.bias is not None and base.bias.requires_grad) or _GROUP in base.__dict__ \
-            or not base.weight.is_floating_point() or base.weight.is_inference() or not lora_kernels.supported(x):
+            or not base.weight.is_floating_point() or base.weight.is_inference() or not kernels.supported(x):
         return None
     if base.weight.dtype == dtype:
         weight, bias = base.weight, base.bias
     else:
         weight, bias = _cached_weights(base, dtype)
-    out = lora_kernels.lora_linear(x.to(dtype), self.lora_A[name].weight, self.lora_B[name].weight,
+    out = kernels.lora_linear(x.to(dtype), self.lora_A[name].weight, self.lora_B[name].weight,
                                    weight, bias, self.scaling[name], dropout.p)
     return out
 
 
 def fuse_lora_dropout(model: nn.Module, on: bool = True) -> int:
     """Run each sped-up PEFT LoRA ``Linear`` of ``model`` whose dropout is on through
-    :func:`modsent.training.lora_kernels.lora_linear` (``on=False`` undoes it); returns how many
+    :func:`modsent.training.kernels.lora_linear` (``on=False`` undoes it); returns how many
     layers changed. After :func:`speed_up`. On a GPU with Triton: the dropout's mask is drawn
     inside the branch's products (two Triton kernels), so no dropped copy of the input, no mask
     and no input-sized gradient of the branch is written or kept, and the branch's gradient is
@@ -185,7 +188,7 @@ def fuse_lora_dropout(model: nn.Module, on: bool = True) -> int:
     :func:`fuse_projections`) the layer runs the fast forward as before. Parameters, their names
     and the saved adapters are untouched.
 
-    No stage uses it yet: it has not run on a GPU. ``benchmarks/mlm_throughput.py --fused-lora``
+    No stage uses it yet: it has not run on a GPU. ``benchmarks/mlm_throughput.py --triton``
     measures it beside the eager step."""
     from peft.tuners.lora import Linear as LoraLinear
 
@@ -444,11 +447,22 @@ def _fused_output_forward(self, hidden_states: torch.Tensor, input_tensor: torch
     else:
         out_dtype = torch.promote_types(hidden.dtype, input_tensor.dtype)
     p = self.dropout.p if self.dropout.training else 0.0
+    if self.__dict__.get(_NORM_KERNEL) == "triton":
+        from modsent.training import kernels
+
+        frozen = all(param is None or not param.requires_grad for param in (norm.weight, norm.bias))
+        if not (frozen and hidden.shape == input_tensor.shape and kernels.supported(hidden)):
+            return norm(self.dropout(hidden) + input_tensor)
+        # the weights the module's norm computes with: cast to bf16 by the bf16 stream's LayerNorm
+        weight, bias = ((None if t is None else t.to(out_dtype)) if out_dtype == torch.bfloat16 else t
+                        for t in (norm.weight, norm.bias))
+        return kernels.dropout_add_norm(hidden, input_tensor, weight, bias, norm.eps, float(p), out_dtype)
     with torch.autocast(hidden.device.type, enabled=False):
         return _fused_norm()(hidden, input_tensor, norm.weight, norm.bias, norm.eps, float(p), out_dtype)
 
 
-def fuse_residual_norms(model: nn.Module, device: str | torch.device, key: str, on: bool = True) -> int:
+def fuse_residual_norms(model: nn.Module, device: str | torch.device, key: str, on: bool = True,
+                        kernel: str = "compiled") -> int:
     """Make each ``dropout → add the residual → LayerNorm`` after an attention output and a
     feed-forward output one compiled function (``on=False`` undoes it); returns how many modules
     changed. Only these element-wise steps are compiled (``torch.compile`` of a small function:
@@ -466,8 +480,18 @@ def fuse_residual_norms(model: nn.Module, device: str | torch.device, key: str, 
     No stage uses it: on an H200 the LA step ran 0.84x as fast with it (mlm_fused_h200.txt; the
     in-kernel dropout draws are slower than eager's, and each compiled call costs the host more
     than the launches it saves). ``benchmarks/mlm_throughput.py --fused`` measures it beside the
-    eager step, for GPUs whose memory bandwidth weighs differently."""
-    if on:
+    eager step, for GPUs whose memory bandwidth weighs differently.
+
+    ``kernel="triton"``: the three steps are instead one Triton kernel each way
+    (:func:`modsent.training.kernels.dropout_add_norm`: the dropout's mask drawn in registers, eight
+    draws a Philox call, and drawn again in the backward; only the sum and each row's mean and 1/std
+    kept; rounded as the eager steps round), on a GPU (or the CPU in Triton's interpreter), for a
+    norm whose weight and bias are frozen, as in the LA; elsewhere the module's own ops run. No
+    compiler needed, ``device`` and ``key`` unused. Not measured on a GPU yet, and no stage uses
+    it (``benchmarks/mlm_throughput.py --triton``)."""
+    if kernel not in ("compiled", "triton"):
+        raise ValueError(f"fuse_residual_norms: kernel {kernel!r}, expected 'compiled' or 'triton'")
+    if on and kernel == "compiled":
         check_compilable(device, key)
     changed = 0
     for module in model.modules():
@@ -475,11 +499,13 @@ def fuse_residual_norms(model: nn.Module, device: str | torch.device, key: str, 
                 or not isinstance(getattr(module, "dropout", None), nn.Dropout):
             continue
         ours = getattr(module.__dict__.get("forward"), "__func__", None) is _fused_output_forward
-        if on and not ours:
+        if on and (not ours or module.__dict__.get(_NORM_KERNEL, "compiled") != kernel):
             module.forward = types.MethodType(_fused_output_forward, module)
+            module.__dict__[_NORM_KERNEL] = kernel
             changed += 1
         elif not on and ours:
             del module.__dict__["forward"]
+            module.__dict__.pop(_NORM_KERNEL, None)
             changed += 1
     return changed
 

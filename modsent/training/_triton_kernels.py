@@ -1,4 +1,4 @@
-"""The Triton kernels of :mod:`modsent.training.lora_kernels` (imported on first use: only
+"""The Triton kernels of :mod:`modsent.training.kernels` (imported on first use: only
 where Triton is installed)."""
 
 import triton
@@ -98,3 +98,64 @@ def up_kernel(GX, X, U, A, PART, M, R, stride_x, stride_gx, seed, groups_per_row
                 tl.store(pointers, gx.to(GX.dtype.element_ty), mask=inside)
         tl.store(PART + program.to(tl.int64) * R * K + rank[:, None] * K + cols[None, :], acc,
                  mask=(rank[:, None] < R) & (cols[None, :] < K))
+
+
+@triton.jit
+def norm_forward_kernel(H, R, W, B, Y, S, MEAN, RSTD, M, stride_h, stride_r, seed, groups_per_row, threshold, scale, eps,
+                        D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                        DROP: tl.constexpr):
+    """Y = LayerNorm(dropout(H) + R) over rows of width D (BD: D rounded up to a power of 2),
+    computed as eager PyTorch rounds it: the dropout's output in H's dtype, the sum in S's (kept
+    for the backward, with each row's mean and 1/std), the norm in fp32 from it, Y in its dtype."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    cols = tl.arange(0, BD)
+    inside = (rows[:, None] < M) & (cols[None, :] < D)
+    h = tl.load(H + rows[:, None].to(tl.int64) * stride_h + cols[None, :], mask=inside, other=0.0)
+    r = tl.load(R + rows[:, None].to(tl.int64) * stride_r + cols[None, :], mask=inside, other=0.0)
+    if DROP:
+        keep = keep_tile(seed, rows, 0, groups_per_row, threshold, BD // 8) != 0
+        h = tl.where(keep, h.to(tl.float32) * scale, 0.0).to(h.dtype)
+    s = (h.to(tl.float32) + r.to(tl.float32)).to(S.dtype.element_ty)
+    x = tl.where(inside, s.to(tl.float32), 0.0)
+    mean = tl.sum(x, axis=1) / D
+    diff = tl.where(inside, x - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, axis=1) / D + eps)
+    y = diff * rstd[:, None]
+    if HAS_W:
+        y = y * tl.load(W + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        y = y + tl.load(B + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    offsets = rows[:, None].to(tl.int64) * D + cols[None, :]
+    tl.store(Y + offsets, y.to(Y.dtype.element_ty), mask=inside)
+    tl.store(S + offsets, s, mask=inside)
+    tl.store(MEAN + rows, mean, mask=rows < M)
+    tl.store(RSTD + rows, rstd, mask=rows < M)
+
+
+@triton.jit
+def norm_backward_kernel(DY, S, W, MEAN, RSTD, DH, DR, M, stride_dy, seed, groups_per_row, threshold, scale,
+                         D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, HAS_W: tl.constexpr,
+                         DROP: tl.constexpr, WANT_H: tl.constexpr, WANT_R: tl.constexpr):
+    """The gradients of :func:`norm_forward_kernel`'s inputs from Y's: DR, the sum's (LayerNorm's
+    backward with frozen weights), and DH, the same through the dropout's mask, drawn again."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    cols = tl.arange(0, BD)
+    inside = (rows[:, None] < M) & (cols[None, :] < D)
+    offsets = rows[:, None].to(tl.int64) * D + cols[None, :]
+    dy = tl.load(DY + rows[:, None].to(tl.int64) * stride_dy + cols[None, :], mask=inside, other=0.0).to(tl.float32)
+    s = tl.load(S + offsets, mask=inside, other=0.0).to(tl.float32)
+    mean = tl.load(MEAN + rows, mask=rows < M, other=0.0)
+    rstd = tl.load(RSTD + rows, mask=rows < M, other=0.0)
+    xhat = tl.where(inside, (s - mean[:, None]) * rstd[:, None], 0.0)
+    if HAS_W:
+        dy = dy * tl.load(W + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    c1 = tl.sum(dy * xhat, axis=1) / D
+    c2 = tl.sum(dy, axis=1) / D
+    ds = tl.where(inside, (dy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None], 0.0)
+    if WANT_R:
+        tl.store(DR + offsets, ds.to(DR.dtype.element_ty), mask=inside)
+    if WANT_H:
+        if DROP:
+            keep = keep_tile(seed, rows, 0, groups_per_row, threshold, BD // 8) != 0
+            ds = tl.where(keep, ds * scale, 0.0)
+        tl.store(DH + offsets, ds.to(DH.dtype.element_ty), mask=inside)

@@ -1,4 +1,4 @@
-"""modsent.training.lora_kernels: the LoRA layer with its dropout drawn inside two Triton kernels
+"""modsent.training.kernels: the LoRA layer with its dropout drawn inside two Triton kernels
 computes what PEFT's layer computes with that dropout mask, and draws masks as nn.Dropout does.
 
 Off a GPU the kernels run in Triton's interpreter on the CPU (./run test installs Triton for it),
@@ -12,11 +12,11 @@ from torch import nn
 
 pytest.importorskip("triton")
 
-from modsent.training import fastpath, lora_kernels  # noqa: E402
+from modsent.training import fastpath, kernels  # noqa: E402
 
 # the CPU's kernels in the interpreter (conftest chooses it where there is no GPU), else CUDA's
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available() and not lora_kernels.interpreting(),
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() and not kernels.interpreting(),
                                 reason="no GPU, and Triton's interpreter was not chosen before Triton was imported")
 
 
@@ -47,17 +47,17 @@ def test_lora_linear_equals_the_layer_with_its_mask(device, rows, k, n, r, p, dt
     bias = torch.randn(n, generator=generator).to(device, dtype)
     lora_a = (torch.randn(r, k, generator=generator) / k ** 0.5).to(device).requires_grad_(True)
     lora_b = torch.randn(n, r, generator=generator).to(device).requires_grad_(True)
-    out = lora_kernels.lora_linear(x, lora_a, lora_b, weight, bias, 2.0, p, seed=1234)
+    out = kernels.lora_linear(x, lora_a, lora_b, weight, bias, 2.0, p, seed=1234)
     assert out.shape == (*rows, n) and out.dtype == dtype
     grad = torch.randn(out.shape, generator=generator).to(device, dtype)
     inputs = (x, lora_a, lora_b) if x_grad else (lora_a, lora_b)
     got = torch.autograd.grad(out, inputs, grad)
     assert got[-2].dtype == got[-1].dtype == torch.float32  # the adapter's own dtype
 
-    keep = lora_kernels.dropout_mask((x.numel() // k, k), p, 1234, device)
+    keep = kernels.dropout_mask((x.numel() // k, k), p, 1234, device)
     ref_inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
     ref_x = ref_inputs[0] if x_grad else x
-    ref = lora_kernels.reference(ref_x, ref_inputs[-2], ref_inputs[-1], weight, bias, 2.0, p, keep)
+    ref = kernels.reference(ref_x, ref_inputs[-2], ref_inputs[-1], weight, bias, 2.0, p, keep)
     want = torch.autograd.grad(ref, ref_inputs, grad)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     assert relative_error(out, ref) < tolerance
@@ -73,13 +73,13 @@ def test_lora_linear_equals_the_layer_with_its_mask(device, rows, k, n, r, p, dt
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
 def test_masks_draw_as_dropout_does(device):
     shape, p = (256, 1024), 0.1
-    keep = lora_kernels.dropout_mask(shape, p, 42, device)
+    keep = kernels.dropout_mask(shape, p, 42, device)
     dropped = float((~keep).float().mean())
     expected = round(p * 65536) / 65536
     sigma = (expected * (1 - expected) / keep.numel()) ** 0.5
     assert abs(dropped - expected) < 5 * sigma
-    assert torch.equal(keep, lora_kernels.dropout_mask(shape, p, 42, device))  # a seed draws one mask
-    other = lora_kernels.dropout_mask(shape, p, 43, device)
+    assert torch.equal(keep, kernels.dropout_mask(shape, p, 42, device))  # a seed draws one mask
+    other = kernels.dropout_mask(shape, p, 43, device)
     assert abs(float((keep != other).float().mean()) - 2 * p * (1 - p)) < 0.01  # another, independent
     # each Philox call serves 8 neighbouring columns: their draws are independent of each other
     drops = (~keep).float()
@@ -87,37 +87,87 @@ def test_masks_draw_as_dropout_does(device):
         both = float((drops[:, step:] * drops[:, :-step]).mean())
         assert abs(both - p * p) < 0.005, step
     assert float((drops[1:] * drops[:-1]).mean()) == pytest.approx(p * p, abs=0.005)  # and rows
-    assert torch.equal(lora_kernels.dropout_mask(shape, 0.0, 42, device), torch.ones(shape, dtype=torch.bool))
+    assert torch.equal(kernels.dropout_mask(shape, 0.0, 42, device), torch.ones(shape, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
 def test_masks_and_results_do_not_depend_on_the_tiles(device, monkeypatch):
     shape = (100, 300)
-    keep = lora_kernels.dropout_mask(shape, 0.1, 7, device)
+    keep = kernels.dropout_mask(shape, 0.1, 7, device)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=generator).to(device).requires_grad_(True)
     weight, lora_a, lora_b = (torch.randn(s, generator=generator).to(device) for s in ((20, 300), (4, 300), (20, 4)))
     lora_a.requires_grad_(True)
 
     def run():
-        out = lora_kernels.lora_linear(x, lora_a, lora_b, weight, None, 1.0, 0.1, seed=7)
+        out = kernels.lora_linear(x, lora_a, lora_b, weight, None, 1.0, 0.1, seed=7)
         return (out, *torch.autograd.grad(out, (x, lora_a), torch.ones_like(out)))
 
-    before = run()
+    def norm():
+        out = kernels.dropout_add_norm(x, x.detach() * 2, None, None, 1e-5, 0.1, x.dtype, seed=7)
+        return (out, *torch.autograd.grad(out, x, torch.ones_like(out)))
+
+    before, norm_before = run(), norm()
     for kernel in ("mask", "down", "up"):
-        monkeypatch.setitem(lora_kernels.TILES, kernel, (32, 8, 4))
-    assert torch.equal(lora_kernels.dropout_mask(shape, 0.1, 7, device), keep)
-    for got, want in zip(run(), before):
+        monkeypatch.setitem(kernels.TILES, kernel, (32, 8, 4))
+    monkeypatch.setitem(kernels.TILES, "norm", (1, 4))
+    assert torch.equal(kernels.dropout_mask(shape, 0.1, 7, device), keep)
+    for got, want in zip(run() + norm(), before + norm_before):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def tiny_lora_bert():
-    """A BERT whose only randomness is LoRA's dropout (on query, key and value, as the LA's)."""
+NORM_CASES = [  # rows, width, p, hidden's, residual's and the output's dtypes
+    ((2, 5), 96, 0.1, torch.float32, torch.float32, torch.float32),
+    ((7,), 768, 0.3, torch.bfloat16, torch.bfloat16, torch.bfloat16),  # the bf16 stream
+    ((3, 3), 768, 0.1, torch.bfloat16, torch.float32, torch.float32),  # autocast's fp32 stream
+    ((6,), 40, 0.0, torch.float32, torch.float32, torch.float32),  # no dropout (evaluation's p), a narrow row
+]
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+@pytest.mark.parametrize("rows, d, p, hidden_dtype, residual_dtype, out_dtype", NORM_CASES)
+def test_dropout_add_norm_equals_the_three_steps_with_its_mask(device, rows, d, p, hidden_dtype, residual_dtype,
+                                                                 out_dtype):
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(*rows, d, generator=generator).to(device, hidden_dtype).requires_grad_(True)
+    residual = torch.randn(*rows, d, generator=generator).to(device, residual_dtype).requires_grad_(True)
+    weight = (1 + 0.2 * torch.randn(d, generator=generator)).to(device, out_dtype)
+    bias = (0.2 * torch.randn(d, generator=generator)).to(device, out_dtype)
+    out = kernels.dropout_add_norm(hidden, residual, weight, bias, 1e-12, p, out_dtype, seed=11)
+    assert out.shape == hidden.shape and out.dtype == out_dtype
+    grad = torch.randn(out.shape, generator=generator).to(device, out_dtype)
+    got = torch.autograd.grad(out, (hidden, residual), grad)
+    assert got[0].dtype == hidden_dtype and got[1].dtype == residual_dtype
+
+    keep = kernels.dropout_mask((hidden.numel() // d, d), p, 11, device)
+    refs = [t.detach().clone().requires_grad_(True) for t in (hidden, residual)]
+    ref = kernels.norm_reference(*refs, weight, bias, 1e-12, p, out_dtype, keep)
+    want = torch.autograd.grad(ref, refs, grad)
+    # the interpreter rounds to bf16 by truncation, a GPU to nearest: one bf16 step apart at most
+    tolerance = 1e-5 if hidden_dtype == residual_dtype == torch.float32 else 3e-2
+    assert relative_error(out, ref) < tolerance
+    for got_grad, want_grad in zip(got, want):
+        assert relative_error(got_grad, want_grad) < tolerance
+    if p:  # dropped elements get no gradient, kept ones the residual's, scaled
+        dropped = ~keep.view(hidden.shape)
+        assert float(got[0][dropped].abs().max()) == 0 and float(got[0][~dropped].abs().max()) > 0.1
+    # only the residual needs a gradient (the other is not computed)
+    only = torch.autograd.grad(kernels.dropout_add_norm(hidden.detach(), residual, weight, bias, 1e-12, p, out_dtype,
+                                                        seed=11), residual, grad)[0]
+    torch.testing.assert_close(only, got[1], rtol=0, atol=0)
+
+
+def tiny_lora_bert(lora_dropout=0.1, hidden_dropout=0.0):
+    """A BERT with LoRA on query, key and value (as the LA's) whose only randomness is LoRA's
+    dropout, or the attention and feed-forward outputs' (not the embeddings')."""
     config = transformers.BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=96, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+                                     intermediate_size=96, hidden_dropout_prob=hidden_dropout,
+                                     attention_probs_dropout_prob=0.0)
     torch.manual_seed(0)
     model = get_peft_model(transformers.BertModel(config, add_pooling_layer=False),
-                           LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["query", "key", "value"]))
+                           LoraConfig(r=8, lora_alpha=16, lora_dropout=lora_dropout,
+                                      target_modules=["query", "key", "value"]))
+    model.base_model.model.embeddings.dropout.p = 0.0
     for name, param in model.named_parameters():
         if "lora_B" in name:  # PEFT starts B at zero: make the branch count
             nn.init.normal_(param, std=0.2)
@@ -135,8 +185,8 @@ class MaskedDropout(nn.Module):
     def forward(self, x):
         shape, seed = self.draws.pop(0)
         assert shape == x.shape
-        keep = lora_kernels.dropout_mask((x.numel() // x.shape[-1], x.shape[-1]), self.p, seed, x.device)
-        return x * keep.view(x.shape) * lora_kernels._threshold(self.p)[1]
+        keep = kernels.dropout_mask((x.numel() // x.shape[-1], x.shape[-1]), self.p, seed, x.device)
+        return x * keep.view(x.shape) * kernels._threshold(self.p)[1]
 
 
 def step(model, ids):
@@ -156,14 +206,14 @@ def test_a_model_with_fused_lora_dropout_trains_as_peft_with_those_masks(device,
     fastpath.speed_up(model)
     assert fastpath.fuse_lora_dropout(model) == 2 * 3 and fastpath.fuse_lora_dropout(model) == 0
     draws = []
-    original = lora_kernels.lora_linear
+    original = kernels.lora_linear
 
     def recorded(x, lora_a, lora_b, weight, bias, scaling, p, seed=None):
         seed = len(draws) + 100
         draws.append((x.shape, seed))
         return original(x, lora_a, lora_b, weight, bias, scaling, p, seed)
 
-    monkeypatch.setattr(lora_kernels, "lora_linear", recorded)
+    monkeypatch.setattr(kernels, "lora_linear", recorded)
     out, grads = step(model, ids)
     assert len(draws) == 2 * 3  # every LoRA layer went through the kernels
 
@@ -182,6 +232,58 @@ def test_a_model_with_fused_lora_dropout_trains_as_peft_with_those_masks(device,
 
 
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_a_model_with_triton_residual_norms_trains_as_its_modules_with_those_masks(device, monkeypatch):
+    model = tiny_lora_bert(lora_dropout=0.0, hidden_dropout=0.1).to(device)
+    ids = torch.randint(5, 300, (3, 9), generator=torch.Generator().manual_seed(1)).to(device)
+    fastpath.speed_up(model)
+    assert fastpath.fuse_residual_norms(model, device, "k", kernel="triton") == 2 * 2
+    draws = []
+    original = kernels.dropout_add_norm
+
+    def recorded(hidden, residual, weight, bias, eps, p, out_dtype, seed=None):
+        seed = len(draws) + 100
+        draws.append((hidden.shape, seed))
+        return original(hidden, residual, weight, bias, eps, p, out_dtype, seed)
+
+    monkeypatch.setattr(kernels, "dropout_add_norm", recorded)
+    out, grads = step(model, ids)
+    assert len(draws) == 2 * 2  # each layer's attention output and feed-forward output
+
+    assert fastpath.fuse_residual_norms(model, device, "k", on=False) == 4
+    for module in model.modules():
+        if type(module).__name__ in ("BertSelfOutput", "BertOutput"):
+            module.dropout = MaskedDropout(draws, 0.1)
+    ref_out, ref_grads = step(model, ids)
+    assert not draws
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == ref_grads.keys()
+    for name in ref_grads:
+        assert ref_grads[name].abs().max() > 1e-3, name
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-5 * float(ref_grads[name].abs().max()))
+
+    # evaluation, no gradients, or a norm that trains: the modules' own ops, and the same outputs
+    calls = []
+    monkeypatch.setattr(kernels, "dropout_add_norm", lambda *args: calls.append(1) or original(*args))
+    fastpath.fuse_residual_norms(model, device, "k", kernel="triton")
+    for module in model.modules():
+        if isinstance(getattr(module, "dropout", None), MaskedDropout):
+            module.dropout = nn.Dropout(0.1)
+    model.eval()
+    with torch.no_grad():
+        fused_eval = model(input_ids=ids).last_hidden_state
+    fastpath.fuse_residual_norms(model, device, "k", on=False)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).last_hidden_state, fused_eval, rtol=0, atol=0)
+    model.train()
+    fastpath.fuse_residual_norms(model, device, "k", kernel="triton")
+    model.base_model.model.encoder.layer[0].output.LayerNorm.weight.requires_grad_(True)
+    step(model, ids)
+    assert len(calls) == 3  # the other three norms
+    with pytest.raises(ValueError, match="kernel"):
+        fastpath.fuse_residual_norms(model, device, "k", kernel="cuda")
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
 def test_fused_lora_dropout_stays_out_of_evaluation_and_can_be_undone(device, monkeypatch):
     model = tiny_lora_bert().to(device)
     ids = torch.randint(5, 300, (3, 9), generator=torch.Generator().manual_seed(1)).to(device)
@@ -191,8 +293,8 @@ def test_fused_lora_dropout_stays_out_of_evaluation_and_can_be_undone(device, mo
         before = model(input_ids=ids).last_hidden_state
     fastpath.fuse_lora_dropout(model)
     calls = []
-    original = lora_kernels.lora_linear
-    monkeypatch.setattr(lora_kernels, "lora_linear", lambda *args: calls.append(1) or original(*args))
+    original = kernels.lora_linear
+    monkeypatch.setattr(kernels, "lora_linear", lambda *args: calls.append(1) or original(*args))
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).last_hidden_state, before, rtol=0, atol=0)
     model.train()
@@ -218,9 +320,9 @@ def test_frozen_base_and_probabilities_are_checked():
     x = torch.randn(4, 8)
     weight = torch.randn(6, 8, requires_grad=True)
     with pytest.raises(ValueError, match="frozen"):
-        lora_kernels.lora_linear(x, torch.randn(2, 8), torch.randn(6, 2), weight, None, 1.0, 0.1)
+        kernels.lora_linear(x, torch.randn(2, 8), torch.randn(6, 2), weight, None, 1.0, 0.1)
     with pytest.raises(ValueError, match="0 <= p < 1"):
-        lora_kernels._threshold(1.0)
+        kernels._threshold(1.0)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the kernels run compiled in the other tests")
@@ -233,12 +335,12 @@ def test_kernels_compile_for_a_hopper_gpu_without_spilling(tmp_path):
     import subprocess
     import sys
 
-    script = "import json; from modsent.training import lora_kernels; print(json.dumps(lora_kernels.hopper_report()))"
+    script = "import json; from modsent.training import kernels; print(json.dumps(kernels.hopper_report()))"
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])
-    assert set(report) == {"down", "up", "mask"}
+    assert set(report) == {"down", "up", "mask", "norm_forward", "norm_backward"}
     for name, figures in report.items():
         assert figures["spill_bytes"] == 0, (name, figures)
         assert 0 < figures["registers"] <= 128, (name, figures)

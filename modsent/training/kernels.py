@@ -1,15 +1,16 @@
-"""A LoRA ``Linear`` with dropout as one autograd function with two Triton kernels (GPU).
+"""Triton kernels for the element-wise work of a LoRA training step on a GPU, each with its own
+autograd function: the dropout's mask drawn in registers, never written or kept.
 
-PEFT's LoRA ``Linear`` computes ``base(x) + s · lora_B(lora_A(dropout(x)))``. With the
-fast forward of :mod:`modsent.training.fastpath`, a training step still makes, for each such
-layer, the dropout's mask and its output (a pass over the layer's input, and an input-sized
+On a GPU the LA step is bound by passes over its activations, not by its matrix products
+(benchmarks/results/README.md). Two places make most of those passes around the frozen body:
+
+**A LoRA ``Linear`` with dropout.** PEFT's layer computes ``base(x) + s · lora_B(lora_A(dropout(x)))``.
+With the fast forward of :mod:`modsent.training.fastpath`, a training step still makes, for each
+such layer, the dropout's mask and its output (a pass over the layer's input, and an input-sized
 tensor and mask kept for the backward), the rank-r product of that output, then in the backward
 the input-sized gradient of the dropout's output (a rank-r product), its masking (another pass)
 and its sum into the input's gradient (another). The LA trains LoRA on the query, key and value
-of every layer: 36 such layers, 5-6 full passes over a 32,768 x 768 tensor each per step, in a
-step that is bound by such passes on a GPU (benchmarks/results/README.md).
-
-:func:`lora_linear` computes the same layer with:
+of every layer: 36 such layers. :func:`lora_linear` computes the same layer with:
 
 - forward: the base product (cuBLAS), one Triton kernel that draws the dropout mask in registers
   and computes ``h = dropout(x) @ A^T`` (a single read of ``x``; nothing input-sized written),
@@ -17,23 +18,35 @@ step that is bound by such passes on a GPU (benchmarks/results/README.md).
   (shared by the query, key and value), ``h`` (rank r) and the random seed;
 - backward: ``grad_x = g @ W`` (cuBLAS), ``u = s · g @ B`` and ``grad_B`` (rank-r products), and
   one Triton kernel that draws the same mask again and, per tile, adds ``mask · (u @ A) / (1 - p)``
-  to ``grad_x`` in place and accumulates ``grad_A = u^T @ dropout(x)`` (per-block partial sums,
+  to ``grad_x`` in place and accumulates ``grad_A = u^T @ dropout(x)`` (per-program partial sums,
   added in a fixed order: deterministic).
 
-The mask is drawn from a seed taken from PyTorch's CPU generator at each call (so a seeded run
+**Dropout, residual add and LayerNorm** after each attention output and feed-forward output
+(24 a step in the LA): three kernels forward (the mask and the dropped copy, the sum, the norm)
+and two to three backward. :func:`dropout_add_norm` is one kernel each way, a program per few
+whole rows: the forward writes the output, the sum and each row's mean and 1/std (what the
+backward needs), the backward the two inputs' gradients, drawing the mask again. It rounds as the
+eager steps do (the dropout's output in its input's dtype, the sum in the promoted dtype, the
+norm in fp32 from it) and takes a frozen norm's weights (the LA's).
+
+The masks are drawn from a seed taken from PyTorch's CPU generator at each call (so a seeded run
 and a resumed one, whose checkpoint holds that generator, draw the same masks) by Triton's
 Philox generator: eight 16-bit draws per Philox call (one call per 8 elements instead of one
 per element, as PyTorch's own dropout kernel shares its draws), so ``p`` is rounded to a
 multiple of 1/65,536 (0.1 drops 6,554/65,536 = 0.1000061 of the elements) and the kept values
 are scaled by the inverse of that kept share: the same distribution as ``nn.Dropout``, up to that
-rounding, not the same draws. :func:`dropout_mask` returns the mask a call draws (the tests
-compute the layer with it in plain PyTorch and compare outputs and gradients).
+rounding, not the same draws. An element's draw depends on its row and column only, not on the
+kernels' tiles. :func:`dropout_mask` returns the mask a call draws (the tests compute each
+function with it in plain PyTorch, :func:`reference` and :func:`norm_reference`, and compare
+outputs and gradients).
 
 Kernels run on CUDA tensors, or on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``
 set before Triton is imported, as the tests do off a GPU; its products are computed in fp32
-there: numpy has no bf16).
+there, numpy has no bf16, and it rounds to bf16 by truncation, where a GPU rounds to nearest).
 :func:`supported` says whether a call can use them; :func:`modsent.training.fastpath.fuse_lora_dropout`
-routes LoRA layers here. Triton ships with PyTorch's CUDA wheels; the CPU install has none.
+and :func:`modsent.training.fastpath.fuse_residual_norms` (``kernel="triton"``) route a model's
+layers here. :func:`hopper_report` compiles them for an H100/H200 without one. Triton ships with
+PyTorch's CUDA wheels; the CPU install has none.
 """
 
 from __future__ import annotations
@@ -46,10 +59,11 @@ import torch
 
 # each kernel's tile: (rows, groups of 8 columns, warps); one Philox call draws a group's 8 masks.
 # The masks do not depend on the tiles (an element's draw is fixed by its row and column), so
-# benchmarks/lora_kernels.py can try other tiles on a GPU.
+# benchmarks/kernels.py can try other tiles on a GPU.
 # The defaults keep every kernel's registers within what lets two or more programs share a
 # multiprocessor without spilling, as ptxas reports for a Hopper GPU (hopper_report).
-TILES = {"down": (64, 8, 8), "up": (32, 8, 8), "mask": (64, 8, 4)}
+TILES = {"down": (64, 8, 8), "up": (32, 8, 8), "mask": (64, 8, 4),
+         "norm": (4, 8)}  # dropout + add + LayerNorm: (rows of a program, warps), whole rows
 _RANK_PAD_MIN = 16  # tl.dot's smallest dimension
 
 
@@ -79,9 +93,9 @@ def supported(x: torch.Tensor) -> bool:
 
 def _kernels():
     """The module of jitted kernels (imported on first use: it imports Triton)."""
-    from modsent.training import _lora_triton
+    from modsent.training import _triton_kernels
 
-    return _lora_triton
+    return _triton_kernels
 
 
 def _threshold(p: float) -> tuple[int, float]:
@@ -207,6 +221,90 @@ def lora_linear(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, wei
         return _LoRALinear.apply(x, lora_a, lora_b, weight, bias, float(scaling), float(p), seed)
 
 
+class _DropoutAddNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, residual, weight, bias, eps, p, seed, out_dtype):
+        d = hidden.shape[-1]
+        h2, r2 = hidden.reshape(-1, d), residual.reshape(-1, d)
+        if h2.stride(-1) != 1:
+            h2 = h2.contiguous()
+        if r2.stride(-1) != 1:
+            r2 = r2.contiguous()
+        m = h2.shape[0]
+        y = torch.empty(m, d, dtype=out_dtype, device=hidden.device)
+        s = torch.empty(m, d, dtype=torch.promote_types(hidden.dtype, residual.dtype), device=hidden.device)
+        mean = torch.empty(m, dtype=torch.float32, device=hidden.device)
+        rstd = torch.empty_like(mean)
+        threshold, scale = _threshold(p)
+        rows, warps = TILES["norm"]
+        if m:
+            _kernels().norm_forward_kernel[(-(-m // rows),)](
+                h2, r2, h2 if weight is None else weight, h2 if bias is None else bias, y, s, mean, rstd, m,
+                h2.stride(0), r2.stride(0), seed, _groups_per_row(d), threshold, scale, eps, D=d, BD=_row_width(d),
+                BM=rows, HAS_W=weight is not None, HAS_B=bias is not None, DROP=p > 0, num_warps=warps)
+        ctx.save_for_backward(s, mean, rstd, weight)
+        ctx.seed, ctx.p, ctx.dtypes = seed, p, (hidden.dtype, residual.dtype)
+        ctx.shapes = (hidden.shape, residual.shape)
+        return y.view(hidden.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        s, mean, rstd, weight = ctx.saved_tensors
+        want_h, want_r = ctx.needs_input_grad[:2]
+        m, d = s.shape
+        g = grad.reshape(-1, d)
+        if g.stride(-1) != 1:
+            g = g.contiguous()
+        dh = torch.empty(m, d, dtype=ctx.dtypes[0], device=s.device) if want_h else None
+        dr = torch.empty(m, d, dtype=ctx.dtypes[1], device=s.device) if want_r else None
+        threshold, scale = _threshold(ctx.p)
+        rows, warps = TILES["norm"]
+        if m and (want_h or want_r):
+            _kernels().norm_backward_kernel[(-(-m // rows),)](
+                g, s, s if weight is None else weight, mean, rstd, s if dh is None else dh, s if dr is None else dr,
+                m, g.stride(0), ctx.seed, _groups_per_row(d), threshold, scale, D=d, BD=_row_width(d), BM=rows,
+                HAS_W=weight is not None, DROP=ctx.p > 0, WANT_H=want_h, WANT_R=want_r, num_warps=warps)
+        return (None if dh is None else dh.view(ctx.shapes[0]), None if dr is None else dr.view(ctx.shapes[1]),
+                None, None, None, None, None, None)
+
+
+def _row_width(d: int) -> int:
+    """A row's tile: its width rounded up to a power of 2, at least 8 (one Philox group)."""
+    return max(8, 1 << (d - 1).bit_length())
+
+
+def dropout_add_norm(hidden: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                     bias: torch.Tensor | None, eps: float, p: float, out_dtype: torch.dtype,
+                     seed: int | None = None) -> torch.Tensor:
+    """``LayerNorm(dropout(hidden, p) + residual)`` over the last dimension, as ``out_dtype``, with
+    gradients for ``hidden`` and ``residual`` (``weight`` and ``bias``: the norm's, frozen, in the
+    dtype the norm computes with). Rounded as eager PyTorch rounds the three steps: the dropout's
+    output in ``hidden``'s dtype, the sum in the inputs' promoted dtype, the norm in fp32 from
+    it. One kernel each way: the forward keeps the sum and each row's mean and 1/std, the
+    backward draws the dropout's mask again (:func:`dropout_mask` of the rows, seed and ``p``)."""
+    if (weight is not None and weight.requires_grad) or (bias is not None and bias.requires_grad):
+        raise ValueError("dropout_add_norm: the norm's weight and bias must be frozen (no gradient)")
+    if hidden.shape != residual.shape:
+        raise ValueError(f"dropout_add_norm: hidden {tuple(hidden.shape)} and residual {tuple(residual.shape)} differ")
+    if seed is None:
+        seed = int(torch.randint(0, 2**31 - 1, ()).item())
+    with torch.autocast(hidden.device.type, enabled=False):
+        return _DropoutAddNorm.apply(hidden, residual, weight, bias, float(eps), float(p), seed, out_dtype)
+
+
+def norm_reference(hidden: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                   bias: torch.Tensor | None, eps: float, p: float, out_dtype: torch.dtype,
+                   keep: torch.Tensor) -> torch.Tensor:
+    """:func:`dropout_add_norm` in plain PyTorch with the mask ``keep`` (bool, rows x width): what
+    BERT's output modules compute under autocast with that dropout mask (the tests' reference)."""
+    _, scale = _threshold(p)
+    dropped = hidden * keep.view(hidden.shape) * scale
+    total = dropped + residual
+    return torch.nn.functional.layer_norm(total.float(), (hidden.shape[-1],),
+                                          None if weight is None else weight.float(),
+                                          None if bias is None else bias.float(), eps).to(out_dtype)
+
+
 def hopper_report(k: int = 768, r: int = 8, arch: int = 90) -> dict[str, dict]:
     """What Triton's compiler and ``ptxas`` (both in Triton's wheel) make of each kernel with
     :data:`TILES`, for bf16 inputs of width ``k``, rank ``r`` and a GPU of compute capability
@@ -224,17 +322,28 @@ def hopper_report(k: int = 768, r: int = 8, arch: int = 90) -> dict[str, dict]:
 
     kernels = _kernels()
     groups = _groups_per_row(k)
-    types = {"X": "*bf16", "A": "*bf16", "H": "*bf16", "GX": "*bf16", "U": "*bf16", "PART": "*fp32", "OUT": "*i8",
-             "M": "i32", "R": "i32", "seed": "i32", "threshold": "i32", "scale": "fp32",
-             "stride_x": "i32", "stride_gx": "i32", "groups_per_row": "i32"}
-    multiples = {"stride_x": k, "stride_gx": k, "groups_per_row": groups}
+    lora_types = {"X": "*bf16", "A": "*bf16", "H": "*bf16", "GX": "*bf16", "U": "*bf16", "PART": "*fp32", "OUT": "*i8",
+                  "M": "i32", "R": "i32", "seed": "i32", "threshold": "i32", "scale": "fp32",
+                  "stride_x": "i32", "stride_gx": "i32", "groups_per_row": "i32"}
+    # the norm's with the bf16 stream: bf16 in and out, fp32 row statistics
+    norm_types = {**{name: "*bf16" for name in ("H", "R", "W", "B", "Y", "S", "DY", "DH", "DR")},
+                  "MEAN": "*fp32", "RSTD": "*fp32", "M": "i32", "seed": "i32", "threshold": "i32", "scale": "fp32",
+                  "eps": "fp32", "stride_h": "i32", "stride_r": "i32", "stride_dy": "i32", "groups_per_row": "i32"}
+    multiples = {"stride_x": k, "stride_gx": k, "stride_h": k, "stride_r": k, "stride_dy": k, "groups_per_row": groups}
     common = {"K": k, "RP": _rank_pad(r), "UPCAST": False, "PRECISION": "tf32"}
-    plans = {"down": (kernels.down_kernel, common), "up": (kernels.up_kernel, {**common, "BLOCKS": 4, "UPDATE": True}),
-             "mask": (kernels.mask_kernel, {"K": k})}
+    norm = {"D": k, "BD": _row_width(k), "HAS_W": True, "DROP": True}
+    plans = {"down": (kernels.down_kernel, common, lora_types),
+             "up": (kernels.up_kernel, {**common, "BLOCKS": 4, "UPDATE": True}, lora_types),
+             "mask": (kernels.mask_kernel, {"K": k}, lora_types),
+             "norm_forward": (kernels.norm_forward_kernel, {**norm, "HAS_B": True}, norm_types),
+             "norm_backward": (kernels.norm_backward_kernel, {**norm, "WANT_H": True, "WANT_R": True}, norm_types)}
     report = {}
-    for name, (kernel, constants) in plans.items():
-        rows, group, warps = TILES[name]
-        constants = {**constants, "G": group, "BM": rows}
+    for name, (kernel, constants, types) in plans.items():
+        if name.startswith("norm"):
+            (rows, warps), group = TILES["norm"], None
+        else:
+            rows, group, warps = TILES[name]
+        constants = {**constants, "BM": rows, **({} if group is None else {"G": group})}
         names = kernel.arg_names
         signature = {n: "constexpr" if n in constants else types[n] for n in names}
         aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n not in constants
