@@ -33,7 +33,7 @@ GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za
 
 # BENCHMARKS="name ..." runs only those (default: all, in this order); DEADLINE=SECONDS stops
 # starting benchmarks that would outlast it (each one's limit is cut to what is left).
-WANT=" ${BENCHMARKS:-lora_kernels mlm_fused_lora pair_throughput_fused_lora tests_lora_kernels profile_la_fused_lora tests mlm_fused la_graphs profile_la_fused mlm_fused_128 mlm_throughput mlm_throughput_graphs workflow mlm_throughput_outside profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_throughput_strata pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_batching_int8 translation_speed_3.3B} "
+WANT=" ${BENCHMARKS:-triton_kernels mlm_triton tests_kernels profile_la_triton pair_throughput_triton tests mlm_fused la_graphs profile_la_fused mlm_fused_128 mlm_throughput mlm_throughput_graphs workflow mlm_throughput_outside profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_throughput_strata pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_batching_int8 translation_speed_3.3B} "
 DEADLINE="${DEADLINE:-100000}"
 
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever happens
@@ -48,23 +48,27 @@ bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever
         | tee "$OUT_DIR/${name}_$GPU.txt"
 }
 
-# the LoRA layers' dropout drawn inside their products by two Triton kernels (fastpath.fuse_lora_dropout,
-# modsent.training.lora_kernels): the LA's query, key and value alone (checked against PEFT's layer with the
-# kernels' masks, then timed; other tiles), the LA step with them, their CUDA tests, and the step's profile
-bench lora_kernels 90 benchmarks/lora_kernels.py --device cuda --tiles 128x8x8/64x8x4 32x8x4/32x8x4 \
-    64x16x8/32x16x8 128x16x8/64x8x8 32x16x4/32x8x8
-bench mlm_fused_lora 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 --batch-size 128 \
-    --steps 10 --repeats 2 --bf16-residual --fused-lora --only "masked, bf16, fused, fast, bf16 residual" \
-    "masked, bf16, fused, fast, fused LoRA dropout, bf16 residual" "masked, bf16, fused, fast" \
-    "masked, bf16, fused, fast, fused LoRA dropout"
-bench pair_throughput_fused_lora 150 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
-    --batch-size 128 --steps 40 --warmup 10 --stages SE --rounds 3 --fused-lora --only "bf16, random, fast" \
-    "bf16, fused LoRA"
-bench tests_lora_kernels 90 -m pytest -q -p no:cacheprovider tests/test_lora_kernels.py
-bench profile_la_fused_lora 120 -m benchmarks.profile_steps --device cuda --steps 5 --top 16 --stages LA \
-    --bf16-residual --fused-lora
+# modsent's Triton kernels (modsent.training.kernels): each LoRA layer's dropout drawn inside its products
+# (fastpath.fuse_lora_dropout) and dropout + residual add + LayerNorm as one kernel each way
+# (fastpath.fuse_residual_norms(kernel="triton")): each alone against the eager layers (checked against them
+# with the kernels' masks, then timed; other tiles), the LA step with them, their CUDA tests, the step's
+# profile, and the SE step (host-bound at 128 pairs, where a Python autograd function may cost more than the
+# launches it saves)
+bench triton_kernels 100 benchmarks/triton_kernels.py --device cuda --tiles 128x8x8/64x8x4 32x8x4/32x8x4 \
+    64x16x8/32x16x8 128x16x8/64x8x8 --norm-tiles 2x4 8x8 1x4
+bench mlm_triton 200 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 --batch-size 128 \
+    --steps 10 --repeats 2 --bf16-residual --triton --only "masked, bf16, fused, fast, bf16 residual" \
+    "masked, bf16, fused, fast, Triton LoRA, bf16 residual" "masked, bf16, fused, fast, Triton norms, bf16 residual" \
+    "masked, bf16, fused, fast, Triton LoRA and norms, bf16 residual" "masked, bf16, fused, fast" \
+    "masked, bf16, fused, fast, Triton LoRA and norms"
+bench tests_kernels 90 -m pytest -q -p no:cacheprovider tests/test_kernels.py
+bench profile_la_triton 120 -m benchmarks.profile_steps --device cuda --steps 5 --top 16 --stages LA \
+    --bf16-residual --triton
+bench pair_throughput_triton 150 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
+    --batch-size 128 --steps 40 --warmup 10 --stages SE --rounds 3 --triton --only "bf16, random, fast" \
+    "bf16, Triton"
 # the fast path's, mixed precision's and the no-wait steps' tests on this GPU (their CUDA cases run only where there is one)
-bench tests 150 -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_lora_kernels.py tests/test_optim.py tests/test_precision.py tests/test_tokenizing.py \
+bench tests 150 -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_kernels.py tests/test_optim.py tests/test_precision.py tests/test_tokenizing.py \
     tests/test_training_loop.py tests/test_mexma.py -k "not two_processes and not workflow"
 bench mlm_throughput 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
     --batch-size 128 --steps 10 --bf16-residual

@@ -4,7 +4,7 @@
     python benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 --batch-size 128 --compile
     python benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 --batch-size 64
     python benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 --batch-size 128 --graphs --bf16-residual
-    python benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 --batch-size 128 --fused-lora --bf16-residual
+    python benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 --batch-size 128 --triton --bf16-residual
 
 Compares, in one run and on the same batches, the LA step as modsent runs it (MLM head on the
 masked positions only; "fast": modsent.training.fastpath's LoRA and frozen-Linear forwards) with
@@ -114,23 +114,25 @@ def main() -> None:
                              "(fastpath.fuse_projections), with dropout, residual add and LayerNorm compiled into "
                              "one kernel each way (fastpath.fuse_residual_norms), and with both (each with the "
                              "bf16 stream where --bf16-residual)")
-    parser.add_argument("--fused-lora", action="store_true",
-                        help="also time modsent's step with each LoRA layer's dropout drawn inside its products by "
-                             "two Triton kernels (fastpath.fuse_lora_dropout; a GPU, or the CPU with "
-                             "TRITON_INTERPRET=1, no speed there); with the bf16 stream where --bf16-residual")
+    parser.add_argument("--triton", action="store_true",
+                        help="also time modsent's step with each LoRA layer's dropout drawn inside its products "
+                             "(fastpath.fuse_lora_dropout), with each dropout + residual add + LayerNorm as one "
+                             "kernel each way (fastpath.fuse_residual_norms(kernel='triton')), and with both: "
+                             "Triton kernels (a GPU, or the CPU in Triton's interpreter, no speed there); with the "
+                             "bf16 stream where --bf16-residual")
     parser.add_argument("--only", nargs="+", metavar="VARIANT",
                         help="time only these variants (and the unoptimised one the ratios need)")
     args = parser.parse_args()
     if (args.compile or args.graphs) and len(args.seq_len) > 1:
         parser.error("--compile and --graphs compile the encoder in place: give one --seq-len")
 
-    if args.fused_lora:
+    if args.triton:
         if not args.device.startswith("cuda"):
             os.environ.setdefault("TRITON_INTERPRET", "1")  # the CPU: Triton's interpreter, before Triton is imported
-        from modsent.training import lora_kernels
+        from modsent.training import kernels
 
-        if not lora_kernels.supported(torch.empty(0, device=args.device)):
-            parser.error(f"--fused-lora: Triton's kernels cannot run on {args.device} here (Triton installed? on the "
+        if not kernels.supported(torch.empty(0, device=args.device)):
+            parser.error(f"--triton: Triton's kernels cannot run on {args.device} here (Triton installed? on the "
                          f"CPU, TRITON_INTERPRET=1 before Triton is imported)")
     model, vocab = build(args)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -148,10 +150,11 @@ def main() -> None:
             variants[f"{prefix}, {what}"] = flags
             if args.bf16_residual and cuda:
                 variants[f"{prefix}, {what}, bf16 residual"] = flags
-    if args.fused_lora:  # the LoRA branches' dropout inside their products (Triton), the rest eager
-        variants[f"{prefix}, fused LoRA dropout"] = flags
-        if args.bf16_residual and cuda:
-            variants[f"{prefix}, fused LoRA dropout, bf16 residual"] = flags
+    if args.triton:  # the LoRA branches and the residual norms as Triton kernels, products and attention eager
+        for what in ("Triton LoRA", "Triton norms", "Triton LoRA and norms"):
+            variants[f"{prefix}, {what}"] = flags
+            if args.bf16_residual and cuda:
+                variants[f"{prefix}, {what}, bf16 residual"] = flags
     if args.compile:  # last: it compiles the encoder in place (on the CPU: in fp32, as every CPU variant)
         variants[f"{prefix}, compiled"] = flags
         if args.bf16_residual and cuda:  # both: Inductor fusing a residual stream held in bf16
@@ -211,8 +214,11 @@ def main() -> None:
                 fastpath.restore(model)
             fastpath.bf16_residual_stream(model, "bf16 residual" in name)  # language_adapter.residual_stream
             fastpath.fuse_projections(model, fast and "projections" in name)
-            fastpath.fuse_lora_dropout(model, fast and "fused LoRA dropout" in name)
-            fastpath.fuse_residual_norms(model, args.device, "--fused", "fused norms" in name)
+            fastpath.fuse_lora_dropout(model, fast and "Triton LoRA" in name)
+            if "Triton" in name and "norms" in name:
+                fastpath.fuse_residual_norms(model, args.device, "--triton", kernel="triton")
+            else:
+                fastpath.fuse_residual_norms(model, args.device, "--fused", "fused norms" in name)
             fastpath.attention_outside_graph(mlm_parts(model)[0], "attention outside" in name)
             graphs = "graphs" in name
             optimizer = torch.optim.AdamW(params, lr=1e-4, **(step_options(params) if fused else {}))

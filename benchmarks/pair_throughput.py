@@ -50,9 +50,10 @@ from the host's copy, so the forward never asks the GPU whether there is padding
   (modsent.training.fastpath.attention_for_varying_shapes: the memory-efficient kernel with a
   padding mask, no plan per shape); ``bf16, fast, cuDNN`` lets PyTorch choose, which on Hopper
   GPUs is cuDNN's kernel with a plan built for each new shape;
-- with ``--fused-lora``, ``bf16, fused LoRA``: ``bf16, random, fast`` with each LoRA layer's dropout
-  drawn inside its products by two Triton kernels (modsent.training.fastpath.fuse_lora_dropout;
-  on the CPU, ``fp32, fused LoRA`` in Triton's interpreter: a check that it runs, no speed).
+- with ``--triton``, ``bf16, Triton``: ``bf16, random, fast`` with each LoRA layer's dropout
+  drawn inside its products and each dropout + residual add + LayerNorm as one kernel each way,
+  Triton kernels (modsent.training.fastpath.fuse_lora_dropout and fuse_residual_norms; on the
+  CPU, ``fp32, Triton`` in Triton's interpreter: a check that it runs, no speed).
 
 Each prints pairs/s (timed steps run back to back with one wait at the end, as the stages run
 them, over their total time; with ``--rounds N`` the median of N such blocks, the variants taking
@@ -324,9 +325,10 @@ def main() -> None:
                         help="torch.compile's mode: reduce-overhead replays CUDA graphs (one per padded "
                              "width: --pad-multiple keeps them few), the launch cost the SE and CLA steps "
                              "at 128 pairs are bound by")
-    parser.add_argument("--fused-lora", action="store_true",
-                        help="also time the fast path with each LoRA layer's dropout drawn inside its products by "
-                             "two Triton kernels (fastpath.fuse_lora_dropout; on the CPU: Triton's interpreter, no speed)")
+    parser.add_argument("--triton", action="store_true",
+                        help="also time the fast path with the LoRA layers and the residual norms as Triton kernels "
+                             "(fastpath.fuse_lora_dropout, fuse_residual_norms(kernel='triton'); on the CPU: Triton's "
+                             "interpreter, no speed)")
     parser.add_argument("--only", nargs="+", metavar="VARIANT",
                         help="time only these variants (their names as printed) besides 'fp32, random'")
     parser.add_argument("--stages", nargs="+", choices=("SE", "CLA"), default=["SE", "CLA"])
@@ -335,7 +337,7 @@ def main() -> None:
                              "in another order), and report the median round: a host whose speed drifts "
                              "then slows every variant alike; 'spread' is (slowest - fastest) / median")
     args = parser.parse_args()
-    if args.fused_lora and not args.device.startswith("cuda"):
+    if args.triton and not args.device.startswith("cuda"):
         os.environ.setdefault("TRITON_INTERPRET", "1")  # the CPU: Triton's interpreter, before Triton is imported
 
     if args.rounds < 1:
@@ -370,8 +372,8 @@ def main() -> None:
         variants["bf16, fast, cuDNN"] = (True, 1, True)
     if args.bf16_residual and cuda:
         variants["bf16, fast, bf16 res."] = (True, 1, True)
-    if args.fused_lora:
-        variants["bf16, fused LoRA" if cuda else "fp32, fused LoRA"] = (cuda, 1, True)
+    if args.triton:
+        variants["bf16, Triton" if cuda else "fp32, Triton"] = (cuda, 1, True)
     if args.two_datasets:  # the stages' length_groups: each pair ranked by length within its dataset
         variants["bf16, strata, fast" if cuda else "fp32, strata"] = (cuda, args.group, cuda)
     if args.compile:
@@ -404,7 +406,8 @@ def main() -> None:
                 else:
                     fastpath.restore(model)
                 fastpath.bf16_residual_stream(model, name.endswith("bf16 res."))
-                fastpath.fuse_lora_dropout(model, name.endswith("fused LoRA"))
+                fastpath.fuse_lora_dropout(model, name.endswith("Triton"))
+                fastpath.fuse_residual_norms(model, args.device, "--triton", name.endswith("Triton"), kernel="triton")
 
             for name, (bf16, group, _) in variants.items():
                 activate(name)

@@ -87,12 +87,13 @@ def main() -> None:
                         help="profile the LA step again with fastpath.fuse_projections (one product for query, "
                              "key and value) and fastpath.fuse_residual_norms (dropout, residual add and "
                              "LayerNorm compiled into one kernel each way)")
-    parser.add_argument("--fused-lora", action="store_true",
-                        help="profile the LA step again with fastpath.fuse_lora_dropout (each LoRA layer's dropout "
-                             "drawn inside its products by two Triton kernels)")
+    parser.add_argument("--triton", action="store_true",
+                        help="profile the LA step again with its Triton kernels: fastpath.fuse_lora_dropout (each "
+                             "LoRA layer's dropout drawn inside its products) and fastpath.fuse_residual_norms("
+                             "kernel='triton') (dropout + residual add + LayerNorm as one kernel each way)")
     parser.add_argument("--stages", nargs="+", choices=("LA", "SE"), default=["LA", "SE"])
     args = parser.parse_args()
-    if args.fused_lora and not args.device.startswith("cuda"):
+    if args.triton and not args.device.startswith("cuda"):
         os.environ.setdefault("TRITON_INTERPRET", "1")  # the CPU: Triton's interpreter, before Triton is imported
     speed_up = (lambda model: None) if args.peft else fastpath.speed_up
     cuda = args.device.startswith("cuda")
@@ -144,11 +145,13 @@ def profile_la(args, speed_up, cuda: bool, autocast) -> None:
                 la_step, args.steps, cuda, args.top)
         fastpath.fuse_projections(model, on=False)
         fastpath.fuse_residual_norms(model, args.device, "--fused", on=False)
-    if args.fused_lora:  # the LoRA branches' dropout, masking and gradient sums inside two Triton kernels
+    if args.triton:  # the LoRA branches and the residual norms as Triton kernels
         fastpath.fuse_lora_dropout(model)
-        profile(f"LA step, {args.la_batch} x {args.la_seq_len} tokens{stream}, fused LoRA dropout",
+        fastpath.fuse_residual_norms(model, args.device, "--triton", kernel="triton")
+        profile(f"LA step, {args.la_batch} x {args.la_seq_len} tokens{stream}, Triton LoRA and norms",
                 la_step, args.steps, cuda, args.top)
         fastpath.fuse_lora_dropout(model, on=False)
+        fastpath.fuse_residual_norms(model, args.device, "--triton", on=False)
     for how in args.compile or ():  # Inductor's kernels: which attention, what is left unfused
         torch._dynamo.reset()
         fastpath.attention_outside_graph(mlm_parts(model)[0], how == "attention-outside")

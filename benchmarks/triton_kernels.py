@@ -1,26 +1,34 @@
-"""LoRA layers with dropout, forward and backward, as the LA runs them: PEFT's, modsent's fast
-forward, and the Triton kernels of modsent.training.lora_kernels, measured side by side.
+"""modsent's Triton kernels (modsent.training.kernels) against the eager layers they replace, as
+the LA runs them, forward and backward, measured side by side.
 
-    python benchmarks/lora_kernels.py --device cuda                  # the LA's q/k/v at 128 x 256 tokens
-    python benchmarks/lora_kernels.py --device cuda --tiles 64x32x4/64x16x8 128x32x8/32x16x4
-    python benchmarks/lora_kernels.py --tokens 512 --width 96 --steps 2   # the CPU: Triton's interpreter,
-                                                                          # a check that it runs, no speed
-    python benchmarks/lora_kernels.py --ptxas --tiles 64x8x8/32x8x8 64x32x4/64x16x8   # no GPU needed
+    python benchmarks/triton_kernels.py --device cuda            # 128 x 256 tokens, LaBSE's width
+    python benchmarks/triton_kernels.py --device cuda --tiles 64x8x8/32x8x8 128x8x8/64x8x4 --norm-tiles 4x8 2x4
+    python benchmarks/triton_kernels.py --tokens 512 --width 96 --steps 2   # the CPU: Triton's interpreter,
+                                                                           # a check that it runs, no speed
+    python benchmarks/triton_kernels.py --ptxas --tiles 64x32x4/64x16x8 --norm-tiles 8x4   # no GPU needed
+
+Two parts (--parts):
+
+- lora: three LoRA layers (r 8, alpha 16, dropout 0.1: the LA's query, key and value) read one
+  input of --tokens x --width, as the attention's projections do; the input needs a gradient (the
+  embeddings below it train). PEFT's layers, modsent's fast forward (the LA's step) and the fast
+  forward with fastpath.fuse_lora_dropout (kernels.lora_linear); --tiles tries other tiles for
+  the last (DOWN/UP, each ROWSxGROUPSxWARPS: rows of a tile, groups of 8 columns, warps).
+- norm: one attention output module (BertSelfOutput: its frozen dense product, dropout 0.1,
+  residual add, frozen LayerNorm) with the LA's bf16 residual stream: the module's own ops and
+  fastpath.fuse_residual_norms(kernel="triton") (kernels.dropout_add_norm); --norm-tiles tries
+  other tiles (ROWSxWARPS).
+
+Inputs are bf16 under bf16 autocast on a GPU (fp32 on the CPU). Each step runs the forward and the
+backward from fixed output gradients; the time is per step, the median of --repeats runs of
+--steps steps with one wait at the end. "kept MiB" is what the forward saves for the backward
+(autograd's saved tensors, each storage once, besides the parameters and their cached casts; an
+input counts where it is saved). Before the timing, each kernel's outputs and gradients are
+checked against the eager computation with the dropout masks the kernel drew.
 
 --ptxas compiles the kernels for a Hopper GPU (compute capability 9.0) with Triton's compiler and
 the ptxas in Triton's wheel, and prints each tile's registers, spilled bytes and shared memory
-(lora_kernels.hopper_report): what a GPU's occupancy will be, without a GPU.
-
-Three LoRA layers (r 8, alpha 16, dropout 0.1: the LA's query, key and value) read one input of
---tokens x --width in bf16 under autocast (fp32 on the CPU), as the attention's projections
-do; the input needs a gradient (the embeddings below it train). Each step runs their forward and
-their backward from fixed output gradients; the time is per step of the three layers, the median
-of --repeats runs of --steps steps with one wait at the end. "kept MiB" is what the forward
-saves for the backward (autograd's saved tensors, each storage once, besides the parameters
-and their cached casts; the input counts where it is saved). Before the timing, the kernels' outputs and
-gradients are checked against PEFT's layer computed with the masks the kernels drew
-(lora_kernels.reference). --tiles tries other tiles for the fused variant (down/up, each
-ROWSxGROUPSxWARPS: rows of a tile, groups of 8 columns, warps; lora_kernels.TILES).
+(kernels.hopper_report): what a GPU's occupancy will be, without a GPU.
 """
 
 from __future__ import annotations
@@ -41,14 +49,51 @@ def tiles(spec: str) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         if len(down) != 3 or len(up) != 3:
             raise ValueError
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{spec!r}: expected DOWN/UP, each ROWSxGROUPSxWARPS (64x32x4/64x16x8)")
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected DOWN/UP, each ROWSxGROUPSxWARPS (64x8x8/32x8x8)")
     return down, up
 
 
-def kept_mib(model, x, autocast) -> float:
-    """MiB of the tensors a forward saves for its backward, counted once each, besides the
-    parameters and their cached casts (which live on anyway). The input counts where it is saved:
-    in the LA it is a LayerNorm's output, which nothing else keeps."""
+def norm_tiles(spec: str) -> tuple[int, int]:
+    try:
+        rows, warps = (int(n) for n in spec.split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected ROWSxWARPS (4x8)")
+    return rows, warps
+
+
+def label(tile) -> str:
+    return "x".join(map(str, tile))
+
+
+def ptxas_report(args) -> None:
+    os.environ["TRITON_INTERPRET"] = "0"  # compiled kernels, before Triton is imported
+    from modsent.training import kernels
+
+    default = dict(kernels.TILES)
+    print(f"the kernels compiled for compute capability 9.0, width {args.width}, rank {args.rank}, bf16: "
+          f"registers / spilled bytes per thread, shared KiB per program")
+    lora = [(default["down"], default["up"])] + args.tiles
+    norm = [default["norm"]] + args.norm_tiles
+    for index in range(max(len(lora), len(norm))):
+        down, up = lora[min(index, len(lora) - 1)]
+        kernels.TILES.update(down=down, up=up, norm=norm[min(index, len(norm) - 1)])
+        report = kernels.hopper_report(args.width, args.rank)
+        cells = [f"{name} {label(tile):>8s}: {report[name]['registers']:3d} / {report[name]['spill_bytes']:4d} / "
+                 f"{report[name]['shared_bytes'] / 1024:5.1f}"
+                 for name, tile in (("down", down), ("up", up), ("norm_forward", kernels.TILES["norm"]),
+                                    ("norm_backward", kernels.TILES["norm"]))]
+        print("   ".join(cells) + ("   (the default tiles)" if index == 0 else ""), flush=True)
+
+
+def relative_errors(got, want) -> list[float]:
+    return [float((g.detach().float() - w.detach().float()).abs().max() / w.detach().float().abs().max())
+            for g, w in zip(got, want)]
+
+
+def kept_mib(model, run) -> float:
+    """MiB of the tensors ``run()`` (a forward) saves for its backward, counted once each, besides
+    the parameters and their cached casts (which live on anyway). An input counts where it is
+    saved: in the LA the LoRA layers' input is a LayerNorm's output, which nothing else keeps."""
     import torch
 
     alive = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -64,51 +109,36 @@ def kept_mib(model, x, autocast) -> float:
             saved[storage.data_ptr()] = storage.nbytes()
         return tensor
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), autocast:
-        model(x)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
     return sum(saved.values()) / 2**20
 
 
-def ptxas_report(args) -> None:
-    os.environ["TRITON_INTERPRET"] = "0"  # compiled kernels, before Triton is imported
-    from modsent.training import lora_kernels
+def timed(args, step, cuda: bool) -> float:
+    """ms per ``step()``: two warm-up steps (Triton compiles), then the median of --repeats runs."""
+    import torch
 
-    default = dict(lora_kernels.TILES)
-    print(f"the kernels compiled for compute capability 9.0, width {args.width}, rank {args.rank}, bf16: "
-          f"registers / spilled bytes per thread, shared KiB per program")
-    for down, up in [(default["down"], default["up"])] + args.tiles:
-        lora_kernels.TILES.update(down=down, up=up)
-        report = lora_kernels.hopper_report(args.width, args.rank)
-        print(f"down {'x'.join(map(str, down)):>8s}: {report['down']['registers']:3d} / {report['down']['spill_bytes']:4d} / "
-              f"{report['down']['shared_bytes'] / 1024:5.1f}   up {'x'.join(map(str, up)):>8s}: "
-              f"{report['up']['registers']:3d} / {report['up']['spill_bytes']:4d} / {report['up']['shared_bytes'] / 1024:5.1f}"
-              + ("   (the default tiles)" if (down, up) == (default["down"], default["up"]) else ""), flush=True)
+    for _ in range(2):
+        step()
+    times = []
+    for _ in range(args.repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / args.steps)
+    return statistics.median(times) * 1e3
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--tokens", type=int, default=128 * 256)
-    parser.add_argument("--width", type=int, default=768)
-    parser.add_argument("--rank", type=int, default=8)
-    parser.add_argument("--dropout", type=float, default=0.1)
-    parser.add_argument("--layers", type=int, default=3, help="LoRA layers reading the one input")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--tiles", type=tiles, nargs="+", default=[], metavar="DOWN/UP")
-    parser.add_argument("--ptxas", action="store_true", help="compile for a Hopper GPU and report, run nothing")
-    args = parser.parse_args()
-    if args.ptxas:
-        return ptxas_report(args)
-    cuda = args.device.startswith("cuda")
-    if not cuda:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported
-
+def lora_part(args, cuda: bool, dtype, autocast) -> None:
     import torch
     from peft import LoraConfig, get_peft_model
     from torch import nn
 
-    from modsent.training import fastpath, lora_kernels
+    from modsent.training import fastpath, kernels
 
     class Projections(nn.Module):
         def __init__(self):
@@ -125,68 +155,143 @@ def main() -> None:
         if "lora_B" in name:
             nn.init.normal_(param, std=0.02)
     model = model.to(args.device).train()
-    dtype = torch.bfloat16 if cuda else torch.float32
     x = torch.randn(args.tokens, args.width, device=args.device, dtype=dtype, requires_grad=True)
     grads = [torch.randn(args.tokens, args.width, device=args.device, dtype=dtype) for _ in range(args.layers)]
     params = [x] + [p for p in model.parameters() if p.requires_grad]
-    autocast = torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=cuda)
+
+    def forward():
+        with autocast:
+            return model(x)
 
     def step():
-        with autocast:
-            outs = model(x)
-        torch.autograd.backward(outs, grads)
+        torch.autograd.backward(forward(), grads)
         for p in params:
             p.grad = None
 
-    layers = [module for module in model.modules() if hasattr(module, "lora_dropout")]
-    name = torch.cuda.get_device_name() if cuda else "CPU (Triton's interpreter: no speed)"
-    print(f"{args.layers} LoRA layers (r {args.rank}, dropout {args.dropout}) on one {args.tokens} x {args.width} "
-          f"{str(dtype).replace('torch.', '')} input; device {args.device} ({name}); torch {torch.__version__}")
-
-    # the kernels against PEFT's layer with the masks they drew
-    layer = layers[0]
+    print(f"\n== lora: {args.layers} LoRA layers (r {args.rank}, dropout {args.dropout}) on one {args.tokens} x "
+          f"{args.width} input")
+    layer = next(module for module in model.modules() if hasattr(module, "lora_dropout"))
     weight, bias = (t.to(dtype) for t in (layer.base_layer.weight, layer.base_layer.bias))
     lora_a, lora_b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    scaling = layer.scaling["default"]
     xs = x.detach().clone().requires_grad_(True)
-    out = lora_kernels.lora_linear(xs, lora_a, lora_b, weight, bias, layer.scaling["default"], args.dropout, seed=5)
+    out = kernels.lora_linear(xs, lora_a, lora_b, weight, bias, scaling, args.dropout, seed=5)
     got = (out, *torch.autograd.grad(out, (xs, lora_a, lora_b), grads[0]))
-    keep = lora_kernels.dropout_mask(tuple(x.shape), args.dropout, 5, args.device)
+    keep = kernels.dropout_mask(tuple(x.shape), args.dropout, 5, args.device)
     xr = x.detach().clone().requires_grad_(True)
-    ref = lora_kernels.reference(xr, lora_a, lora_b, weight, bias, layer.scaling["default"], args.dropout, keep)
+    ref = kernels.reference(xr, lora_a, lora_b, weight, bias, scaling, args.dropout, keep)
     want = (ref, *torch.autograd.grad(ref, (xr, lora_a, lora_b), grads[0]))
-    errors = [float((g.detach().float() - w.detach().float()).abs().max() / w.detach().float().abs().max())
-              for g, w in zip(got, want)]
-    print("kernels against PEFT's layer with their masks, max relative error: output {:.1e}, "
-          "input gradient {:.1e}, A {:.1e}, B {:.1e}; dropped {:.4f}".format(*errors, float((~keep).float().mean())))
+    print("the kernels against PEFT's layer with their masks, max relative error: output {:.1e}, input gradient "
+          "{:.1e}, A {:.1e}, B {:.1e}; dropped {:.4f}".format(*relative_errors(got, want), float((~keep).float().mean())))
 
     variants = {"PEFT": (False, False, None), "fast (modsent's step)": (True, False, None),
-                "fast, fused LoRA dropout": (True, True, None)}
+                "fast, Triton LoRA": (True, True, None)}
     for down, up in args.tiles:
-        variants[f"fast, fused LoRA dropout, tiles {'x'.join(map(str, down))}/{'x'.join(map(str, up))}"] = (True, True, (down, up))
+        variants[f"fast, Triton LoRA, tiles {label(down)}/{label(up)}"] = (True, True, (down, up))
     print(f"{'variant':56s} {'ms/step':>8s} {'ratio':>6s} {'kept MiB':>9s}")
     base = None
-    default_tiles = dict(lora_kernels.TILES)
-    for label, (fast, fused, tile) in variants.items():
+    default = dict(kernels.TILES)
+    for name, (fast, fused, tile) in variants.items():
         (fastpath.speed_up if fast else fastpath.restore)(model)
         fastpath.fuse_lora_dropout(model, fused)
-        lora_kernels.TILES.update(default_tiles if tile is None else {"down": tile[0], "up": tile[1]})
-        for _ in range(2):
-            step()
-        if cuda:
-            torch.cuda.synchronize()
-        kept = kept_mib(model, x, autocast)
-        times = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                step()
-            if cuda:
-                torch.cuda.synchronize()
-            times.append((time.perf_counter() - start) / args.steps)
-        ms = statistics.median(times) * 1e3
+        kernels.TILES.update(default if tile is None else {"down": tile[0], "up": tile[1]})
+        ms = timed(args, step, cuda)
+        kept = kept_mib(model, forward)
         base = base or ms
-        print(f"{label:56s} {ms:8.3f} {base / ms:6.2f} {kept:9.2f}", flush=True)
-    lora_kernels.TILES.update(default_tiles)
+        print(f"{name:56s} {ms:8.3f} {base / ms:6.2f} {kept:9.2f}", flush=True)
+    kernels.TILES.update(default)
+
+
+def norm_part(args, cuda: bool, dtype, autocast) -> None:
+    import torch
+    import transformers
+
+    from modsent.training import fastpath, kernels
+
+    config = transformers.BertConfig(hidden_size=args.width, num_attention_heads=max(1, args.width // 64),
+                                     hidden_dropout_prob=args.dropout)
+    torch.manual_seed(0)
+    module = transformers.models.bert.modeling_bert.BertSelfOutput(config).to(args.device).train()
+    module.requires_grad_(False)  # the LA's: the attention output's dense and LayerNorm are frozen
+    if cuda:
+        fastpath.bf16_residual_stream(module)  # the LA's bf16 stream: the LayerNorm returns bf16
+    fastpath.speed_up(module)
+    hidden = torch.randn(args.tokens, args.width, device=args.device, dtype=dtype, requires_grad=True)
+    residual = torch.randn(args.tokens, args.width, device=args.device, dtype=dtype, requires_grad=True)
+    grad = torch.randn(args.tokens, args.width, device=args.device, dtype=dtype)
+
+    def forward():
+        with autocast:
+            return module(hidden, residual)
+
+    def step():
+        forward().backward(grad)
+        hidden.grad = residual.grad = None
+
+    print(f"\n== norm: dropout {args.dropout} + residual add + LayerNorm after a frozen {args.width} x {args.width} "
+          f"product, {args.tokens} rows{', the bf16 stream' if cuda else ''}")
+    with torch.no_grad(), autocast:
+        dense = module.dense(hidden)
+    out_dtype = dtype
+    norm = module.LayerNorm
+    weight, bias = (t.to(out_dtype) for t in (norm.weight, norm.bias))
+    inputs = [t.detach().clone().requires_grad_(True) for t in (dense, residual)]
+    out = kernels.dropout_add_norm(*inputs, weight, bias, norm.eps, args.dropout, out_dtype, seed=5)
+    got = (out, *torch.autograd.grad(out, inputs, grad))
+    keep = kernels.dropout_mask(tuple(dense.shape), args.dropout, 5, args.device)
+    refs = [t.detach().clone().requires_grad_(True) for t in (dense, residual)]
+    ref = kernels.norm_reference(*refs, weight, bias, norm.eps, args.dropout, out_dtype, keep)
+    want = (ref, *torch.autograd.grad(ref, refs, grad))
+    print("the kernel against the three steps with its mask, max relative error: output {:.1e}, dropout's input "
+          "gradient {:.1e}, residual's {:.1e}".format(*relative_errors(got, want)))
+
+    variants = {"the module's ops (modsent's step)": None, "Triton norm": kernels.TILES["norm"]}
+    for tile in args.norm_tiles:
+        variants[f"Triton norm, tiles {label(tile)}"] = tile
+    print(f"{'variant':56s} {'ms/step':>8s} {'ratio':>6s} {'kept MiB':>9s}")
+    base = None
+    default = dict(kernels.TILES)
+    for name, tile in variants.items():
+        fastpath.fuse_residual_norms(module, args.device, "--parts norm", tile is not None, kernel="triton")
+        kernels.TILES["norm"] = tile or default["norm"]
+        ms = timed(args, step, cuda)
+        kept = kept_mib(module, forward)
+        base = base or ms
+        print(f"{name:56s} {ms:8.3f} {base / ms:6.2f} {kept:9.2f}", flush=True)
+    kernels.TILES.update(default)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--parts", nargs="+", choices=("lora", "norm"), default=["lora", "norm"])
+    parser.add_argument("--tokens", type=int, default=128 * 256)
+    parser.add_argument("--width", type=int, default=768)
+    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--layers", type=int, default=3, help="LoRA layers reading the one input")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tiles", type=tiles, nargs="+", default=[], metavar="DOWN/UP")
+    parser.add_argument("--norm-tiles", type=norm_tiles, nargs="+", default=[], metavar="ROWSxWARPS")
+    parser.add_argument("--ptxas", action="store_true", help="compile for a Hopper GPU and report, run nothing")
+    args = parser.parse_args()
+    if args.ptxas:
+        return ptxas_report(args)
+    cuda = args.device.startswith("cuda")
+    if not cuda:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported
+
+    import torch
+
+    dtype = torch.bfloat16 if cuda else torch.float32
+    autocast = torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=cuda)
+    name = torch.cuda.get_device_name() if cuda else "CPU (Triton's interpreter: no speed)"
+    print(f"device {args.device} ({name}); torch {torch.__version__}; {str(dtype).replace('torch.', '')} inputs")
+    if "lora" in args.parts:
+        lora_part(args, cuda, dtype, autocast)
+    if "norm" in args.parts:
+        norm_part(args, cuda, dtype, autocast)
 
 
 if __name__ == "__main__":
