@@ -57,13 +57,13 @@ import os
 
 import torch
 
-# each kernel's tile: (rows, groups of 8 columns, warps); one Philox call draws a group's 8 masks.
-# The masks do not depend on the tiles (an element's draw is fixed by its row and column), so
-# benchmarks/kernels.py can try other tiles on a GPU.
-# The defaults keep every kernel's registers within what lets two or more programs share a
-# multiprocessor without spilling, as ptxas reports for a Hopper GPU (hopper_report).
-TILES = {"down": (64, 8, 8), "up": (32, 8, 8), "mask": (64, 8, 4),
-         "norm": (4, 8)}  # dropout + add + LayerNorm: (rows of a program, warps), whole rows
+# Each kernel's tile: the LoRA kernels' (rows, groups of 8 columns, warps), one Philox call
+# drawing a group's 8 masks; the norm's (rows, warps), whole rows. The masks do not depend on the
+# tiles (an element's draw is fixed by its row and column), so benchmarks/triton_kernels.py can
+# try others on a GPU. The defaults keep every kernel's registers within what lets two or more
+# programs share a multiprocessor without spilling, as ptxas reports for a Hopper GPU
+# (hopper_report; the tests hold them there).
+TILES = {"down": (64, 8, 8), "up": (32, 8, 8), "mask": (64, 8, 4), "norm": (4, 8)}
 _RANK_PAD_MIN = 16  # tl.dot's smallest dimension
 
 
@@ -82,8 +82,8 @@ def triton_available() -> bool:
 
 
 def supported(x: torch.Tensor) -> bool:
-    """Whether :func:`lora_linear` can run on ``x``'s device: a CUDA tensor with Triton
-    installed, or a CPU tensor under Triton's interpreter."""
+    """Whether the kernels can run on ``x``'s device: a CUDA tensor with Triton installed, or a
+    CPU tensor under Triton's interpreter."""
     if not triton_available():
         return False
     if x.is_cuda:
@@ -121,8 +121,8 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def dropout_mask(shape: tuple[int, int], p: float, seed: int, device: torch.device | str) -> torch.Tensor:
-    """The keep mask (bool, ``shape`` = (rows, columns)) that :func:`lora_linear` draws for an
-    input of that shape with dropout ``p`` and ``seed``."""
+    """The keep mask (bool, ``shape`` = (rows, columns)) that :func:`lora_linear` and
+    :func:`dropout_add_norm` draw for an input of that shape with dropout ``p`` and ``seed``."""
     m, k = shape
     threshold, _ = _threshold(p)
     out = torch.empty(m, k, dtype=torch.int8, device=device)
