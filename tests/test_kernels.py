@@ -189,6 +189,20 @@ class MaskedDropout(nn.Module):
         return x * keep.view(x.shape) * kernels._threshold(self.p)[1]
 
 
+def recorded_draws(monkeypatch, function: str) -> list:
+    """(input shape, seed) of each call of ``kernels.<function>`` from now on, in order: each call
+    gets the next of fixed seeds, for the reference run to draw its masks again."""
+    draws, original = [], getattr(kernels, function)
+
+    def recorded(first, *args, seed=None):
+        seed = len(draws) + 100
+        draws.append((first.shape, seed))
+        return original(first, *args, seed=seed)
+
+    monkeypatch.setattr(kernels, function, recorded)
+    return draws
+
+
 def step(model, ids):
     out = model(input_ids=ids).last_hidden_state
     # a fixed random direction (the squares of a LayerNorm's output would sum to a near constant)
@@ -205,15 +219,7 @@ def test_a_model_with_fused_lora_dropout_trains_as_peft_with_those_masks(device,
     ids = torch.randint(5, 300, (3, 9), generator=torch.Generator().manual_seed(1)).to(device)
     fastpath.speed_up(model)
     assert fastpath.fuse_lora_dropout(model) == 2 * 3 and fastpath.fuse_lora_dropout(model) == 0
-    draws = []
-    original = kernels.lora_linear
-
-    def recorded(x, lora_a, lora_b, weight, bias, scaling, p, seed=None):
-        seed = len(draws) + 100
-        draws.append((x.shape, seed))
-        return original(x, lora_a, lora_b, weight, bias, scaling, p, seed)
-
-    monkeypatch.setattr(kernels, "lora_linear", recorded)
+    draws = recorded_draws(monkeypatch, "lora_linear")
     out, grads = step(model, ids)
     assert len(draws) == 2 * 3  # every LoRA layer went through the kernels
 
@@ -237,15 +243,8 @@ def test_a_model_with_triton_residual_norms_trains_as_its_modules_with_those_mas
     ids = torch.randint(5, 300, (3, 9), generator=torch.Generator().manual_seed(1)).to(device)
     fastpath.speed_up(model)
     assert fastpath.fuse_residual_norms(model, device, "k", kernel="triton") == 2 * 2
-    draws = []
     original = kernels.dropout_add_norm
-
-    def recorded(hidden, residual, weight, bias, eps, p, out_dtype, seed=None):
-        seed = len(draws) + 100
-        draws.append((hidden.shape, seed))
-        return original(hidden, residual, weight, bias, eps, p, out_dtype, seed)
-
-    monkeypatch.setattr(kernels, "dropout_add_norm", recorded)
+    draws = recorded_draws(monkeypatch, "dropout_add_norm")
     out, grads = step(model, ids)
     assert len(draws) == 2 * 2  # each layer's attention output and feed-forward output
 
