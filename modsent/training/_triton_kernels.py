@@ -29,7 +29,7 @@ def keep_tile(seed, rows, k0, groups_per_row, threshold, G: tl.constexpr):
                    tl.join(tl.join(k_4, k_5), tl.join(k_6, k_7)))
     return tl.reshape(both, (rows.shape[0], 8 * G))
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "threshold"])  # a new seed every call: no recompiling
 def mask_kernel(OUT, M, seed, groups_per_row, threshold, K: tl.constexpr,
                 G: tl.constexpr, BM: tl.constexpr):
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
@@ -39,8 +39,8 @@ def mask_kernel(OUT, M, seed, groups_per_row, threshold, K: tl.constexpr,
         inside = (rows[:, None] < M) & (cols[None, :] < K)
         tl.store(OUT + rows[:, None].to(tl.int64) * K + cols[None, :], keep, mask=inside)
 
-@triton.jit
-def down_kernel(X, A, H, M, R, stride_x, seed, groups_per_row, threshold, scale, K: tl.constexpr,
+@triton.jit(do_not_specialize=["seed", "threshold"])  # a new seed every call: no recompiling
+def down_kernel(X, A, H, M, stride_x, seed, groups_per_row, threshold, scale, K: tl.constexpr, R: tl.constexpr,
                 G: tl.constexpr, BM: tl.constexpr, RP: tl.constexpr, UPCAST: tl.constexpr,
                 PRECISION: tl.constexpr):
     """H[rows] = (mask · X[rows] · scale) @ A^T, A of shape (R, K), H (M, R)."""
@@ -52,7 +52,7 @@ def down_kernel(X, A, H, M, R, stride_x, seed, groups_per_row, threshold, scale,
         inside = (rows[:, None] < M) & (cols[None, :] < K)
         x = tl.load(X + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=inside, other=0.0)
         keep = keep_tile(seed, rows, k0, groups_per_row, threshold, G)
-        xm = tl.where(keep != 0, x.to(tl.float32) * scale, 0.0).to(x.dtype)
+        xm = (x.to(tl.float32) * (keep.to(tl.float32) * scale)).to(x.dtype)  # x · 0 keeps a NaN, as eager
         a = tl.load(A + rank[None, :] * K + cols[:, None], mask=(rank[None, :] < R) & (cols[:, None] < K),
                     other=0.0)
         if UPCAST:
@@ -62,12 +62,12 @@ def down_kernel(X, A, H, M, R, stride_x, seed, groups_per_row, threshold, scale,
     tl.store(H + rows[:, None].to(tl.int64) * R + rank[None, :], acc.to(H.dtype.element_ty),
              mask=(rows[:, None] < M) & (rank[None, :] < R))
 
-@triton.jit
-def up_kernel(GX, X, U, A, PART, M, R, stride_x, stride_gx, seed, groups_per_row, threshold, scale,
-              K: tl.constexpr, BLOCKS: tl.constexpr, UPDATE: tl.constexpr, G: tl.constexpr, BM: tl.constexpr,
+@triton.jit(do_not_specialize=["seed", "threshold"])  # a new seed every call: no recompiling
+def up_kernel(GX, X, U, A, PART, M, stride_x, stride_gx, seed, groups_per_row, threshold, scale,
+              K: tl.constexpr, R: tl.constexpr, BLOCKS: tl.constexpr, UPDATE: tl.constexpr, WANT_A: tl.constexpr, G: tl.constexpr, BM: tl.constexpr,
               RP: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """For this program's row blocks: GX += mask · (U @ A) · scale (U = s · g @ B, of shape
-    (M, R)) where UPDATE, and PART[program] = U^T @ (mask · X · scale), of shape (R, K)."""
+    (M, R)) where UPDATE, and PART[program] = U^T @ (mask · X · scale), of shape (R, K), where WANT_A."""
     program = tl.program_id(0)
     rank = tl.arange(0, RP)
     for k0 in range(0, K, 8 * G):
@@ -80,13 +80,14 @@ def up_kernel(GX, X, U, A, PART, M, R, stride_x, stride_gx, seed, groups_per_row
             inside = (rows[:, None] < M) & (cols[None, :] < K)
             u = tl.load(U + rows[:, None].to(tl.int64) * R + rank[None, :],
                         mask=(rows[:, None] < M) & (rank[None, :] < R), other=0.0)
-            x = tl.load(X + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=inside, other=0.0)
-            keep = keep_tile(seed, rows, k0, groups_per_row, threshold, G) != 0
-            xm = tl.where(keep, x.to(tl.float32) * scale, 0.0).to(x.dtype)
-            if UPCAST:
-                acc += tl.dot(tl.trans(u.to(tl.float32)), xm.to(tl.float32), input_precision=PRECISION)
-            else:
-                acc += tl.dot(tl.trans(u), xm, input_precision=PRECISION)
+            kept = keep_tile(seed, rows, k0, groups_per_row, threshold, G).to(tl.float32) * scale
+            if WANT_A:
+                x = tl.load(X + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=inside, other=0.0)
+                xm = (x.to(tl.float32) * kept).to(x.dtype)
+                if UPCAST:
+                    acc += tl.dot(tl.trans(u.to(tl.float32)), xm.to(tl.float32), input_precision=PRECISION)
+                else:
+                    acc += tl.dot(tl.trans(u), xm, input_precision=PRECISION)
             if UPDATE:
                 pointers = GX + rows[:, None].to(tl.int64) * stride_gx + cols[None, :]
                 gx = tl.load(pointers, mask=inside, other=0.0)
@@ -94,13 +95,14 @@ def up_kernel(GX, X, U, A, PART, M, R, stride_x, stride_gx, seed, groups_per_row
                     ua = tl.dot(u.to(tl.float32), a.to(tl.float32), input_precision=PRECISION)
                 else:
                     ua = tl.dot(u, a, input_precision=PRECISION)
-                gx = gx.to(tl.float32) + tl.where(keep, ua * scale, 0.0)
+                gx = gx.to(tl.float32) + ua * kept
                 tl.store(pointers, gx.to(GX.dtype.element_ty), mask=inside)
-        tl.store(PART + program.to(tl.int64) * R * K + rank[:, None] * K + cols[None, :], acc,
-                 mask=(rank[:, None] < R) & (cols[None, :] < K))
+        if WANT_A:
+            tl.store(PART + program.to(tl.int64) * R * K + rank[:, None] * K + cols[None, :], acc,
+                     mask=(rank[:, None] < R) & (cols[None, :] < K))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "threshold"])  # a new seed every call: no recompiling
 def norm_forward_kernel(H, R, W, B, Y, S, MEAN, RSTD, M, stride_h, stride_r, seed, groups_per_row, threshold, scale, eps,
                         D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
                         DROP: tl.constexpr):
@@ -113,13 +115,13 @@ def norm_forward_kernel(H, R, W, B, Y, S, MEAN, RSTD, M, stride_h, stride_r, see
     h = tl.load(H + rows[:, None].to(tl.int64) * stride_h + cols[None, :], mask=inside, other=0.0)
     r = tl.load(R + rows[:, None].to(tl.int64) * stride_r + cols[None, :], mask=inside, other=0.0)
     if DROP:
-        keep = keep_tile(seed, rows, 0, groups_per_row, threshold, BD // 8) != 0
-        h = tl.where(keep, h.to(tl.float32) * scale, 0.0).to(h.dtype)
+        kept = keep_tile(seed, rows, 0, groups_per_row, threshold, BD // 8).to(tl.float32) * scale
+        h = (h.to(tl.float32) * kept).to(h.dtype)
     s = (h.to(tl.float32) + r.to(tl.float32)).to(S.dtype.element_ty)
     x = tl.where(inside, s.to(tl.float32), 0.0)
     mean = tl.sum(x, axis=1) / D
     diff = tl.where(inside, x - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, axis=1) / D + eps)
+    rstd = tl.rsqrt(tl.sum(diff * diff, axis=1) / D + eps)
     y = diff * rstd[:, None]
     if HAS_W:
         y = y * tl.load(W + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
@@ -132,7 +134,7 @@ def norm_forward_kernel(H, R, W, B, Y, S, MEAN, RSTD, M, stride_h, stride_r, see
     tl.store(RSTD + rows, rstd, mask=rows < M)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "threshold"])  # a new seed every call: no recompiling
 def norm_backward_kernel(DY, S, W, MEAN, RSTD, DH, DR, M, stride_dy, seed, groups_per_row, threshold, scale,
                          D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, HAS_W: tl.constexpr,
                          DROP: tl.constexpr, WANT_H: tl.constexpr, WANT_R: tl.constexpr):
@@ -156,6 +158,5 @@ def norm_backward_kernel(DY, S, W, MEAN, RSTD, DH, DR, M, stride_dy, seed, group
         tl.store(DR + offsets, ds.to(DR.dtype.element_ty), mask=inside)
     if WANT_H:
         if DROP:
-            keep = keep_tile(seed, rows, 0, groups_per_row, threshold, BD // 8) != 0
-            ds = tl.where(keep, ds * scale, 0.0)
+            ds = ds * (keep_tile(seed, rows, 0, groups_per_row, threshold, BD // 8).to(tl.float32) * scale)
         tl.store(DH + offsets, ds.to(DH.dtype.element_ty), mask=inside)

@@ -15,7 +15,7 @@ of every layer: 36 such layers. :func:`lora_linear` computes the same layer with
 - forward: the base product (cuBLAS), one Triton kernel that draws the dropout mask in registers
   and computes ``h = dropout(x) @ A^T`` (a single read of ``x``; nothing input-sized written),
   and ``out += s · h @ B^T`` (cuBLAS, into the base product's output). Saved: ``x`` itself
-  (shared by the query, key and value), ``h`` (rank r) and the random seed;
+  (one tensor for the query, key and value under the bf16 stream), ``h`` (rank r) and the seed;
 - backward: ``grad_x = g @ W`` (cuBLAS), ``u = s · g @ B`` and ``grad_B`` (rank-r products), and
   one Triton kernel that draws the same mask again and, per tile, adds ``mask · (u @ A) / (1 - p)``
   to ``grad_x`` in place and accumulates ``grad_A = u^T @ dropout(x)`` (per-program partial sums,
@@ -56,14 +56,16 @@ import importlib
 import os
 
 import torch
+from torch.autograd.function import once_differentiable
 
 # Each kernel's tile: the LoRA kernels' (rows, groups of 8 columns, warps), one Philox call
-# drawing a group's 8 masks; the norm's (rows, warps), whole rows. The masks do not depend on the
+# drawing a group's 8 masks, and for the backward's also the programs per multiprocessor that share
+# its row blocks; the norm's (rows, warps), whole rows. The masks do not depend on the
 # tiles (an element's draw is fixed by its row and column), so benchmarks/triton_kernels.py can
 # try others on a GPU. The defaults keep every kernel's registers within what lets two or more
 # programs share a multiprocessor without spilling, as ptxas reports for a Hopper GPU
 # (hopper_report; the tests hold them there).
-TILES = {"down": (64, 8, 8), "up": (32, 8, 8), "mask": (64, 8, 4), "norm": (4, 8)}
+TILES = {"down": (64, 8, 8), "up": (32, 8, 8, 2), "mask": (64, 8, 4), "norm": (4, 8)}  # up: + programs per SM
 _RANK_PAD_MIN = 16  # tl.dot's smallest dimension
 
 
@@ -133,11 +135,11 @@ def dropout_mask(shape: tuple[int, int], p: float, seed: int, device: torch.devi
     return out.bool()
 
 
-def _programs(blocks: int, device: torch.device) -> int:
-    """How many programs share the backward's row blocks: two per multiprocessor (each writes a
-    partial sum of A's gradient, so fewer programs write fewer of them)."""
+def _programs(blocks: int, device: torch.device, per_multiprocessor: int) -> int:
+    """How many programs share the backward's row blocks (each writes a partial sum of A's
+    gradient, so fewer programs write fewer of them); 4 in the interpreter."""
     if device.type == "cuda":
-        target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+        target = per_multiprocessor * torch.cuda.get_device_properties(device).multi_processor_count
     else:
         target = 4
     return max(1, min(blocks, target))
@@ -158,7 +160,7 @@ class _LoRALinear(torch.autograd.Function):
         if m:
             rows, groups, warps = TILES["down"]
             _kernels().down_kernel[(-(-m // rows),)](
-                x2, a, h, m, r, x2.stride(0), seed, _groups_per_row(k), threshold, scale, K=k,
+                x2, a, h, m, x2.stride(0), seed, _groups_per_row(k), threshold, scale, K=k, R=r,
                 G=groups, BM=rows, RP=_rank_pad(r), UPCAST=interpreting(), PRECISION=_precision(dtype),
                 num_warps=warps)
         out = torch.addmm(bias, x2, weight.t()) if bias is not None else x2 @ weight.t()
@@ -169,6 +171,7 @@ class _LoRALinear(torch.autograd.Function):
         return out.view(*x.shape[:-1], out.shape[-1])
 
     @staticmethod
+    @once_differentiable  # it writes the input's gradient in place
     def backward(ctx, grad):
         x2, h, a, b = ctx.saved_tensors
         m, k = x2.shape
@@ -187,18 +190,19 @@ class _LoRALinear(torch.autograd.Function):
                 if grad_x.stride(-1) != 1:
                     grad_x = grad_x.contiguous()
             threshold, scale = _threshold(ctx.p)
-            rows, groups, warps = TILES["up"]
+            rows, groups, warps, per_multiprocessor = TILES["up"]
             blocks = -(-m // rows)
-            programs = _programs(blocks, x2.device)
+            programs = _programs(blocks, x2.device, per_multiprocessor)
             per_program = -(-blocks // programs)
             programs = -(-blocks // per_program) if blocks else 0
             rank_pad = _rank_pad(r)
-            parts = torch.empty(programs, r, k, dtype=torch.float32, device=x2.device)
+            parts = torch.empty(programs if need_a else 0, r, k, dtype=torch.float32, device=x2.device)
             if programs:
                 target = grad_x if need_x else x2  # not written without UPDATE
                 _kernels().up_kernel[(programs,)](
-                    target, x2, u, a, parts, m, r, x2.stride(0), target.stride(0), ctx.seed,
-                    _groups_per_row(k), threshold, scale, K=k, BLOCKS=per_program, UPDATE=need_x, G=groups,
+                    target, x2, u, a, parts, m, x2.stride(0), target.stride(0), ctx.seed,
+                    _groups_per_row(k), threshold, scale, K=k, R=r, BLOCKS=per_program, UPDATE=need_x,
+                    WANT_A=need_a, G=groups,
                     BM=rows, RP=rank_pad, UPCAST=interpreting(), PRECISION=_precision(x2.dtype), num_warps=warps)
             if need_a:
                 grad_a = parts.sum(0).to(ctx.lora_dtypes[0])
@@ -248,6 +252,7 @@ class _DropoutAddNorm(torch.autograd.Function):
         return y.view(hidden.shape)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         s, mean, rstd, weight = ctx.saved_tensors
         want_h, want_r = ctx.needs_input_grad[:2]
@@ -323,17 +328,17 @@ def hopper_report(k: int = 768, r: int = 8, arch: int = 90) -> dict[str, dict]:
     kernels = _kernels()
     groups = _groups_per_row(k)
     lora_types = {"X": "*bf16", "A": "*bf16", "H": "*bf16", "GX": "*bf16", "U": "*bf16", "PART": "*fp32", "OUT": "*i8",
-                  "M": "i32", "R": "i32", "seed": "i32", "threshold": "i32", "scale": "fp32",
+                  "M": "i32", "seed": "i32", "threshold": "i32", "scale": "fp32",
                   "stride_x": "i32", "stride_gx": "i32", "groups_per_row": "i32"}
     # the norm's with the bf16 stream: bf16 in and out, fp32 row statistics
     norm_types = {**{name: "*bf16" for name in ("H", "R", "W", "B", "Y", "S", "DY", "DH", "DR")},
                   "MEAN": "*fp32", "RSTD": "*fp32", "M": "i32", "seed": "i32", "threshold": "i32", "scale": "fp32",
                   "eps": "fp32", "stride_h": "i32", "stride_r": "i32", "stride_dy": "i32", "groups_per_row": "i32"}
     multiples = {"stride_x": k, "stride_gx": k, "stride_h": k, "stride_r": k, "stride_dy": k, "groups_per_row": groups}
-    common = {"K": k, "RP": _rank_pad(r), "UPCAST": False, "PRECISION": "tf32"}
+    common = {"K": k, "R": r, "RP": _rank_pad(r), "UPCAST": False, "PRECISION": "tf32"}
     norm = {"D": k, "BD": _row_width(k), "HAS_W": True, "DROP": True}
     plans = {"down": (kernels.down_kernel, common, lora_types),
-             "up": (kernels.up_kernel, {**common, "BLOCKS": 4, "UPDATE": True}, lora_types),
+             "up": (kernels.up_kernel, {**common, "BLOCKS": 4, "UPDATE": True, "WANT_A": True}, lora_types),
              "mask": (kernels.mask_kernel, {"K": k}, lora_types),
              "norm_forward": (kernels.norm_forward_kernel, {**norm, "HAS_B": True}, norm_types),
              "norm_backward": (kernels.norm_backward_kernel, {**norm, "WANT_H": True, "WANT_R": True}, norm_types)}
@@ -342,7 +347,7 @@ def hopper_report(k: int = 768, r: int = 8, arch: int = 90) -> dict[str, dict]:
         if name.startswith("norm"):
             (rows, warps), group = TILES["norm"], None
         else:
-            rows, group, warps = TILES[name]
+            rows, group, warps = TILES[name][:3]
         constants = {**constants, "BM": rows, **({} if group is None else {"G": group})}
         names = kernel.arg_names
         signature = {n: "constexpr" if n in constants else types[n] for n in names}
