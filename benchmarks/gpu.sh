@@ -54,8 +54,8 @@ bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever
 # with the kernels' masks, then timed; other tiles), the LA step with them, their CUDA tests, the step's
 # profile, and the SE step (host-bound at 128 pairs, where a Python autograd function may cost more than the
 # launches it saves)
-bench triton_kernels 100 benchmarks/triton_kernels.py --device cuda --tiles 128x8x8/64x8x4 32x8x4/32x8x4 \
-    64x16x8/32x16x8 128x16x8/64x8x8 --norm-tiles 2x4 8x8 1x4
+bench triton_kernels 100 benchmarks/triton_kernels.py --device cuda --tiles 128x8x8/64x8x4 32x8x4/32x8x4x4 \
+    64x16x8/32x16x8 64x8x8/32x8x8x4 --norm-tiles 2x4 8x8 1x4
 bench mlm_triton 200 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 --batch-size 128 \
     --steps 10 --repeats 2 --bf16-residual --triton --only "masked, bf16, fused, fast, bf16 residual" \
     "masked, bf16, fused, fast, Triton LoRA, bf16 residual" "masked, bf16, fused, fast, Triton norms, bf16 residual" \
