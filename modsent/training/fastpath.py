@@ -170,9 +170,8 @@ def _lora_kernel_forward(self, name: str, x: torch.Tensor, dtype: torch.dtype) -
         weight, bias = base.weight, base.bias
     else:
         weight, bias = _cached_weights(base, dtype)
-    out = kernels.lora_linear(x.to(dtype), self.lora_A[name].weight, self.lora_B[name].weight,
-                                   weight, bias, self.scaling[name], dropout.p)
-    return out
+    return kernels.lora_linear(x.to(dtype), self.lora_A[name].weight, self.lora_B[name].weight, weight, bias,
+                               self.scaling[name], dropout.p)
 
 
 def fuse_lora_dropout(model: nn.Module, on: bool = True) -> int:
