@@ -145,14 +145,22 @@ def _programs(blocks: int, device: torch.device, per_multiprocessor: int) -> int
     return max(1, min(blocks, target))
 
 
+def _seed(seed: int | None) -> int:
+    """``seed``, or one drawn from PyTorch's CPU generator (seeded per step by the loops)."""
+    return int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as rows of its last dimension, each contiguous (a view where the layout allows)."""
+    rows = t.reshape(-1, t.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
 class _LoRALinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, lora_a, lora_b, weight, bias, scaling, p, seed):
-        k = x.shape[-1]
-        x2 = x.reshape(-1, k)
-        if x2.stride(-1) != 1:
-            x2 = x2.contiguous()
-        m, dtype = x2.shape[0], x2.dtype
+        x2 = _rows(x)
+        (m, k), dtype = x2.shape, x2.dtype
         a, b = lora_a.to(dtype).contiguous(), lora_b.to(dtype)
         r = a.shape[0]
         threshold, scale = _threshold(p)
@@ -186,9 +194,7 @@ class _LoRALinear(torch.autograd.Function):
         if need_x or need_a:
             u = (g @ b).mul_(ctx.scaling)  # (M, r): the gradient of h, scaled
             if need_x:
-                grad_x = g @ ctx.weight
-                if grad_x.stride(-1) != 1:
-                    grad_x = grad_x.contiguous()
+                grad_x = _rows(g @ ctx.weight)
             threshold, scale = _threshold(ctx.p)
             rows, groups, warps, per_multiprocessor = TILES["up"]
             blocks = -(-m // rows)
@@ -219,22 +225,15 @@ def lora_linear(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, wei
     in it). ``seed``: the dropout's (by default drawn from PyTorch's CPU generator)."""
     if weight.requires_grad or (bias is not None and bias.requires_grad):
         raise ValueError("lora_linear: the base weight and bias must be frozen (no gradient)")
-    if seed is None:
-        seed = int(torch.randint(0, 2**31 - 1, ()).item())
     with torch.autocast(x.device.type, enabled=False):
-        return _LoRALinear.apply(x, lora_a, lora_b, weight, bias, float(scaling), float(p), seed)
+        return _LoRALinear.apply(x, lora_a, lora_b, weight, bias, float(scaling), float(p), _seed(seed))
 
 
 class _DropoutAddNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, residual, weight, bias, eps, p, seed, out_dtype):
-        d = hidden.shape[-1]
-        h2, r2 = hidden.reshape(-1, d), residual.reshape(-1, d)
-        if h2.stride(-1) != 1:
-            h2 = h2.contiguous()
-        if r2.stride(-1) != 1:
-            r2 = r2.contiguous()
-        m = h2.shape[0]
+        h2, r2 = _rows(hidden), _rows(residual)
+        m, d = h2.shape
         y = torch.empty(m, d, dtype=out_dtype, device=hidden.device)
         s = torch.empty(m, d, dtype=torch.promote_types(hidden.dtype, residual.dtype), device=hidden.device)
         mean = torch.empty(m, dtype=torch.float32, device=hidden.device)
@@ -257,9 +256,7 @@ class _DropoutAddNorm(torch.autograd.Function):
         s, mean, rstd, weight = ctx.saved_tensors
         want_h, want_r = ctx.needs_input_grad[:2]
         m, d = s.shape
-        g = grad.reshape(-1, d)
-        if g.stride(-1) != 1:
-            g = g.contiguous()
+        g = _rows(grad)
         dh = torch.empty(m, d, dtype=ctx.dtypes[0], device=s.device) if want_h else None
         dr = torch.empty(m, d, dtype=ctx.dtypes[1], device=s.device) if want_r else None
         threshold, scale = _threshold(ctx.p)
@@ -291,10 +288,8 @@ def dropout_add_norm(hidden: torch.Tensor, residual: torch.Tensor, weight: torch
         raise ValueError("dropout_add_norm: the norm's weight and bias must be frozen (no gradient)")
     if hidden.shape != residual.shape:
         raise ValueError(f"dropout_add_norm: hidden {tuple(hidden.shape)} and residual {tuple(residual.shape)} differ")
-    if seed is None:
-        seed = int(torch.randint(0, 2**31 - 1, ()).item())
     with torch.autocast(hidden.device.type, enabled=False):
-        return _DropoutAddNorm.apply(hidden, residual, weight, bias, float(eps), float(p), seed, out_dtype)
+        return _DropoutAddNorm.apply(hidden, residual, weight, bias, float(eps), float(p), _seed(seed), out_dtype)
 
 
 def norm_reference(hidden: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
