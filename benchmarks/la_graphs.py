@@ -50,6 +50,24 @@ def mib(counter: collections.Counter) -> str:
     return ", ".join(f"{dtype.removeprefix('torch.')} {size / 2**20:.1f}" for dtype, size in sorted(counter.items())) or "-"
 
 
+def saved_storage(run, skip: frozenset = frozenset()) -> collections.Counter:
+    """Bytes by dtype of what ``run()`` saves for its backward (autograd's saved tensors, each
+    storage once), besides the storages whose data pointers are in ``skip``."""
+    saved, seen = collections.Counter(), set()
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        key = (storage.data_ptr(), tensor.dtype)
+        if key not in seen and storage.data_ptr() not in skip:
+            seen.add(key)
+            saved[str(tensor.dtype)] += storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return saved
+
+
 def graph_facts(graphs: dict) -> dict:
     """The attention operators, products by input dtype and kept bytes of captured AOT graphs."""
     attention, products, kept = collections.Counter(), collections.Counter(), collections.Counter()
@@ -120,18 +138,7 @@ def main() -> None:
           f"{args.device}, torch {torch.__version__}, bf16 autocast"
           f"{', bf16 residual stream' if args.bf16_residual else ''}")
 
-    saved, seen = collections.Counter(), set()
-
-    def pack(tensor):
-        key = (tensor.untyped_storage().data_ptr(), tensor.dtype)
-        if key not in seen:
-            seen.add(key)
-            saved[str(tensor.dtype)] += tensor.untyped_storage().nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        step()
-    print(f"\n== eager: kept MiB {mib(saved)}")
+    print(f"\n== eager: kept MiB {mib(saved_storage(step))}")
 
     attention_dropouts = [module for name, module in encoder.named_modules()
                           if name.endswith("attention.self") and isinstance(getattr(module, "dropout", None), torch.nn.Dropout)]

@@ -104,24 +104,14 @@ def kept_mib(model, run) -> float:
     """MiB of the tensors ``run()`` (a forward) saves for its backward, counted once each, besides
     the parameters and their cached casts (which live on anyway). An input counts where it is
     saved: in the LA the LoRA layers' input is a LayerNorm's output, which nothing else keeps."""
-    import torch
+    from benchmarks.la_graphs import saved_storage
 
     alive = {p.untyped_storage().data_ptr() for p in model.parameters()}
     for module in model.modules():
         for cast in (module.__dict__.get("_modsent_cast") or (None, ()))[1]:
             if cast is not None:
                 alive.add(cast.untyped_storage().data_ptr())
-    saved = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in alive:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        run()
-    return sum(saved.values()) / 2**20
+    return sum(saved_storage(run, frozenset(alive)).values()) / 2**20
 
 
 def timed(args, step, cuda: bool) -> float:
