@@ -403,7 +403,7 @@ def test_runtime_and_selection_keys_never_reach_the_params():
 
     roles = key_roles()
     for key in ("language_adapter.gpus", "language_adapter.checkpoint_every", "language_adapter.log_every",
-                "language_adapter.compile", "sentence_adapter.compile", "alignment.compile",
+                "language_adapter.compile", "language_adapter.kernels", "sentence_adapter.compile", "alignment.compile",
                 "sentence_adapter.checkpoint_every", "alignment.log_every", "baselines.gpus",
                 "translation.checkpoint_every", "translation.batch_tokens", "evaluation.batch_size",
                 "fasttext.threads", "resources"):

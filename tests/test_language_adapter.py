@@ -1,6 +1,8 @@
 import dataclasses
 import hashlib
+import importlib.util
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -477,6 +479,122 @@ def test_compile_without_a_compiler_is_refused_before_training(inputs, tmp_path,
         la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
                                   tmp_path / "de", cfg, device="cpu", progress=False)
 
+
+
+def _kernel_settings():
+    cfg = la.LanguageAdapterConfig(**{**CFG.__dict__, "steps": 3, "head_warmup_steps": 0, "eval_sentences": 0,
+                                      "log_every": 1})
+    return cfg, la.LanguageAdapterConfig(**{**cfg.__dict__, "kernels": "triton"})
+
+
+def _saved(run_dir) -> dict:
+    return {f"{f.name}:{k}": v for f in sorted(run_dir.rglob("*.safetensors")) for k, v in load_file(str(f)).items()}
+
+
+def test_triton_kernels_are_a_runtime_setting_refused_without_triton_on_a_gpu_and_idle_on_the_cpu(
+        inputs, tmp_path, monkeypatch):
+    """language_adapter.kernels: triton is a runtime setting (not in the params, the same
+    checkpoint fingerprint: a run resumes whatever it is); on a GPU without Triton it is refused,
+    naming the key, before the corpus is tokenised; on the CPU outside Triton's interpreter it
+    changes nothing: the eager run's adapter and embeddings to the bit."""
+    from modsent.config import fill_defaults, inline_refs, job_settings, load_schema, runtime_settings
+    from modsent.training import fastpath, kernels
+
+    schema = load_schema()
+    filled = fill_defaults({"language_adapter": {"kernels": "triton"}}, inline_refs(schema, schema))
+    assert "kernels" not in job_settings(filled, "language_adapter")
+    assert runtime_settings(filled, "language_adapter", "de")["kernels"] == "triton"
+    assert la.LanguageAdapterConfig.from_config(filled["language_adapter"]).kernels == "triton"
+    cfg, fast = _kernel_settings()
+    assert fast.fingerprint(inputs["corpus"]) == cfg.fingerprint(inputs["corpus"])
+
+    with monkeypatch.context() as patch:
+        patch.setattr(kernels, "triton_available", lambda: False)
+        patch.setattr(la, "pack_sequences", lambda *a, **k: pytest.fail("tokenised before the check"))
+        with pytest.raises(InputError, match=r"language_adapter.kernels: triton, but this PyTorch install has "
+                                             r"no Triton; .*or set language_adapter.kernels: eager"):
+            la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
+                                      tmp_path / "gpu", fast, device="cuda", progress=False)
+        assert fastpath.check_kernels("cpu", "language_adapter.kernels") is False
+    with monkeypatch.context() as patch:  # Triton there, but its interpreter chosen: not on a GPU
+        patch.setattr(kernels, "triton_available", lambda: True)
+        patch.setattr(kernels, "interpreting", lambda: True)
+        with pytest.raises(InputError, match=r"TRITON_INTERPRET=1 runs Triton's kernels on the CPU"):
+            fastpath.check_kernels("cuda:0", "language_adapter.kernels")
+        assert fastpath.check_kernels("cpu", "language_adapter.kernels") is True
+
+    la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"], tmp_path / "eager",
+                              cfg, device="cpu", progress=False)
+    with monkeypatch.context() as patch:
+        patch.setattr(kernels, "interpreting", lambda: False)
+        patch.setattr(fastpath, "use_triton_kernels", lambda *a, **k: pytest.fail("kernels applied on the CPU"))
+        result = la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"],
+                                           tmp_path / "triton", fast, device="cpu", progress=False)
+    assert result["config"]["kernels"] == "triton"
+    a, b = _saved(tmp_path / "eager"), _saved(tmp_path / "triton")
+    assert a.keys() == b.keys() and a and all(torch.equal(a[k], b[k]) for k in a)
+    assert logged_losses(tmp_path / "eager") == logged_losses(tmp_path / "triton")
+
+
+@pytest.mark.skipif(not (os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton")),
+                    reason="Triton's interpreter not chosen (conftest chooses it off a GPU where Triton is installed)")
+def test_with_triton_kernels_every_training_step_runs_through_them_and_trains_the_adapter(inputs, tmp_path,
+                                                                                         monkeypatch):
+    """language_adapter.kernels: triton where the kernels run (here Triton's interpreter on the
+    CPU): every training forward of each LoRA layer and each residual norm goes through them
+    (3 steps x 2 layers x 3 LoRA layers and 2 norms), both LoRA matrices train, and the run ends
+    as near the eager one as an eager run with other dropout draws does (the same start and
+    batches; the kernels' results against their own masks: tests/test_kernels.py)."""
+    from collections import Counter
+
+    from modsent.training import kernels
+
+    calls = Counter()
+    for name in ("lora_linear", "dropout_add_norm"):
+        def spy(*args, _real=getattr(kernels, name), _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(kernels, name, spy)
+    cfg, fast = _kernel_settings()
+    la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"], tmp_path / "triton",
+                              fast, device="cpu", progress=False)
+    assert calls == {"lora_linear": 3 * 2 * 3, "dropout_add_norm": 3 * 2 * 2}
+    calls.clear()
+    la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"], tmp_path / "eager",
+                              cfg, device="cpu", progress=False)
+    build = la.build_model
+
+    def build_then_reseed(*args, **kwargs):  # the same initial adapter, other dropout draws
+        model = build(*args, **kwargs)
+        torch.manual_seed(cfg.seed + 1)
+        return model
+
+    monkeypatch.setattr(la, "build_model", build_then_reseed)
+    la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"], tmp_path / "other",
+                              cfg, device="cpu", progress=False)
+    assert not calls
+    eager, triton, other = (_saved(tmp_path / run) for run in ("eager", "triton", "other"))
+    assert eager.keys() == triton.keys() == other.keys()
+
+    torch.manual_seed(cfg.seed)
+    start = {k.replace(".default", ""): v for k, v in
+             build(inputs["base"], tokenizer(inputs), inputs["emb"] / la.EMBEDDINGS_NAME, cfg).state_dict().items()}
+    lora_a, lora_b = ([k for k in eager if f"lora_{m}" in k] for m in "AB")
+    assert len(lora_a) == len(lora_b) == 2 * 3
+    for key in lora_a:  # A's gradient (zero while B is, at the first step) reaches A through the kernels
+        assert not torch.equal(triton[key], start[key.split(":", 1)[1]]), key
+    for key in lora_b:  # B starts at zero
+        assert triton[key].abs().max() > 0, key
+
+    def cosine(run, key):
+        return float(torch.nn.functional.cosine_similarity(run[key].flatten(), eager[key].flatten(), dim=0))
+
+    ours, theirs = (sum(cosine(run, key) for key in lora_b) / len(lora_b) for run in (triton, other))
+    assert ours > theirs - 0.15 and ours > 0.3, (ours, theirs)
+    losses = [logged_losses(tmp_path / run) for run in ("eager", "triton")]
+    assert len(losses[1]) == 3 and all(math.isfinite(x) for x in losses[1])
+    assert losses[1] == pytest.approx(losses[0], rel=0.01)
 
 def test_a_bf16_residual_stream_is_its_own_setting_and_changes_nothing_without_bf16_autocast(inputs, tmp_path,
                                                                                              monkeypatch):

@@ -97,6 +97,7 @@ class LanguageAdapterConfig:
     residual_stream: str = "fp32"  # bf16: fastpath.bf16_residual_stream under bf16 autocast
     tracking: str = "none"  # none | tensorboard | wandb
     compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place)
+    kernels: str = "eager"  # triton: fastpath.use_triton_kernels on a CUDA GPU
 
     @classmethod
     def from_config(cls, section: dict) -> "LanguageAdapterConfig":
@@ -114,6 +115,7 @@ class LanguageAdapterConfig:
             seed=section["seed"], precision=section["precision"],
             residual_stream=section.get("residual_stream", cls.residual_stream),
             tracking=section["tracking"], compile=section["compile"],
+            kernels=section["kernels"],
         )
 
     def fingerprint(self, *inputs: str | Path) -> str:
@@ -637,6 +639,8 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
     torch.manual_seed(cfg.seed)
     if cfg.compile:  # before the corpus is tokenised: a missing compiler is an input error
         fastpath.check_compilable(device, "language_adapter.compile")
+    # Triton's kernels: on a GPU without Triton, refused here (before the corpus is tokenised)
+    kernels_run = cfg.kernels == "triton" and fastpath.check_kernels(device, "language_adapter.kernels")
     limit = position_limit(base_model_dir)
     if limit is not None and cfg.seq_len > limit:  # packed sequences are seq_len tokens long, every one
         raise InputError(f"language_adapter.seq_len {cfg.seq_len}: the base model {base_model_dir} has "
@@ -664,6 +668,16 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
         if resolve_precision(device, cfg.precision) != "bf16":
             log.info("language_adapter.residual_stream: bf16 changes nothing here: %s runs without bf16 autocast",
                      device)
+    if kernels_run and cfg.compile:
+        log.info("language_adapter.kernels: triton changes nothing with language_adapter.compile: true: "
+                 "the compiled encoder runs the kernels Inductor makes for it")
+    elif kernels_run:
+        lora_layers, norms = fastpath.use_triton_kernels(model)
+        log.info("language_adapter.kernels: triton: %d LoRA layers' dropout and %d dropout + residual add + "
+                 "LayerNorm steps run as Triton kernels", lora_layers, norms)
+    elif cfg.kernels == "triton":
+        log.info("language_adapter.kernels: triton changes nothing here: the kernels run on CUDA GPUs, this job on %s",
+                 device)
     if cfg.compile:  # the encoder body; the head runs on the masked positions, a varying count
         fastpath.compile_in_place(mlm_parts(model)[0], device, "language_adapter.compile")
         log.info("the encoder is compiled (torch.compile) at its first forward of each shape and mode")

@@ -37,8 +37,10 @@ kernel), compute the same and were measured slower on an H200 (benchmarks/result
 no stage uses them; ``benchmarks/mlm_throughput.py --fused`` times them. Triton kernels
 (:mod:`modsent.training.kernels`) are the next try: :func:`fuse_lora_dropout` runs each LoRA
 layer with dropout through two, and ``fuse_residual_norms(..., kernel="triton")`` each dropout,
-residual add and LayerNorm through one each way, the dropout's mask drawn in registers; they have
-not run on a GPU yet and no stage uses them (``benchmarks/mlm_throughput.py --triton``).
+residual add and LayerNorm through one each way, the dropout's mask drawn in registers
+(:func:`use_triton_kernels`: both). They have not run on a GPU yet; the LA uses them where its
+config says ``language_adapter.kernels: triton`` (off by default), and
+``benchmarks/mlm_throughput.py --triton`` measures them.
 """
 
 from __future__ import annotations
@@ -187,8 +189,8 @@ def fuse_lora_dropout(model: nn.Module, on: bool = True) -> int:
     :func:`fuse_projections`) the layer runs the fast forward as before. Parameters, their names
     and the saved adapters are untouched.
 
-    No stage uses it yet: it has not run on a GPU. ``benchmarks/mlm_throughput.py --triton``
-    measures it beside the eager step."""
+    ``language_adapter.kernels: triton`` uses it (:func:`use_triton_kernels`; off by default: it has
+    not run on a GPU yet). ``benchmarks/mlm_throughput.py --triton`` measures it beside the eager step."""
     from peft.tuners.lora import Linear as LoraLinear
 
     changed = 0
@@ -282,6 +284,35 @@ def check_compilable(device: str | torch.device, key: str) -> None:
     if problem:
         raise InputError(f"{key}: true, but {problem}; set {key}: false")
 
+
+
+def check_kernels(device: str | torch.device, key: str) -> bool:
+    """Whether modsent's Triton kernels (:mod:`modsent.training.kernels`) run on ``device``: a
+    CUDA device with Triton, or the CPU under Triton's interpreter (the tests); False elsewhere
+    (the CPU: the eager layers run, nothing is missing). Raises :class:`modsent.io.InputError`
+    naming the config ``key`` for a CUDA device without Triton. Called before any training work."""
+    from modsent.io import InputError
+    from modsent.training import kernels
+
+    kind = torch.device(device).type
+    if kind == "cuda":
+        if not kernels.triton_available() or kernels.interpreting():
+            problem = ("this PyTorch install has no Triton" if not kernels.triton_available()
+                       else "TRITON_INTERPRET=1 runs Triton's kernels on the CPU")
+            raise InputError(f"{key}: triton, but {problem}; install PyTorch's CUDA wheels (which bring "
+                             f"Triton) or set {key}: eager")
+        return True
+    return kind == "cpu" and kernels.triton_available() and kernels.interpreting()
+
+
+def use_triton_kernels(model: nn.Module, on: bool = True) -> tuple[int, int]:
+    """Both of :mod:`modsent.training.kernels`' kernel pairs in ``model`` (after :func:`speed_up`;
+    ``on=False`` undoes it): each LoRA layer's dropout (:func:`fuse_lora_dropout`) and each
+    dropout + residual add + LayerNorm (:func:`fuse_residual_norms` with ``kernel="triton"``).
+    Returns how many of each changed. Where a kernel does not apply (evaluation, no gradients, a
+    trained norm or base layer, a compiled trace, a device without the kernels) the layer runs
+    as before; parameters and saved adapters are untouched."""
+    return fuse_lora_dropout(model, on), fuse_residual_norms(model, "cpu", "kernels", on, kernel="triton")
 
 # the attention implementation attention_outside_graph names (modsent.tokenizing treats it as "sdpa")
 OUTSIDE_GRAPH_ATTENTION = "modsent_sdpa_outside_graph"
@@ -486,8 +517,8 @@ def fuse_residual_norms(model: nn.Module, device: str | torch.device, key: str, 
     draws a Philox call, and drawn again in the backward; only the sum and each row's mean and 1/std
     kept; rounded as the eager steps round), on a GPU (or the CPU in Triton's interpreter), for a
     norm whose weight and bias are frozen, as in the LA; elsewhere the module's own ops run. No
-    compiler needed, ``device`` and ``key`` unused. Not measured on a GPU yet, and no stage uses
-    it (``benchmarks/mlm_throughput.py --triton``)."""
+    compiler needed, ``device`` and ``key`` unused. Not measured on a GPU yet; ``language_adapter.kernels:
+    triton`` uses it (:func:`use_triton_kernels`), ``benchmarks/mlm_throughput.py --triton`` measures it."""
     if kernel not in ("compiled", "triton"):
         raise ValueError(f"fuse_residual_norms: kernel {kernel!r}, expected 'compiled' or 'triton'")
     if on and kernel == "compiled":
