@@ -33,7 +33,7 @@ GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za
 
 # BENCHMARKS="name ..." runs only those (default: all, in this order); DEADLINE=SECONDS stops
 # starting benchmarks that would outlast it (each one's limit is cut to what is left).
-WANT=" ${BENCHMARKS:-triton_kernels mlm_triton tests_kernels profile_la_triton pair_throughput_triton tests mlm_fused la_graphs profile_la_fused mlm_fused_128 mlm_throughput mlm_throughput_graphs workflow mlm_throughput_outside profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_throughput_strata pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_batching_int8 translation_speed_3.3B} "
+WANT=" ${BENCHMARKS:-triton_kernels mlm_triton tests_kernels profile_la_triton pair_throughput_triton workflow_triton tests mlm_fused la_graphs profile_la_fused mlm_fused_128 mlm_throughput mlm_throughput_graphs workflow mlm_throughput_outside profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_throughput_strata pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_batching_int8 translation_speed_3.3B} "
 DEADLINE="${DEADLINE:-100000}"
 
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever happens
@@ -100,7 +100,13 @@ if [ -d .gpu-workflow ] && [ -d .whl/workflow ]; then
     left=$((DEADLINE - SECONDS)); ((left > 300)) && left=300
     stop=$((left - 50)); ((stop < 10)) && stop=10
     bench workflow 300 benchmarks/gpu_workflow.py run .gpu-workflow --wheels .whl/workflow --time-limit "$stop"
-elif [[ "$WANT" == *" workflow "* ]]; then
+    # the same with the LA's Triton kernels (language_adapter.kernels: triton, a runtime setting: the
+    # prepared jobs stay done): the stage's path to them on a GPU, and what its jobs logged of them
+    left=$((DEADLINE - SECONDS)); ((left > 300)) && left=300
+    stop=$((left - 50)); ((stop < 10)) && stop=10
+    bench workflow_triton 300 benchmarks/gpu_workflow.py run .gpu-workflow --wheels .whl/workflow \
+        --time-limit "$stop" --set language_adapter.kernels=triton
+elif [[ "$WANT" == *" workflow "* || "$WANT" == *" workflow_triton "* ]]; then
     echo "== workflow: skipped: prepare .gpu-workflow (python benchmarks/gpu_workflow.py prepare .gpu-workflow) and carry it with .whl/workflow"
 fi
 # the LA compiled with its attention kept out of the graphs (fastpath.attention_outside_graph): the

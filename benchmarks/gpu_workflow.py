@@ -24,6 +24,8 @@ rule's jobs and job-seconds, the device each GPU rule's job logged (``training o
 plans nothing, and the summary. It passes when every job succeeded, every GPU rule ran, nothing
 is left to do and, on a machine with CUDA, every GPU rule's job names a CUDA device.
 ``--time-limit`` stops Snakemake in time to report what ran (gpu.sh's block: 50 s before its own limit, 250 s at most).
+``--set section.key=VALUE`` sets a runtime setting in the run's copy of the config (gpu.sh's
+``workflow_triton`` block: ``language_adapter.kernels=triton``) and prints what the jobs logged of it.
 
 ``--wheels DIR...`` installs the wheels of each DIR into a private directory first, without their
 dependencies: ``.whl/workflow`` holds Snakemake and its dependencies, jsonschema, and modsent's
@@ -204,9 +206,30 @@ def run_snakemake(command: list[str], env: dict, output: Path, time_limit: float
     return code, stopped.is_set()
 
 
-def run(prepared: Path, cores: int, wheels: list[Path], scratch: Path, time_limit: float | None) -> int:
+def set_keys(config_path: Path, settings: list[str]) -> list[str]:
+    """Set each ``section.key=VALUE`` (VALUE read as YAML) in the config file; returns the lines
+    naming them. Meant for runtime settings (``x-role: runtime``): any other key changes the
+    prepared jobs' params, and the run stops at its check that nothing prepared would run again."""
+    config = yaml.safe_load(config_path.read_text()) or {}
+    done = []
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set {setting!r}: expected section.key=VALUE")
+        node = config
+        *parents, name = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[name] = yaml.safe_load(value)
+        done.append(f"{key}: {node[name]!r}")
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return done
+
+
+def run(prepared: Path, cores: int, wheels: list[Path], scratch: Path, time_limit: float | None,
+        settings: list[str] = ()) -> int:
     """Run the GPU part of the prepared workflow in a copy of it, check and report it; 0 when it
-    passed."""
+    passed. ``settings``: runtime settings set in the copy's config first (:func:`set_keys`)."""
     import torch
 
     env = environment(install(wheels) if wheels else None)
@@ -233,6 +256,8 @@ def run(prepared: Path, cores: int, wheels: list[Path], scratch: Path, time_limi
     print(f"CUDA: {torch.cuda.get_device_name(0) if on_gpu else 'none (the jobs run on the CPU)'}", flush=True)
     shutil.rmtree(scratch, ignore_errors=True)  # the prepared directory stays as it was: a run can be repeated
     shutil.copytree(prepared, scratch, symlinks=True)
+    if settings:
+        print("set in the run's config: " + ", ".join(set_keys(scratch / "workflow.yaml", list(settings))), flush=True)
     rules = gpu_rules(scratch, env)
     # the prepared outputs up to date in the copy, whatever order of times the copy gave them
     omit = ["--omit-from", *rules]
@@ -279,6 +304,11 @@ def run(prepared: Path, cores: int, wheels: list[Path], scratch: Path, time_limi
     if not settled:
         print((again.stdout + again.stderr)[-3000:])
     unmeasured = stage_efficiency(scratch, on_gpu)
+    for setting in settings:  # what the jobs logged of each setting (e.g. how many layers the kernels took)
+        key = setting.partition("=")[0]
+        lines = sorted({line.split(": ", 1)[-1].strip() for path in (scratch / "logs").rglob("*.log")
+                        for line in path.read_text(errors="replace").splitlines() if key in line})
+        print(f"{key} in the jobs' logs: " + ("; ".join(lines[:5]) if lines else "never named"))
     summaries = sorted((scratch / "results").glob("*/summary.md"))
     for summary in summaries:
         print(f"== {summary.relative_to(scratch)}\n{summary.read_text()}")
@@ -326,11 +356,15 @@ def main(argv=None) -> int:
                         help="run: where the prepared directory is copied and run")
     parser.add_argument("--time-limit", type=float, default=None,
                         help="run: seconds after which Snakemake is stopped and what ran is reported")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="run: a runtime setting for the run's config (repeatable), e.g. "
+                             "language_adapter.kernels=triton")
     args = parser.parse_args(argv)
     if args.step == "prepare":
         prepare(args.workdir.resolve(), args.cores or 2)
         return 0
-    return run(args.workdir.resolve(), args.cores or 16, args.wheels, args.scratch.resolve(), args.time_limit)
+    return run(args.workdir.resolve(), args.cores or 16, args.wheels, args.scratch.resolve(), args.time_limit,
+               args.settings)
 
 
 if __name__ == "__main__":

@@ -472,7 +472,7 @@ RUNTIME_CHANGES = {
     "alignment.checkpoint_every": 5, "baselines.log_every": 3, "baselines.checkpoint_every": 5,
     "baselines.gpus": 2, "tracking": {"report_to": "tensorboard"},
     "language_adapter.compile": True, "sentence_adapter.compile": True, "alignment.compile": True,
-    "baselines.compile": True,
+    "baselines.compile": True, "language_adapter.kernels": "triton",
 }
 
 
@@ -504,6 +504,20 @@ def test_changing_how_jobs_run_retrains_nothing(run, tmp_path):
     assert {"sentence_adapter", "alignment_adapter", "evaluation_embeddings"} <= planned
     assert not {"language_adapter", "tokenizer", "full_baseline", "corpus"} & planned
 
+
+
+def test_the_gpu_workflow_sets_runtime_keys_in_its_copy_of_the_config(tmp_path):
+    """benchmarks/gpu_workflow.py run --set section.key=VALUE (gpu.sh's workflow_triton block):
+    the value read as YAML, nested keys created, the rest of the config kept; a malformed one refused."""
+    path = tmp_path / "workflow.yaml"
+    path.write_text(yaml.safe_dump({"languages": ["de"], "language_adapter": {"steps": 2}}))
+    done = GPU_WORKFLOW.set_keys(path, ["language_adapter.kernels=triton", "sentence_adapter.compile=true"])
+    assert done == ["language_adapter.kernels: 'triton'", "sentence_adapter.compile: True"]
+    assert yaml.safe_load(path.read_text()) == {"languages": ["de"],
+                                                "language_adapter": {"steps": 2, "kernels": "triton"},
+                                                "sentence_adapter": {"compile": True}}
+    with pytest.raises(SystemExit, match="expected section.key=VALUE"):
+        GPU_WORKFLOW.set_keys(path, ["language_adapter.kernels"])
 
 # the rules that read the user's inputs (priority 5) and the trainings they must all precede
 INPUT_RULES = {"base_model", "corpus", "paraphrase_source", "provided_translations", "evaluation_subset"}
