@@ -285,7 +285,6 @@ def check_compilable(device: str | torch.device, key: str) -> None:
         raise InputError(f"{key}: true, but {problem}; set {key}: false")
 
 
-
 def check_kernels(device: str | torch.device, key: str) -> bool:
     """Whether modsent's Triton kernels (:mod:`modsent.training.kernels`) run on ``device``: a
     CUDA device with Triton, or the CPU under Triton's interpreter (the tests); False elsewhere
@@ -313,6 +312,7 @@ def use_triton_kernels(model: nn.Module, on: bool = True) -> tuple[int, int]:
     trained norm or base layer, a compiled trace, a device without the kernels) the layer runs
     as before; parameters and saved adapters are untouched."""
     return fuse_lora_dropout(model, on), fuse_residual_norms(model, "cpu", "kernels", on, kernel="triton")
+
 
 # the attention implementation attention_outside_graph names (modsent.tokenizing treats it as "sdpa")
 OUTSIDE_GRAPH_ATTENTION = "modsent_sdpa_outside_graph"
