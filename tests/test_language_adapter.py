@@ -480,7 +480,6 @@ def test_compile_without_a_compiler_is_refused_before_training(inputs, tmp_path,
                                   tmp_path / "de", cfg, device="cpu", progress=False)
 
 
-
 def _kernel_settings():
     cfg = la.LanguageAdapterConfig(**{**CFG.__dict__, "steps": 3, "head_warmup_steps": 0, "eval_sentences": 0,
                                       "log_every": 1})
@@ -595,6 +594,7 @@ def test_with_triton_kernels_every_training_step_runs_through_them_and_trains_th
     losses = [logged_losses(tmp_path / run) for run in ("eager", "triton")]
     assert len(losses[1]) == 3 and all(math.isfinite(x) for x in losses[1])
     assert losses[1] == pytest.approx(losses[0], rel=0.01)
+
 
 def test_a_bf16_residual_stream_is_its_own_setting_and_changes_nothing_without_bf16_autocast(inputs, tmp_path,
                                                                                              monkeypatch):

@@ -505,7 +505,6 @@ def test_changing_how_jobs_run_retrains_nothing(run, tmp_path):
     assert not {"language_adapter", "tokenizer", "full_baseline", "corpus"} & planned
 
 
-
 def test_the_gpu_workflow_sets_runtime_keys_in_its_copy_of_the_config(tmp_path):
     """benchmarks/gpu_workflow.py run --set section.key=VALUE (gpu.sh's workflow_triton block):
     the value read as YAML, nested keys created, the rest of the config kept; a malformed one refused."""
@@ -518,6 +517,7 @@ def test_the_gpu_workflow_sets_runtime_keys_in_its_copy_of_the_config(tmp_path):
                                                 "sentence_adapter": {"compile": True}}
     with pytest.raises(SystemExit, match="expected section.key=VALUE"):
         GPU_WORKFLOW.set_keys(path, ["language_adapter.kernels"])
+
 
 # the rules that read the user's inputs (priority 5) and the trainings they must all precede
 INPUT_RULES = {"base_model", "corpus", "paraphrase_source", "provided_translations", "evaluation_subset"}
