@@ -131,7 +131,7 @@ def main() -> None:
             os.environ.setdefault("TRITON_INTERPRET", "1")  # the CPU: Triton's interpreter, before Triton is imported
         from modsent.training import kernels
 
-        if not kernels.supported(torch.empty(0, device=args.device)):
+        if not kernels.runs_on(args.device):
             parser.error(f"--triton: Triton's kernels cannot run on {args.device} here (Triton installed? on the "
                          f"CPU, TRITON_INTERPRET=1 before Triton is imported)")
     model, vocab = build(args)

@@ -639,6 +639,5 @@ def test_a_bf16_residual_stream_is_its_own_setting_and_changes_nothing_without_b
     la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"], tmp_path / "bf16",
                               low, progress=False, device="cpu")
     assert len(changed) == 1 and changed[0] >= 2 * 2 + 1  # two per layer, the embeddings', the head's
-    a = {k: v for f in sorted((tmp_path / "fp32").rglob("*.safetensors")) for k, v in load_file(str(f)).items()}
-    b = {k: v for f in sorted((tmp_path / "bf16").rglob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    a, b = _saved(tmp_path / "fp32"), _saved(tmp_path / "bf16")
     assert a.keys() == b.keys() and a and all(torch.equal(a[k], b[k]) for k in a)

@@ -293,15 +293,13 @@ def check_kernels(device: str | torch.device, key: str) -> bool:
     from modsent.io import InputError
     from modsent.training import kernels
 
-    kind = torch.device(device).type
-    if kind == "cuda":
-        if not kernels.triton_available() or kernels.interpreting():
-            problem = ("this PyTorch install has no Triton" if not kernels.triton_available()
-                       else "TRITON_INTERPRET=1 runs Triton's kernels on the CPU")
-            raise InputError(f"{key}: triton, but {problem}; install PyTorch's CUDA wheels (which bring "
-                             f"Triton) or set {key}: eager")
-        return True
-    return kind == "cpu" and kernels.triton_available() and kernels.interpreting()
+    runs = kernels.runs_on(device)
+    if not runs and torch.device(device).type == "cuda":
+        problem = ("this PyTorch install has no Triton" if not kernels.triton_available()
+                   else "TRITON_INTERPRET=1 runs Triton's kernels on the CPU")
+        raise InputError(f"{key}: triton, but {problem}; install PyTorch's CUDA wheels (which bring "
+                         f"Triton) or set {key}: eager")
+    return runs
 
 
 def use_triton_kernels(model: nn.Module, on: bool = True) -> tuple[int, int]:

@@ -83,14 +83,20 @@ def triton_available() -> bool:
     return True
 
 
-def supported(x: torch.Tensor) -> bool:
-    """Whether the kernels can run on ``x``'s device: a CUDA tensor with Triton installed, or a
-    CPU tensor under Triton's interpreter."""
+def runs_on(device: str | torch.device) -> bool:
+    """Whether the kernels can run on ``device``: CUDA with Triton installed, or the CPU under
+    Triton's interpreter."""
     if not triton_available():
         return False
-    if x.is_cuda:
+    kind = torch.device(device).type
+    if kind == "cuda":
         return not interpreting()
-    return x.device.type == "cpu" and interpreting()
+    return kind == "cpu" and interpreting()
+
+
+def supported(x: torch.Tensor) -> bool:
+    """Whether the kernels can run on ``x``'s device (:func:`runs_on`)."""
+    return runs_on(x.device)
 
 
 def _kernels():
