@@ -96,16 +96,18 @@ bench mlm_throughput_graphs 150 -X faulthandler benchmarks/mlm_throughput.py --l
 # prepared beforehand (python benchmarks/gpu_workflow.py prepare .gpu-workflow, carried with the wheels of
 # .whl/workflow: Snakemake and modsent's pinned transformers stack, which the GPU image lacks); Snakemake
 # is stopped in time for the script to report what ran
-if [ -d .gpu-workflow ] && [ -d .whl/workflow ]; then
+workflow_block() {  # workflow_block NAME ARGS...: a run of at most 300 s, Snakemake stopped 50 s before its end
+    local name="$1" left stop
+    shift
     left=$((DEADLINE - SECONDS)); ((left > 300)) && left=300
     stop=$((left - 50)); ((stop < 10)) && stop=10
-    bench workflow 300 benchmarks/gpu_workflow.py run .gpu-workflow --wheels .whl/workflow --time-limit "$stop"
+    bench "$name" 300 benchmarks/gpu_workflow.py run .gpu-workflow --wheels .whl/workflow --time-limit "$stop" "$@"
+}
+if [ -d .gpu-workflow ] && [ -d .whl/workflow ]; then
+    workflow_block workflow
     # the same with the LA's Triton kernels (language_adapter.kernels: triton, a runtime setting: the
     # prepared jobs stay done): the stage's path to them on a GPU, and what its jobs logged of them
-    left=$((DEADLINE - SECONDS)); ((left > 300)) && left=300
-    stop=$((left - 50)); ((stop < 10)) && stop=10
-    bench workflow_triton 300 benchmarks/gpu_workflow.py run .gpu-workflow --wheels .whl/workflow \
-        --time-limit "$stop" --set language_adapter.kernels=triton
+    workflow_block workflow_triton --set language_adapter.kernels=triton
 elif [[ "$WANT" == *" workflow "* || "$WANT" == *" workflow_triton "* ]]; then
     echo "== workflow: skipped: prepare .gpu-workflow (python benchmarks/gpu_workflow.py prepare .gpu-workflow) and carry it with .whl/workflow"
 fi
