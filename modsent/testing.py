@@ -160,6 +160,74 @@ def make_random_m2m100(out_dir: str | os.PathLike, texts: Sequence[str], *, voca
                         seed=seed, dtype=dtype)
 
 
+# The encoders of the released mT5 checkpoints (config.json on the Hub: d_model, d_kv, d_ff,
+# layers, heads, relative-position buckets and their distance; every size has 250,112 pieces and
+# gated-GELU), for random stand-ins of the same
+# shape; m-ST5 uses the encoder alone (google/mt5-xxl is the paper's).
+MT5_SIZES = {
+    "small": dict(d_model=512, d_kv=64, d_ff=1024, layers=8, heads=6, buckets=32, max_distance=128),
+    "base": dict(d_model=768, d_kv=64, d_ff=2048, layers=12, heads=12, buckets=32, max_distance=128),
+    "large": dict(d_model=1024, d_kv=64, d_ff=2816, layers=24, heads=16, buckets=32, max_distance=128),
+    "xl": dict(d_model=2048, d_kv=64, d_ff=5120, layers=24, heads=32, buckets=32, max_distance=128),
+    "xxl": dict(d_model=4096, d_kv=64, d_ff=10240, layers=24, heads=64, buckets=32, max_distance=128),
+}
+MT5_VOCAB = 250_112
+
+
+def make_random_mt5(out_dir: str | os.PathLike, texts: Sequence[str], *, vocab_size: int = 600,
+                    model_vocab_size: int | None = None, d_model: int = 32, d_kv: int = 8, d_ff: int = 64,
+                    layers: int = 2, heads: int = 4, buckets: int = 8, max_distance: int = 32,
+                    encoder_only: bool = False, dtype: str = "float32", device: str = "cpu", seed: int = 0) -> Path:
+    """A random mT5 checkpoint of the released models' kind in ``out_dir``: gated-GELU, an untied
+    head, and a sentencepiece Unigram tokenizer with mT5's ids (<pad> 0, </s> 1, <unk> 2;
+    "$A </s>") learnt from ``texts``. The whole encoder-decoder (``MT5ForConditionalGeneration``,
+    one decoder layer), or with ``encoder_only`` the encoder alone (``MT5EncoderModel``: what
+    m-ST5 loads of it, without a decoder to build and save at the large sizes).
+
+    ``model_vocab_size`` pads the embedding to a real model's (:data:`MT5_VOCAB`; the sizes of
+    :data:`MT5_SIZES`) for speed and memory measurements; ``device`` builds the weights there
+    (a GPU draws an XXL's 5.6B weights in seconds; the CPU's draws are the deterministic ones:
+    the same arguments give the same weights). Outputs are noise."""
+    import torch
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import MT5Config, MT5EncoderModel, MT5ForConditionalGeneration
+
+    from modsent.training.seeding import private_cpu_stream
+
+    proto = _sentencepiece(texts, model_type="unigram", vocab_size=vocab_size, normalization_rule_name="nmt_nfkc",
+                           pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+    vocab = [(p.piece, 0.0 if p.type != p.NORMAL else p.score) for p in proto.pieces]
+    tok = Tokenizer(models.Unigram(vocab, unk_id=2, byte_fallback=False))
+    tok.normalizer = normalizers.Sequence([normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap),
+                                           normalizers.Replace(Regex(" {2,}"), " ")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                       special_tokens=[("</s>", 1)])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<pad>", "</s>", "<unk>")])
+    config = MT5Config(vocab_size=max(tok.get_vocab_size(), model_vocab_size or 0), d_model=d_model, d_kv=d_kv,
+                       d_ff=d_ff, num_layers=layers, num_decoder_layers=1, num_heads=heads,
+                       relative_attention_num_buckets=buckets, relative_attention_max_distance=max_distance,
+                       dropout_rate=0.1,
+                       feed_forward_proj="gated-gelu", tie_word_embeddings=False, pad_token_id=0, eos_token_id=1,
+                       decoder_start_token_id=0)
+    model_class = MT5EncoderModel if encoder_only else MT5ForConditionalGeneration
+    previous = torch.get_default_dtype()
+    with atomic_path(out_dir, directory=True) as tmp, private_cpu_stream(seed), torch.device(device):
+        torch.set_default_dtype(getattr(torch, dtype))
+        try:
+            model = model_class(config)
+        finally:
+            torch.set_default_dtype(previous)
+        model.save_pretrained(tmp)
+        del model
+        tok.save(str(tmp / "tokenizer.json"))
+        (tmp / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<pad>", "eos_token": "</s>",
+             "unk_token": "<unk>"}))
+    return Path(out_dir)
+
+
 # ---- pairs for batching tests and benchmarks -----------------------------------------------
 
 

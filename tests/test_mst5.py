@@ -1,7 +1,6 @@
 """m-ST5 (modsent.methods.mst5): the triplet loss, the triplet builder, training a tiny random
 mT5 encoder and a tiny encoder-only base, the saved sentence-transformers directory, resumption."""
 
-import json
 import math
 
 import numpy as np
@@ -14,9 +13,8 @@ from modsent import losses, methods
 from modsent.encoders import transformer as tf
 from modsent.io import InputError
 from modsent.methods.mst5 import training as mt
-from modsent.testing import _sentencepiece, make_tiny_bert, sample_texts
+from modsent.testing import make_random_mt5 as make_tiny_mt5, make_tiny_bert, sample_texts
 from modsent.training import efficiency
-from modsent.training.seeding import private_cpu_stream
 from tiny_modules import (assert_grouped_batches, assert_stored_in_half, counted_training_passes, pairs_in,
                           recorded_training_data, tiny_base_and_data)
 
@@ -25,38 +23,6 @@ LANGS = ["en", "de", "ky"]
 SETTINGS = {"batch_size": 8, "max_steps": 3, "eval_pairs": 10, "learning_rate": 5e-3, "datasets": None,
             "log_every": 1, "seq_len": 32}
 TEXTS = ["Hallo Welt", "Guten Morgen, wie geht es dir?", "Салам дүйнө", "A short English sentence."]
-
-
-def make_tiny_mt5(out_dir, texts, *, vocab_size=600, seed=0):
-    """A tiny random mT5 checkpoint of the released models' kind: the whole encoder-decoder
-    (MT5ForConditionalGeneration, gated-GELU, untied head) and a sentencepiece Unigram
-    tokenizer with mT5's ids (<pad> 0, </s> 1, <unk> 2; "$A </s>") learnt from ``texts``."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from transformers import MT5Config, MT5ForConditionalGeneration
-
-    proto = _sentencepiece(texts, model_type="unigram", vocab_size=vocab_size, normalization_rule_name="nmt_nfkc",
-                           pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
-    vocab = [(p.piece, 0.0 if p.type != p.NORMAL else p.score) for p in proto.pieces]
-    tok = Tokenizer(models.Unigram(vocab, unk_id=2, byte_fallback=False))
-    tok.normalizer = normalizers.Sequence([normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap),
-                                           normalizers.Replace(Regex(" {2,}"), " ")])
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
-                                                       special_tokens=[("</s>", 1)])
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<pad>", "</s>", "<unk>")])
-    config = MT5Config(vocab_size=tok.get_vocab_size(), d_model=32, d_kv=8, d_ff=64, num_layers=2,
-                       num_decoder_layers=1, num_heads=4, relative_attention_num_buckets=8,
-                       relative_attention_max_distance=32, dropout_rate=0.1, feed_forward_proj="gated-gelu",
-                       tie_word_embeddings=False, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
-    with private_cpu_stream(seed):
-        model = MT5ForConditionalGeneration(config)
-    out_dir.mkdir(parents=True)
-    model.save_pretrained(out_dir)
-    tok.save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}))
-    return out_dir
 
 
 @pytest.fixture(scope="module")
