@@ -33,7 +33,7 @@ GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za
 
 # BENCHMARKS="name ..." runs only those (default: all, in this order); DEADLINE=SECONDS stops
 # starting benchmarks that would outlast it (each one's limit is cut to what is left).
-WANT=" ${BENCHMARKS:-triton_kernels mlm_triton tests_kernels profile_la_triton pair_throughput_triton workflow_triton tests mlm_fused la_graphs profile_la_fused mlm_fused_128 mlm_throughput mlm_throughput_graphs workflow mlm_throughput_outside profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_throughput_strata pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_batching_int8 translation_speed_3.3B} "
+WANT=" ${BENCHMARKS:-triton_kernels mlm_triton tests_kernels profile_la_triton pair_throughput_triton workflow_triton recipe_throughput recipe_throughput_xxl tests mlm_fused la_graphs profile_la_fused mlm_fused_128 mlm_throughput mlm_throughput_graphs workflow mlm_throughput_outside profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_throughput_strata pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_batching_int8 translation_speed_3.3B} "
 DEADLINE="${DEADLINE:-100000}"
 
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever happens
@@ -67,6 +67,15 @@ bench profile_la_triton 120 -m benchmarks.profile_steps --device cuda --steps 5 
 bench pair_throughput_triton 150 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
     --batch-size 128 --steps 40 --warmup 10 --stages SE --rounds 3 --triton --only "bf16, random, fast" \
     "bf16, Triton"
+# the recipes' training steps, each through its own run_training (never measured on a GPU): m-ST5 on a random
+# mt5-large encoder, DuEAM (every weight) and InteMATs-ST (serial adapters) on a random XLM-R base; fp32 beside
+# bf16 autocast and length_groups 4; pairs/s, MFU, peak memory, padding
+bench recipe_throughput 240 benchmarks/recipe_throughput.py --device cuda --size paper --steps 10 --warmup 3 \
+    --length-groups 4
+# m-ST5 on the paper's mt5-xxl encoder (5.7B, frozen in bf16, gradient checkpointing: configs/mst5.yaml), 128
+# triplets a step: its speed, and the peak memory that config estimates at ~50 GB (not yet measured)
+bench recipe_throughput_xxl 300 benchmarks/recipe_throughput.py --device cuda --size paper --mst5 xxl \
+    --checkpointing --recipes mST5-xnli --variants auto --steps 5 --warmup 2
 # the fast path's, mixed precision's and the no-wait steps' tests on this GPU (their CUDA cases run only where there is one)
 bench tests 150 -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_kernels.py tests/test_optim.py tests/test_precision.py tests/test_tokenizing.py \
     tests/test_training_loop.py tests/test_mexma.py -k "not two_processes and not workflow"
