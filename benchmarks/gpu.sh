@@ -67,10 +67,10 @@ bench profile_la_triton 120 -m benchmarks.profile_steps --device cuda --steps 5 
 bench pair_throughput_triton 150 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
     --batch-size 128 --steps 40 --warmup 10 --stages SE --rounds 3 --triton --only "bf16, random, fast" \
     "bf16, Triton"
-# the recipes' training steps, each through its own run_training (never measured on a GPU): m-ST5 on a random
-# mt5-large encoder, DuEAM (every weight) and InteMATs-ST (serial adapters) on a random XLM-R base; fp32 beside
-# bf16 autocast and length_groups 4; pairs/s, MFU, peak memory, padding
-bench recipe_throughput 240 benchmarks/recipe_throughput.py --device cuda --size paper --steps 10 --warmup 3 \
+# the recipes' and the full baselines' training steps, each through its own run_training (never measured on a
+# GPU): m-ST5 on a random mt5-large encoder, DuEAM (every weight) and InteMATs-ST (serial adapters) on a random
+# XLM-R base, Full_c on a random LaBSE; fp32 beside bf16 autocast and length_groups 4; pairs/s, MFU, memory, padding
+bench recipe_throughput 300 benchmarks/recipe_throughput.py --device cuda --size paper --steps 10 --warmup 3 \
     --length-groups 4
 # m-ST5 on the paper's mt5-xxl encoder (5.7B, frozen in bf16, gradient checkpointing: configs/mst5.yaml), 128
 # triplets a step: its speed, and the peak memory that config estimates at ~50 GB (not yet measured)

@@ -1,5 +1,6 @@
-"""The recipes' training throughput (pairs/s, MFU, peak memory, padding), each through its own
-``run_training``, in fp32 and in modsent's mixed precision side by side.
+"""The recipes' and the full baselines' training throughput (pairs/s, MFU, peak memory,
+padding), each through its own ``run_training``, in fp32 and in modsent's mixed precision side
+by side.
 
     python benchmarks/recipe_throughput.py                                  # small random models, CPU
     python benchmarks/recipe_throughput.py --device cuda --size paper --mst5 xxl
@@ -23,7 +24,11 @@ named):
   lower bound, the distance of the two texts' mass-weighted mean token vectors: the targets'
   values do not change a step's work);
 - ``InteMATs-ST``: a frozen random XLM-R base with MATs-ST's serial adapters, InfoNCE over 8
-  pairs a micro-batch, 2 micro-batches a step (texts up to 384 tokens).
+  pairs a micro-batch, 2 micro-batches a step (texts up to 384 tokens);
+- ``Full_c``, the full baselines' step (:func:`modsent.methods.baselines.run_full_training`):
+  every weight of a random LaBSE-sized BERT (12 x 768 and LaBSE's 501,153-piece embedding, which
+  AdamW updates every step), MNRL over 128 cross-lingual pairs with their hard negatives (every
+  pair here has one; the paper's English data about a third).
 
 Variants: ``fp32`` (``precision: fp32``: no autocast, the recipes' only unoptimised switch, and
 m-ST5's frozen weights in float32; the fast path's frozen-weight forwards and fused AdamW stay)
@@ -59,9 +64,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-RECIPES = ("mST5-xnli", "DuEAM-weak", "InteMATs-ST")
+RECIPES = ("mST5-xnli", "DuEAM-weak", "InteMATs-ST", "Full_c")
 XLMR_BASE = dict(hidden=768, layers=12, heads=12, intermediate=3072)
 XLMR_VOCAB = 250_002
+LABSE_VOCAB = 501_153
 SMALL_XLMR = dict(hidden=64, layers=2, heads=4, intermediate=256)
 SMALL_MT5 = dict(d_model=64, d_kv=16, d_ff=128, layers=2, heads=4)
 TOKENIZER_PIECES = 8000  # learnt from the sample texts: about a real tokenizer's pieces per English word
@@ -85,18 +91,20 @@ def pair_files(root: Path, languages=("en", "de")) -> dict[str, Path]:
     return paths
 
 
-def random_xlmr(out: Path, size: str, device: str) -> Path:
-    """A random XLM-R of ``size`` (paper: XLM-R base with its 250,002-piece embedding) as a
-    sentence-transformers directory with mean pooling, its tokenizer learnt from the sample texts."""
+def random_encoder(out: Path, kind: str, size: str) -> Path:
+    """A random XLM-R (``kind`` "xlmr"; paper: XLM-R base with its 250,002-piece embedding) or
+    BERT ("bert"; paper: LaBSE's shape and 501,153 pieces) as a sentence-transformers directory
+    with mean pooling, its tokenizer learnt from the sample texts."""
     import transformers
 
-    from modsent.testing import make_tiny_xlmr, sample_texts
+    from modsent.testing import make_tiny_bert, make_tiny_xlmr, sample_texts
 
-    shape = XLMR_BASE if size == "paper" else SMALL_XLMR
-    make_tiny_xlmr(out, sample_texts(1200), vocab_size=TOKENIZER_PIECES, max_seq_length=512, **shape)
-    if size == "paper":  # the embedding of the real vocabulary: its gradient and AdamW state are DuEAM's largest
+    make = make_tiny_xlmr if kind == "xlmr" else make_tiny_bert
+    make(out, sample_texts(1200), vocab_size=TOKENIZER_PIECES, max_seq_length=512,
+         **(XLMR_BASE if size == "paper" else SMALL_XLMR))
+    if size == "paper":  # the real vocabulary's embedding: trained by DuEAM and the full baselines, with AdamW's state
         model = transformers.AutoModelForMaskedLM.from_pretrained(out)
-        model.resize_token_embeddings(XLMR_VOCAB, mean_resizing=False)
+        model.resize_token_embeddings(XLMR_VOCAB if kind == "xlmr" else LABSE_VOCAB, mean_resizing=False)
         model.save_pretrained(out)
     return out
 
@@ -111,8 +119,10 @@ def random_mt5(out: Path, size: str, mst5: str, device: str) -> Path:
 
 
 def settings_of(recipe: str, source: Path, args, precision: str, length_groups: int) -> dict:
-    settings = {"model": str(source), "max_steps": args.warmup + args.steps, "eval_pairs": 16, "datasets": None,
-                "precision": precision, "length_groups": length_groups, "log_every": 1000}
+    settings = {"max_steps": args.warmup + args.steps, "eval_pairs": 16, "precision": precision,
+                "length_groups": length_groups, "log_every": 1000}
+    if not recipe.startswith("Full"):  # a method's settings: its model and paraphrase datasets
+        settings.update(model=str(source), datasets=None)
     if recipe.startswith("mST5"):  # fp32: the frozen weights too; else as configs/mst5.yaml keeps mt5-xxl's
         settings.update(dtype="bfloat16" if args.size == "paper" and precision != "fp32" else "float32",
                         gradient_checkpointing=args.checkpointing)
@@ -181,11 +191,17 @@ def _run(recipe: str, inputs: dict, settings: dict, device: str, on_step):
 
         cfg = DuEAMConfig.from_settings(recipe, settings)
         result = module.run_training(recipe, inputs, cfg, device=device, progress=False, on_step=on_step)
-    else:
+    elif recipe.startswith("InteMATs"):
         from modsent.methods.intemats import training as module
 
         cfg = module.InteMATsConfig.from_settings(recipe, settings)
         result = module.run_training(recipe, inputs, cfg, device=device, progress=False, on_step=on_step)
+    else:
+        from modsent.methods import baselines
+
+        cfg = baselines.FullTrainingConfig.from_config(settings)
+        result = baselines.run_full_training(recipe, inputs["base"], inputs["pairs"], cfg, device=device,
+                                             progress=False, on_step=on_step)
     return result.metrics, cfg
 
 
@@ -255,11 +271,11 @@ def main(argv=None) -> None:
         pairs = pair_files(root)
         bases = {}
         for recipe in args.recipes:
-            kind = "mt5" if recipe.startswith("mST5") else "xlmr"
+            kind = "mt5" if recipe.startswith("mST5") else "bert" if recipe.startswith("Full") else "xlmr"
             if kind not in bases:
                 started = time.perf_counter()
                 bases[kind] = (random_mt5(root / "mt5", args.size, args.mst5, args.device) if kind == "mt5"
-                               else random_xlmr(root / "xlmr", args.size, args.device))
+                               else random_encoder(root / kind, kind, args.size))
                 print(f"{kind}: built and saved in {time.perf_counter() - started:.0f} s")
                 if cuda:  # the weights built on the GPU (m-ST5) are freed: each run loads its own
                     torch.cuda.empty_cache()
