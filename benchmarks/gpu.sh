@@ -70,11 +70,25 @@ bench pair_throughput_triton 150 benchmarks/pair_throughput.py --labse-random --
 # the recipes' and the full baselines' training steps, each through its own run_training (never measured on a
 # GPU): m-ST5 on a random mt5-large encoder, DuEAM (every weight) and InteMATs-ST (serial adapters) on a random
 # XLM-R base, Full_c on a random LaBSE; fp32 beside bf16 autocast and length_groups 4; pairs/s, MFU, memory, padding
-bench recipe_throughput 300 benchmarks/recipe_throughput.py --device cuda --size paper --steps 10 --warmup 3 \
+recipe_block() {  # recipe_block NAME SECONDS ARGS...: bench with modsent's pinned stack (.whl/workflow) first on the
+    # path: the recipes load their models through modsent's transformers and sentence-transformers, as their jobs do
+    [[ "$WANT" == *" $1 "* ]] || return 0
+    local saved="$PYTHONPATH"
+    if [ -d .whl/workflow ] && { [ -d /tmp/site-pinned ] || { rm -rf /tmp/site-pinned.part && "$PY" -m pip install -q \
+            --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-pinned.part .whl/workflow/*.whl \
+            && mv /tmp/site-pinned.part /tmp/site-pinned; }; }; then
+        export PYTHONPATH="$PWD:/tmp/site-pinned:${PYTHONPATH#"$PWD:"}"
+    else
+        echo "== $1: no .whl/workflow carried: with the image's transformers stack"
+    fi
+    bench "$@"
+    export PYTHONPATH="$saved"
+}
+recipe_block recipe_throughput 300 benchmarks/recipe_throughput.py --device cuda --size paper --steps 10 --warmup 3 \
     --length-groups 4
 # m-ST5 on the paper's mt5-xxl encoder (5.7B, frozen in bf16, gradient checkpointing: configs/mst5.yaml), 128
 # triplets a step: its speed, and the peak memory that config estimates at ~50 GB (not yet measured)
-bench recipe_throughput_xxl 300 benchmarks/recipe_throughput.py --device cuda --size paper --mst5 xxl \
+recipe_block recipe_throughput_xxl 300 benchmarks/recipe_throughput.py --device cuda --size paper --mst5 xxl \
     --checkpointing --recipes mST5-xnli --variants auto --steps 5 --warmup 2
 # the fast path's, mixed precision's and the no-wait steps' tests on this GPU (their CUDA cases run only where there is one)
 bench tests 150 -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_kernels.py tests/test_optim.py tests/test_precision.py tests/test_tokenizing.py \
