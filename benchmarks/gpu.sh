@@ -73,23 +73,27 @@ bench pair_throughput_triton 150 benchmarks/pair_throughput.py --labse-random --
 recipe_block() {  # recipe_block NAME SECONDS ARGS...: bench with modsent's pinned stack (.whl/workflow) first on the
     # path: the recipes load their models through modsent's transformers and sentence-transformers, as their jobs do
     [[ "$WANT" == *" $1 "* ]] || return 0
-    local saved="$PYTHONPATH"
-    if [ -d .whl/workflow ] && { [ -d /tmp/site-pinned ] || { rm -rf /tmp/site-pinned.part && "$PY" -m pip install -q \
-            --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-pinned.part .whl/workflow/*.whl \
-            && mv /tmp/site-pinned.part /tmp/site-pinned; }; }; then
-        export PYTHONPATH="$PWD:/tmp/site-pinned:${PYTHONPATH#"$PWD:"}"
-    else
-        echo "== $1: no .whl/workflow carried: with the image's transformers stack"
+    if [ ! -d .whl/workflow ]; then
+        echo "== $1: skipped: carry .whl with its workflow wheels (bash benchmarks/gpu_wheels.sh)"; return 0
     fi
+    if [ ! -d /tmp/site-pinned ]; then
+        rm -rf /tmp/site-pinned.part
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-pinned.part \
+            .whl/workflow/*.whl && mv /tmp/site-pinned.part /tmp/site-pinned \
+            || { echo "== $1: skipped: pip could not install .whl/workflow"; return 0; }
+    fi
+    local saved="$PYTHONPATH"
+    export PYTHONPATH="$PWD:/tmp/site-pinned:${PYTHONPATH#"$PWD:"}"
     bench "$@"
     export PYTHONPATH="$saved"
 }
 recipe_block recipe_throughput 300 benchmarks/recipe_throughput.py --device cuda --size paper --steps 10 --warmup 3 \
     --length-groups 4
 # m-ST5 on the paper's mt5-xxl encoder (5.7B, frozen in bf16, gradient checkpointing: configs/mst5.yaml), 128
-# triplets a step: its speed, and the peak memory that config estimates at ~50 GB (not yet measured)
+# triplets a step: its speed at NLI-like lengths, and with texts of 6 sentences (near the 128-token limit) the
+# peak memory that config estimates for the worst case at ~50 GB (not yet measured)
 recipe_block recipe_throughput_xxl 300 benchmarks/recipe_throughput.py --device cuda --size paper --mst5 xxl \
-    --checkpointing --recipes mST5-xnli --variants auto --steps 5 --warmup 2
+    --checkpointing --recipes mST5-xnli --variants auto --steps 5 --warmup 2 --join 1 6
 # the fast path's, mixed precision's and the no-wait steps' tests on this GPU (their CUDA cases run only where there is one)
 bench tests 150 -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_kernels.py tests/test_optim.py tests/test_precision.py tests/test_tokenizing.py \
     tests/test_training_loop.py tests/test_mexma.py -k "not two_processes and not workflow"

@@ -43,22 +43,33 @@ and, shifted by a third of the list, as a second language's file with the same p
 every text has a real length and no pair is two identical texts. The losses mean nothing;
 the shapes, and so the time and memory, are those of English training data of those lengths.
 
-Printed per recipe and variant: pairs a second over the timed steps, counting the pairs each
-step gave its training log (triplets for m-ST5, both micro-batches' pairs for InteMATs; batches
-grouped by length are not all full: a group's leftovers make a smaller batch), the pairs of a
-timed step on average, model TFLOP/s and MFU (the FLOPs the recipe records for its run, the
-run's mean step times the timed steps; against ``--peak-tflops``, else the GPU's own peak), the
-GPU's peak memory, the share of padding in the encoded positions and the ratio against ``fp32``.
+With ``--join N ...`` each text is N consecutive sentences (6: about 115 tokens, near the
+recipes' 128-token limit: the worst case of memory that ``configs/mst5.yaml`` estimates for
+mt5-xxl, where the default texts, 5-40 words, are typical NLI lengths).
+
+Printed per recipe and variant, as each run ends and again in one table: pairs a second over the
+timed steps, counting the pairs each step gave its training log (triplets for m-ST5, both
+micro-batches' pairs for InteMATs; batches grouped by length are not all full: a group's
+leftovers make a smaller batch), the pairs of a timed step on average, model TFLOP/s and MFU
+(the FLOPs the recipe records for its run, by its convention, 6N per token plus attention, times
+the timed steps' share of them, from the tokens those steps counted; m-ST5's and InteMATs-ST's
+frozen bodies do about two thirds of that, 4N, as no weight gradient of theirs is computed; the
+fp32 rows against the same bf16 peak, ``--peak-tflops`` or the GPU's own), the GPU's peak
+memory, the real tokens and the padded width of a text on average in the timed steps and the
+widest batch, the share of padding in the run's encoded positions and the ratio against ``fp32``
+on the same texts. A run that fails (out of memory, say) is reported and the others go on.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib.util
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pandas as pd
@@ -70,17 +81,23 @@ XLMR_VOCAB = 250_002
 LABSE_VOCAB = 501_153
 SMALL_XLMR = dict(hidden=64, layers=2, heads=4, intermediate=256)
 SMALL_MT5 = dict(d_model=64, d_kv=16, d_ff=128, layers=2, heads=4)
-TOKENIZER_PIECES = 8000  # learnt from the sample texts: about a real tokenizer's pieces per English word
+# the tokenizers' vocabulary, learnt from the sample texts: BERT's WordPiece reaches it (1.37 pieces a
+# word, counting [CLS] and [SEP]); the Unigram ones of XLM-R and mT5 stop at about 2,100 pieces on
+# 1,200 sentences (1.57-1.65 a word with their special tokens, where the real ones cut English into
+# fewer): their texts are somewhat longer than real tokenizers would make them ("tokens" column)
+TOKENIZER_PIECES = 8000
 
 
-def pair_files(root: Path, languages=("en", "de")) -> dict[str, Path]:
+def pair_files(root: Path, languages=("en", "de"), join: int = 1) -> dict[str, Path]:
     """The paraphrase files' format (pair_id, dataset, anchor, positive, negative) with sample
-    sentences: row i of the language at position j is sentences i, i + 1, i + 2 shifted by
-    j/3 of the list (see the module's text)."""
+    sentences: row i of the language at position j is texts i, i + 1, i + 2 shifted by j/3 of
+    the list (see the module's text); a text is ``join`` consecutive sentences."""
     from modsent.testing import sample_texts
 
-    texts = sample_texts(1200)
-    n = len(texts)
+    sentences = sample_texts(1200)
+    n = len(sentences)
+    texts = [" ".join(sentences[(i + k) % n] for k in range(join)) for i in range(n)]
+    root.mkdir(parents=True, exist_ok=True)
     paths = {}
     for j, lang in enumerate(languages):
         shift = j * n // 3
@@ -142,40 +159,94 @@ def centroid_distance(x: np.ndarray, y: np.ndarray, wx: np.ndarray | None = None
     return float(np.linalg.norm(np.average(x, axis=0, weights=wx) - np.average(y, axis=0, weights=wy)))
 
 
+class Watch:
+    """What a run's training log saw, for the timed steps alone: the pairs each step gave it
+    (``record``), the sequences and widths of the batches it counted (``count_padding``), the
+    body shape its FLOPs are counted for (``efficiency``), and at ``on_step(warmup)`` and
+    ``on_step(last)`` the time (after a wait for the GPU) and its token counts. The log's
+    methods are wrapped for the run only; the recipe's own code runs unchanged."""
+
+    def __init__(self, warmup: int, last: int, device: str):
+        self.warmup, self.last, self.device = warmup, last, device
+        self.pairs: dict[int, int] = {}
+        self.log = None
+        self.shape = None
+        self.sequences = 0
+        self.widest = 0
+        self.marks: dict[int, tuple] = {}
+
+    def patches(self):
+        from modsent.training import loop
+
+        record, count_padding, efficiency = (loop.TrainingLog.record, loop.TrainingLog.count_padding,
+                                             loop.TrainingLog.efficiency)
+
+        def watched_record(log, step, loss, lr, n_pairs, inputs=None):
+            self.log = log
+            self.pairs[step] = self.pairs.get(step, 0) + n_pairs
+            return record(log, step, loss, lr, n_pairs, inputs)
+
+        def watched_count(log, *inputs):
+            for mask in loop._feature_masks(inputs):
+                self.sequences += mask.shape[0]
+                if self.warmup in self.marks:
+                    self.widest = max(self.widest, mask.shape[-1])
+            return count_padding(log, *inputs)
+
+        def watched_efficiency(log, shape, *args, **kwargs):
+            self.shape = shape
+            return efficiency(log, shape, *args, **kwargs)
+
+        stack = contextlib.ExitStack()
+        for name, function in (("record", watched_record), ("count_padding", watched_count),
+                               ("efficiency", watched_efficiency)):
+            stack.enter_context(mock.patch.object(loop.TrainingLog, name, function))
+        return stack
+
+    def on_step(self, step: int) -> None:
+        if step in (self.warmup, self.last):
+            if self.device.startswith("cuda"):
+                torch.cuda.synchronize(torch.device(self.device))
+            log = self.log
+            self.marks[step] = (time.perf_counter(), log.tokens, log.token_squares, log.positions, self.sequences)
+
+    def figures(self, metrics: dict) -> dict:
+        """The timed steps': seconds, pairs, model FLOPs (the run's recorded ``model_flops`` times
+        the timed steps' share of the counted tokens' FLOPs: each step's own lengths), real
+        tokens and padded positions per sequence, the widest batch."""
+        from modsent.training.efficiency import encoder_flops
+
+        (t0, tokens0, squares0, positions0, sequences0), (t1, tokens1, squares1, positions1, sequences1) = (
+            self.marks[self.warmup], self.marks[self.last])
+        whole = encoder_flops(self.shape, tokens1, squares1) if self.shape else 0.0
+        share = encoder_flops(self.shape, tokens1 - tokens0, squares1 - squares0) / whole if whole else None
+        sequences = sequences1 - sequences0
+        return {"seconds": t1 - t0, "pairs": sum(n for step, n in self.pairs.items() if step >= self.warmup),
+                "flops": None if share is None or not metrics.get("model_flops") else metrics["model_flops"] * share,
+                "tokens_per_text": (tokens1 - tokens0) / sequences if sequences else None,
+                "width": (positions1 - positions0) / sequences if sequences else None, "widest": self.widest}
+
+
 def train(recipe: str, source: Path, pairs: dict[str, Path], settings: dict, warmup: int, device: str):
-    """One run of ``recipe``'s ``run_training``: (its metrics, its config, the seconds of the
-    steps after the first ``warmup``, between two waits for the GPU, and the pairs they trained
-    on: what each step gave the training log, whose ``record`` is watched for the run)."""
-    from unittest import mock
+    """One run of ``recipe``'s ``run_training`` (without cuDNN's attention, as every job whose
+    batch shapes vary runs: :func:`modsent.training.fastpath.attention_for_varying_shapes`; the
+    full baselines' ``run_full_training`` is called here without the job's wrapper that sets
+    it): (its metrics, its config, :meth:`Watch.figures` of the steps after the first ``warmup``)."""
+    from modsent.training import fastpath
 
-    from modsent.training.loop import TrainingLog
-
-    marks: dict[int, float] = {}
-    counted: dict[int, int] = {}
-    last = settings["max_steps"]
-    record = TrainingLog.record
-
-    def watched(log, step, loss, lr, n_pairs, inputs=None):
-        counted[step] = counted.get(step, 0) + n_pairs
-        return record(log, step, loss, lr, n_pairs, inputs)
-
-    def on_step(step: int) -> None:
-        if step in (warmup, last):
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            marks[step] = time.perf_counter()
-
+    watch = Watch(warmup, settings["max_steps"], device)
     inputs = {"base": str(source), "pairs": {lang: str(path) for lang, path in pairs.items()}}
     with contextlib.ExitStack() as stack:
-        stack.enter_context(mock.patch.object(TrainingLog, "record", watched))
+        stack.enter_context(watch.patches())
+        stack.enter_context(fastpath.attention_for_varying_shapes())
         if recipe.startswith("DuEAM") and importlib.util.find_spec("ot") is None:
             from modsent.methods.dueam import wmd
 
             stack.enter_context(mock.patch.object(wmd, "word_movers_distance", centroid_distance))
-        metrics, cfg = _run(recipe, inputs, settings, device, on_step)
-    if metrics.get("steps") != last:
-        raise SystemExit(f"{recipe}: {metrics.get('steps')} steps ran, {last} asked")
-    return metrics, cfg, marks[last] - marks[warmup], sum(n for step, n in counted.items() if step >= warmup)
+        metrics, cfg = _run(recipe, inputs, settings, device, watch.on_step)
+    if metrics.get("steps") != watch.last or set(watch.marks) != {warmup, watch.last}:
+        raise RuntimeError(f"{recipe}: {metrics.get('steps')} steps ran, {watch.last} asked")
+    return metrics, cfg, watch.figures(metrics)
 
 
 def _run(recipe: str, inputs: dict, settings: dict, device: str, on_step):
@@ -205,15 +276,26 @@ def _run(recipe: str, inputs: dict, settings: dict, device: str, on_step):
     return result.metrics, cfg
 
 
-def row(recipe: str, variant: str, metrics: dict, seconds: float, timed_pairs: int, args, peak: float | None) -> dict:
-    steps = args.steps
-    flops = (metrics.get("model_flops") or 0.0) * steps / metrics["steps"]  # pro rata: the run's mean step
-    rate = flops / seconds if seconds > 0 else None
-    return {"recipe": recipe, "variant": variant, "pairs_s": timed_pairs / seconds, "pairs": timed_pairs / steps,
+def row(recipe: str, variant: str, metrics: dict, timed: dict, steps: int, peak: float | None) -> dict:
+    seconds = timed["seconds"]
+    rate = timed["flops"] / seconds if timed["flops"] is not None and seconds > 0 else None
+    return {"recipe": recipe, "variant": variant, "pairs_s": timed["pairs"] / seconds, "pairs": timed["pairs"] / steps,
             "tflops": None if rate is None else rate / 1e12,
             "mfu": None if rate is None or peak is None else rate / (peak * 1e12),
             "memory": metrics.get("gpu_peak_memory_gib"), "padding": metrics.get("padding_fraction"),
-            "step_ms": 1000 * seconds / steps}
+            "step_ms": 1000 * seconds / steps, "tokens": timed["tokens_per_text"], "width": timed["width"],
+            "widest": timed["widest"]}
+
+
+HEADER = (f"{'recipe':<12} {'variant':<40} {'pairs/s':>9} {'pairs':>6} {'step ms':>9} {'TFLOP/s':>8} {'MFU':>6} "
+          f"{'peak GiB':>9} {'tokens':>7} {'width':>6} {'widest':>7} {'padding':>8} {'vs fp32':>8}")
+
+
+def line(r: dict, ratio: float | None) -> str:
+    return (f"{r['recipe']:<12} {r['variant']:<40} {r['pairs_s']:>9.1f} {r['pairs']:>6.0f} {r['step_ms']:>9.1f} "
+            f"{_fmt(r['tflops'], '.2f'):>8} {_fmt(r['mfu'], '.1%'):>6} {_fmt(r['memory'], '.2f'):>9} "
+            f"{_fmt(r['tokens'], '.1f'):>7} {_fmt(r['width'], '.1f'):>6} {r['widest']:>7} "
+            f"{_fmt(r['padding'], '.1%'):>8} {_fmt(ratio, '.2f') + ('x' if ratio else ''):>8}")
 
 
 def _fmt(value, spec: str, missing: str = "-") -> str:
@@ -248,11 +330,14 @@ def main(argv=None) -> None:
                         help="also the mixed-precision run with length_groups K (on the CPU: fp32)")
     parser.add_argument("--variants", nargs="+", choices=("fp32", "auto"), default=None,
                         help="default: fp32 and, on a GPU, auto")
+    parser.add_argument("--join", type=int, nargs="+", default=[1],
+                        help="texts of N consecutive sentences, each N given (6: about 115 tokens, near the "
+                             "recipes' 128-token limit: their worst case of memory)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="default: the GPU's own (efficiency)")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
-    if args.warmup < 1 or args.steps < 1:
-        parser.error("--warmup and --steps must be at least 1")
+    if args.warmup < 1 or args.steps < 1 or min(args.join) < 1:
+        parser.error("--warmup, --steps and --join must be at least 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     cuda = args.device.startswith("cuda")
@@ -265,10 +350,10 @@ def main(argv=None) -> None:
     print(f"device {args.device} ({name}); torch {torch.__version__}; size {args.size}"
           + (f", m-ST5 on mt5-{args.mst5}" if args.size == "paper" else "")
           + f"; {args.warmup} warm-up + {args.steps} timed steps; peak {peak or '-'} TFLOP/s")
-    rows = []
+    rows, failed = [], []
     with tempfile.TemporaryDirectory(prefix="recipe-throughput-") as tmp:
         root = Path(tmp)
-        pairs = pair_files(root)
+        pairs = {join: pair_files(root / f"texts-{join}", join=join) for join in args.join}
         bases = {}
         for recipe in args.recipes:
             kind = "mt5" if recipe.startswith("mST5") else "bert" if recipe.startswith("Full") else "xlmr"
@@ -276,29 +361,47 @@ def main(argv=None) -> None:
                 started = time.perf_counter()
                 bases[kind] = (random_mt5(root / "mt5", args.size, args.mst5, args.device) if kind == "mt5"
                                else random_encoder(root / kind, kind, args.size))
-                print(f"{kind}: built and saved in {time.perf_counter() - started:.0f} s")
-                if cuda:  # the weights built on the GPU (m-ST5) are freed: each run loads its own
-                    torch.cuda.empty_cache()
-            for precision, groups in runs:
-                variant = precision + (f", length_groups {groups}" if groups > 1 else "")
-                settings = settings_of(recipe, bases[kind], args, precision, groups)
-                started = time.perf_counter()
-                metrics, cfg, seconds, timed_pairs = train(recipe, bases[kind], pairs, settings, args.warmup,
-                                                           args.device)
-                rows.append(row(recipe, variant, metrics, seconds, timed_pairs, args, peak))
-                print(f"{recipe}, {variant}: {metrics['steps']} steps (batch_size {cfg.batch_size}), the run "
-                      f"{time.perf_counter() - started:.0f} s with its data, model and evaluations")
-                if cuda:
-                    torch.cuda.empty_cache()
+                print(f"{kind}: built and saved in {time.perf_counter() - started:.0f} s", flush=True)
+                release(cuda)  # the weights built on the GPU (m-ST5): each run loads its own
+            for join in args.join:
+                for precision, groups in runs:
+                    variant = precision + (f", length_groups {groups}" if groups > 1 else "") + (
+                        f", {join}-sentence texts" if join > 1 else "")
+                    settings = settings_of(recipe, bases[kind], args, precision, groups)
+                    started = time.perf_counter()
+                    try:
+                        metrics, cfg, timed = train(recipe, bases[kind], pairs[join], settings, args.warmup,
+                                                    args.device)
+                    except Exception as err:  # the other runs' figures still print (out of memory, a bad setting)
+                        failed.append(f"{recipe}, {variant}: {type(err).__name__}: {err}")
+                        print(f"{recipe}, {variant}: FAILED: {failed[-1]}", flush=True)
+                        release(cuda)
+                        continue
+                    rows.append({**row(recipe, variant, metrics, timed, args.steps, peak), "join": join,
+                                 "base": precision == "fp32" and groups == 1})
+                    print(f"{recipe}, {variant}: {metrics['steps']} steps (batch_size {cfg.batch_size}), the run "
+                          f"{time.perf_counter() - started:.0f} s with its data, model and evaluations\n"
+                          f"  {HEADER}\n  {line(rows[-1], ratio_of(rows[-1], rows))}", flush=True)
+                    release(cuda)
     print()
-    print(f"{'recipe':<12} {'variant':<22} {'pairs/s':>9} {'pairs':>6} {'step ms':>9} {'TFLOP/s':>8} {'MFU':>6} "
-          f"{'peak GiB':>9} {'padding':>8} {'vs fp32':>8}")
+    print(HEADER)
     for r in rows:
-        base = next((b for b in rows if b["recipe"] == r["recipe"] and b["variant"] == "fp32"), None)
-        ratio = r["pairs_s"] / base["pairs_s"] if base else None
-        print(f"{r['recipe']:<12} {r['variant']:<22} {r['pairs_s']:>9.1f} {r['pairs']:>6.0f} {r['step_ms']:>9.1f} "
-              f"{_fmt(r['tflops'], '.2f'):>8} {_fmt(r['mfu'], '.1%'):>6} {_fmt(r['memory'], '.2f'):>9} "
-              f"{_fmt(r['padding'], '.1%'):>8} {_fmt(ratio, '.2f') + ('x' if ratio else ''):>8}")
+        print(line(r, ratio_of(r, rows)))
+    for message in failed:
+        print(f"FAILED {message}")
+
+
+def ratio_of(r: dict, rows: list[dict]) -> float | None:
+    """``r``'s pairs/s against the same recipe's fp32 run on the same texts, where there is one."""
+    base = next((b for b in rows if b["recipe"] == r["recipe"] and b["join"] == r["join"] and b["base"]), None)
+    return r["pairs_s"] / base["pairs_s"] if base else None
+
+
+def release(cuda: bool) -> None:
+    """A run's model freed before the next (PEFT's layers hold theirs in reference cycles)."""
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

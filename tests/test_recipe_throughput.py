@@ -14,29 +14,45 @@ def bench():
     return load_benchmark("recipe_throughput")
 
 
-def test_the_timed_pairs_are_the_batches_the_recipe_trained_in_those_steps(bench, tmp_path):
+def test_the_timed_figures_are_those_of_the_steps_the_recipe_trained_after_its_warm_up(bench, tmp_path):
     """Grouped by length, m-ST5's batches are not all full (a group's leftovers make a small
-    batch): the benchmark must count the pairs each timed step trained on, here checked against
-    the recipe's own batches of the same data, not batch_size x steps."""
+    batch): the benchmark must count the pairs each timed step trained on, and the FLOPs of
+    those steps' own tokens, here checked against the recipe's own batches of the same data,
+    tokenised and counted as the efficiency module counts them."""
     from modsent.methods import baselines as bl
     from modsent.methods.mst5 import training as mt
+    from modsent.training import efficiency
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    pairs = bench.pair_files(tmp_path)
-    source = bench.random_mt5(tmp_path / "mt5", "small", "large", "cpu")
-    args = bench.argparse.Namespace(steps=7, warmup=1, size="small", checkpointing=False, batch_size=64)
-    settings = bench.settings_of("mST5-xnli", source, args, "fp32", 8)
-    metrics, cfg, seconds, timed = bench.train("mST5-xnli", source, pairs, settings, 1, "cpu")
+    try:
+        pairs = bench.pair_files(tmp_path)
+        source = bench.random_mt5(tmp_path / "mt5", "small", "large", "cpu")
+        args = bench.argparse.Namespace(steps=7, warmup=1, size="small", checkpointing=False, batch_size=64)
+        settings = bench.settings_of("mST5-xnli", source, args, "fp32", 8)
+        metrics, cfg, timed = bench.train("mST5-xnli", source, pairs, settings, 1, "cpu")
+    finally:
+        torch.set_num_threads(threads)
 
     frames = mt.read_frames(pairs, None, "datasets")
     train, _ = bl.split_heldout_by_pivot(frames, cfg.eval_pairs)
-    batches = mt.triplet_data(mt.crosslingual_triplets(train, cfg.seed), 64, cfg.seed, 8).epoch_batches(0)
-    sizes = [len(batch) for batch in batches[:8]]
-    assert metrics["steps"] == 8 and seconds > 0
-    assert timed == sum(sizes[1:])
-    assert min(sizes[1:]) < 64  # the case the count is for: a timed batch that is not full
-    row = bench.row("mST5-xnli", "fp32", metrics, seconds, timed, args, None)
-    assert row["pairs_s"] == pytest.approx(timed / seconds) and row["mfu"] is None
+    rows = mt.crosslingual_triplets(train, cfg.seed)
+    batches = mt.triplet_data(rows, 64, cfg.seed, 8).epoch_batches(0)[:8]
+    assert metrics["steps"] == 8 and timed["seconds"] > 0
+    assert timed["pairs"] == sum(len(batch) for batch in batches[1:])
+    assert min(len(batch) for batch in batches[1:]) < 64  # the case the count is for: a timed batch not full
+
+    model = mt.build_model(source, cfg).model  # the LoRA body whose shape the recipe counts, and its tokenizer
+    tokenizer = model.tokenizer  # each text's tokens, as the recipe cuts them (<= seq_len)
+    lengths = [[min(len(tokenizer(text)["input_ids"]), cfg.seq_len) for column in mt.TRIPLET
+                for text in rows.iloc[batch][column]] for batch in batches]
+    shape = efficiency.body_shape(model.encoder)
+    step_flops = [efficiency.encoder_flops(shape, sum(n), sum(x * x for x in n)) for n in lengths]
+    assert metrics["model_flops"] == pytest.approx(sum(step_flops), rel=1e-9)
+    assert timed["flops"] == pytest.approx(sum(step_flops[1:]), rel=1e-9)
+    assert timed["tokens_per_text"] == pytest.approx(np.mean([x for n in lengths[1:] for x in n]))
+    row = bench.row("mST5-xnli", "fp32", metrics, timed, 7, None)
+    assert row["pairs_s"] == pytest.approx(timed["pairs"] / timed["seconds"]) and row["mfu"] is None
 
 
 def test_the_wmd_stand_in_is_its_centroid_lower_bound(bench):
