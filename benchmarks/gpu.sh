@@ -76,14 +76,12 @@ recipe_block() {  # recipe_block NAME SECONDS ARGS...: bench with modsent's pinn
     if [ ! -d .whl/workflow ]; then
         echo "== $1: skipped: carry .whl with its workflow wheels (bash benchmarks/gpu_wheels.sh)"; return 0
     fi
-    if [ ! -d /tmp/site-pinned ]; then
-        rm -rf /tmp/site-pinned.part
-        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-pinned.part \
-            .whl/workflow/*.whl && mv /tmp/site-pinned.part /tmp/site-pinned \
-            || { echo "== $1: skipped: pip could not install .whl/workflow"; return 0; }
-    fi
-    local saved="$PYTHONPATH"
-    export PYTHONPATH="$PWD:/tmp/site-pinned:${PYTHONPATH#"$PWD:"}"
+    local saved="$PYTHONPATH" site
+    # the same install as the workflow block's (gpu_workflow.install: one place for the pinned stack)
+    site="$("$PY" -c 'import sys; from pathlib import Path; sys.path.insert(0, "benchmarks"); import gpu_workflow
+print(gpu_workflow.install([Path(".whl/workflow")]))')" \
+        || { echo "== $1: skipped: pip could not install .whl/workflow"; return 0; }
+    export PYTHONPATH="$PWD:$site:${PYTHONPATH#"$PWD:"}"
     bench "$@"
     export PYTHONPATH="$saved"
 }

@@ -143,9 +143,7 @@ def settings_of(recipe: str, source: Path, args, precision: str, length_groups: 
     if recipe.startswith("mST5"):  # fp32: the frozen weights too; else as configs/mst5.yaml keeps mt5-xxl's
         settings.update(dtype="bfloat16" if args.size == "paper" and precision != "fp32" else "float32",
                         gradient_checkpointing=args.checkpointing)
-    if recipe.startswith("DuEAM"):
-        settings.update(warmup_steps=0)
-    if recipe.startswith("InteMATs"):
+    if recipe.startswith(("DuEAM", "InteMATs")):  # their learning rate from the first step (warm-up in steps)
         settings.update(warmup_steps=0)
     if args.batch_size:
         settings["batch_size"] = args.batch_size

@@ -162,8 +162,8 @@ def make_random_m2m100(out_dir: str | os.PathLike, texts: Sequence[str], *, voca
 
 # The encoders of the released mT5 checkpoints (config.json on the Hub: d_model, d_kv, d_ff,
 # layers, heads, relative-position buckets and their distance; every size has 250,112 pieces and
-# gated-GELU), for random stand-ins of the same
-# shape; m-ST5 uses the encoder alone (google/mt5-xxl is the paper's).
+# gated-GELU), for random stand-ins of the same shape; m-ST5 uses the encoder alone
+# (google/mt5-xxl is the paper's).
 MT5_SIZES = {
     "small": dict(d_model=512, d_kv=64, d_ff=1024, layers=8, heads=6, buckets=32, max_distance=128),
     "base": dict(d_model=768, d_kv=64, d_ff=2048, layers=12, heads=12, buckets=32, max_distance=128),
@@ -208,9 +208,8 @@ def make_random_mt5(out_dir: str | os.PathLike, texts: Sequence[str], *, vocab_s
     config = MT5Config(vocab_size=max(tok.get_vocab_size(), model_vocab_size or 0), d_model=d_model, d_kv=d_kv,
                        d_ff=d_ff, num_layers=layers, num_decoder_layers=1, num_heads=heads,
                        relative_attention_num_buckets=buckets, relative_attention_max_distance=max_distance,
-                       dropout_rate=0.1,
-                       feed_forward_proj="gated-gelu", tie_word_embeddings=False, pad_token_id=0, eos_token_id=1,
-                       decoder_start_token_id=0)
+                       dropout_rate=0.1, feed_forward_proj="gated-gelu", tie_word_embeddings=False, pad_token_id=0,
+                       eos_token_id=1, decoder_start_token_id=0)
     model_class = MT5EncoderModel if encoder_only else MT5ForConditionalGeneration
     previous = torch.get_default_dtype()
     with atomic_path(out_dir, directory=True) as tmp, private_cpu_stream(seed), torch.device(device):
