@@ -72,6 +72,72 @@ def test_lora_linear_equals_the_layer_with_its_mask(device, rows, k, n, r, p, dt
         assert branch.abs().max() > 0.1 and float(branch[dropped].abs().max()) < 1e-2 * float(branch.abs().max())
 
 
+GROUP_CASES = [  # rows, input width, output widths, rank, p, dtype, does x need a gradient, outputs used
+    ((2, 50), 96, (80, 80, 48), 8, 0.1, torch.float32, True, (0, 1, 2)),
+    ((130,), 768, (64, 32, 64), 8, 0.3, torch.float32, True, (0, 2)),  # the key's output unused: no gradient
+    ((70,), 300, (40, 40), 4, 0.1, torch.float32, False, (0, 1)),  # two layers, a partial tile, no input gradient
+    ((4, 16), 256, (32, 32, 32), 8, 0.1, torch.bfloat16, True, (0, 1, 2)),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+@pytest.mark.parametrize("rows, k, widths, r, p, dtype, x_grad, used", GROUP_CASES)
+def test_lora_linears_equal_each_layer_with_its_mask(device, rows, k, widths, r, p, dtype, x_grad, used):
+    """Up to three layers reading one input (an attention's query, key and value) through one
+    kernel each way compute what each layer computes with the mask of its own seed."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(*rows, k, generator=generator).to(device, dtype).requires_grad_(x_grad)
+    layers = []
+    for index, n in enumerate(widths):
+        weight = (torch.randn(n, k, generator=generator) / k ** 0.5).to(device, dtype)
+        bias = torch.randn(n, generator=generator).to(device, dtype) if index != 1 else None
+        lora_a = (torch.randn(r, k, generator=generator) / k ** 0.5).to(device).requires_grad_(True)
+        lora_b = torch.randn(n, r, generator=generator).to(device).requires_grad_(True)
+        layers.append((lora_a, lora_b, weight, bias, 2.0 - 0.5 * index))
+    seeds = [1234 + 7 * index for index in range(len(layers))]
+    outs = kernels.lora_linears(x, layers, p, seeds=seeds)
+    assert [out.shape for out in outs] == [(*rows, n) for n in widths] and {out.dtype for out in outs} == {dtype}
+    grads = [torch.randn(outs[j].shape, generator=generator).to(device, dtype) for j in used]
+    inputs = ([x] if x_grad else []) + [t for lora_a, lora_b, *_ in layers for t in (lora_a, lora_b)]
+    got = torch.autograd.grad([outs[j] for j in used], inputs, grads, allow_unused=True)
+
+    # the reference in float64, each layer with the mask its seed draws
+    ref_inputs = [t.detach().double().requires_grad_(True) for t in inputs]
+    ref_x = ref_inputs[0] if x_grad else x.double()
+    adapters = ref_inputs[1:] if x_grad else ref_inputs
+    refs = []
+    for j, (_, _, weight, bias, scaling) in enumerate(layers):
+        keep = kernels.dropout_mask((x.numel() // k, k), p, seeds[j], device)
+        refs.append(kernels.reference(ref_x, adapters[2 * j], adapters[2 * j + 1], weight.double(),
+                                      None if bias is None else bias.double(), scaling, p, keep))
+    want = torch.autograd.grad([refs[j] for j in used], ref_inputs, [g.double() for g in grads], allow_unused=True)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    for out, ref in zip(outs, refs):
+        assert relative_error(out, ref) < tolerance
+    for index, (got_grad, want_grad) in enumerate(zip(got, want)):
+        if want_grad is None:  # an unused layer's adapter: no gradient, or a zero one
+            assert got_grad is None or float(got_grad.abs().max()) == 0.0, index
+            continue
+        assert got_grad.dtype == inputs[index].dtype
+        assert relative_error(got_grad, want_grad) < tolerance, index
+    if x_grad:  # the branches' share of the input's gradient (the base products are exact on both sides)
+        base = sum(grads[i].double() @ layers[j][2].double() for i, j in enumerate(used)).view(got[0].shape)
+        assert relative_error(got[0].double() - base, want[0] - base) < (1e-5 if dtype == torch.float32 else 3e-2)
+
+
+def test_lora_linears_check_their_layers():
+    x = torch.randn(4, 8)
+    layer = (torch.randn(2, 8), torch.randn(6, 2), torch.randn(6, 8), None, 1.0)
+    with pytest.raises(ValueError, match="1 to 3"):
+        kernels.lora_linears(x, [layer] * 4, 0.1)
+    with pytest.raises(ValueError, match="one rank"):
+        kernels.lora_linears(x, [layer, (torch.randn(4, 8), torch.randn(6, 4), *layer[2:])], 0.1)
+    with pytest.raises(ValueError, match="frozen"):
+        kernels.lora_linears(x, [layer, (*layer[:2], torch.randn(6, 8, requires_grad=True), None, 1.0)], 0.1)
+    with pytest.raises(ValueError, match="2 seeds for 1"):
+        kernels.lora_linears(x, [layer], 0.1, seeds=[1, 2])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the interpreter covers several row blocks a program at 130 rows")
 def test_lora_linear_at_the_las_size_on_a_gpu():
     """128 x 256 tokens of width 768 in bf16, as the LA's step: the backward's programs each take
@@ -229,7 +295,12 @@ def recorded_draws(monkeypatch, function: str) -> list:
         draws.append((first.shape, seed))
         return original(first, *args, seed=seed)
 
-    monkeypatch.setattr(kernels, function, recorded)
+    def recorded_layers(x, layers, p, seeds=None):  # lora_linears: a draw per layer, in the layers' order
+        seeds = [len(draws) + 100 + index for index in range(len(layers))]
+        draws.extend((x.shape, seed) for seed in seeds)
+        return original(x, layers, p, seeds=seeds)
+
+    monkeypatch.setattr(kernels, function, recorded_layers if function == "lora_linears" else recorded)
     return draws
 
 
@@ -244,14 +315,17 @@ def step(model, ids):
 
 
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
-def test_a_model_with_fused_lora_dropout_trains_as_peft_with_those_masks(device, monkeypatch):
+@pytest.mark.parametrize("shared_input", [False, True])
+def test_a_model_with_fused_lora_dropout_trains_as_peft_with_those_masks(device, shared_input, monkeypatch):
     model = tiny_lora_bert().to(device)
     ids = torch.randint(5, 300, (3, 9), generator=torch.Generator().manual_seed(1)).to(device)
     fastpath.speed_up(model)
-    assert fastpath.fuse_lora_dropout(model) == 2 * 3 and fastpath.fuse_lora_dropout(model) == 0
-    draws = recorded_draws(monkeypatch, "lora_linear")
+    assert fastpath.fuse_lora_dropout(model, shared_input=shared_input) == 2 * 3
+    assert fastpath.fuse_lora_dropout(model, shared_input=shared_input) == 0
+    draws = recorded_draws(monkeypatch, "lora_linears" if shared_input else "lora_linear")
+    other = recorded_draws(monkeypatch, "lora_linear" if shared_input else "lora_linears")
     out, grads = step(model, ids)
-    assert len(draws) == 2 * 3  # every LoRA layer went through the kernels
+    assert len(draws) == 2 * 3 and not other  # every LoRA layer went through the kernels: one call an attention
 
     # PEFT's own layers, each dropout drawing the mask its kernel drew
     fastpath.restore(model)
@@ -310,6 +384,10 @@ def test_a_model_with_triton_residual_norms_trains_as_its_modules_with_those_mas
     assert len(calls) == 3  # the other three norms
     with pytest.raises(ValueError, match="kernel"):
         fastpath.fuse_residual_norms(model, device, "k", kernel="cuda")
+    with pytest.raises(ValueError, match="compiled kind needs the device and the config key"):
+        fastpath.fuse_residual_norms(model)
+    assert fastpath.fuse_residual_norms(model, on=False) == 4
+    assert fastpath.fuse_residual_norms(model, kernel="triton") == 4  # the Triton kind needs neither
 
 
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
@@ -322,7 +400,7 @@ def test_both_kernels_under_bf16_autocast_with_the_bf16_stream_train_as_the_modu
     fastpath.bf16_residual_stream(model)
     fastpath.fuse_lora_dropout(model)
     fastpath.fuse_residual_norms(model, device, "k", kernel="triton")
-    lora_draws = recorded_draws(monkeypatch, "lora_linear")
+    lora_draws = recorded_draws(monkeypatch, "lora_linears")  # query, key and value: one call
     norm_draws = recorded_draws(monkeypatch, "dropout_add_norm")
     with torch.autocast(device, dtype=torch.bfloat16):
         out, grads = step(model, ids)
@@ -354,8 +432,9 @@ def test_fused_lora_dropout_stays_out_of_evaluation_and_can_be_undone(device, mo
         before = model(input_ids=ids).last_hidden_state
     fastpath.fuse_lora_dropout(model)
     calls = []
-    original = kernels.lora_linear
-    monkeypatch.setattr(kernels, "lora_linear", lambda *args: calls.append(1) or original(*args))
+    original = kernels.lora_linears
+    monkeypatch.setattr(kernels, "lora_linears", lambda x, layers, p: calls.extend([1] * len(layers))
+                        or original(x, layers, p))
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).last_hidden_state, before, rtol=0, atol=0)
     model.train()
@@ -373,8 +452,40 @@ def test_fused_lora_dropout_stays_out_of_evaluation_and_can_be_undone(device, mo
     step(model, ids)
     assert len(calls) == 6
     fastpath.fuse_lora_dropout(model)
-    fastpath.restore(model)  # restore takes the mark with the fast forward
-    assert not any("_modsent_lora_kernel" in vars(module) for module in model.modules())
+    fastpath.restore(model)  # restore takes the marks with the fast forward
+    assert not any("_modsent_lora_kernel" in vars(module) or "_modsent_lora_group" in vars(module)
+                   for module in model.modules())
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_shared_input_groups_the_lora_layers_of_an_attention_and_runs_alone_what_differs(device, monkeypatch):
+    """LoRA on query and value only: one call of lora_linears for the two; a sibling with another
+    dropout probability: each layer alone (the kernels draw one threshold for a group)."""
+    ids = torch.randint(5, 300, (3, 9), generator=torch.Generator().manual_seed(1)).to(device)
+    config = transformers.BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=96, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = get_peft_model(transformers.BertModel(config, add_pooling_layer=False),
+                           LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["query", "value"]))
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            nn.init.normal_(param, std=0.2)
+    model.get_input_embeddings().weight.requires_grad_(True)
+    model.to(device).train()
+    fastpath.speed_up(model)
+    assert fastpath.fuse_lora_dropout(model) == 2 * 2
+    groups = recorded_draws(monkeypatch, "lora_linears")
+    alone = recorded_draws(monkeypatch, "lora_linear")
+    step(model, ids)
+    assert len(groups) == 2 * 2 and not alone
+
+    layer = model.base_model.model.encoder.layer[0].attention.self.value
+    layer.lora_dropout["default"].p = 0.2
+    groups.clear()
+    out, grads = step(model, ids)
+    assert len(groups) == 2 and len(alone) == 2  # the second layer's pair as one call, the first's alone
+    assert sum("lora_A" in name for name in grads) == 4
+    assert all(grad.abs().max() > 0 for name, grad in grads.items() if "lora_A" in name)
 
 
 def test_frozen_base_and_probabilities_are_checked():
@@ -401,7 +512,7 @@ def test_kernels_compile_for_a_hopper_gpu_without_spilling(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])
-    assert set(report) == {"down", "up", "mask", "norm_forward", "norm_backward"}
+    assert set(report) == {"down", "up", "down_qkv", "up_qkv", "mask", "norm_forward", "norm_backward"}
     for name, figures in report.items():
         assert figures["spill_bytes"] == 0, (name, figures)
         assert 0 < figures["registers"] <= 128, (name, figures)

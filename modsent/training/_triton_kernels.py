@@ -4,6 +4,7 @@ where Triton is installed)."""
 import triton
 import triton.language as tl
 
+
 @triton.jit
 def keep_tile(seed, rows, k0, groups_per_row, threshold, G: tl.constexpr):
     """The keep mask (int8, 1 = kept) of rows ``rows`` and columns ``k0 .. k0 + 8G`` (``k0`` a
@@ -29,6 +30,7 @@ def keep_tile(seed, rows, k0, groups_per_row, threshold, G: tl.constexpr):
                    tl.join(tl.join(k_4, k_5), tl.join(k_6, k_7)))
     return tl.reshape(both, (rows.shape[0], 8 * G))
 
+
 @triton.jit(do_not_specialize=["seed", "threshold"])  # a new seed every call: no recompiling
 def mask_kernel(OUT, M, seed, groups_per_row, threshold, K: tl.constexpr,
                 G: tl.constexpr, BM: tl.constexpr):
@@ -39,67 +41,129 @@ def mask_kernel(OUT, M, seed, groups_per_row, threshold, K: tl.constexpr,
         inside = (rows[:, None] < M) & (cols[None, :] < K)
         tl.store(OUT + rows[:, None].to(tl.int64) * K + cols[None, :], keep, mask=inside)
 
-@triton.jit(do_not_specialize=["seed", "threshold"])  # a new seed every call: no recompiling
-def down_kernel(X, A, H, M, stride_x, seed, groups_per_row, threshold, scale, K: tl.constexpr, R: tl.constexpr,
-                G: tl.constexpr, BM: tl.constexpr, RP: tl.constexpr, UPCAST: tl.constexpr,
-                PRECISION: tl.constexpr):
-    """H[rows] = (mask · X[rows] · scale) @ A^T, A of shape (R, K), H (M, R)."""
+
+@triton.jit
+def masked_dot(x, keep, scale, a, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """(keep · x · scale) @ a in fp32, the masked tile rounded to x's dtype first (as eager dropout
+    writes its output); x · 0 keeps a NaN, as eager dropout does."""
+    xm = (x.to(tl.float32) * (keep.to(tl.float32) * scale)).to(x.dtype)
+    if UPCAST:
+        return tl.dot(xm.to(tl.float32), a.to(tl.float32), input_precision=PRECISION)
+    return tl.dot(xm, a, input_precision=PRECISION)
+
+
+@triton.jit(do_not_specialize=["seed", "seed1", "seed2", "threshold"])  # a new seed every call: no recompiling
+def down_kernel(X, A, H, M, stride_x, seed, groups_per_row, threshold, scale, A1, H1, seed1, A2, H2, seed2,
+                K: tl.constexpr, R: tl.constexpr, N: tl.constexpr, G: tl.constexpr, BM: tl.constexpr,
+                RP: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """H[rows] = (mask · X[rows] · scale) @ A^T, A of shape (R, K), H (M, R); with N = 2 or 3
+    adapters reading the one X (an attention's query, key and value), the same for (A1, H1, seed1)
+    and (A2, H2, seed2), each with its own mask, from one read of X."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     rank = tl.arange(0, RP)
     acc = tl.zeros((BM, RP), dtype=tl.float32)
+    acc1 = tl.zeros((BM, RP), dtype=tl.float32)
+    acc2 = tl.zeros((BM, RP), dtype=tl.float32)
     for k0 in range(0, K, 8 * G):
         cols = k0 + tl.arange(0, 8 * G)
         inside = (rows[:, None] < M) & (cols[None, :] < K)
         x = tl.load(X + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=inside, other=0.0)
+        a_offsets = rank[None, :] * K + cols[:, None]
+        a_inside = (rank[None, :] < R) & (cols[:, None] < K)
         keep = keep_tile(seed, rows, k0, groups_per_row, threshold, G)
-        xm = (x.to(tl.float32) * (keep.to(tl.float32) * scale)).to(x.dtype)  # x · 0 keeps a NaN, as eager
-        a = tl.load(A + rank[None, :] * K + cols[:, None], mask=(rank[None, :] < R) & (cols[:, None] < K),
-                    other=0.0)
-        if UPCAST:
-            acc += tl.dot(xm.to(tl.float32), a.to(tl.float32), input_precision=PRECISION)
-        else:
-            acc += tl.dot(xm, a, input_precision=PRECISION)
-    tl.store(H + rows[:, None].to(tl.int64) * R + rank[None, :], acc.to(H.dtype.element_ty),
-             mask=(rows[:, None] < M) & (rank[None, :] < R))
+        acc += masked_dot(x, keep, scale, tl.load(A + a_offsets, mask=a_inside, other=0.0), UPCAST, PRECISION)
+        if N > 1:
+            keep1 = keep_tile(seed1, rows, k0, groups_per_row, threshold, G)
+            acc1 += masked_dot(x, keep1, scale, tl.load(A1 + a_offsets, mask=a_inside, other=0.0), UPCAST, PRECISION)
+        if N > 2:
+            keep2 = keep_tile(seed2, rows, k0, groups_per_row, threshold, G)
+            acc2 += masked_dot(x, keep2, scale, tl.load(A2 + a_offsets, mask=a_inside, other=0.0), UPCAST, PRECISION)
+    h_offsets = rows[:, None].to(tl.int64) * R + rank[None, :]
+    h_inside = (rows[:, None] < M) & (rank[None, :] < R)
+    tl.store(H + h_offsets, acc.to(H.dtype.element_ty), mask=h_inside)
+    if N > 1:
+        tl.store(H1 + h_offsets, acc1.to(H1.dtype.element_ty), mask=h_inside)
+    if N > 2:
+        tl.store(H2 + h_offsets, acc2.to(H2.dtype.element_ty), mask=h_inside)
 
-@triton.jit(do_not_specialize=["seed", "threshold"])  # a new seed every call: no recompiling
+
+@triton.jit
+def part_dot(u, x, kept, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """u^T @ (x · kept), the masked tile rounded to x's dtype first, in fp32."""
+    xm = (x.to(tl.float32) * kept).to(x.dtype)
+    if UPCAST:
+        return tl.dot(tl.trans(u.to(tl.float32)), xm.to(tl.float32), input_precision=PRECISION)
+    return tl.dot(tl.trans(u), xm, input_precision=PRECISION)
+
+
+@triton.jit
+def branch_dot(u, a, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """u @ a in fp32."""
+    if UPCAST:
+        return tl.dot(u.to(tl.float32), a.to(tl.float32), input_precision=PRECISION)
+    return tl.dot(u, a, input_precision=PRECISION)
+
+
+@triton.jit(do_not_specialize=["seed", "seed1", "seed2", "threshold"])  # a new seed every call: no recompiling
 def up_kernel(GX, X, U, A, PART, M, stride_x, stride_gx, seed, groups_per_row, threshold, scale,
-              K: tl.constexpr, R: tl.constexpr, BLOCKS: tl.constexpr, UPDATE: tl.constexpr, WANT_A: tl.constexpr, G: tl.constexpr, BM: tl.constexpr,
+              U1, A1, PART1, seed1, U2, A2, PART2, seed2,
+              K: tl.constexpr, R: tl.constexpr, N: tl.constexpr, BLOCKS: tl.constexpr, UPDATE: tl.constexpr,
+              WANT_A: tl.constexpr, G: tl.constexpr, BM: tl.constexpr,
               RP: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """For this program's row blocks: GX += mask · (U @ A) · scale (U = s · g @ B, of shape
-    (M, R)) where UPDATE, and PART[program] = U^T @ (mask · X · scale), of shape (R, K), where WANT_A."""
+    (M, R)) where UPDATE, and PART[program] = U^T @ (mask · X · scale), of shape (R, K), where WANT_A;
+    with N = 2 or 3 adapters reading the one X, GX takes the sum of their masked branches in the
+    one pass, and (U1, A1, PART1, seed1), (U2, A2, PART2, seed2) give theirs as the first."""
     program = tl.program_id(0)
     rank = tl.arange(0, RP)
     for k0 in range(0, K, 8 * G):
         cols = k0 + tl.arange(0, 8 * G)
-        a = tl.load(A + rank[:, None] * K + cols[None, :], mask=(rank[:, None] < R) & (cols[None, :] < K),
-                    other=0.0)
+        a_offsets = rank[:, None] * K + cols[None, :]
+        a_inside = (rank[:, None] < R) & (cols[None, :] < K)
+        a = tl.load(A + a_offsets, mask=a_inside, other=0.0)
         acc = tl.zeros((RP, 8 * G), dtype=tl.float32)
+        if N > 1:
+            a1 = tl.load(A1 + a_offsets, mask=a_inside, other=0.0)
+            acc1 = tl.zeros((RP, 8 * G), dtype=tl.float32)
+        if N > 2:
+            a2 = tl.load(A2 + a_offsets, mask=a_inside, other=0.0)
+            acc2 = tl.zeros((RP, 8 * G), dtype=tl.float32)
         for block in range(0, BLOCKS):
             rows = (program * BLOCKS + block) * BM + tl.arange(0, BM)
             inside = (rows[:, None] < M) & (cols[None, :] < K)
-            u = tl.load(U + rows[:, None].to(tl.int64) * R + rank[None, :],
-                        mask=(rows[:, None] < M) & (rank[None, :] < R), other=0.0)
+            u_offsets = rows[:, None].to(tl.int64) * R + rank[None, :]
+            u_inside = (rows[:, None] < M) & (rank[None, :] < R)
+            u = tl.load(U + u_offsets, mask=u_inside, other=0.0)
             kept = keep_tile(seed, rows, k0, groups_per_row, threshold, G).to(tl.float32) * scale
+            if N > 1:
+                u1 = tl.load(U1 + u_offsets, mask=u_inside, other=0.0)
+                kept1 = keep_tile(seed1, rows, k0, groups_per_row, threshold, G).to(tl.float32) * scale
+            if N > 2:
+                u2 = tl.load(U2 + u_offsets, mask=u_inside, other=0.0)
+                kept2 = keep_tile(seed2, rows, k0, groups_per_row, threshold, G).to(tl.float32) * scale
             if WANT_A:
                 x = tl.load(X + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=inside, other=0.0)
-                xm = (x.to(tl.float32) * kept).to(x.dtype)
-                if UPCAST:
-                    acc += tl.dot(tl.trans(u.to(tl.float32)), xm.to(tl.float32), input_precision=PRECISION)
-                else:
-                    acc += tl.dot(tl.trans(u), xm, input_precision=PRECISION)
+                acc += part_dot(u, x, kept, UPCAST, PRECISION)
+                if N > 1:
+                    acc1 += part_dot(u1, x, kept1, UPCAST, PRECISION)
+                if N > 2:
+                    acc2 += part_dot(u2, x, kept2, UPCAST, PRECISION)
             if UPDATE:
                 pointers = GX + rows[:, None].to(tl.int64) * stride_gx + cols[None, :]
-                gx = tl.load(pointers, mask=inside, other=0.0)
-                if UPCAST:
-                    ua = tl.dot(u.to(tl.float32), a.to(tl.float32), input_precision=PRECISION)
-                else:
-                    ua = tl.dot(u, a, input_precision=PRECISION)
-                gx = gx.to(tl.float32) + ua * kept
+                gx = tl.load(pointers, mask=inside, other=0.0).to(tl.float32)
+                gx += branch_dot(u, a, UPCAST, PRECISION) * kept
+                if N > 1:
+                    gx += branch_dot(u1, a1, UPCAST, PRECISION) * kept1
+                if N > 2:
+                    gx += branch_dot(u2, a2, UPCAST, PRECISION) * kept2
                 tl.store(pointers, gx.to(GX.dtype.element_ty), mask=inside)
         if WANT_A:
-            tl.store(PART + program.to(tl.int64) * R * K + rank[:, None] * K + cols[None, :], acc,
-                     mask=(rank[:, None] < R) & (cols[None, :] < K))
+            part_offsets = program.to(tl.int64) * R * K + a_offsets
+            tl.store(PART + part_offsets, acc, mask=a_inside)
+            if N > 1:
+                tl.store(PART1 + part_offsets, acc1, mask=a_inside)
+            if N > 2:
+                tl.store(PART2 + part_offsets, acc2, mask=a_inside)
 
 
 @triton.jit(do_not_specialize=["seed", "threshold"])  # a new seed every call: no recompiling

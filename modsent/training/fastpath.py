@@ -36,7 +36,8 @@ value) and :func:`fuse_residual_norms` (dropout, residual add and LayerNorm comp
 kernel), compute the same and were measured slower on an H200 (benchmarks/results/README.md):
 no stage uses them; ``benchmarks/mlm_throughput.py --fused`` times them. Triton kernels
 (:mod:`modsent.training.kernels`) are the next try: :func:`fuse_lora_dropout` runs each LoRA
-layer with dropout through two, and ``fuse_residual_norms(..., kernel="triton")`` each dropout,
+layer with dropout through two (an attention's query, key and value through the same two
+together), and ``fuse_residual_norms(..., kernel="triton")`` each dropout,
 residual add and LayerNorm through one each way, the dropout's mask drawn in registers
 (:func:`use_triton_kernels`: both). They have not run on a GPU yet; the LA uses them where its
 config says ``language_adapter.kernels: triton`` (off by default), and
@@ -56,6 +57,7 @@ from torch import nn
 _FAST = "_modsent_fast"
 _GROUP = "_modsent_group"  # on a frozen nn.Linear of fuse_projections: (its _ProjectionGroup, its index)
 _KERNEL = "_modsent_lora_kernel"  # on a sped-up LoRA Linear of fuse_lora_dropout
+_LORA_GROUP = "_modsent_lora_group"  # on such a layer reading one input with siblings: (its _LoRAGroup, its index)
 _NORM_KERNEL = "_modsent_norm_kernel"  # on a module of fuse_residual_norms: "compiled" or "triton"
 
 
@@ -138,7 +140,7 @@ def _lora_linear_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor
             return type(self).forward(self, x, *args, **kwargs)
         dtype = x.dtype
     if self.__dict__.get(_KERNEL):
-        out = _lora_kernel_forward(self, name, x, dtype)
+        out = _lora_kernel_forward(self, x, dtype)
         if out is not None:
             return out
     group = self.base_layer.__dict__.get(_GROUP)
@@ -154,40 +156,101 @@ def _lora_linear_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor
     return out.view(result.shape).to(result.dtype)
 
 
-def _lora_kernel_forward(self, name: str, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
-    """The layer through :func:`modsent.training.kernels.lora_linear` where it applies (a
-    dropout in training, gradients on, a frozen ``nn.Linear`` base not in a projection group, a
-    device the kernels run on, not inside a compiled trace), else None."""
+def _kernel_args(layer, x: torch.Tensor, dtype: torch.dtype) -> tuple | None:
+    """(lora_a, lora_b, weight, bias, scaling, p) of a sped-up PEFT LoRA ``Linear``'s call on ``x``
+    under ``dtype`` (the autocast dtype, else ``x``'s) where :mod:`modsent.training.kernels`
+    apply to it (its fast forward's vanilla case, a dropout in training, gradients on, a frozen
+    ``nn.Linear`` base not in a projection group, a device the kernels run on, not inside a
+    compiled trace), else None."""
     from modsent.training import kernels
 
-    dropout = self.lora_dropout[name]
-    base = self.base_layer
+    name = _vanilla_adapter(layer) if layer.__dict__.get(_FAST) else None
+    if name is None:
+        return None
+    lora_a, lora_b = layer.lora_A[name].weight, layer.lora_B[name].weight
+    dropout, base = layer.lora_dropout[name], layer.base_layer
     if not (isinstance(dropout, nn.Dropout) and dropout.training and dropout.p > 0) \
             or not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or torch.compiler.is_compiling() \
             or type(base) is not nn.Linear or base.weight.requires_grad \
             or (base.bias is not None and base.bias.requires_grad) or _GROUP in base.__dict__ \
             or not base.weight.is_floating_point() or base.weight.is_inference() or not kernels.supported(x):
         return None
+    if _autocast_dtype(x) is None and not (x.dtype == dtype == lora_a.dtype == lora_b.dtype == base.weight.dtype):
+        return None  # no autocast: only where PEFT would not mix dtypes either
     if base.weight.dtype == dtype:
         weight, bias = base.weight, base.bias
     else:
         weight, bias = _cached_weights(base, dtype)
-    return kernels.lora_linear(x.to(dtype), self.lora_A[name].weight, self.lora_B[name].weight, weight, bias,
-                               self.scaling[name], dropout.p)
+    return lora_a, lora_b, weight, bias, layer.scaling[name], dropout.p
 
 
-def fuse_lora_dropout(model: nn.Module, on: bool = True) -> int:
+def _lora_kernel_forward(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """The layer through :func:`modsent.training.kernels.lora_linear` where it applies
+    (:func:`_kernel_args`), or its share of :func:`modsent.training.kernels.lora_linears` with its
+    siblings reading the same input (:class:`_LoRAGroup`), else None."""
+    from modsent.training import kernels
+
+    group = self.__dict__.get(_LORA_GROUP)
+    if group is not None:
+        out = group[0].output(group[1], x, dtype)
+        if out is not None:
+            return out
+    args = _kernel_args(self, x, dtype)
+    return None if args is None else kernels.lora_linear(x.to(dtype), *args)
+
+
+class _LoRAGroup:
+    """Sped-up PEFT LoRA ``Linear`` layers with kernels that read one input (an attention's
+    query, key and value): the first of them called computes all their outputs through
+    :func:`modsent.training.kernels.lora_linears` (one kernel reads the input for every branch,
+    and one writes the input's gradient once), and each sibling takes its output when it is
+    called with the same input (the same tensor, unchanged, in the same grad mode and dtype);
+    anything else (another input, a sibling the kernels do not apply to, other dropouts) runs
+    each layer alone."""
+
+    def __init__(self, layers: list):
+        self.layers = layers
+        self.pending = None  # (input, its version, dtype, grad mode, [outputs not yet taken])
+
+    def output(self, index: int, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        from modsent.training import kernels
+
+        grad = torch.is_grad_enabled()
+        pending = self.pending
+        if pending is not None and pending[0] is x and pending[1] == x._version and pending[2] == dtype \
+                and pending[3] == grad and pending[4][index] is not None:
+            out, pending[4][index] = pending[4][index], None
+            if all(o is None for o in pending[4]):
+                self.pending = None
+            return out
+        self.pending = None
+        args = [_kernel_args(layer, x, dtype) for layer in self.layers]
+        if any(a is None for a in args) or len({a[5] for a in args}) != 1 \
+                or len({tuple(a[0].shape) for a in args}) != 1:
+            return None
+        outs = list(kernels.lora_linears(x.to(dtype), [a[:5] for a in args], args[0][5]))
+        out, outs[index] = outs[index], None
+        self.pending = (x, x._version, dtype, grad, outs)
+        return out
+
+
+def fuse_lora_dropout(model: nn.Module, on: bool = True, shared_input: bool = True) -> int:
     """Run each sped-up PEFT LoRA ``Linear`` of ``model`` whose dropout is on through
     :func:`modsent.training.kernels.lora_linear` (``on=False`` undoes it); returns how many
     layers changed. After :func:`speed_up`. On a GPU with Triton: the dropout's mask is drawn
     inside the branch's products (two Triton kernels), so no dropped copy of the input, no mask
     and no input-sized gradient of the branch is written or kept, and the branch's gradient is
-    added to the input's in the same pass. The same function of the same parameters; the dropout
-    draws from its own Philox stream seeded from PyTorch's CPU generator (the same distribution,
-    ``p`` rounded to 1/65,536; not PEFT's draws). Where it does not apply (evaluation, no
-    gradients, a compiled trace, the CPU without Triton's interpreter, a projection group of
-    :func:`fuse_projections`) the layer runs the fast forward as before. Parameters, their names
-    and the saved adapters are untouched.
+    added to the input's in the same pass. With ``shared_input`` the LoRA layers among an
+    attention's query, key and value (which read one input) run together through
+    :func:`modsent.training.kernels.lora_linears` (:class:`_LoRAGroup`): one read of the input
+    forward for the three branches, and one pass over the input's gradient backward, into which
+    cuBLAS sums the three base products' gradients (where each layer alone reads the input and
+    writes its own gradient, and autograd adds those). The same function of the same parameters;
+    the dropout draws from its own Philox stream seeded from PyTorch's CPU generator (the same
+    distribution, ``p`` rounded to 1/65,536; not PEFT's draws). Where it does not apply
+    (evaluation, no gradients, a compiled trace, the CPU without Triton's interpreter, a
+    projection group of :func:`fuse_projections`) the layer runs the fast forward as before.
+    Parameters, their names and the saved adapters are untouched.
 
     ``language_adapter.kernels: triton`` uses it (:func:`use_triton_kernels`; off by default: it has
     not run on a GPU yet). ``benchmarks/mlm_throughput.py --triton`` measures it beside the eager step."""
@@ -202,6 +265,18 @@ def fuse_lora_dropout(model: nn.Module, on: bool = True) -> int:
             changed += 1
         elif not on and module.__dict__.pop(_KERNEL, False):
             changed += 1
+    for module in model.modules():
+        layers = [getattr(module, name, None) for name in ("query", "key", "value")]
+        layers = [layer for layer in layers if isinstance(layer, LoraLinear) and layer.__dict__.get(_KERNEL)]
+        for layer in layers:
+            layer.__dict__.pop(_LORA_GROUP, None)
+        if on and shared_input and len(layers) > 1:
+            group = _LoRAGroup(layers)
+            for index, layer in enumerate(layers):
+                layer.__dict__[_LORA_GROUP] = (group, index)
+    if not on:
+        for module in model.modules():
+            module.__dict__.pop(_LORA_GROUP, None)
     return changed
 
 
@@ -253,7 +328,7 @@ def restore(model: nn.Module) -> None:
     :func:`bf16_residual_stream` changed stays: ``bf16_residual_stream(model, False)`` undoes it)."""
     for module in model.modules():
         if module.__dict__.pop(_FAST, False):
-            for name in ("forward", "merge", "unmerge", "_modsent_cast", _GROUP, _KERNEL):
+            for name in ("forward", "merge", "unmerge", "_modsent_cast", _GROUP, _KERNEL, _LORA_GROUP):
                 module.__dict__.pop(name, None)
 
 
@@ -309,7 +384,7 @@ def use_triton_kernels(model: nn.Module, on: bool = True) -> tuple[int, int]:
     Returns how many of each changed. Where a kernel does not apply (evaluation, no gradients, a
     trained norm or base layer, a compiled trace, a device without the kernels) the layer runs
     as before; parameters and saved adapters are untouched."""
-    return fuse_lora_dropout(model, on), fuse_residual_norms(model, "cpu", "kernels", on, kernel="triton")
+    return fuse_lora_dropout(model, on), fuse_residual_norms(model, on=on, kernel="triton")
 
 
 # the attention implementation attention_outside_graph names (modsent.tokenizing treats it as "sdpa")
@@ -489,8 +564,8 @@ def _fused_output_forward(self, hidden_states: torch.Tensor, input_tensor: torch
         return _fused_norm()(hidden, input_tensor, norm.weight, norm.bias, norm.eps, float(p), out_dtype)
 
 
-def fuse_residual_norms(model: nn.Module, device: str | torch.device, key: str, on: bool = True,
-                        kernel: str = "compiled") -> int:
+def fuse_residual_norms(model: nn.Module, device: str | torch.device | None = None, key: str | None = None,
+                        on: bool = True, kernel: str = "compiled") -> int:
     """Make each ``dropout → add the residual → LayerNorm`` after an attention output and a
     feed-forward output one compiled function (``on=False`` undoes it); returns how many modules
     changed. Only these element-wise steps are compiled (``torch.compile`` of a small function:
@@ -515,11 +590,13 @@ def fuse_residual_norms(model: nn.Module, device: str | torch.device, key: str, 
     draws a Philox call, and drawn again in the backward; only the sum and each row's mean and 1/std
     kept; rounded as the eager steps round), on a GPU (or the CPU in Triton's interpreter), for a
     norm whose weight and bias are frozen, as in the LA; elsewhere the module's own ops run. No
-    compiler needed, ``device`` and ``key`` unused. Not measured on a GPU yet; ``language_adapter.kernels:
+    compiler needed, ``device`` and ``key`` not needed. Not measured on a GPU yet; ``language_adapter.kernels:
     triton`` uses it (:func:`use_triton_kernels`), ``benchmarks/mlm_throughput.py --triton`` measures it."""
     if kernel not in ("compiled", "triton"):
         raise ValueError(f"fuse_residual_norms: kernel {kernel!r}, expected 'compiled' or 'triton'")
     if on and kernel == "compiled":
+        if device is None or key is None:
+            raise ValueError("fuse_residual_norms: the compiled kind needs the device and the config key")
         check_compilable(device, key)
     changed = 0
     for module in model.modules():

@@ -21,6 +21,12 @@ of every layer: 36 such layers. :func:`lora_linear` computes the same layer with
   to ``grad_x`` in place and accumulates ``grad_A = u^T @ dropout(x)`` (per-program partial sums,
   added in a fixed order: deterministic).
 
+The query, key and value read one input: :func:`lora_linears` computes up to three such layers
+with the same two kernels for several adapters (each with its own seed and mask): one read of
+``x`` forward for every branch, and backward the base products' input gradients summed by cuBLAS
+into one tensor and one pass adding every masked branch into it (the layers alone: three reads
+of ``x`` each way, three input-sized gradients written, and autograd's two sums of them).
+
 **Dropout, residual add and LayerNorm** after each attention output and feed-forward output
 (24 a step in the LA): three kernels forward (the mask and the dropped copy, the sum, the norm)
 and two to three backward. :func:`dropout_add_norm` is one kernel each way, a program per few
@@ -65,7 +71,8 @@ from torch.autograd.function import once_differentiable
 # try others on a GPU. The defaults keep every kernel's registers within what lets two or more
 # programs share a multiprocessor without spilling, as ptxas reports for a Hopper GPU
 # (hopper_report; the tests hold them there).
-TILES = {"down": (64, 8, 8), "up": (32, 8, 8, 2), "mask": (64, 8, 4), "norm": (4, 8)}  # up: + programs per SM
+TILES = {"down": (64, 8, 8), "up": (32, 8, 8, 2), "mask": (64, 8, 4), "norm": (4, 8),  # up: + programs per SM
+         "down_qkv": (64, 4, 8), "up_qkv": (16, 8, 8, 2)}  # the kernels for 2-3 adapters reading one input
 _RANK_PAD_MIN = 16  # tl.dot's smallest dimension
 
 
@@ -162,21 +169,58 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
+def _down(x2: torch.Tensor, adapters: list[torch.Tensor], seeds: list[int], p: float) -> list[torch.Tensor]:
+    """``h_j = dropout_j(x2) @ A_j^T`` for the (at most 3) adapters ``A_j`` (r, k) reading ``x2``
+    (rows, k), each with the mask of its seed, in one kernel: one read of ``x2``."""
+    (m, k), dtype = x2.shape, x2.dtype
+    r = adapters[0].shape[0]
+    threshold, scale = _threshold(p)
+    hs = [torch.empty(m, r, dtype=dtype, device=x2.device) for _ in adapters]
+    if m:
+        rows, groups, warps = TILES["down" if len(adapters) == 1 else "down_qkv"]
+        a, h = adapters + adapters[:1] * (3 - len(adapters)), hs + hs[:1] * (3 - len(hs))
+        s = seeds + seeds[:1] * (3 - len(seeds))
+        _kernels().down_kernel[(-(-m // rows),)](
+            x2, a[0], h[0], m, x2.stride(0), s[0], _groups_per_row(k), threshold, scale, a[1], h[1], s[1], a[2], h[2],
+            s[2], K=k, R=r, N=len(adapters), G=groups, BM=rows, RP=_rank_pad(r), UPCAST=interpreting(),
+            PRECISION=_precision(dtype), num_warps=warps)
+    return hs
+
+
+def _up(grad_x: torch.Tensor | None, x2: torch.Tensor, us: list[torch.Tensor], adapters: list[torch.Tensor],
+        seeds: list[int], p: float, want_a: bool) -> list[torch.Tensor] | None:
+    """Add ``Σ_j mask_j · (u_j @ A_j) · scale`` to ``grad_x`` in place (unless None) and return
+    each ``A_j``'s gradient ``u_j^T @ dropout_j(x2)`` in fp32 (if ``want_a``), in one kernel: one
+    read of ``x2`` and one of ``grad_x``. The sums over rows go to per-program partial sums,
+    added in a fixed order: deterministic."""
+    m, k = x2.shape
+    r = adapters[0].shape[0]
+    threshold, scale = _threshold(p)
+    rows, groups, warps, per_multiprocessor = TILES["up" if len(adapters) == 1 else "up_qkv"]
+    blocks = -(-m // rows)
+    programs = _programs(blocks, x2.device, per_multiprocessor)
+    per_program = -(-blocks // programs)
+    programs = -(-blocks // per_program) if blocks else 0
+    parts = [torch.empty(programs if want_a else 0, r, k, dtype=torch.float32, device=x2.device) for _ in adapters]
+    if programs:
+        target = grad_x if grad_x is not None else x2  # not written without UPDATE
+        u, a, part = (t + t[:1] * (3 - len(t)) for t in (us, adapters, parts))
+        s = seeds + seeds[:1] * (3 - len(seeds))
+        _kernels().up_kernel[(programs,)](
+            target, x2, u[0], a[0], part[0], m, x2.stride(0), target.stride(0), s[0], _groups_per_row(k), threshold,
+            scale, u[1], a[1], part[1], s[1], u[2], a[2], part[2], s[2], K=k, R=r, N=len(adapters),
+            BLOCKS=per_program, UPDATE=grad_x is not None, WANT_A=want_a, G=groups, BM=rows, RP=_rank_pad(r),
+            UPCAST=interpreting(), PRECISION=_precision(x2.dtype), num_warps=warps)
+    return [part.sum(0) for part in parts] if want_a else None
+
+
 class _LoRALinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, lora_a, lora_b, weight, bias, scaling, p, seed):
         x2 = _rows(x)
-        (m, k), dtype = x2.shape, x2.dtype
+        dtype = x2.dtype
         a, b = lora_a.to(dtype).contiguous(), lora_b.to(dtype)
-        r = a.shape[0]
-        threshold, scale = _threshold(p)
-        h = torch.empty(m, r, dtype=dtype, device=x.device)
-        if m:
-            rows, groups, warps = TILES["down"]
-            _kernels().down_kernel[(-(-m // rows),)](
-                x2, a, h, m, x2.stride(0), seed, _groups_per_row(k), threshold, scale, K=k, R=r,
-                G=groups, BM=rows, RP=_rank_pad(r), UPCAST=interpreting(), PRECISION=_precision(dtype),
-                num_warps=warps)
+        (h,) = _down(x2, [a], [seed], p)
         out = torch.addmm(bias, x2, weight.t()) if bias is not None else x2 @ weight.t()
         out = torch.addmm(out, h, b.t(), alpha=scaling)
         ctx.save_for_backward(x2, h, a, b)
@@ -188,8 +232,6 @@ class _LoRALinear(torch.autograd.Function):
     @once_differentiable  # it writes the input's gradient in place
     def backward(ctx, grad):
         x2, h, a, b = ctx.saved_tensors
-        m, k = x2.shape
-        r = a.shape[0]
         g = grad.reshape(-1, grad.shape[-1])
         if g.dtype != x2.dtype:
             g = g.to(x2.dtype)
@@ -201,23 +243,9 @@ class _LoRALinear(torch.autograd.Function):
             u = (g @ b).mul_(ctx.scaling)  # (M, r): the gradient of h, scaled
             if need_x:
                 grad_x = _rows(g @ ctx.weight)
-            threshold, scale = _threshold(ctx.p)
-            rows, groups, warps, per_multiprocessor = TILES["up"]
-            blocks = -(-m // rows)
-            programs = _programs(blocks, x2.device, per_multiprocessor)
-            per_program = -(-blocks // programs)
-            programs = -(-blocks // per_program) if blocks else 0
-            rank_pad = _rank_pad(r)
-            parts = torch.empty(programs if need_a else 0, r, k, dtype=torch.float32, device=x2.device)
-            if programs:
-                target = grad_x if need_x else x2  # not written without UPDATE
-                _kernels().up_kernel[(programs,)](
-                    target, x2, u, a, parts, m, x2.stride(0), target.stride(0), ctx.seed,
-                    _groups_per_row(k), threshold, scale, K=k, R=r, BLOCKS=per_program, UPDATE=need_x,
-                    WANT_A=need_a, G=groups,
-                    BM=rows, RP=rank_pad, UPCAST=interpreting(), PRECISION=_precision(x2.dtype), num_warps=warps)
+            parts = _up(grad_x, x2, [u], [a], [ctx.seed], ctx.p, need_a)
             if need_a:
-                grad_a = parts.sum(0).to(ctx.lora_dtypes[0])
+                grad_a = parts[0].to(ctx.lora_dtypes[0])
             if need_x:
                 grad_x = grad_x.view(ctx.input_shape)
         return grad_x, grad_a, grad_b, None, None, None, None, None
@@ -233,6 +261,91 @@ def lora_linear(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, wei
         raise ValueError("lora_linear: the base weight and bias must be frozen (no gradient)")
     with torch.autocast(x.device.type, enabled=False):
         return _LoRALinear.apply(x, lora_a, lora_b, weight, bias, float(scaling), float(p), _seed(seed))
+
+
+class _LoRALinears(torch.autograd.Function):
+    """:class:`_LoRALinear` for up to 3 layers reading one input: ``flat`` holds each layer's
+    (A, B, weight, bias); their dropouts share ``p`` and their adapters a rank."""
+
+    @staticmethod
+    def forward(ctx, x, scalings, p, seeds, *flat):
+        ctx.set_materialize_grads(False)  # a layer whose output is not used gets no gradient (None)
+        x2 = _rows(x)
+        dtype, n = x2.dtype, len(scalings)
+        layers = [flat[4 * j:4 * j + 4] for j in range(n)]
+        a_s = [a.to(dtype).contiguous() for a, _, _, _ in layers]
+        b_s = [b.to(dtype) for _, b, _, _ in layers]
+        hs = _down(x2, a_s, list(seeds), p)
+        outs = []
+        for (_, _, weight, bias), h, b, scaling in zip(layers, hs, b_s, scalings):
+            out = torch.addmm(bias, x2, weight.t()) if bias is not None else x2 @ weight.t()
+            outs.append(torch.addmm(out, h, b.t(), alpha=scaling).view(*x.shape[:-1], weight.shape[0]))
+        ctx.save_for_backward(x2, *hs, *a_s, *b_s)
+        ctx.weights = [weight for _, _, weight, _ in layers]
+        ctx.scalings, ctx.seeds, ctx.p, ctx.input_shape = scalings, list(seeds), p, x.shape
+        ctx.lora_dtypes = [(a.dtype, b.dtype) for a, b, _, _ in layers]
+        return tuple(outs)
+
+    @staticmethod
+    @once_differentiable  # it writes the input's gradient in place
+    def backward(ctx, *grads):
+        n = len(ctx.scalings)
+        saved = ctx.saved_tensors
+        x2, hs, a_s, b_s = saved[0], saved[1:1 + n], saved[1 + n:1 + 2 * n], saved[1 + 2 * n:]
+        need = ctx.needs_input_grad
+        need_x = need[0]
+        want_a = any(need[4 + 4 * j] for j in range(n))
+        flat = [None] * (4 * n)
+        grad_x, us = None, []
+        for j, grad in enumerate(grads):
+            if grad is None:  # its output unused: a zero gradient
+                us.append(torch.zeros(x2.shape[0], a_s[j].shape[0], dtype=x2.dtype, device=x2.device))
+                continue
+            g = grad.reshape(-1, grad.shape[-1])
+            if g.dtype != x2.dtype:
+                g = g.to(x2.dtype)
+            if need[5 + 4 * j]:
+                flat[4 * j + 1] = (g.t() @ hs[j]).to(ctx.lora_dtypes[j][1]).mul_(ctx.scalings[j])
+            us.append((g @ b_s[j]).mul_(ctx.scalings[j]))
+            if need_x:  # the base products' gradients summed by cuBLAS into one tensor
+                grad_x = _rows(g @ ctx.weights[j]) if grad_x is None else grad_x.addmm_(g, ctx.weights[j])
+        if all(grad is None for grad in grads) or not (need_x or want_a):
+            return (None, None, None, None, *flat)
+        if need_x and grad_x is None:
+            grad_x = torch.zeros_like(x2)
+        parts = _up(grad_x if need_x else None, x2, us, list(a_s), ctx.seeds, ctx.p, want_a)
+        for j in range(n):
+            if need[4 + 4 * j]:
+                flat[4 * j] = parts[j].to(ctx.lora_dtypes[j][0])
+        return (grad_x.view(ctx.input_shape) if need_x else None, None, None, None, *flat)
+
+
+def lora_linears(x: torch.Tensor, layers, p: float, seeds=None) -> tuple[torch.Tensor, ...]:
+    """:func:`lora_linear` of up to 3 layers reading the one input ``x`` (an attention's query,
+    key and value), each with its own dropout mask: ``layers`` is a sequence of (lora_a, lora_b,
+    weight, bias, scaling), the adapters of one rank; ``p`` their dropout; ``seeds`` one per
+    layer (by default drawn from PyTorch's CPU generator, in order, as the layers' own calls
+    would draw them). One kernel reads ``x`` for all the branches forward, and one reads it
+    and writes the input's gradient once backward, with the base products' input gradients
+    summed into it by cuBLAS, where the layers' own calls read ``x`` and write or add an
+    input-sized gradient once each. The same outputs and gradients as the layers' calls with
+    those seeds."""
+    layers = list(layers)
+    if not 1 <= len(layers) <= 3:
+        raise ValueError(f"lora_linears: {len(layers)} layers; expected 1 to 3")
+    ranks = {tuple(lora_a.shape) for lora_a, _, _, _, _ in layers}
+    if len(ranks) != 1 or next(iter(ranks))[1] != x.shape[-1]:
+        raise ValueError(f"lora_linears: adapters of shapes {sorted(ranks)} for an input of width {x.shape[-1]}; "
+                         "expected one rank, and the input's width")
+    for _, _, weight, bias, _ in layers:
+        if weight.requires_grad or (bias is not None and bias.requires_grad):
+            raise ValueError("lora_linears: the base weights and biases must be frozen (no gradient)")
+    seeds = [_seed(None) for _ in layers] if seeds is None else [int(seed) for seed in seeds]
+    if len(seeds) != len(layers):
+        raise ValueError(f"lora_linears: {len(seeds)} seeds for {len(layers)} layers")
+    flat = [t for lora_a, lora_b, weight, bias, _ in layers for t in (lora_a, lora_b, weight, bias)]
+    with torch.autocast(x.device.type, enabled=False):
+        return _LoRALinears.apply(x, tuple(float(layer[4]) for layer in layers), float(p), tuple(seeds), *flat)
 
 
 class _DropoutAddNorm(torch.autograd.Function):
@@ -315,7 +428,8 @@ def hopper_report(k: int = 768, r: int = 8, arch: int = 90) -> dict[str, dict]:
     """What Triton's compiler and ``ptxas`` (both in Triton's wheel) make of each kernel with
     :data:`TILES`, for bf16 inputs of width ``k``, rank ``r`` and a GPU of compute capability
     ``arch`` (90: H100, H200), without a GPU: {kernel: {"registers", "spill_bytes",
-    "shared_bytes"}} per thread, per thread, per program. The arguments are specialised as Triton
+    "shared_bytes"}} per thread, per thread, per program; ``down_qkv`` and ``up_qkv`` are the
+    LoRA kernels for three adapters reading one input (:func:`lora_linears`). The arguments are specialised as Triton
     specialises them at run time (pointers and the multiples of 16 among the strides)."""
     import re
     import subprocess
@@ -328,8 +442,9 @@ def hopper_report(k: int = 768, r: int = 8, arch: int = 90) -> dict[str, dict]:
 
     kernels = _kernels()
     groups = _groups_per_row(k)
-    lora_types = {"X": "*bf16", "A": "*bf16", "H": "*bf16", "GX": "*bf16", "U": "*bf16", "PART": "*fp32", "OUT": "*i8",
-                  "M": "i32", "seed": "i32", "threshold": "i32", "scale": "fp32",
+    lora_types = {**{name: "*bf16" for name in ("X", "A", "A1", "A2", "H", "H1", "H2", "GX", "U", "U1", "U2")},
+                  "PART": "*fp32", "PART1": "*fp32", "PART2": "*fp32", "OUT": "*i8", "M": "i32", "seed": "i32",
+                  "seed1": "i32", "seed2": "i32", "threshold": "i32", "scale": "fp32",
                   "stride_x": "i32", "stride_gx": "i32", "groups_per_row": "i32"}
     # the norm's with the bf16 stream: bf16 in and out, fp32 row statistics
     norm_types = {**{name: "*bf16" for name in ("H", "R", "W", "B", "Y", "S", "DY", "DH", "DR")},
@@ -338,8 +453,12 @@ def hopper_report(k: int = 768, r: int = 8, arch: int = 90) -> dict[str, dict]:
     multiples = {"stride_x": k, "stride_gx": k, "stride_h": k, "stride_r": k, "stride_dy": k, "groups_per_row": groups}
     common = {"K": k, "R": r, "RP": _rank_pad(r), "UPCAST": False, "PRECISION": "tf32"}
     norm = {"D": k, "BD": _row_width(k), "HAS_W": True, "DROP": True}
-    plans = {"down": (kernels.down_kernel, common, lora_types),
-             "up": (kernels.up_kernel, {**common, "BLOCKS": 4, "UPDATE": True, "WANT_A": True}, lora_types),
+    up = {**common, "BLOCKS": 4, "UPDATE": True, "WANT_A": True}
+    plans = {"down": (kernels.down_kernel, {**common, "N": 1}, lora_types),
+             "up": (kernels.up_kernel, {**up, "N": 1}, lora_types),
+             # an attention's query, key and value through one kernel each way (lora_linears)
+             "down_qkv": (kernels.down_kernel, {**common, "N": 3}, lora_types),
+             "up_qkv": (kernels.up_kernel, {**up, "N": 3}, lora_types),
              "mask": (kernels.mask_kernel, {"K": k}, lora_types),
              "norm_forward": (kernels.norm_forward_kernel, {**norm, "HAS_B": True}, norm_types),
              "norm_backward": (kernels.norm_backward_kernel, {**norm, "WANT_H": True, "WANT_R": True}, norm_types)}
