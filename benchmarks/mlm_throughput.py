@@ -116,7 +116,9 @@ def main() -> None:
                              "bf16 stream where --bf16-residual)")
     parser.add_argument("--triton", action="store_true",
                         help="also time modsent's step with each LoRA layer's dropout drawn inside its products "
-                             "(fastpath.fuse_lora_dropout), with each dropout + residual add + LayerNorm as one "
+                             "(fastpath.fuse_lora_dropout: an attention's query, key and value through one kernel "
+                             "each way, and 'Triton LoRA alone': each layer through its own), with each dropout + "
+                             "residual add + LayerNorm as one "
                              "kernel each way (fastpath.fuse_residual_norms(kernel='triton')), and with both: "
                              "Triton kernels (a GPU, or the CPU in Triton's interpreter, no speed there); with the "
                              "bf16 stream where --bf16-residual")
@@ -151,7 +153,7 @@ def main() -> None:
             if args.bf16_residual and cuda:
                 variants[f"{prefix}, {what}, bf16 residual"] = flags
     if args.triton:  # the LoRA branches and the residual norms as Triton kernels, products and attention eager
-        for what in ("Triton LoRA", "Triton norms", "Triton LoRA and norms"):
+        for what in ("Triton LoRA", "Triton LoRA alone", "Triton norms", "Triton LoRA and norms"):
             variants[f"{prefix}, {what}"] = flags
             if args.bf16_residual and cuda:
                 variants[f"{prefix}, {what}, bf16 residual"] = flags
@@ -214,7 +216,8 @@ def main() -> None:
                 fastpath.restore(model)
             fastpath.bf16_residual_stream(model, "bf16 residual" in name)  # language_adapter.residual_stream
             fastpath.fuse_projections(model, fast and "projections" in name)
-            fastpath.fuse_lora_dropout(model, fast and "Triton LoRA" in name)
+            # "alone": each LoRA layer's own kernels, else an attention's query, key and value together
+            fastpath.fuse_lora_dropout(model, fast and "Triton LoRA" in name, shared_input="LoRA alone" not in name)
             if "Triton" in name and "norms" in name:
                 fastpath.fuse_residual_norms(model, args.device, "--triton", kernel="triton")
             else:

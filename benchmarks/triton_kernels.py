@@ -3,6 +3,7 @@ the LA runs them, forward and backward, measured side by side.
 
     python benchmarks/triton_kernels.py --device cuda            # 128 x 256 tokens, LaBSE's width
     python benchmarks/triton_kernels.py --device cuda --tiles 64x8x8/32x8x8 128x8x8/64x8x4 --norm-tiles 4x8 2x4
+    python benchmarks/triton_kernels.py --device cuda --parts lora --qkv-tiles 32x8x8/16x8x8 64x4x4/16x8x4
     python benchmarks/triton_kernels.py --tokens 512 --width 96 --steps 2   # the CPU: Triton's interpreter,
                                                                            # a check that it runs, no speed
     python benchmarks/triton_kernels.py --ptxas --tiles 64x32x4/64x16x8 --norm-tiles 8x4   # no GPU needed
@@ -11,10 +12,13 @@ Two parts (--parts):
 
 - lora: three LoRA layers (r 8, alpha 16, dropout 0.1: the LA's query, key and value) read one
   input of --tokens x --width, as the attention's projections do; the input needs a gradient (the
-  embeddings below it train). PEFT's layers, modsent's fast forward (the LA's step) and the fast
-  forward with fastpath.fuse_lora_dropout (kernels.lora_linear); --tiles tries other tiles for
-  the last (DOWN/UP, each ROWSxGROUPSxWARPS: rows of a tile, groups of 8 columns, warps; UP may
-  add xPROGRAMS, the backward's programs per multiprocessor, 2 by default).
+  embeddings below it train). PEFT's layers, modsent's fast forward (the LA's step), the fast
+  forward with fastpath.fuse_lora_dropout's kernels for each layer alone (kernels.lora_linear),
+  and for the three together (kernels.lora_linears, what the LA runs: one read of the input
+  forward, one pass over its gradient backward); --tiles tries other tiles for the kernels of
+  one layer, --qkv-tiles for those of the three (DOWN/UP, each ROWSxGROUPSxWARPS: rows of a tile,
+  groups of 8 columns, warps; UP may add xPROGRAMS, the backward's programs per multiprocessor,
+  2 by default).
 - norm: one attention output module (BertSelfOutput: its frozen dense product, dropout 0.1,
   residual add, frozen LayerNorm) with the LA's bf16 residual stream: the module's own ops and
   fastpath.fuse_residual_norms(kernel="triton") (kernels.dropout_add_norm); --norm-tiles tries
@@ -75,15 +79,17 @@ def ptxas_report(args) -> None:
     print(f"the kernels compiled for compute capability 9.0, width {args.width}, rank {args.rank}, bf16: "
           f"registers / spilled bytes per thread, shared KiB per program")
     lora = [(default["down"], default["up"])] + args.tiles
+    qkv = [(default["down_qkv"], default["up_qkv"])] + args.qkv_tiles
     norm = [default["norm"]] + args.norm_tiles
-    for index in range(max(len(lora), len(norm))):
+    for index in range(max(len(lora), len(qkv), len(norm))):
         down, up = lora[min(index, len(lora) - 1)]
-        kernels.TILES.update(down=down, up=up, norm=norm[min(index, len(norm) - 1)])
+        down_qkv, up_qkv = qkv[min(index, len(qkv) - 1)]
+        kernels.TILES.update(down=down, up=up, down_qkv=down_qkv, up_qkv=up_qkv, norm=norm[min(index, len(norm) - 1)])
         report = kernels.hopper_report(args.width, args.rank)
         cells = [f"{name} {label(tile):>8s}: {report[name]['registers']:3d} / {report[name]['spill_bytes']:4d} / "
                  f"{report[name]['shared_bytes'] / 1024:5.1f}"
-                 for name, tile in (("down", down), ("up", up), ("norm_forward", kernels.TILES["norm"]),
-                                    ("norm_backward", kernels.TILES["norm"]))]
+                 for name, tile in (("down", down), ("up", up), ("down_qkv", down_qkv), ("up_qkv", up_qkv),
+                                    ("norm_forward", kernels.TILES["norm"]), ("norm_backward", kernels.TILES["norm"]))]
         print("   ".join(cells) + ("   (the default tiles)" if index == 0 else ""), flush=True)
 
 
@@ -140,17 +146,20 @@ def lora_part(args, cuda: bool, dtype, autocast) -> None:
 
     from modsent.training import fastpath, kernels
 
-    class Projections(nn.Module):
+    names = ("query", "key", "value")[:args.layers]
+
+    class Projections(nn.Module):  # an attention's (fuse_lora_dropout groups the LoRA layers named so)
         def __init__(self):
             super().__init__()
-            self.proj = nn.ModuleList(nn.Linear(args.width, args.width) for _ in range(args.layers))
+            for name in names:
+                setattr(self, name, nn.Linear(args.width, args.width))
 
         def forward(self, x):
-            return [layer(x) for layer in self.proj]
+            return [getattr(self, name)(x) for name in names]
 
     torch.manual_seed(0)
     model = get_peft_model(Projections(), LoraConfig(r=args.rank, lora_alpha=2 * args.rank, lora_dropout=args.dropout,
-                                                     target_modules=[f"proj.{i}" for i in range(args.layers)]))
+                                                     target_modules=list(names)))
     for name, param in model.named_parameters():
         if "lora_B" in name:
             nn.init.normal_(param, std=0.02)
@@ -183,18 +192,38 @@ def lora_part(args, cuda: bool, dtype, autocast) -> None:
     want = (ref, *torch.autograd.grad(ref, (xr, lora_a, lora_b), grads[0]))
     print("the kernels against PEFT's layer with their masks, max relative error: output {:.1e}, input gradient "
           "{:.1e}, A {:.1e}, B {:.1e}; dropped {:.4f}".format(*relative_errors(got, want, dtype), float((~keep).float().mean())))
+    layers = [module for module in model.modules() if hasattr(module, "lora_dropout")]
+    specs = [(m.lora_A["default"].weight, m.lora_B["default"].weight, *(t.to(dtype) for t in
+              (m.base_layer.weight, m.base_layer.bias)), m.scaling["default"]) for m in layers]
+    outs = kernels.lora_linears(xs, specs, args.dropout, seeds=[5 + i for i in range(len(specs))])
+    adapters = [t for spec in specs for t in spec[:2]]
+    got = (*outs, *torch.autograd.grad(outs, (xs, *adapters), grads[:len(outs)]))
+    refs = [kernels.reference(xr, *spec[:4], spec[4], args.dropout,
+                              kernels.dropout_mask(tuple(x.shape), args.dropout, 5 + i, args.device))
+            for i, spec in enumerate(specs)]
+    want = (*refs, *torch.autograd.grad(refs, (xr, *adapters), grads[:len(refs)]))
+    errors = relative_errors(got, want, dtype)
+    print(f"the {len(specs)} layers through one kernel each way against PEFT's layers with their masks, max relative "
+          f"error: outputs {max(errors[:len(specs)]):.1e}, input gradient {errors[len(specs)]:.1e}, adapters "
+          f"{max(errors[len(specs) + 1:]):.1e}")
 
-    variants = {"PEFT": (False, False, None), "fast (modsent's step)": (True, False, None),
-                "fast, Triton LoRA": (True, True, None)}
+    variants = {"PEFT": (False, False, False, None), "fast (modsent's step)": (True, False, False, None),
+                "fast, Triton LoRA, each layer alone": (True, True, False, None),
+                "fast, Triton LoRA, the layers together (the LA's)": (True, True, True, None)}
     for down, up in args.tiles:
-        variants[f"fast, Triton LoRA, tiles {label(down)}/{label(up)}"] = (True, True, (down, up))
+        variants[f"fast, Triton LoRA, alone, tiles {label(down)}/{label(up)}"] = (True, True, False, {"down": down,
+                                                                                                      "up": up})
+    for down, up in args.qkv_tiles:
+        variants[f"fast, Triton LoRA, together, tiles {label(down)}/{label(up)}"] = (True, True, True, {
+            "down_qkv": down, "up_qkv": up})
     print(f"{'variant':56s} {'ms/step':>8s} {'ratio':>6s} {'kept MiB':>9s}")
     base = None
     default = dict(kernels.TILES)
-    for name, (fast, fused, tile) in variants.items():
+    for name, (fast, fused, shared, tile) in variants.items():
         (fastpath.speed_up if fast else fastpath.restore)(model)
-        fastpath.fuse_lora_dropout(model, fused)
-        kernels.TILES.update(default if tile is None else {"down": tile[0], "up": tile[1]})
+        fastpath.fuse_lora_dropout(model, False)
+        fastpath.fuse_lora_dropout(model, fused, shared_input=shared)
+        kernels.TILES.update(default if tile is None else tile)
         ms = timed(args, step, cuda)
         kept = kept_mib(model, forward)
         base = base or ms
@@ -269,10 +298,13 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=768)
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--dropout", type=float, default=0.1)
-    parser.add_argument("--layers", type=int, default=3, help="LoRA layers reading the one input")
+    parser.add_argument("--layers", type=int, default=3, choices=(1, 2, 3),
+                        help="LoRA layers reading the one input (query, key, value)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tiles", type=tiles, nargs="+", default=[], metavar="DOWN/UP")
+    parser.add_argument("--qkv-tiles", type=tiles, nargs="+", default=[], metavar="DOWN/UP",
+                        help="tiles of the kernels for the layers together")
     parser.add_argument("--norm-tiles", type=norm_tiles, nargs="+", default=[], metavar="ROWSxWARPS")
     parser.add_argument("--ptxas", action="store_true", help="compile for a Hopper GPU and report, run nothing")
     args = parser.parse_args()
