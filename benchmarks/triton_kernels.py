@@ -213,7 +213,9 @@ def lora_part(args, cuda: bool, dtype, autocast) -> None:
     for down, up in args.tiles:
         variants[f"fast, Triton LoRA, alone, tiles {label(down)}/{label(up)}"] = (True, True, False, {"down": down,
                                                                                                       "up": up})
-    for down, up in args.qkv_tiles:
+    if args.layers == 1:  # nothing to group
+        del variants["fast, Triton LoRA, the layers together (the LA's)"]
+    for down, up in args.qkv_tiles if args.layers > 1 else ():
         variants[f"fast, Triton LoRA, together, tiles {label(down)}/{label(up)}"] = (True, True, True, {
             "down_qkv": down, "up_qkv": up})
     print(f"{'variant':56s} {'ms/step':>8s} {'ratio':>6s} {'kept MiB':>9s}")

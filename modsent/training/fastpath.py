@@ -204,33 +204,50 @@ class _LoRAGroup:
     query, key and value): the first of them called computes all their outputs through
     :func:`modsent.training.kernels.lora_linears` (one kernel reads the input for every branch,
     and one writes the input's gradient once), and each sibling takes its output when it is
-    called with the same input (the same tensor, unchanged, in the same grad mode and dtype);
-    anything else (another input, a sibling the kernels do not apply to, other dropouts) runs
-    each layer alone."""
+    called with the same input (the same tensor, unchanged, in the same grad mode and dtype,
+    the adapters unchanged since). A call on another input computes the group afresh on it; a
+    sibling the kernels do not apply to (or whose kernels are off), or other dropout
+    probabilities or ranks, run each layer alone. Outputs not taken are dropped when the
+    attention's own forward begins or ends (hooks on it), so none outlives its call."""
 
-    def __init__(self, layers: list):
+    def __init__(self, layers: list, attention: nn.Module):
         self.layers = layers
-        self.pending = None  # (input, its version, dtype, grad mode, [outputs not yet taken])
+        self.pending = None  # (what an output is valid for, [outputs not yet taken])
+        self.hooks = (attention.register_forward_pre_hook(self.drop), attention.register_forward_hook(self.drop))
+
+    def drop(self, *_) -> None:
+        """Forget the outputs not taken (a hook of the attention's forward, before and after it)."""
+        self.pending = None
+
+    def detach(self) -> None:
+        self.pending = None
+        for hook in self.hooks:
+            hook.remove()
+
+    def _key(self, x: torch.Tensor, dtype: torch.dtype) -> tuple:
+        adapters = tuple((layer.lora_A[name].weight._version, layer.lora_B[name].weight._version)
+                         for layer in self.layers for name in layer.active_adapters)
+        return (id(x), x._version, dtype, torch.is_grad_enabled(), adapters)
 
     def output(self, index: int, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
         from modsent.training import kernels
 
-        grad = torch.is_grad_enabled()
-        pending = self.pending
-        if pending is not None and pending[0] is x and pending[1] == x._version and pending[2] == dtype \
-                and pending[3] == grad and pending[4][index] is not None:
-            out, pending[4][index] = pending[4][index], None
-            if all(o is None for o in pending[4]):
+        pending, key = self.pending, self._key(x, dtype)
+        if pending is not None and pending[0] == key and pending[1][index] is not None and pending[2] is x:
+            out, pending[1][index] = pending[1][index], None
+            if all(o is None for o in pending[1]):
                 self.pending = None
             return out
         self.pending = None
+        if not all(layer.__dict__.get(_KERNEL) for layer in self.layers):
+            return None
         args = [_kernel_args(layer, x, dtype) for layer in self.layers]
         if any(a is None for a in args) or len({a[5] for a in args}) != 1 \
                 or len({tuple(a[0].shape) for a in args}) != 1:
             return None
         outs = list(kernels.lora_linears(x.to(dtype), [a[:5] for a in args], args[0][5]))
         out, outs[index] = outs[index], None
-        self.pending = (x, x._version, dtype, grad, outs)
+        self.pending = (key, outs, x)
         return out
 
 
@@ -250,7 +267,9 @@ def fuse_lora_dropout(model: nn.Module, on: bool = True, shared_input: bool = Tr
     distribution, ``p`` rounded to 1/65,536; not PEFT's draws). Where it does not apply
     (evaluation, no gradients, a compiled trace, the CPU without Triton's interpreter, a
     projection group of :func:`fuse_projections`) the layer runs the fast forward as before.
-    Parameters, their names and the saved adapters are untouched.
+    Parameters, their names and the saved adapters are untouched. Returns how many layers'
+    kernels were turned on or off (a change of ``shared_input`` alone regroups them and counts 0).
+    Grouped are the BERT family's attentions (``query``, ``key``, ``value``: the LA's bases).
 
     ``language_adapter.kernels: triton`` uses it (:func:`use_triton_kernels`; off by default: it has
     not run on a GPU yet). ``benchmarks/mlm_throughput.py --triton`` measures it beside the eager step."""
@@ -266,18 +285,22 @@ def fuse_lora_dropout(model: nn.Module, on: bool = True, shared_input: bool = Tr
         elif not on and module.__dict__.pop(_KERNEL, False):
             changed += 1
     for module in model.modules():
-        layers = [getattr(module, name, None) for name in ("query", "key", "value")]
-        layers = [layer for layer in layers if isinstance(layer, LoraLinear) and layer.__dict__.get(_KERNEL)]
-        for layer in layers:
-            layer.__dict__.pop(_LORA_GROUP, None)
-        if on and shared_input and len(layers) > 1:
-            group = _LoRAGroup(layers)
-            for index, layer in enumerate(layers):
-                layer.__dict__[_LORA_GROUP] = (group, index)
-    if not on:
+        _ungroup(module)
+    if on and shared_input:
         for module in model.modules():
-            module.__dict__.pop(_LORA_GROUP, None)
+            layers = [getattr(module, name, None) for name in ("query", "key", "value")]
+            layers = [layer for layer in layers if isinstance(layer, LoraLinear) and layer.__dict__.get(_KERNEL)]
+            if len(layers) > 1:
+                group = _LoRAGroup(layers, module)
+                for index, layer in enumerate(layers):
+                    layer.__dict__[_LORA_GROUP] = (group, index)
     return changed
+
+
+def _ungroup(module: nn.Module) -> None:
+    group = module.__dict__.pop(_LORA_GROUP, None)
+    if group is not None:
+        group[0].detach()
 
 
 def _merge(self, *args, **kwargs):
@@ -327,8 +350,9 @@ def restore(model: nn.Module) -> None:
     """Undo :func:`speed_up`: every module it changed runs its class's forward again (what
     :func:`bf16_residual_stream` changed stays: ``bf16_residual_stream(model, False)`` undoes it)."""
     for module in model.modules():
+        _ungroup(module)
         if module.__dict__.pop(_FAST, False):
-            for name in ("forward", "merge", "unmerge", "_modsent_cast", _GROUP, _KERNEL, _LORA_GROUP):
+            for name in ("forward", "merge", "unmerge", "_modsent_cast", _GROUP, _KERNEL):
                 module.__dict__.pop(name, None)
 
 

@@ -294,13 +294,12 @@ class _LoRALinears(torch.autograd.Function):
         x2, hs, a_s, b_s = saved[0], saved[1:1 + n], saved[1 + n:1 + 2 * n], saved[1 + 2 * n:]
         need = ctx.needs_input_grad
         need_x = need[0]
-        want_a = any(need[4 + 4 * j] for j in range(n))
+        used = [j for j, grad in enumerate(grads) if grad is not None]  # an unused output: no gradient
+        want_a = any(need[4 + 4 * j] for j in used)
         flat = [None] * (4 * n)
         grad_x, us = None, []
-        for j, grad in enumerate(grads):
-            if grad is None:  # its output unused: a zero gradient
-                us.append(torch.zeros(x2.shape[0], a_s[j].shape[0], dtype=x2.dtype, device=x2.device))
-                continue
+        for j in used:
+            grad = grads[j]
             g = grad.reshape(-1, grad.shape[-1])
             if g.dtype != x2.dtype:
                 g = g.to(x2.dtype)
@@ -309,14 +308,13 @@ class _LoRALinears(torch.autograd.Function):
             us.append((g @ b_s[j]).mul_(ctx.scalings[j]))
             if need_x:  # the base products' gradients summed by cuBLAS into one tensor
                 grad_x = _rows(g @ ctx.weights[j]) if grad_x is None else grad_x.addmm_(g, ctx.weights[j])
-        if all(grad is None for grad in grads) or not (need_x or want_a):
+        if not used or not (need_x or want_a):
             return (None, None, None, None, *flat)
-        if need_x and grad_x is None:
-            grad_x = torch.zeros_like(x2)
-        parts = _up(grad_x if need_x else None, x2, us, list(a_s), ctx.seeds, ctx.p, want_a)
-        for j in range(n):
+        parts = _up(grad_x if need_x else None, x2, us, [a_s[j] for j in used], [ctx.seeds[j] for j in used], ctx.p,
+                    want_a)
+        for position, j in enumerate(used):
             if need[4 + 4 * j]:
-                flat[4 * j] = parts[j].to(ctx.lora_dtypes[j][0])
+                flat[4 * j] = parts[position].to(ctx.lora_dtypes[j][0])
         return (grad_x.view(ctx.input_shape) if need_x else None, None, None, None, *flat)
 
 
@@ -324,12 +322,12 @@ def lora_linears(x: torch.Tensor, layers, p: float, seeds=None) -> tuple[torch.T
     """:func:`lora_linear` of up to 3 layers reading the one input ``x`` (an attention's query,
     key and value), each with its own dropout mask: ``layers`` is a sequence of (lora_a, lora_b,
     weight, bias, scaling), the adapters of one rank; ``p`` their dropout; ``seeds`` one per
-    layer (by default drawn from PyTorch's CPU generator, in order, as the layers' own calls
-    would draw them). One kernel reads ``x`` for all the branches forward, and one reads it
+    layer (by default drawn from PyTorch's CPU generator in the layers' order, as their own calls
+    in that order would draw them). One kernel reads ``x`` for all the branches forward, and one reads it
     and writes the input's gradient once backward, with the base products' input gradients
     summed into it by cuBLAS, where the layers' own calls read ``x`` and write or add an
     input-sized gradient once each. The same outputs and gradients as the layers' calls with
-    those seeds."""
+    those seeds (a layer whose output takes no part in the backward gets none)."""
     layers = list(layers)
     if not 1 <= len(layers) <= 3:
         raise ValueError(f"lora_linears: {len(layers)} layers; expected 1 to 3")
