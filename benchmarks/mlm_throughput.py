@@ -82,6 +82,43 @@ VARIANTS = {  # name: (MLM head on the masked positions only, bf16 autocast, fus
 }
 
 
+def variant_table(args, cuda: bool) -> dict:
+    """{variant name: (MLM head on the masked positions only, bf16 autocast, fused AdamW, fast LoRA)}
+    that these options time on a GPU (``cuda``) or the CPU, in the order they run (gpu.sh's
+    ``--only`` names are checked against it: tests/test_gpu_blocks.py)."""
+    variants = dict(VARIANTS) if cuda else {name: VARIANTS[name] for name in
+                                            ("masked, fp32, fast", "masked, fp32", "full head, fp32")}
+    if args.bf16_residual and cuda:
+        variants["masked, bf16, fused, fast, bf16 residual"] = (True, True, True, True)
+    # modsent's step, the base of the variants below (the CPU's: fp32, foreach AdamW)
+    prefix = "masked, bf16, fused, fast" if cuda else "masked, fp32, fast"
+    flags = (True, True, True, True) if cuda else (True, False, False, True)
+    if args.fused:  # eager products and attention: only the LayerNorm steps compiled, as small functions
+        for what in ("fused projections", "fused norms", "fused norms and projections"):
+            variants[f"{prefix}, {what}"] = flags
+            if args.bf16_residual and cuda:
+                variants[f"{prefix}, {what}, bf16 residual"] = flags
+    if args.triton:  # the LoRA branches and the residual norms as Triton kernels, products and attention eager
+        for what in ("Triton LoRA", "Triton LoRA alone", "Triton norms", "Triton LoRA and norms"):
+            variants[f"{prefix}, {what}"] = flags
+            if args.bf16_residual and cuda:
+                variants[f"{prefix}, {what}, bf16 residual"] = flags
+    if args.compile:  # last: it compiles the encoder in place (on the CPU: in fp32, as every CPU variant)
+        variants[f"{prefix}, compiled"] = flags
+        if args.bf16_residual and cuda:  # both: Inductor fusing a residual stream held in bf16
+            variants[f"{prefix}, compiled, bf16 residual"] = flags
+        # the attention kept out of the graphs (fastpath.attention_outside_graph): the eager
+        # step's attention kernel, Inductor fusing only the element-wise work between the products
+        variants[f"{prefix}, compiled, attention outside"] = flags
+        if args.bf16_residual and cuda:
+            variants[f"{prefix}, compiled, attention outside, bf16 residual"] = flags
+    if args.graphs:  # after the compiled ones: the encoder's graphs are recorded in place, kernels as eager
+        variants[f"{prefix}, graphs"] = flags
+        if args.bf16_residual and cuda:
+            variants[f"{prefix}, graphs, bf16 residual"] = flags
+    return variants
+
+
 def main() -> None:
     from modsent.losses import mlm_parts
     from modsent.modular.language_adapter import mlm_loss
@@ -136,45 +173,16 @@ def main() -> None:
         if not kernels.runs_on(args.device):
             parser.error(f"--triton: Triton's kernels cannot run on {args.device} here (Triton installed? on the "
                          f"CPU, TRITON_INTERPRET=1 before Triton is imported)")
-    model, vocab = build(args)
-    params = [p for p in model.parameters() if p.requires_grad]
-    encoder_params = sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n)
     cuda = args.device.startswith("cuda")
-    variants = dict(VARIANTS) if cuda else {name: VARIANTS[name] for name in
-                                            ("masked, fp32, fast", "masked, fp32", "full head, fp32")}
-    if args.bf16_residual and cuda:
-        variants["masked, bf16, fused, fast, bf16 residual"] = (True, True, True, True)
-    # modsent's step, the base of the variants below (the CPU's: fp32, foreach AdamW)
-    prefix = "masked, bf16, fused, fast" if cuda else "masked, fp32, fast"
-    flags = (True, True, True, True) if cuda else (True, False, False, True)
-    if args.fused:  # eager products and attention: only the LayerNorm steps compiled, as small functions
-        for what in ("fused projections", "fused norms", "fused norms and projections"):
-            variants[f"{prefix}, {what}"] = flags
-            if args.bf16_residual and cuda:
-                variants[f"{prefix}, {what}, bf16 residual"] = flags
-    if args.triton:  # the LoRA branches and the residual norms as Triton kernels, products and attention eager
-        for what in ("Triton LoRA", "Triton LoRA alone", "Triton norms", "Triton LoRA and norms"):
-            variants[f"{prefix}, {what}"] = flags
-            if args.bf16_residual and cuda:
-                variants[f"{prefix}, {what}, bf16 residual"] = flags
-    if args.compile:  # last: it compiles the encoder in place (on the CPU: in fp32, as every CPU variant)
-        variants[f"{prefix}, compiled"] = flags
-        if args.bf16_residual and cuda:  # both: Inductor fusing a residual stream held in bf16
-            variants[f"{prefix}, compiled, bf16 residual"] = flags
-        # the attention kept out of the graphs (fastpath.attention_outside_graph): the eager
-        # step's attention kernel, Inductor fusing only the element-wise work between the products
-        variants[f"{prefix}, compiled, attention outside"] = flags
-        if args.bf16_residual and cuda:
-            variants[f"{prefix}, compiled, attention outside, bf16 residual"] = flags
-    if args.graphs:  # after the compiled ones: the encoder's graphs are recorded in place, kernels as eager
-        variants[f"{prefix}, graphs"] = flags
-        if args.bf16_residual and cuda:
-            variants[f"{prefix}, graphs, bf16 residual"] = flags
+    variants = variant_table(args, cuda)
     if args.only:
         unknown = set(args.only) - set(variants)
         if unknown:
             parser.error(f"--only: no variant {sorted(unknown)} here; the variants: {sorted(variants)}")
         variants = {name: flags for name, flags in variants.items() if name in args.only or name == "full head, fp32"}
+    model, vocab = build(args)
+    params = [p for p in model.parameters() if p.requires_grad]
+    encoder_params = sum(p.numel() for n, p in model.named_parameters() if "embeddings" not in n)
     name_gpu = torch.cuda.get_device_name() if cuda else "CPU"
     print(f"model: {'LaBSE-sized random BERT' if args.labse_random else args.base}; "
           f"{encoder_params / 1e6:.1f}M non-embedding parameters; vocabulary {vocab}; device {args.device} "

@@ -292,12 +292,47 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
+def variant_table(args, cuda: bool) -> dict:
+    """{variant name: (bf16 autocast, length groups, fast LoRA)} that these options time on a GPU
+    (``cuda``) or the CPU, in the order they run (gpu.sh's ``--only`` names are checked against it:
+    tests/test_gpu_blocks.py)."""
+    from modsent.training.loop import CPU_CHUNK_SENTENCES
+
+    variants = {"fp32, random": (False, 1, False), "bf16, random": (True, 1, False),
+                "bf16, random, fast": (True, 1, True), "bf16, grouped": (True, args.group, False),
+                "bf16, grouped, fast": (True, args.group, True)}
+    if not cuda:
+        variants = {"fp32, random": (False, 1, False), "fp32, random, fast": (False, 1, True),
+                    "fp32, grouped": (False, args.group, False)}
+    # the stages' CPU step: the pass in sub-passes by length (on a GPU only when --only names it:
+    # there it ran at 0.19-0.20x the fp32 step on an H200, and takes a minute per stage)
+    chunks = ("bf16" if cuda else "fp32") + f", fast, chunks {CPU_CHUNK_SENTENCES}"
+    if not cuda or chunks in (args.only or ()):
+        variants[chunks] = (cuda, 1, True)
+    if cuda:
+        variants["bf16, fast, pad 8"] = (True, 1, True)
+        variants["bf16, fast, cuDNN"] = (True, 1, True)
+    if args.bf16_residual and cuda:
+        variants["bf16, fast, bf16 res."] = (True, 1, True)
+    if args.triton:
+        variants["bf16, Triton" if cuda else "fp32, Triton"] = (cuda, 1, True)
+    if args.two_datasets:  # the stages' length_groups: each pair ranked by length within its dataset
+        variants["bf16, strata, fast" if cuda else "fp32, strata"] = (cuda, args.group, cuda)
+    if args.compile:
+        # the fast path, as modsent trains (under torch.compile its frozen layers leave the casts
+        # to the compiler: one graph, tests/test_fastpath.py)
+        name = ("bf16" if cuda else "fp32") + (", fast, graphs" if args.compile_mode == "reduce-overhead"
+                                               else ", fast, compiled")
+        variants[name] = (cuda, 1, True)
+    return variants
+
+
 def main() -> None:
     from modsent.losses import MultipleNegativesRankingLoss
     from modsent.modular import alignment as al, sentence_adapter as sa
     from modsent.training import fastpath
 
-    from modsent.training.loop import CPU_CHUNK_SENTENCES, LengthChunks, optimizer_step, split_by_length
+    from modsent.training.loop import LengthChunks, optimizer_step, split_by_length
     from modsent.training.optim import step_options
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -356,32 +391,7 @@ def main() -> None:
     print(f"{'stage':5} {'seq':>4} {'variant':21} {'pairs/s':>9} {'padding':>8} {'ratio':>6} {'new shape':>11}"
           + (f" {'MFU 6N':>6} {'MFU 4N':>6} {'peak GiB':>9}" if cuda else "")
           + (f" {'spread':>7}" if args.rounds > 1 else ""))
-    variants = {"fp32, random": (False, 1, False), "bf16, random": (True, 1, False),
-                "bf16, random, fast": (True, 1, True), "bf16, grouped": (True, args.group, False),
-                "bf16, grouped, fast": (True, args.group, True)}
-    if not cuda:
-        variants = {"fp32, random": (False, 1, False), "fp32, random, fast": (False, 1, True),
-                    "fp32, grouped": (False, args.group, False)}
-    # the stages' CPU step: the pass in sub-passes by length (on a GPU only when --only names it:
-    # there it ran at 0.19-0.20x the fp32 step on an H200, and takes a minute per stage)
-    chunks = ("bf16" if cuda else "fp32") + f", fast, chunks {CPU_CHUNK_SENTENCES}"
-    if not cuda or chunks in (args.only or ()):
-        variants[chunks] = (cuda, 1, True)
-    if cuda:
-        variants["bf16, fast, pad 8"] = (True, 1, True)
-        variants["bf16, fast, cuDNN"] = (True, 1, True)
-    if args.bf16_residual and cuda:
-        variants["bf16, fast, bf16 res."] = (True, 1, True)
-    if args.triton:
-        variants["bf16, Triton" if cuda else "fp32, Triton"] = (cuda, 1, True)
-    if args.two_datasets:  # the stages' length_groups: each pair ranked by length within its dataset
-        variants["bf16, strata, fast" if cuda else "fp32, strata"] = (cuda, args.group, cuda)
-    if args.compile:
-        # the fast path, as modsent trains (under torch.compile its frozen layers leave the casts
-        # to the compiler: one graph, tests/test_fastpath.py)
-        name = ("bf16" if cuda else "fp32") + (", fast, graphs" if args.compile_mode == "reduce-overhead"
-                                               else ", fast, compiled")
-        variants[name] = (cuda, 1, True)
+    variants = variant_table(args, cuda)
     if args.only:
         unknown = set(args.only) - set(variants)
         if unknown:
