@@ -438,19 +438,22 @@ def test_fused_lora_dropout_stays_out_of_evaluation_and_can_be_undone(device, mo
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).last_hidden_state, before, rtol=0, atol=0)
     model.train()
-    with torch.no_grad():  # training mode, but no gradients: the fast forward
+    with torch.inference_mode():  # training mode in inference mode: the fast forward
         model(input_ids=ids)
     assert not calls
-    step(model, ids)
+    with torch.no_grad():  # training mode without gradients (a reentrant checkpoint's first forward): the kernels
+        model(input_ids=ids)
     assert len(calls) == 6
+    step(model, ids)
+    assert len(calls) == 12
     if device == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "0")  # the CPU without the interpreter: the fast forward
         step(model, ids)
-        assert len(calls) == 6
+        assert len(calls) == 12
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert fastpath.fuse_lora_dropout(model, False) == 6
     step(model, ids)
-    assert len(calls) == 6
+    assert len(calls) == 12
     fastpath.fuse_lora_dropout(model)
     fastpath.restore(model)  # restore takes the marks with the fast forward
     assert not any("_modsent_lora_kernel" in vars(module) or "_modsent_lora_group" in vars(module)
@@ -490,42 +493,180 @@ def test_shared_input_groups_the_lora_layers_of_an_attention_and_runs_alone_what
 
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
 def test_grouped_outputs_do_not_outlive_their_call(device, monkeypatch):
-    """An output computed for a sibling is taken only by that sibling's call on the same input
-    with the adapters unchanged: the attention's forward drops what is left, an optimizer step
-    or another input computes afresh, and fuse_lora_dropout(False) and restore remove the hooks."""
+    """Outputs wait for their siblings only inside the attention's forward, and only for a call on
+    the same input, unchanged: outside it (or after it raised) each layer runs alone, another or a
+    changed input computes afresh, and fuse_lora_dropout(False) and restore remove the hooks."""
     model = tiny_lora_bert().to(device)
     ids = torch.randint(5, 300, (3, 9), generator=torch.Generator().manual_seed(1)).to(device)
     fastpath.speed_up(model)
     fastpath.fuse_lora_dropout(model)
+    fastpath.fuse_lora_dropout(model)  # again: no second pair of hooks
     attention = model.base_model.model.encoder.layer[0].attention.self
+    assert len(attention._forward_hooks) == 1 and len(attention._forward_pre_hooks) == 1
     group = attention.query.__dict__["_modsent_lora_group"][0]
     calls = recorded_draws(monkeypatch, "lora_linears")
+    alone = recorded_draws(monkeypatch, "lora_linear")
     step(model, ids)
-    assert len(calls) == 2 * 3 and group.pending is None  # the forward's hook dropped nothing left
+    assert len(calls) == 2 * 3 and not alone and group.pending is None and not group.open
 
     x = torch.randn(3, 9, 64, device=device, requires_grad=True)
-    attention.query(x)  # the key's and value's outputs wait
-    assert len(calls) == 9 and group.pending is not None
-    with torch.no_grad():
-        attention.key.lora_B["default"].weight.add_(1.0)  # as an optimizer step: the waiting outputs are stale
-    key = attention.key(x)
-    assert len(calls) == 12  # computed afresh, with the new B and the mask of the key's new draw
-    layer, (_, seed) = attention.key, calls[10]
+    out = attention.key(x)  # outside the attention's forward: alone, nothing waits
+    assert len(calls) == 6 and len(alone) == 1 and group.pending is None
+    layer, (_, seed) = attention.key, alone[0]
     keep = kernels.dropout_mask((27, 64), 0.1, seed, device)
     want = kernels.reference(x, layer.lora_A["default"].weight, layer.lora_B["default"].weight,
                              layer.base_layer.weight, layer.base_layer.bias, layer.scaling["default"], 0.1, keep)
-    torch.testing.assert_close(key, want, rtol=1e-5, atol=1e-5)
-    attention.value(torch.randn_like(x))  # another input: afresh
-    assert len(calls) == 15
-    attention(x)  # the attention's own forward: the hooks drop what is left after it
-    assert group.pending is None
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+    seen = []
+
+    def probe(self, hidden_states, *args, **kwargs):  # the attention's projections, called inside its forward
+        self.query(hidden_states)  # the group's three outputs: one call
+        seen.append(len(calls))
+        with torch.no_grad():
+            hidden_states.add_(0.0)  # changed in place: the key's waiting output is stale
+        self.key(hidden_states)
+        seen.append(len(calls))
+        self.value(hidden_states)  # taken from the key's call
+        seen.append(len(calls))
+        self.query(torch.randn_like(hidden_states))  # another input: afresh
+        seen.append(len(calls))
+        raise RuntimeError("stopped inside the attention")
+
+    original = type(attention).forward
+    monkeypatch.setattr(type(attention), "forward", probe)
+    with pytest.raises(RuntimeError, match="stopped inside"):
+        attention(x.detach().clone())
+    monkeypatch.setattr(type(attention), "forward", original)
+    assert seen == [9, 12, 12, 15] and len(alone) == 1
+    assert not group.open and group.pending is None  # the hook after the forward ran though it raised
+    attention.value(x)
+    assert len(alone) == 2
 
     assert fastpath.fuse_lora_dropout(model, False) == 6
     assert not attention._forward_hooks and not attention._forward_pre_hooks
     fastpath.fuse_lora_dropout(model)
-    assert attention._forward_hooks and "_modsent_lora_group" in vars(attention.value)
+    assert len(attention._forward_hooks) == 1 and "_modsent_lora_group" in vars(attention.value)
     fastpath.restore(model)
     assert not attention._forward_hooks and not attention._forward_pre_hooks
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_a_wrapped_attention_is_grouped_once(device, monkeypatch):
+    """PEFT wrapping the attention itself (a PeftModel forwards attribute lookups to the model it
+    wraps): the group and its hooks are the attention's alone, however often the kernels are
+    turned on, and its forward runs the three layers as one call."""
+
+    class Projections(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.query, self.key, self.value = (nn.Linear(32, 32) for _ in range(3))
+
+        def forward(self, x):
+            return self.query(x) + self.key(x) + self.value(x)
+
+    torch.manual_seed(0)
+    model = get_peft_model(Projections(), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1,
+                                                     target_modules=["query", "key", "value"])).to(device).train()
+    fastpath.speed_up(model)
+    for _ in range(3):
+        fastpath.fuse_lora_dropout(model)
+    attention = model.base_model.model
+    hooks = {name: len(module._forward_hooks) + len(module._forward_pre_hooks)
+             for name, module in (("peft", model), ("lora", model.base_model), ("attention", attention))}
+    assert hooks == {"peft": 0, "lora": 0, "attention": 2}
+    calls = recorded_draws(monkeypatch, "lora_linears")
+    model(torch.randn(5, 32, device=device, requires_grad=True)).sum().backward()
+    assert len(calls) == 3
+    fastpath.restore(model)
+    assert not attention._forward_hooks and not attention._forward_pre_hooks
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_an_adapter_on_some_of_the_projections_runs_with_the_kernels(device, monkeypatch):
+    """A second adapter on the query only, made active: the key and value run without LoRA and
+    the query alone through its kernel, as PEFT runs them (no group of adapters a layer lacks)."""
+    model = tiny_lora_bert().to(device)
+    model.add_adapter("q_only", LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["query"]))
+    model.set_adapter("q_only")
+    for name, param in model.named_parameters():
+        if "lora_B.q_only" in name:
+            nn.init.normal_(param, std=0.2)
+    model.to(device)
+    ids = torch.randint(5, 300, (3, 9), generator=torch.Generator().manual_seed(1)).to(device)
+    fastpath.speed_up(model)
+    fastpath.fuse_lora_dropout(model)
+    alone = recorded_draws(monkeypatch, "lora_linear")
+    groups = recorded_draws(monkeypatch, "lora_linears")
+    out, grads = step(model, ids)
+    assert len(alone) == 2 and not groups  # the query of each layer
+    fastpath.restore(model)
+    for module in model.modules():
+        if hasattr(module, "lora_dropout") and "q_only" in module.lora_dropout:
+            module.lora_dropout["q_only"] = MaskedDropout(alone, 0.1)
+    ref_out, ref_grads = step(model, ids)
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == ref_grads.keys() and sum("lora_A.q_only" in name for name in grads) == 2
+    for name in ref_grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4,
+                                   atol=1e-5 * float(ref_grads[name].abs().max()))
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_reentrant_checkpointing_recomputes_the_kernels_masks(device, monkeypatch):
+    """Reentrant activation checkpointing runs each layer's forward without gradients and again
+    with them in the backward: both draw the same masks (the kernels take the first forward too),
+    so the gradients are those of the step without checkpointing."""
+    direction = torch.randn(3, 9, 64, generator=torch.Generator().manual_seed(2)).to(device)
+    ids = torch.randint(5, 300, (3, 9), generator=torch.Generator().manual_seed(1)).to(device)
+    calls = []
+    for function in ("lora_linears", "dropout_add_norm"):
+        original = getattr(kernels, function)
+        monkeypatch.setattr(kernels, function,
+                            lambda *a, _f=original, _n=function, **k: calls.append(_n) or _f(*a, **k))
+
+    def run(checkpointing):
+        model = tiny_lora_bert(hidden_dropout=0.1).to(device)
+        fastpath.speed_up(model)
+        fastpath.use_triton_kernels(model)
+        if checkpointing:
+            model.base_model.model.activation_checkpointing_enable(
+                activation_checkpointing_kwargs={"use_reentrant": True})
+        calls.clear()
+        torch.manual_seed(123)
+        out = model(input_ids=ids).last_hidden_state
+        (out * direction).sum().backward()
+        return out.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}, list(calls)
+
+    out, grads, plain = run(False)
+    ref_out, ref_grads, checkpointed = run(True)
+    assert plain.count("lora_linears") == 2 and plain.count("dropout_add_norm") == 4
+    assert checkpointed == plain + plain  # every kernel ran again in the backward
+    torch.testing.assert_close(out, ref_out, rtol=0, atol=0)
+    assert grads.keys() == ref_grads.keys() and sum("lora_A" in name for name in grads) == 6
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_a_compiled_model_with_the_kernels_traces_once(device):
+    """Inside a compiled trace the layers run the fast forward: one graph, no recompilation for
+    new inputs, no graph break (the grouping's hooks and checks leave nothing to guard on)."""
+    model = tiny_lora_bert(hidden_dropout=0.1).to(device)
+    fastpath.speed_up(model)
+    fastpath.use_triton_kernels(model)
+    graphs = []
+
+    def backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    compiled = torch.compile(model.base_model.model, backend=backend, fullgraph=True)
+    for seed in range(3):
+        ids = torch.randint(5, 300, (3, 9), generator=torch.Generator().manual_seed(seed)).to(device)
+        compiled(input_ids=ids).last_hidden_state.sum().backward()
+    assert len(graphs) == 1
+    torch._dynamo.reset()
 
 
 def test_frozen_base_and_probabilities_are_checked():

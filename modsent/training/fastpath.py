@@ -159,9 +159,11 @@ def _lora_linear_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor
 def _kernel_args(layer, x: torch.Tensor, dtype: torch.dtype) -> tuple | None:
     """(lora_a, lora_b, weight, bias, scaling, p) of a sped-up PEFT LoRA ``Linear``'s call on ``x``
     under ``dtype`` (the autocast dtype, else ``x``'s) where :mod:`modsent.training.kernels`
-    apply to it (its fast forward's vanilla case, a dropout in training, gradients on, a frozen
-    ``nn.Linear`` base not in a projection group, a device the kernels run on, not inside a
-    compiled trace), else None."""
+    apply to it (its fast forward's vanilla case, a dropout in training, not in inference mode, a
+    frozen ``nn.Linear`` base not in a projection group, a device the kernels run on), else None.
+    A training-mode call without gradients takes the kernels too: reentrant activation
+    checkpointing runs the forward so first and again with gradients, and both must draw the same
+    mask (the seeds come from PyTorch's CPU generator, whose state checkpointing restores)."""
     from modsent.training import kernels
 
     name = _vanilla_adapter(layer) if layer.__dict__.get(_FAST) else None
@@ -170,7 +172,7 @@ def _kernel_args(layer, x: torch.Tensor, dtype: torch.dtype) -> tuple | None:
     lora_a, lora_b = layer.lora_A[name].weight, layer.lora_B[name].weight
     dropout, base = layer.lora_dropout[name], layer.base_layer
     if not (isinstance(dropout, nn.Dropout) and dropout.training and dropout.p > 0) \
-            or not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or torch.compiler.is_compiling() \
+            or torch.is_inference_mode_enabled() or x.is_inference() \
             or type(base) is not nn.Linear or base.weight.requires_grad \
             or (base.bias is not None and base.bias.requires_grad) or _GROUP in base.__dict__ \
             or not base.weight.is_floating_point() or base.weight.is_inference() or not kernels.supported(x):
@@ -190,6 +192,8 @@ def _lora_kernel_forward(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     siblings reading the same input (:class:`_LoRAGroup`), else None."""
     from modsent.training import kernels
 
+    if torch.compiler.is_compiling():  # a compiled trace: the fast forward (first: no guard on what follows)
+        return None
     group = self.__dict__.get(_LORA_GROUP)
     if group is not None:
         out = group[0].output(group[1], x, dtype)
@@ -201,41 +205,43 @@ def _lora_kernel_forward(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Ten
 
 class _LoRAGroup:
     """Sped-up PEFT LoRA ``Linear`` layers with kernels that read one input (an attention's
-    query, key and value): the first of them called computes all their outputs through
-    :func:`modsent.training.kernels.lora_linears` (one kernel reads the input for every branch,
-    and one writes the input's gradient once), and each sibling takes its output when it is
-    called with the same input (the same tensor, unchanged, in the same grad mode and dtype,
-    the adapters unchanged since). A call on another input computes the group afresh on it; a
-    sibling the kernels do not apply to (or whose kernels are off), or other dropout
-    probabilities or ranks, run each layer alone. Outputs not taken are dropped when the
-    attention's own forward begins or ends (hooks on it), so none outlives its call."""
+    query, key and value): inside the attention's forward, the first of them called computes all
+    their outputs through :func:`modsent.training.kernels.lora_linears` (one kernel reads the input
+    for every branch, and one writes the input's gradient once), and each sibling takes its output
+    when it is called with the same input (the same tensor, unchanged, in the same grad mode and
+    dtype). Outputs wait only between the hooks on the attention's forward (before it and after
+    it, even when it raises): nothing outlives the call, so no optimizer step, copy or other
+    module can meet a waiting output. A call outside that forward, on another input, a sibling the
+    kernels do not apply to (or whose kernels are off), or other dropout probabilities or ranks
+    run each layer alone."""
 
     def __init__(self, layers: list, attention: nn.Module):
         self.layers = layers
-        self.pending = None  # (what an output is valid for, [outputs not yet taken])
-        self.hooks = (attention.register_forward_pre_hook(self.drop), attention.register_forward_hook(self.drop))
+        self.open = False  # inside the attention's forward
+        self.pending = None  # (x, what its outputs are valid for, [outputs not yet taken])
+        self.hooks = (attention.register_forward_pre_hook(self.begin),
+                      attention.register_forward_hook(self.end, always_call=True))
 
-    def drop(self, *_) -> None:
-        """Forget the outputs not taken (a hook of the attention's forward, before and after it)."""
-        self.pending = None
+    def begin(self, *_) -> None:
+        self.open, self.pending = True, None
+
+    def end(self, *_) -> None:
+        self.open, self.pending = False, None
 
     def detach(self) -> None:
-        self.pending = None
+        self.end()
         for hook in self.hooks:
             hook.remove()
-
-    def _key(self, x: torch.Tensor, dtype: torch.dtype) -> tuple:
-        adapters = tuple((layer.lora_A[name].weight._version, layer.lora_B[name].weight._version)
-                         for layer in self.layers for name in layer.active_adapters)
-        return (id(x), x._version, dtype, torch.is_grad_enabled(), adapters)
 
     def output(self, index: int, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
         from modsent.training import kernels
 
-        pending, key = self.pending, self._key(x, dtype)
-        if pending is not None and pending[0] == key and pending[1][index] is not None and pending[2] is x:
-            out, pending[1][index] = pending[1][index], None
-            if all(o is None for o in pending[1]):
+        if not self.open or x.is_inference():  # (an inference tensor has no version counter)
+            return None
+        pending, key = self.pending, (x._version, dtype, torch.is_grad_enabled())
+        if pending is not None and pending[0] is x and pending[1] == key and pending[2][index] is not None:
+            out, pending[2][index] = pending[2][index], None
+            if all(o is None for o in pending[2]):
                 self.pending = None
             return out
         self.pending = None
@@ -247,7 +253,7 @@ class _LoRAGroup:
             return None
         outs = list(kernels.lora_linears(x.to(dtype), [a[:5] for a in args], args[0][5]))
         out, outs[index] = outs[index], None
-        self.pending = (key, outs, x)
+        self.pending = (x, key, outs)
         return out
 
 
@@ -265,8 +271,10 @@ def fuse_lora_dropout(model: nn.Module, on: bool = True, shared_input: bool = Tr
     writes its own gradient, and autograd adds those). The same function of the same parameters;
     the dropout draws from its own Philox stream seeded from PyTorch's CPU generator (the same
     distribution, ``p`` rounded to 1/65,536; not PEFT's draws). Where it does not apply
-    (evaluation, no gradients, a compiled trace, the CPU without Triton's interpreter, a
+    (evaluation, inference mode, a compiled trace, the CPU without Triton's interpreter, a
     projection group of :func:`fuse_projections`) the layer runs the fast forward as before.
+    Grouped layers run together only inside their attention's forward; called outside it, each
+    runs alone.
     Parameters, their names and the saved adapters are untouched. Returns how many layers'
     kernels were turned on or off (a change of ``shared_input`` alone regroups them and counts 0).
     Grouped are the BERT family's attentions (``query``, ``key``, ``value``: the LA's bases).
@@ -288,7 +296,8 @@ def fuse_lora_dropout(model: nn.Module, on: bool = True, shared_input: bool = Tr
         _ungroup(module)
     if on and shared_input:
         for module in model.modules():
-            layers = [getattr(module, name, None) for name in ("query", "key", "value")]
+            # its own children only (a PeftModel forwards attribute lookups to the model it wraps)
+            layers = [module._modules.get(name) for name in ("query", "key", "value")]
             layers = [layer for layer in layers if isinstance(layer, LoraLinear) and layer.__dict__.get(_KERNEL)]
             if len(layers) > 1:
                 group = _LoRAGroup(layers, module)
@@ -405,7 +414,7 @@ def use_triton_kernels(model: nn.Module, on: bool = True) -> tuple[int, int]:
     """Both of :mod:`modsent.training.kernels`' kernel pairs in ``model`` (after :func:`speed_up`;
     ``on=False`` undoes it): each LoRA layer's dropout (:func:`fuse_lora_dropout`) and each
     dropout + residual add + LayerNorm (:func:`fuse_residual_norms` with ``kernel="triton"``).
-    Returns how many of each changed. Where a kernel does not apply (evaluation, no gradients, a
+    Returns how many of each changed. Where a kernel does not apply (evaluation, inference mode, a
     trained norm or base layer, a compiled trace, a device without the kernels) the layer runs
     as before; parameters and saved adapters are untouched."""
     return fuse_lora_dropout(model, on), fuse_residual_norms(model, on=on, kernel="triton")
@@ -562,9 +571,13 @@ def _fused_norm():
 def _fused_output_forward(self, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
     hidden = self.dense(hidden_states)
     norm = self.LayerNorm
-    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
-        # inside a compiled encoder: the module's own ops, fused there; without gradients
-        # (evaluation, encoding): the module's own ops too, no graph compiled for each such shape
+    if torch.compiler.is_compiling() or torch.is_inference_mode_enabled() \
+            or not (torch.is_grad_enabled() or self.dropout.training and self.dropout.p > 0):
+        # inside a compiled encoder: the module's own ops, fused there; evaluation and encoding
+        # (inference mode, or no gradients and no dropout): the module's own ops too, no graph
+        # compiled for each such shape. A dropout in training without gradients (reentrant
+        # activation checkpointing's first forward, recomputed with them) draws as with them:
+        # the same masks both times.
         return norm(self.dropout(hidden) + input_tensor)
     dtype = _autocast_dtype(hidden)
     if dtype == torch.bfloat16 and getattr(norm.forward, "__func__", None) is _layer_norm_in_bf16:
@@ -601,8 +614,9 @@ def fuse_residual_norms(model: nn.Module, device: str | torch.device | None = No
     Inductor's generator (the same distribution, seeded from PyTorch's: a run stays reproducible).
     ``device`` and ``key`` as for :func:`compile_in_place` (refused, naming ``key``, where nothing
     compiles). Modules of other classes are left as they are. Parameters, state dict and saved
-    adapters are untouched; inside a compiled encoder, and without gradients (evaluation), the
-    module's own forward runs.
+    adapters are untouched; inside a compiled encoder, in inference mode and without gradients
+    and dropout (evaluation), the module's own forward runs (a dropout in training without
+    gradients, as reentrant checkpointing's first forward, takes the fused one as with them).
 
     No stage uses it: on an H200 the LA step ran 0.84x as fast with it (mlm_fused_h200.txt; the
     in-kernel dropout draws are slower than eager's, and each compiled call costs the host more
