@@ -144,6 +144,13 @@ def measure(model, loss_fn, batches, device: str, steps: int) -> tuple[float, fl
     return statistics.median(times), peak
 
 
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What the options' types cannot check (tests/test_gpu_blocks.py runs it on gpu.sh's lines)."""
+    if args.compile and len(args.seq_len) > 1:
+        parser.error("--compile compiles the body in place: give one --seq-len (the eager runs of a "
+                     "second length would be compiled)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=list(SIZES), default="small")
@@ -157,9 +164,7 @@ def main() -> None:
                         help="also time modsent's step with the encoder body compiled as methods.MEXMA.compile: true "
                              "compiles it (fastpath.compile_in_place, dynamic sizes; needs Triton or a C++ compiler)")
     args = parser.parse_args()
-    if args.compile and len(args.seq_len) > 1:
-        parser.error("--compile compiles the body in place: give one --seq-len (the eager runs of a "
-                     "second length would be compiled)")
+    check_options(parser, args)
     device = args.device
     pairs = args.pairs or (64 if device.startswith("cuda") else 8)
     vocab = args.vocab or (32_000 if args.size == "small" else VOCAB)

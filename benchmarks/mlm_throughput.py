@@ -119,6 +119,13 @@ def variant_table(args, cuda: bool) -> dict:
     return variants
 
 
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What the options' types cannot check (tests/test_gpu_blocks.py runs it on gpu.sh's lines; what
+    the device can run, and --only against the variants, main checks)."""
+    if (args.compile or args.graphs) and len(args.seq_len) > 1:
+        parser.error("--compile and --graphs compile the encoder in place: give one --seq-len")
+
+
 def main() -> None:
     from modsent.losses import mlm_parts
     from modsent.modular.language_adapter import mlm_loss
@@ -162,8 +169,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", metavar="VARIANT",
                         help="time only these variants (and the unoptimised one the ratios need)")
     args = parser.parse_args()
-    if (args.compile or args.graphs) and len(args.seq_len) > 1:
-        parser.error("--compile and --graphs compile the encoder in place: give one --seq-len")
+    check_options(parser, args)
 
     if args.triton:
         if not args.device.startswith("cuda"):

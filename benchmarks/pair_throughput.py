@@ -327,6 +327,13 @@ def variant_table(args, cuda: bool) -> dict:
     return variants
 
 
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What the options' types cannot check (tests/test_gpu_blocks.py runs it on gpu.sh's lines;
+    --only against the variants, main checks)."""
+    if args.rounds < 1:
+        parser.error(f"--rounds: at least 1, got {args.rounds}")
+
+
 def main() -> None:
     from modsent.losses import MultipleNegativesRankingLoss
     from modsent.modular import alignment as al, sentence_adapter as sa
@@ -372,11 +379,9 @@ def main() -> None:
                              "in another order), and report the median round: a host whose speed drifts "
                              "then slows every variant alike; 'spread' is (slowest - fastest) / median")
     args = parser.parse_args()
+    check_options(parser, args)
     if args.triton and not args.device.startswith("cuda"):
         os.environ.setdefault("TRITON_INTERPRET", "1")  # the CPU: Triton's interpreter, before Triton is imported
-
-    if args.rounds < 1:
-        parser.error(f"--rounds: at least 1, got {args.rounds}")
     cuda = args.device.startswith("cuda")
     size = "labse" if args.labse_random else "small"
     hidden, layers = SIZES[size][:2]

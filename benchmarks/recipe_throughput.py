@@ -300,6 +300,12 @@ def _fmt(value, spec: str, missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
 
 
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What the options' types cannot check (tests/test_gpu_blocks.py runs it on gpu.sh's lines)."""
+    if args.warmup < 1 or args.steps < 1 or min(args.join) < 1:
+        parser.error("--warmup, --steps and --join must be at least 1")
+
+
 def main(argv=None) -> None:
     import warnings
 
@@ -307,11 +313,6 @@ def main(argv=None) -> None:
 
     from modsent.logs import LIBRARY_NOISE
     from modsent.training import efficiency
-
-    transformers.utils.logging.disable_progress_bar()  # loading and saving the random models
-    transformers.logging.set_verbosity_error()  # the random XLM-R's unused pooler, reloaded as a masked LM
-    for category, message in LIBRARY_NOISE:
-        warnings.filterwarnings("ignore", message=message, category=category)
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES))
@@ -334,8 +335,11 @@ def main(argv=None) -> None:
     parser.add_argument("--peak-tflops", type=float, default=None, help="default: the GPU's own (efficiency)")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
-    if args.warmup < 1 or args.steps < 1 or min(args.join) < 1:
-        parser.error("--warmup, --steps and --join must be at least 1")
+    check_options(parser, args)
+    transformers.utils.logging.disable_progress_bar()  # loading and saving the random models
+    transformers.logging.set_verbosity_error()  # the random XLM-R's unused pooler, reloaded as a masked LM
+    for category, message in LIBRARY_NOISE:
+        warnings.filterwarnings("ignore", message=message, category=category)
     if args.threads:
         torch.set_num_threads(args.threads)
     cuda = args.device.startswith("cuda")
