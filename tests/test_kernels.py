@@ -364,7 +364,7 @@ def test_a_model_with_triton_residual_norms_trains_as_its_modules_with_those_mas
         assert ref_grads[name].abs().max() > 1e-3, name
         torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-5 * float(ref_grads[name].abs().max()))
 
-    # evaluation, no gradients, or a norm that trains: the modules' own ops, and the same outputs
+    # evaluation without gradients, or a norm that trains: the modules' own ops, and the same outputs
     calls = []
     monkeypatch.setattr(kernels, "dropout_add_norm", lambda *args: calls.append(1) or original(*args))
     fastpath.fuse_residual_norms(model, device, "k", kernel="triton")
@@ -661,12 +661,15 @@ def test_a_compiled_model_with_the_kernels_traces_once(device):
         graphs.append(graph)
         return graph.forward
 
-    compiled = torch.compile(model.base_model.model, backend=backend, fullgraph=True)
-    for seed in range(3):
-        ids = torch.randint(5, 300, (3, 9), generator=torch.Generator().manual_seed(seed)).to(device)
-        compiled(input_ids=ids).last_hidden_state.sum().backward()
-    assert len(graphs) == 1
     torch._dynamo.reset()
+    compiled = torch.compile(model.base_model.model, backend=backend, fullgraph=True)
+    try:
+        for seed in range(3):
+            ids = torch.randint(5, 300, (3, 9), generator=torch.Generator().manual_seed(seed)).to(device)
+            compiled(input_ids=ids).last_hidden_state.sum().backward()
+    finally:
+        torch._dynamo.reset()
+    assert len(graphs) == 1
 
 
 def test_frozen_base_and_probabilities_are_checked():

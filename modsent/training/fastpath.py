@@ -211,9 +211,9 @@ class _LoRAGroup:
     when it is called with the same input (the same tensor, unchanged, in the same grad mode and
     dtype). Outputs wait only between the hooks on the attention's forward (before it and after
     it, even when it raises): nothing outlives the call, so no optimizer step, copy or other
-    module can meet a waiting output. A call outside that forward, on another input, a sibling the
-    kernels do not apply to (or whose kernels are off), or other dropout probabilities or ranks
-    run each layer alone."""
+    module can meet a waiting output. A call on another input computes the group afresh on it; a
+    call outside that forward, a sibling the kernels do not apply to (or whose kernels are off),
+    or other dropout probabilities or ranks run each layer alone."""
 
     def __init__(self, layers: list, attention: nn.Module):
         self.layers = layers
