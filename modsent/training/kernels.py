@@ -214,43 +214,6 @@ def _up(grad_x: torch.Tensor | None, x2: torch.Tensor, us: list[torch.Tensor], a
     return [part.sum(0) for part in parts] if want_a else None
 
 
-class _LoRALinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, lora_a, lora_b, weight, bias, scaling, p, seed):
-        x2 = _rows(x)
-        dtype = x2.dtype
-        a, b = lora_a.to(dtype).contiguous(), lora_b.to(dtype)
-        (h,) = _down(x2, [a], [seed], p)
-        out = torch.addmm(bias, x2, weight.t()) if bias is not None else x2 @ weight.t()
-        out = torch.addmm(out, h, b.t(), alpha=scaling)
-        ctx.save_for_backward(x2, h, a, b)
-        ctx.weight, ctx.scaling, ctx.seed, ctx.p = weight, scaling, seed, p
-        ctx.input_shape, ctx.lora_dtypes = x.shape, (lora_a.dtype, lora_b.dtype)
-        return out.view(*x.shape[:-1], out.shape[-1])
-
-    @staticmethod
-    @once_differentiable  # it writes the input's gradient in place
-    def backward(ctx, grad):
-        x2, h, a, b = ctx.saved_tensors
-        g = grad.reshape(-1, grad.shape[-1])
-        if g.dtype != x2.dtype:
-            g = g.to(x2.dtype)
-        need_x, need_a, need_b = ctx.needs_input_grad[:3]
-        grad_x = grad_a = grad_b = None
-        if need_b:
-            grad_b = (g.t() @ h).to(ctx.lora_dtypes[1]).mul_(ctx.scaling)
-        if need_x or need_a:
-            u = (g @ b).mul_(ctx.scaling)  # (M, r): the gradient of h, scaled
-            if need_x:
-                grad_x = _rows(g @ ctx.weight)
-            parts = _up(grad_x, x2, [u], [a], [ctx.seed], ctx.p, need_a)
-            if need_a:
-                grad_a = parts[0].to(ctx.lora_dtypes[0])
-            if need_x:
-                grad_x = grad_x.view(ctx.input_shape)
-        return grad_x, grad_a, grad_b, None, None, None, None, None
-
-
 def lora_linear(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None, scaling: float, p: float, seed: int | None = None) -> torch.Tensor:
     """``x @ weight^T + bias + scaling · dropout(x, p) @ lora_a^T @ lora_b^T`` in ``x``'s dtype,
@@ -260,12 +223,15 @@ def lora_linear(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, wei
     if weight.requires_grad or (bias is not None and bias.requires_grad):
         raise ValueError("lora_linear: the base weight and bias must be frozen (no gradient)")
     with torch.autocast(x.device.type, enabled=False):
-        return _LoRALinear.apply(x, lora_a, lora_b, weight, bias, float(scaling), float(p), _seed(seed))
+        return _LoRALinears.apply(x, (float(scaling),), float(p), (_seed(seed),), lora_a, lora_b, weight, bias)[0]
 
 
 class _LoRALinears(torch.autograd.Function):
-    """:class:`_LoRALinear` for up to 3 layers reading one input: ``flat`` holds each layer's
-    (A, B, weight, bias); their dropouts share ``p`` and their adapters a rank."""
+    """1 to 3 LoRA layers reading one input (:func:`lora_linear`, :func:`lora_linears`): ``flat``
+    holds each layer's (A, B, weight, bias); their dropouts share ``p`` and their adapters a rank.
+    Forward, the down kernel draws each mask and computes each ``h = dropout(x) @ A^T``; backward,
+    B's gradient is a product with ``h``, and the up kernel adds each masked branch's gradient to
+    the input's in place and computes A's."""
 
     @staticmethod
     def forward(ctx, x, scalings, p, seeds, *flat):
@@ -305,7 +271,8 @@ class _LoRALinears(torch.autograd.Function):
                 g = g.to(x2.dtype)
             if need[5 + 4 * j]:
                 flat[4 * j + 1] = (g.t() @ hs[j]).to(ctx.lora_dtypes[j][1]).mul_(ctx.scalings[j])
-            us.append((g @ b_s[j]).mul_(ctx.scalings[j]))
+            if need_x or want_a:
+                us.append((g @ b_s[j]).mul_(ctx.scalings[j]))  # (M, r): the gradient of h, scaled
             if need_x:  # the base products' gradients summed by cuBLAS into one tensor
                 grad_x = _rows(g @ ctx.weights[j]) if grad_x is None else grad_x.addmm_(g, ctx.weights[j])
         if not used or not (need_x or want_a):
