@@ -203,7 +203,31 @@ def _lora_kernel_forward(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     return None if args is None else kernels.lora_linear(x.to(dtype), *args)
 
 
-class _LoRAGroup:
+class _SharedInput:
+    """Outputs of layers that read one input, computed together by the first of them called: each
+    sibling takes its own when it is called with the same input (the same tensor, unchanged, in
+    the same grad mode and dtype), once; any other call finds nothing waiting."""
+
+    pending = None  # (the input, (its version, dtype, grad mode), [outputs not yet taken])
+
+    def _take(self, index: int, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        pending, self.pending = self.pending, None
+        if pending is None or pending[0] is not x or pending[2][index] is None \
+                or pending[1] != (x._version, dtype, torch.is_grad_enabled()):
+            return None
+        out, pending[2][index] = pending[2][index], None
+        if any(o is not None for o in pending[2]):
+            self.pending = pending
+        return out
+
+    def _keep(self, index: int, x: torch.Tensor, dtype: torch.dtype, outs: list) -> torch.Tensor:
+        """``outs[index]``, the others left waiting for their layers."""
+        out, outs[index] = outs[index], None
+        self.pending = (x, (x._version, dtype, torch.is_grad_enabled()), outs)
+        return out
+
+
+class _LoRAGroup(_SharedInput):
     """Sped-up PEFT LoRA ``Linear`` layers with kernels that read one input (an attention's
     query, key and value): inside the attention's forward, the first of them called computes all
     their outputs through :func:`modsent.training.kernels.lora_linears` (one kernel reads the input
@@ -212,13 +236,12 @@ class _LoRAGroup:
     dtype). Outputs wait only between the hooks on the attention's forward (before it and after
     it, even when it raises): nothing outlives the call, so no optimizer step, copy or other
     module can meet a waiting output. A call on another input computes the group afresh on it; a
-    call outside that forward, a sibling the kernels do not apply to (or whose kernels are off),
-    or other dropout probabilities or ranks run each layer alone."""
+    call outside that forward, a sibling the kernels do not apply to, or other dropout
+    probabilities or ranks run each layer alone (turning a layer's kernels off ends its group)."""
 
     def __init__(self, layers: list, attention: nn.Module):
         self.layers = layers
         self.open = False  # inside the attention's forward
-        self.pending = None  # (x, what its outputs are valid for, [outputs not yet taken])
         self.hooks = (attention.register_forward_pre_hook(self.begin),
                       attention.register_forward_hook(self.end, always_call=True))
 
@@ -238,23 +261,14 @@ class _LoRAGroup:
 
         if not self.open or x.is_inference():  # (an inference tensor has no version counter)
             return None
-        pending, key = self.pending, (x._version, dtype, torch.is_grad_enabled())
-        if pending is not None and pending[0] is x and pending[1] == key and pending[2][index] is not None:
-            out, pending[2][index] = pending[2][index], None
-            if all(o is None for o in pending[2]):
-                self.pending = None
+        out = self._take(index, x, dtype)
+        if out is not None:
             return out
-        self.pending = None
-        if not all(layer.__dict__.get(_KERNEL) for layer in self.layers):
-            return None
         args = [_kernel_args(layer, x, dtype) for layer in self.layers]
         if any(a is None for a in args) or len({a[5] for a in args}) != 1 \
                 or len({tuple(a[0].shape) for a in args}) != 1:
             return None
-        outs = list(kernels.lora_linears(x.to(dtype), [a[:5] for a in args], args[0][5]))
-        out, outs[index] = outs[index], None
-        self.pending = (x, key, outs)
-        return out
+        return self._keep(index, x, dtype, list(kernels.lora_linears(x.to(dtype), [a[:5] for a in args], args[0][5])))
 
 
 def fuse_lora_dropout(model: nn.Module, on: bool = True, shared_input: bool = True) -> int:
@@ -653,7 +667,7 @@ def fuse_residual_norms(model: nn.Module, device: str | torch.device | None = No
     return changed
 
 
-class _ProjectionGroup:
+class _ProjectionGroup(_SharedInput):
     """Frozen ``nn.Linear`` layers that read one input (an attention's query, key and value): the
     first of them called computes all their outputs with one matrix product of their weights
     side by side (cast once to the autocast dtype, kept until a weight changes, as
@@ -665,7 +679,6 @@ class _ProjectionGroup:
         self.linears = linears
         self.sizes = [linear.out_features for linear in linears]
         self.cache = None  # (key, weight, bias)
-        self.pending = None  # (input, its version, dtype, grad mode, [outputs not yet taken])
 
     def forget(self) -> None:
         self.cache = self.pending = None
@@ -695,19 +708,11 @@ class _ProjectionGroup:
 
     def output(self, index: int, x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
         dtype = dtype or x.dtype
-        grad = torch.is_grad_enabled()
-        pending = self.pending
-        if pending is not None and pending[0] is x and pending[1] == x._version and pending[2] == dtype \
-                and pending[3] == grad and pending[4][index] is not None:
-            out, pending[4][index] = pending[4][index], None
-            if all(o is None for o in pending[4]):
-                self.pending = None
+        out = self._take(index, x, dtype)
+        if out is not None:
             return out
         weight, bias = self._weights(dtype)
-        outs = list(F.linear(x.to(dtype), weight, bias).split(self.sizes, dim=-1))
-        out, outs[index] = outs[index], None
-        self.pending = (x, x._version, dtype, grad, outs)
-        return out
+        return self._keep(index, x, dtype, list(F.linear(x.to(dtype), weight, bias).split(self.sizes, dim=-1)))
 
 
 def fuse_projections(model: nn.Module, on: bool = True) -> int:
