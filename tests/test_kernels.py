@@ -253,16 +253,15 @@ def test_dropout_add_norm_equals_the_three_steps_with_its_mask(device, rows, d, 
     torch.testing.assert_close(only, got[1], rtol=0, atol=0)
 
 
-def tiny_lora_bert(lora_dropout=0.1, hidden_dropout=0.0):
-    """A BERT with LoRA on query, key and value (as the LA's) whose only randomness is LoRA's
-    dropout, or the attention and feed-forward outputs' (not the embeddings')."""
+def tiny_lora_bert(lora_dropout=0.1, hidden_dropout=0.0, targets=("query", "key", "value")):
+    """A BERT with LoRA on query, key and value (as the LA's; or on ``targets``) whose only
+    randomness is LoRA's dropout, or the attention and feed-forward outputs' (not the embeddings')."""
     config = transformers.BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                      intermediate_size=96, hidden_dropout_prob=hidden_dropout,
                                      attention_probs_dropout_prob=0.0)
     torch.manual_seed(0)
     model = get_peft_model(transformers.BertModel(config, add_pooling_layer=False),
-                           LoraConfig(r=8, lora_alpha=16, lora_dropout=lora_dropout,
-                                      target_modules=["query", "key", "value"]))
+                           LoraConfig(r=8, lora_alpha=16, lora_dropout=lora_dropout, target_modules=list(targets)))
     model.base_model.model.embeddings.dropout.p = 0.0
     for name, param in model.named_parameters():
         if "lora_B" in name:  # PEFT starts B at zero: make the branch count
@@ -465,16 +464,7 @@ def test_shared_input_groups_the_lora_layers_of_an_attention_and_runs_alone_what
     """LoRA on query and value only: one call of lora_linears for the two; a sibling with another
     dropout probability: each layer alone (the kernels draw one threshold for a group)."""
     ids = torch.randint(5, 300, (3, 9), generator=torch.Generator().manual_seed(1)).to(device)
-    config = transformers.BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=96, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    torch.manual_seed(0)
-    model = get_peft_model(transformers.BertModel(config, add_pooling_layer=False),
-                           LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["query", "value"]))
-    for name, param in model.named_parameters():
-        if "lora_B" in name:
-            nn.init.normal_(param, std=0.2)
-    model.get_input_embeddings().weight.requires_grad_(True)
-    model.to(device).train()
+    model = tiny_lora_bert(targets=["query", "value"]).to(device)
     fastpath.speed_up(model)
     assert fastpath.fuse_lora_dropout(model) == 2 * 2
     groups = recorded_draws(monkeypatch, "lora_linears")
