@@ -105,9 +105,12 @@ class MaskedLanguageModelingLoss(nn.Module):
         self.reduction = reduction
 
     def forward(self, model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        from modsent.training import fastpath
+
         encoder, head = mlm_parts(model)
         selected, targets = masked_positions(encoder(input_ids=input_ids).last_hidden_state, labels)
-        return nn.functional.cross_entropy(head(selected).float(), targets, reduction=self.reduction)
+        # F.cross_entropy of the logits in fp32, or the same through a Triton kernel (fuse_cross_entropy)
+        return fastpath.mlm_cross_entropy(head, head(selected), targets, self.reduction)
 
 
 

@@ -253,6 +253,126 @@ def test_dropout_add_norm_equals_the_three_steps_with_its_mask(device, rows, d, 
     torch.testing.assert_close(only, got[1], rtol=0, atol=0)
 
 
+CE_CASES = [  # rows, vocabulary, dtype, the kernels' columns a pass
+    ((37,), 1000, torch.float32, 256),  # four passes over a row, the last one partial
+    ((3, 5), 300, torch.float32, 2048),  # one partial pass; rows of a 3-d batch
+    ((40,), 777, torch.bfloat16, 128),  # the LA's logits under autocast
+]
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+@pytest.mark.parametrize("rows, v, dtype, columns", CE_CASES)
+def test_cross_entropy_equals_eagers_in_float64(device, rows, v, dtype, columns, monkeypatch):
+    monkeypatch.setitem(kernels.TILES, "ce", (columns, 4))
+    generator = torch.Generator().manual_seed(0)
+    # logits far from 0 (a log-sum-exp computed without its maximum would overflow fp32's exp)
+    logits = (torch.randn(*rows, v, generator=generator) * 4 + 90).to(device, dtype).requires_grad_(True)
+    targets = torch.randint(0, v, rows, generator=generator)
+    targets.view(-1)[1] = -100  # ignored: no loss, no gradient
+    targets = targets.to(device)
+    loss = kernels.cross_entropy(logits, targets)
+    assert loss.shape == rows and loss.dtype == torch.float32
+    grad = torch.rand(rows, generator=generator).to(device)
+    (got,) = torch.autograd.grad(loss, logits, grad)
+    assert got.dtype == dtype and got.shape == logits.shape
+
+    reference = logits.detach().double().requires_grad_(True)
+    want_loss = nn.functional.cross_entropy(reference.view(-1, v), targets.view(-1), reduction="none").view(rows)
+    (want,) = torch.autograd.grad(want_loss, reference, grad.double())
+    loss, want_loss = loss.detach(), want_loss.detach()
+    assert float((loss.double() - want_loss).abs().max()) < 1e-5 * float(want_loss.abs().max())
+    assert float(loss.view(-1)[1]) == 0 and float(got.reshape(-1, v)[1].abs().max()) == 0
+    # the interpreter rounds to bf16 by truncation, a GPU to nearest
+    assert relative_error(got, want) < (1e-5 if dtype == torch.float32 else 1e-2)
+    # a mean's gradient comes as one value expanded over the rows (stride 0): the same as given whole
+    (mean_grad,) = torch.autograd.grad(kernels.cross_entropy(logits, targets).mean(), logits)
+    (whole,) = torch.autograd.grad(kernels.cross_entropy(logits, targets), logits,
+                                   torch.full(rows, 1 / targets.numel(), device=device))
+    torch.testing.assert_close(mean_grad, whole, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_cross_entropy_marks_a_bad_row_and_checks_its_inputs(device):
+    """A target outside the vocabulary makes its row's loss and gradient NaN (eager raises on the
+    CPU, and asserts on a GPU, where a check would wait for the device); a NaN logit makes its
+    row NaN, as eager's; the other rows are untouched."""
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_(True)
+    targets = torch.tensor([3, 50, -1, 7]).to(device)
+    poisoned = logits.detach().clone()
+    poisoned[3, 9] = float("nan")
+    for x in (logits, poisoned.requires_grad_(True)):
+        loss = kernels.cross_entropy(x, targets)
+        (grad,) = torch.autograd.grad(loss.sum(), x)
+        bad = [1, 2] if x is logits else [1, 2, 3]
+        assert torch.isnan(loss[bad]).all() and torch.isnan(grad[bad]).all()
+        want = nn.functional.cross_entropy(logits.detach()[:1], targets[:1], reduction="none")
+        torch.testing.assert_close(loss[:1], want)
+    with pytest.raises(ValueError, match="one target per row"):
+        kernels.cross_entropy(logits, targets[:3])
+    with pytest.raises(ValueError, match="integer targets"):
+        kernels.cross_entropy(logits, targets.float())
+
+
+def tiny_bert_for_mlm():
+    """A tiny BERT MLM with LoRA on query, key and value and every dropout on, the embeddings (tied
+    to the decoder) and the head trained, as the LA's model."""
+    from modsent.losses import mlm_parts
+
+    config = transformers.BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=96)
+    torch.manual_seed(0)
+    model = get_peft_model(transformers.BertForMaskedLM(config),
+                           LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["query", "key", "value"]))
+    model.get_input_embeddings().weight.requires_grad_(True)
+    for param in mlm_parts(model)[1].parameters():
+        param.requires_grad_(True)
+    return model.train()
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_an_mlm_step_with_the_cross_entropy_kernel_equals_eagers(device, reduction, monkeypatch):
+    """fuse_cross_entropy: the MLM loss (masked positions only) through the kernel, the same loss
+    and gradients as eager's, dropout's draws unchanged (the same seed draws the same masks); off
+    again, eager's F.cross_entropy runs; a model without an MLM head has nothing to change."""
+    from modsent.losses import MaskedLanguageModelingLoss
+
+    model = tiny_bert_for_mlm().to(device)
+    fastpath.speed_up(model)
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 300, (3, 12), generator=generator)
+    labels = torch.where(torch.rand(ids.shape, generator=generator) < 0.3, ids, torch.full_like(ids, -100))
+    calls = []
+    original = kernels.cross_entropy
+    monkeypatch.setattr(kernels, "cross_entropy", lambda *a, **k: calls.append(1) or original(*a, **k))
+
+    def run():
+        torch.manual_seed(7)
+        loss = MaskedLanguageModelingLoss(reduction)(model, ids.to(device), labels)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        return loss.detach(), grads
+
+    ref_loss, ref_grads = run()
+    assert not calls
+    assert fastpath.fuse_cross_entropy(model) == 1 and fastpath.fuse_cross_entropy(model) == 0
+    loss, grads = run()
+    assert len(calls) == 1
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
+    assert grads.keys() == ref_grads.keys() and any("lora_A" in name for name in grads)
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-5,
+                                   atol=1e-5 * float(ref_grads[name].abs().max()))
+    with torch.no_grad():  # the held-out loss: the kernel's forward alone
+        model.eval()
+        held_out = MaskedLanguageModelingLoss(reduction)(model, ids.to(device), labels)
+        fastpath.fuse_cross_entropy(model, on=False)
+        torch.testing.assert_close(held_out, MaskedLanguageModelingLoss(reduction)(model, ids.to(device), labels))
+    assert len(calls) == 2
+    assert fastpath.fuse_cross_entropy(model, on=False) == 0 and fastpath.fuse_cross_entropy(tiny_lora_bert()) == 0
+
+
 def tiny_lora_bert(lora_dropout=0.1, hidden_dropout=0.0, targets=("query", "key", "value")):
     """A BERT with LoRA on query, key and value (as the LA's; or on ``targets``) whose only
     randomness is LoRA's dropout, or the attention and feed-forward outputs' (not the embeddings')."""
@@ -686,7 +806,8 @@ def test_kernels_compile_for_a_hopper_gpu_without_spilling(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])
-    assert set(report) == {"down", "up", "down_qkv", "up_qkv", "mask", "norm_forward", "norm_backward"}
+    assert set(report) == {"down", "up", "down_qkv", "up_qkv", "mask", "norm_forward", "norm_backward", "ce_forward",
+                           "ce_backward"}
     for name, figures in report.items():
         assert figures["spill_bytes"] == 0, (name, figures)
         assert 0 < figures["registers"] <= 128, (name, figures)

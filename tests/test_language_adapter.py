@@ -541,7 +541,8 @@ def test_with_triton_kernels_every_training_step_runs_through_them_and_trains_th
                                                                                          monkeypatch):
     """language_adapter.kernels: triton where the kernels run (here Triton's interpreter on the
     CPU): every training forward of each LoRA layer and each residual norm goes through them
-    (3 steps x 2 layers x 3 LoRA layers, one call an attention, and 2 norms), both LoRA matrices train, and the run ends
+    (3 steps x 2 layers x 3 LoRA layers, one call an attention, and 2 norms), and each step's MLM loss
+    (eval_sentences: 0, no held-out loss), both LoRA matrices train, and the run ends
     as near the eager one as an eager run with other dropout draws does (the same start and
     batches; the kernels' results against their own masks: tests/test_kernels.py)."""
     from collections import Counter
@@ -549,7 +550,7 @@ def test_with_triton_kernels_every_training_step_runs_through_them_and_trains_th
     from modsent.training import kernels
 
     calls = Counter()
-    for name in ("lora_linears", "dropout_add_norm"):
+    for name in ("lora_linears", "dropout_add_norm", "cross_entropy"):
         def spy(*args, _real=getattr(kernels, name), _name=name, **kwargs):
             calls[_name] += len(args[1]) if _name == "lora_linears" else 1  # a call per attention: its layers
             return _real(*args, **kwargs)
@@ -558,7 +559,7 @@ def test_with_triton_kernels_every_training_step_runs_through_them_and_trains_th
     cfg, fast = _kernel_settings()
     la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"], tmp_path / "triton",
                               fast, device="cpu", progress=False)
-    assert calls == {"lora_linears": 3 * 2 * 3, "dropout_add_norm": 3 * 2 * 2}
+    assert calls == {"lora_linears": 3 * 2 * 3, "dropout_add_norm": 3 * 2 * 2, "cross_entropy": 3}
     calls.clear()
     la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"], tmp_path / "eager",
                               cfg, device="cpu", progress=False)

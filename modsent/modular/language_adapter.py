@@ -672,9 +672,9 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
         log.info("language_adapter.kernels: triton changes nothing with language_adapter.compile: true: "
                  "the compiled encoder runs the kernels Inductor makes for it")
     elif kernels_run:
-        lora_layers, norms = fastpath.use_triton_kernels(model)
-        log.info("language_adapter.kernels: triton: %d LoRA layers' dropout and %d dropout + residual add + "
-                 "LayerNorm steps run as Triton kernels", lora_layers, norms)
+        lora_layers, norms, heads = fastpath.use_triton_kernels(model)
+        log.info("language_adapter.kernels: triton: %d LoRA layers' dropout, %d dropout + residual add + "
+                 "LayerNorm steps and %d MLM loss run as Triton kernels", lora_layers, norms, heads)
     elif cfg.kernels == "triton":
         log.info("language_adapter.kernels: triton changes nothing here: the kernels run on CUDA GPUs, this job on %s",
                  device)

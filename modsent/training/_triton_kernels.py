@@ -224,3 +224,50 @@ def norm_backward_kernel(DY, S, W, MEAN, RSTD, DH, DR, M, stride_dy, seed, group
         if DROP:
             ds = ds * (keep_tile(seed, rows, 0, groups_per_row, threshold, BD // 8).to(tl.float32) * scale)
         tl.store(DH + offsets, ds.to(DH.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def ce_forward_kernel(X, T, LSE, LOSS, stride_x, ignore_index, V: tl.constexpr, BV: tl.constexpr):
+    """Row ``row`` of X (V logits, any float dtype): LSE = log Σ exp(x) in fp32, from one read of
+    the row (each lane keeps a running maximum and its sum of exponentials rescaled to it), and
+    LOSS = LSE - x[target]: 0 where the target is ``ignore_index``, NaN where it is outside
+    0..V-1 (nothing read there). A NaN logit makes its row's LSE and loss NaN, as eager's."""
+    row = tl.program_id(0).to(tl.int64)
+    base = X + row * stride_x
+    top = tl.full((BV,), float("-inf"), tl.float32)
+    total = tl.zeros((BV,), tl.float32)
+    for v0 in range(0, V, BV):
+        cols = v0 + tl.arange(0, BV)
+        x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        new = tl.maximum(top, x)
+        shift = tl.where(new == float("-inf"), 0.0, new)  # a lane with nothing yet: no -inf - -inf
+        total = total * tl.exp(top - shift) + tl.exp(x - shift)
+        top = new
+    peak = tl.max(top, axis=0)
+    lse = peak + tl.log(tl.sum(total * tl.exp(top - peak), axis=0))
+    target = tl.load(T + row)
+    valid = (target >= 0) & (target < V)
+    picked = tl.load(base + target, mask=valid, other=0.0).to(tl.float32)
+    loss = tl.where(valid, lse - picked, float("nan"))
+    tl.store(LOSS + row, tl.where(target == ignore_index, 0.0, loss))
+    tl.store(LSE + row, lse)
+
+
+@triton.jit
+def ce_backward_kernel(X, T, LSE, G, DX, stride_x, stride_dx, stride_g, ignore_index, V: tl.constexpr,
+                       BV: tl.constexpr):
+    """DX[row] = G[row] · (softmax(X[row]) - onehot(target)), from the row's LSE and one read of
+    X's row, written in DX's dtype; 0 where the target is ``ignore_index``, NaN where it is outside
+    0..V-1 (as the row's loss)."""
+    row = tl.program_id(0).to(tl.int64)
+    target = tl.load(T + row)
+    lse = tl.load(LSE + row)
+    g = tl.load(G + row * stride_g).to(tl.float32)
+    ignored = target == ignore_index
+    valid = (target >= 0) & (target < V)
+    for v0 in range(0, V, BV):
+        cols = v0 + tl.arange(0, BV)
+        x = tl.load(X + row * stride_x + cols, mask=cols < V, other=0.0).to(tl.float32)
+        d = tl.where(valid, (tl.exp(x - lse) - (cols == target).to(tl.float32)) * g, float("nan"))
+        d = tl.where(ignored, 0.0, d)
+        tl.store(DX + row * stride_dx + cols, d.to(DX.dtype.element_ty), mask=cols < V)

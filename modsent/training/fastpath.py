@@ -38,8 +38,9 @@ no stage uses them; ``benchmarks/mlm_throughput.py --fused`` times them. Triton 
 (:mod:`modsent.training.kernels`) are the next try: :func:`fuse_lora_dropout` runs each LoRA
 layer with dropout through two (an attention's query, key and value through the same two
 together), and ``fuse_residual_norms(..., kernel="triton")`` each dropout,
-residual add and LayerNorm through one each way, the dropout's mask drawn in registers
-(:func:`use_triton_kernels`: both). They have not run on a GPU yet; the LA uses them where its
+residual add and LayerNorm through one each way, the dropout's mask drawn in registers, and
+:func:`fuse_cross_entropy` the MLM loss's cross-entropy through one each way
+(:func:`use_triton_kernels`: all three). They have not run on a GPU yet; the LA uses them where its
 config says ``language_adapter.kernels: triton`` (off by default), and
 ``benchmarks/mlm_throughput.py --triton`` measures them.
 """
@@ -59,6 +60,7 @@ _GROUP = "_modsent_group"  # on a frozen nn.Linear of fuse_projections: (its _Pr
 _KERNEL = "_modsent_lora_kernel"  # on a sped-up LoRA Linear of fuse_lora_dropout
 _LORA_GROUP = "_modsent_lora_group"  # on such a layer reading one input with siblings: (its _LoRAGroup, its index)
 _NORM_KERNEL = "_modsent_norm_kernel"  # on a module of fuse_residual_norms: "compiled" or "triton"
+_CE_KERNEL = "_modsent_ce_kernel"  # on an MLM head of fuse_cross_entropy
 
 
 def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
@@ -424,14 +426,54 @@ def check_kernels(device: str | torch.device, key: str) -> bool:
     return runs
 
 
-def use_triton_kernels(model: nn.Module, on: bool = True) -> tuple[int, int]:
-    """Both of :mod:`modsent.training.kernels`' kernel pairs in ``model`` (after :func:`speed_up`;
-    ``on=False`` undoes it): each LoRA layer's dropout (:func:`fuse_lora_dropout`) and each
-    dropout + residual add + LayerNorm (:func:`fuse_residual_norms` with ``kernel="triton"``).
+def use_triton_kernels(model: nn.Module, on: bool = True) -> tuple[int, int, int]:
+    """All of :mod:`modsent.training.kernels`' kernels in ``model`` (after :func:`speed_up`;
+    ``on=False`` undoes it): each LoRA layer's dropout (:func:`fuse_lora_dropout`), each
+    dropout + residual add + LayerNorm (:func:`fuse_residual_norms` with ``kernel="triton"``) and
+    the MLM head's cross-entropy (:func:`fuse_cross_entropy`, where the model has an MLM head).
     Returns how many of each changed. Where a kernel does not apply (evaluation, inference mode, a
     trained norm or base layer, a compiled trace, a device without the kernels) the layer runs
     as before; parameters and saved adapters are untouched."""
-    return fuse_lora_dropout(model, on), fuse_residual_norms(model, on=on, kernel="triton")
+    return (fuse_lora_dropout(model, on), fuse_residual_norms(model, on=on, kernel="triton"),
+            fuse_cross_entropy(model, on))
+
+
+def fuse_cross_entropy(model: nn.Module, on: bool = True) -> int:
+    """Compute the MLM loss of ``model``'s head (:class:`modsent.losses.MaskedLanguageModelingLoss`)
+    with :func:`modsent.training.kernels.cross_entropy` (``on=False`` undoes it); returns 1 if that
+    changed, 0 otherwise (also for a model without an MLM head). The same loss and gradient in
+    fp32 from the head's bf16 logits, without eager's fp32 copy of them, its log-softmax output and
+    the loss's dense fp32 gradient: one read of the logits forward, one read and one write
+    backward. Where the kernel does not apply (a compiled trace, a device without the kernels) the
+    loss is computed as before (:func:`mlm_cross_entropy`). Not measured on a GPU yet;
+    ``language_adapter.kernels: triton`` uses it (:func:`use_triton_kernels`)."""
+    from modsent.losses import mlm_parts
+
+    try:
+        head = mlm_parts(model)[1]
+    except (TypeError, AttributeError):
+        return 0
+    if bool(head.__dict__.get(_CE_KERNEL)) == on:
+        return 0
+    if on:
+        head.__dict__[_CE_KERNEL] = True
+    else:
+        del head.__dict__[_CE_KERNEL]
+    return 1
+
+
+def mlm_cross_entropy(head: nn.Module, logits: torch.Tensor, targets: torch.Tensor, reduction: str) -> torch.Tensor:
+    """The cross-entropy of ``head``'s ``logits`` (rows) against ``targets``, averaged or summed over
+    the rows (``reduction``), in fp32: through :func:`modsent.training.kernels.cross_entropy` where
+    :func:`fuse_cross_entropy` turned it on for ``head`` and the kernel runs on the logits' device
+    (not in a compiled trace), else eager's ``F.cross_entropy`` of the logits in fp32."""
+    if head.__dict__.get(_CE_KERNEL) and not torch.compiler.is_compiling():
+        from modsent.training import kernels
+
+        if kernels.supported(logits):
+            losses = kernels.cross_entropy(logits, targets)
+            return losses.sum() if reduction == "sum" else losses.mean()
+    return F.cross_entropy(logits.float(), targets, reduction=reduction)
 
 
 # the attention implementation attention_outside_graph names (modsent.tokenizing treats it as "sdpa")

@@ -2,7 +2,8 @@
 autograd function: the dropout's mask drawn in registers, never written or kept.
 
 On a GPU the LA step is bound by passes over its activations, not by its matrix products
-(benchmarks/results/README.md). Two places make most of those passes around the frozen body:
+(benchmarks/results/README.md). Two places make most of those passes around the frozen body,
+and a third is the MLM loss:
 
 **A LoRA ``Linear`` with dropout.** PEFT's layer computes ``base(x) + s · lora_B(lora_A(dropout(x)))``.
 With the fast forward of :mod:`modsent.training.fastpath`, a training step still makes, for each
@@ -35,6 +36,16 @@ backward needs), the backward the two inputs' gradients, drawing the mask again.
 eager steps do (the dropout's output in its input's dtype, the sum in the promoted dtype, the
 norm in fp32 from it) and takes a frozen norm's weights (the LA's).
 
+**The MLM loss's cross-entropy** over the tied decoder's bf16 logits (masked positions x
+vocabulary: 4,900 x 50,000 a step in the LA). Eager computes it as a fp32 copy of the logits, their
+log-softmax (kept for the backward), the loss's gradient as a dense fp32 tensor, the log-softmax's
+backward and a cast back to bf16: about 36 bytes an element read or written where
+:func:`cross_entropy` takes 6, one kernel each way, a program per row: the forward reads the row
+once (each lane keeps a running maximum and its rescaled sum of exponentials) and keeps the row's
+log-sum-exp, the backward reads the row again and writes ``g · (softmax - onehot)`` in the
+logits' dtype. About 7 GB less traffic a step, and the bf16 logits kept instead of their fp32
+log-softmax.
+
 The masks are drawn from a seed taken from PyTorch's CPU generator at each call (so a seeded run
 and a resumed one, whose checkpoint holds that generator, draw the same masks) by Triton's
 Philox generator: eight 16-bit draws per Philox call (one call per 8 elements instead of one
@@ -49,10 +60,11 @@ outputs and gradients).
 Kernels run on CUDA tensors, or on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``
 set before Triton is imported, as the tests do off a GPU; its products are computed in fp32
 there, numpy has no bf16, and it rounds to bf16 by truncation, where a GPU rounds to nearest).
-:func:`supported` says whether a call can use them; :func:`modsent.training.fastpath.fuse_lora_dropout`
-and :func:`modsent.training.fastpath.fuse_residual_norms` (``kernel="triton"``) route a model's
-layers here. :func:`hopper_report` compiles them for an H100/H200 without one. Triton ships with
-PyTorch's CUDA wheels; the CPU install has none.
+:func:`supported` says whether a call can use them; :func:`modsent.training.fastpath.fuse_lora_dropout`,
+:func:`modsent.training.fastpath.fuse_residual_norms` (``kernel="triton"``) and
+:func:`modsent.training.fastpath.fuse_cross_entropy` route a model's layers and MLM loss here.
+:func:`hopper_report` compiles them for an H100/H200 without one. Triton ships with PyTorch's CUDA
+wheels; the CPU install has none.
 """
 
 from __future__ import annotations
@@ -72,7 +84,8 @@ from torch.autograd.function import once_differentiable
 # programs share a multiprocessor without spilling, as ptxas reports for a Hopper GPU
 # (hopper_report; the tests hold them there).
 TILES = {"down": (64, 8, 8), "up": (32, 8, 8, 2), "mask": (64, 8, 4), "norm": (4, 8),  # up: + programs per SM
-         "down_qkv": (64, 4, 8), "up_qkv": (16, 8, 8, 2)}  # the kernels for 2-3 adapters reading one input
+         "down_qkv": (64, 4, 8), "up_qkv": (16, 8, 8, 2),  # the kernels for 2-3 adapters reading one input
+         "ce": (2048, 8)}  # the cross-entropy's: (columns a pass, warps), a program per row
 _RANK_PAD_MIN = 16  # tl.dot's smallest dimension
 
 
@@ -389,10 +402,63 @@ def norm_reference(hidden: torch.Tensor, residual: torch.Tensor, weight: torch.T
                                           None if bias is None else bias.float(), eps).to(out_dtype)
 
 
-def hopper_report(k: int = 768, r: int = 8, arch: int = 90) -> dict[str, dict]:
+class _CrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, targets, ignore_index):
+        x2 = _rows(logits)
+        t = targets.reshape(-1).contiguous()
+        m, v = x2.shape
+        lse = torch.empty(m, dtype=torch.float32, device=x2.device)
+        loss = torch.empty(m, dtype=torch.float32, device=x2.device)
+        columns, warps = TILES["ce"]
+        if m:
+            _kernels().ce_forward_kernel[(m,)](x2, t, lse, loss, x2.stride(0), ignore_index, V=v, BV=columns,
+                                               num_warps=warps)
+        ctx.save_for_backward(x2, t, lse)
+        ctx.ignore_index, ctx.shape = ignore_index, logits.shape
+        return loss.view(logits.shape[:-1])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        x2, t, lse = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        m, v = x2.shape
+        g = grad.reshape(-1)  # a sum's or a mean's gradient is one value expanded: stride 0, no copy
+        dx = torch.empty_like(x2)
+        columns, warps = TILES["ce"]
+        if m:
+            _kernels().ce_backward_kernel[(m,)](x2, t, lse, g, dx, x2.stride(0), dx.stride(0), g.stride(0),
+                                                ctx.ignore_index, V=v, BV=columns, num_warps=warps)
+        return dx.view(ctx.shape), None, None
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Each row's cross-entropy ``logsumexp(logits) - logits[target]`` (``reduction="none"``), in
+    fp32 for logits of any float dtype, with their gradient in the logits' dtype: what
+    ``F.cross_entropy(logits.float(), targets, reduction="none", ignore_index=...)`` computes (0 and
+    no gradient where a target is ``ignore_index``; NaN, not an error, for a target outside the
+    vocabulary). One kernel each way, a program per row: the forward reads the logits once and keeps
+    each row's log-sum-exp, the backward reads them once more and writes their gradient (6 bytes an
+    element for bf16 logits). Eager's way (a fp32 copy of the logits, log-softmax, the loss's
+    gradient as a dense fp32 tensor, its log-softmax backward and the cast back) reads and writes at
+    least 36: at the LA's 4,900 masked positions a step and a 50,000-word vocabulary, some 7 GB a
+    step more."""
+    if logits.dim() < 1 or targets.shape != logits.shape[:-1]:
+        raise ValueError(f"cross_entropy: targets of shape {tuple(targets.shape)} for logits of shape "
+                         f"{tuple(logits.shape)}; expected one target per row of logits")
+    if targets.dtype not in (torch.int64, torch.int32) or not logits.is_floating_point():
+        raise ValueError(f"cross_entropy: logits of {logits.dtype} and targets of {targets.dtype}; expected float "
+                         "logits and integer targets")
+    with torch.autocast(logits.device.type, enabled=False):
+        return _CrossEntropy.apply(logits, targets, int(ignore_index))
+
+
+def hopper_report(k: int = 768, r: int = 8, arch: int = 90, vocab: int = 50_000) -> dict[str, dict]:
     """What Triton's compiler and ``ptxas`` (both in Triton's wheel) make of each kernel with
-    :data:`TILES`, for bf16 inputs of width ``k``, rank ``r`` and a GPU of compute capability
-    ``arch`` (90: H100, H200), without a GPU: {kernel: {"registers", "spill_bytes",
+    :data:`TILES`, for bf16 inputs of width ``k``, rank ``r``, logits of ``vocab`` words and a GPU
+    of compute capability ``arch`` (90: H100, H200), without a GPU: {kernel: {"registers", "spill_bytes",
     "shared_bytes"}} per thread, per thread, per program; ``down_qkv`` and ``up_qkv`` are the
     LoRA kernels for three adapters reading one input (:func:`lora_linears`). The arguments are specialised as Triton
     specialises them at run time (pointers and the multiples of 16 among the strides)."""
@@ -415,7 +481,11 @@ def hopper_report(k: int = 768, r: int = 8, arch: int = 90) -> dict[str, dict]:
     norm_types = {**{name: "*bf16" for name in ("H", "R", "W", "B", "Y", "S", "DY", "DH", "DR")},
                   "MEAN": "*fp32", "RSTD": "*fp32", "M": "i32", "seed": "i32", "threshold": "i32", "scale": "fp32",
                   "eps": "fp32", "stride_h": "i32", "stride_r": "i32", "stride_dy": "i32", "groups_per_row": "i32"}
+    # the cross-entropy's: bf16 logits and their gradient, int64 targets, fp32 row sums, a sum's gradient (stride 0)
+    ce_types = {"X": "*bf16", "DX": "*bf16", "T": "*i64", "LSE": "*fp32", "LOSS": "*fp32", "G": "*fp32",
+                "stride_x": "i32", "stride_dx": "i32", "stride_g": "i32", "ignore_index": "i32"}
     multiples = {"stride_x": k, "stride_gx": k, "stride_h": k, "stride_r": k, "stride_dy": k, "groups_per_row": groups}
+    ce_multiples = {"stride_x": vocab, "stride_dx": vocab, "stride_g": 0, "ignore_index": -100}
     common = {"K": k, "R": r, "RP": _rank_pad(r), "UPCAST": False, "PRECISION": "tf32"}
     norm = {"D": k, "BD": _row_width(k), "HAS_W": True, "DROP": True}
     up = {**common, "BLOCKS": 4, "UPDATE": True, "WANT_A": True}
@@ -426,18 +496,24 @@ def hopper_report(k: int = 768, r: int = 8, arch: int = 90) -> dict[str, dict]:
              "up_qkv": (kernels.up_kernel, {**up, "N": 3}, lora_types),
              "mask": (kernels.mask_kernel, {"K": k}, lora_types),
              "norm_forward": (kernels.norm_forward_kernel, {**norm, "HAS_B": True}, norm_types),
-             "norm_backward": (kernels.norm_backward_kernel, {**norm, "WANT_H": True, "WANT_R": True}, norm_types)}
+             "norm_backward": (kernels.norm_backward_kernel, {**norm, "WANT_H": True, "WANT_R": True}, norm_types),
+             "ce_forward": (kernels.ce_forward_kernel, {}, ce_types),
+             "ce_backward": (kernels.ce_backward_kernel, {}, ce_types)}
     report = {}
     for name, (kernel, constants, types) in plans.items():
-        if name.startswith("norm"):
-            (rows, warps), group = TILES["norm"], None
+        if name.startswith("ce"):
+            columns, warps = TILES["ce"]
+            constants, sizes = {"V": vocab, "BV": columns}, ce_multiples
         else:
-            rows, group, warps = TILES[name][:3]
-        constants = {**constants, "BM": rows, **({} if group is None else {"G": group})}
+            if name.startswith("norm"):
+                (rows, warps), group = TILES["norm"], None
+            else:
+                rows, group, warps = TILES[name][:3]
+            constants, sizes = {**constants, "BM": rows, **({} if group is None else {"G": group})}, multiples
         names = kernel.arg_names
         signature = {n: "constexpr" if n in constants else types[n] for n in names}
         aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n not in constants
-                   and (types[n].startswith("*") or multiples.get(n, 1) % 16 == 0)}
+                   and (types[n].startswith("*") or sizes.get(n, 1) % 16 == 0)}
         source = ASTSource(fn=kernel, signature=signature, attrs=aligned,
                            constexprs={(names.index(n),): v for n, v in constants.items()})
         compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
