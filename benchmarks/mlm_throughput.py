@@ -98,8 +98,9 @@ def variant_table(args, cuda: bool) -> dict:
             variants[f"{prefix}, {what}"] = flags
             if args.bf16_residual and cuda:
                 variants[f"{prefix}, {what}, bf16 residual"] = flags
-    if args.triton:  # the LoRA branches and the residual norms as Triton kernels, products and attention eager
-        for what in ("Triton LoRA", "Triton LoRA alone", "Triton norms", "Triton LoRA and norms"):
+    if args.triton:  # the LoRA branches, the residual norms, the MLM loss as Triton kernels; products, attention eager
+        for what in ("Triton LoRA", "Triton LoRA alone", "Triton norms", "Triton cross-entropy",
+                     "Triton LoRA and norms", "Triton LoRA, norms and cross-entropy"):  # the last: kernels: triton
             variants[f"{prefix}, {what}"] = flags
             if args.bf16_residual and cuda:
                 variants[f"{prefix}, {what}, bf16 residual"] = flags
@@ -163,7 +164,9 @@ def main() -> None:
                              "(fastpath.fuse_lora_dropout: an attention's query, key and value through one kernel "
                              "each way, and 'Triton LoRA alone': each layer through its own), with each dropout + "
                              "residual add + LayerNorm as one "
-                             "kernel each way (fastpath.fuse_residual_norms(kernel='triton')), and with both: "
+                             "kernel each way (fastpath.fuse_residual_norms(kernel='triton')), with the MLM loss's "
+                             "cross-entropy as one kernel each way (fastpath.fuse_cross_entropy), with the first two "
+                             "and with all three (language_adapter.kernels: triton): "
                              "Triton kernels (a GPU, or the CPU in Triton's interpreter, no speed there); with the "
                              "bf16 stream where --bf16-residual")
     parser.add_argument("--only", nargs="+", metavar="VARIANT",
@@ -232,6 +235,7 @@ def main() -> None:
             fastpath.fuse_projections(model, fast and "projections" in name)
             # "alone": each LoRA layer's own kernels, else an attention's query, key and value together
             fastpath.fuse_lora_dropout(model, fast and "Triton LoRA" in name, shared_input="LoRA alone" not in name)
+            fastpath.fuse_cross_entropy(model, fast and "cross-entropy" in name)
             if "Triton" in name and "norms" in name:
                 fastpath.fuse_residual_norms(model, args.device, "--triton", kernel="triton")
             else:

@@ -88,9 +88,9 @@ def main() -> None:
                              "key and value) and fastpath.fuse_residual_norms (dropout, residual add and "
                              "LayerNorm compiled into one kernel each way)")
     parser.add_argument("--triton", action="store_true",
-                        help="profile the LA step again with its Triton kernels: fastpath.fuse_lora_dropout (each "
-                             "LoRA layer's dropout drawn inside its products) and fastpath.fuse_residual_norms("
-                             "kernel='triton') (dropout + residual add + LayerNorm as one kernel each way)")
+                        help="profile the LA step again with its Triton kernels (fastpath.use_triton_kernels, "
+                             "language_adapter.kernels: triton): each LoRA layer's dropout drawn inside its products, "
+                             "dropout + residual add + LayerNorm as one kernel each way, the MLM loss's cross-entropy")
     parser.add_argument("--stages", nargs="+", choices=("LA", "SE"), default=["LA", "SE"])
     args = parser.parse_args()
     if args.triton and not args.device.startswith("cuda"):
@@ -145,13 +145,11 @@ def profile_la(args, speed_up, cuda: bool, autocast) -> None:
                 la_step, args.steps, cuda, args.top)
         fastpath.fuse_projections(model, on=False)
         fastpath.fuse_residual_norms(model, args.device, "--fused", on=False)
-    if args.triton:  # the LoRA branches and the residual norms as Triton kernels
-        fastpath.fuse_lora_dropout(model)
-        fastpath.fuse_residual_norms(model, args.device, "--triton", kernel="triton")
-        profile(f"LA step, {args.la_batch} x {args.la_seq_len} tokens{stream}, Triton LoRA and norms",
+    if args.triton:  # the LoRA branches, the residual norms and the MLM loss as Triton kernels
+        fastpath.use_triton_kernels(model)
+        profile(f"LA step, {args.la_batch} x {args.la_seq_len} tokens{stream}, Triton LoRA, norms and cross-entropy",
                 la_step, args.steps, cuda, args.top)
-        fastpath.fuse_lora_dropout(model, on=False)
-        fastpath.fuse_residual_norms(model, args.device, "--triton", on=False)
+        fastpath.use_triton_kernels(model, on=False)
     for how in args.compile or ():  # Inductor's kernels: which attention, what is left unfused
         torch._dynamo.reset()
         fastpath.attention_outside_graph(mlm_parts(model)[0], how == "attention-outside")

@@ -8,7 +8,7 @@ the LA runs them, forward and backward, measured side by side.
                                                                            # a check that it runs, no speed
     python benchmarks/triton_kernels.py --ptxas --tiles 64x32x4/64x16x8 --norm-tiles 8x4   # no GPU needed
 
-Two parts (--parts):
+Three parts (--parts):
 
 - lora: three LoRA layers (r 8, alpha 16, dropout 0.1: the LA's query, key and value) read one
   input of --tokens x --width, as the attention's projections do; the input needs a gradient (the
@@ -23,6 +23,10 @@ Two parts (--parts):
   residual add, frozen LayerNorm) with the LA's bf16 residual stream: the module's own ops and
   fastpath.fuse_residual_norms(kernel="triton") (kernels.dropout_add_norm); --norm-tiles tries
   other tiles (ROWSxWARPS).
+- ce: the MLM loss of --ce-rows masked positions (15% of 128 x 256 tokens) over a --vocab word
+  vocabulary from bf16 logits (the tied decoder's output under autocast), averaged: eager's
+  F.cross_entropy of the logits in fp32 (modsent's step) and kernels.cross_entropy (what
+  fastpath.fuse_cross_entropy runs); --ce-tiles tries other tiles (COLUMNSxWARPS).
 
 Inputs are bf16 under bf16 autocast on a GPU (fp32 on the CPU). Each step runs the forward and the
 backward from fixed output gradients; the time is per step, the median of --repeats runs of
@@ -67,6 +71,16 @@ def norm_tiles(spec: str) -> tuple[int, int]:
     return rows, warps
 
 
+def ce_tiles(spec: str) -> tuple[int, int]:
+    try:
+        columns, warps = (int(n) for n in spec.split("x"))
+        if columns & (columns - 1):
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected COLUMNSxWARPS, COLUMNS a power of 2 (2048x8)")
+    return columns, warps
+
+
 def label(tile) -> str:
     return "x".join(map(str, tile))
 
@@ -81,15 +95,18 @@ def ptxas_report(args) -> None:
     lora = [(default["down"], default["up"])] + args.tiles
     qkv = [(default["down_qkv"], default["up_qkv"])] + args.qkv_tiles
     norm = [default["norm"]] + args.norm_tiles
-    for index in range(max(len(lora), len(qkv), len(norm))):
+    ce = [default["ce"]] + args.ce_tiles
+    for index in range(max(len(lora), len(qkv), len(norm), len(ce))):
         down, up = lora[min(index, len(lora) - 1)]
         down_qkv, up_qkv = qkv[min(index, len(qkv) - 1)]
-        kernels.TILES.update(down=down, up=up, down_qkv=down_qkv, up_qkv=up_qkv, norm=norm[min(index, len(norm) - 1)])
-        report = kernels.hopper_report(args.width, args.rank)
+        kernels.TILES.update(down=down, up=up, down_qkv=down_qkv, up_qkv=up_qkv, norm=norm[min(index, len(norm) - 1)],
+                             ce=ce[min(index, len(ce) - 1)])
+        report = kernels.hopper_report(args.width, args.rank, vocab=args.vocab)
         cells = [f"{name} {label(tile):>8s}: {report[name]['registers']:3d} / {report[name]['spill_bytes']:4d} / "
                  f"{report[name]['shared_bytes'] / 1024:5.1f}"
                  for name, tile in (("down", down), ("up", up), ("down_qkv", down_qkv), ("up_qkv", up_qkv),
-                                    ("norm_forward", kernels.TILES["norm"]), ("norm_backward", kernels.TILES["norm"]))]
+                                    ("norm_forward", kernels.TILES["norm"]), ("norm_backward", kernels.TILES["norm"]),
+                                    ("ce_forward", kernels.TILES["ce"]), ("ce_backward", kernels.TILES["ce"]))]
         print("   ".join(cells) + ("   (the default tiles)" if index == 0 else ""), flush=True)
 
 
@@ -292,10 +309,55 @@ def norm_part(args, cuda: bool, dtype, autocast) -> None:
     kernels.TILES.update(default)
 
 
+def ce_part(args, cuda: bool, dtype) -> None:
+    import torch
+    from torch import nn
+
+    from modsent.training import fastpath, kernels
+
+    generator = torch.Generator().manual_seed(0)
+    logits = (torch.randn(args.ce_rows, args.vocab, generator=generator) * 2).to(args.device, dtype)
+    logits.requires_grad_(True)
+    targets = torch.randint(0, args.vocab, (args.ce_rows,), generator=generator).to(args.device)
+    head = nn.Module()  # what fuse_cross_entropy marks: an MLM head
+
+    def forward():
+        return fastpath.mlm_cross_entropy(head, logits, targets, "mean")
+
+    def step():
+        forward().backward()
+        logits.grad = None
+
+    print(f"\n== ce: the MLM loss of {args.ce_rows} masked positions over {args.vocab} words, "
+          f"{str(dtype).replace('torch.', '')} logits, averaged")
+    loss = kernels.cross_entropy(logits, targets).mean()
+    got = (loss, *torch.autograd.grad(loss, logits))
+    ref = nn.functional.cross_entropy(logits.float(), targets)
+    want = (ref, *torch.autograd.grad(ref, logits))
+    print("the kernels against F.cross_entropy, max relative error: loss {:.1e}, logits' gradient {:.1e}".format(
+        *relative_errors(got, want, dtype)))
+    variants = {"F.cross_entropy in fp32 (modsent's step)": None, "Triton cross-entropy": kernels.TILES["ce"]}
+    for tile in args.ce_tiles:
+        variants[f"Triton cross-entropy, tiles {label(tile)}"] = tile
+    print(f"{'variant':56s} {'ms/step':>8s} {'ratio':>6s} {'kept MiB':>9s}")
+    base = None
+    default = dict(kernels.TILES)
+    for name, tile in variants.items():
+        head.__dict__.pop(fastpath._CE_KERNEL, None)
+        if tile is not None:
+            head.__dict__[fastpath._CE_KERNEL] = True  # as fuse_cross_entropy marks a model's head
+        kernels.TILES["ce"] = tile or default["ce"]
+        ms = timed(args, step, cuda)
+        kept = kept_mib(head, forward)
+        base = base or ms
+        print(f"{name:56s} {ms:8.3f} {base / ms:6.2f} {kept:9.2f}", flush=True)
+    kernels.TILES.update(default)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--parts", nargs="+", choices=("lora", "norm"), default=["lora", "norm"])
+    parser.add_argument("--parts", nargs="+", choices=("lora", "norm", "ce"), default=["lora", "norm", "ce"])
     parser.add_argument("--tokens", type=int, default=128 * 256)
     parser.add_argument("--width", type=int, default=768)
     parser.add_argument("--rank", type=int, default=8)
@@ -308,6 +370,9 @@ def main() -> None:
     parser.add_argument("--qkv-tiles", type=tiles, nargs="+", default=[], metavar="DOWN/UP",
                         help="tiles of the kernels for the layers together")
     parser.add_argument("--norm-tiles", type=norm_tiles, nargs="+", default=[], metavar="ROWSxWARPS")
+    parser.add_argument("--ce-rows", type=int, default=4915, help="masked positions (15%% of 128 x 256 tokens)")
+    parser.add_argument("--vocab", type=int, default=50_000, help="the MLM head's words")
+    parser.add_argument("--ce-tiles", type=ce_tiles, nargs="+", default=[], metavar="COLUMNSxWARPS")
     parser.add_argument("--ptxas", action="store_true", help="compile for a Hopper GPU and report, run nothing")
     args = parser.parse_args()
     if args.ptxas:
@@ -326,6 +391,8 @@ def main() -> None:
         lora_part(args, cuda, dtype, autocast)
     if "norm" in args.parts:
         norm_part(args, cuda, dtype, autocast)
+    if "ce" in args.parts:
+        ce_part(args, cuda, dtype)
 
 
 if __name__ == "__main__":
