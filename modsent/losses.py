@@ -204,7 +204,9 @@ class CrossUnmaskingLoss(nn.Module):
     The projection runs on the masked positions only. ``reduction="sum"``: summed over the
     positions (a data-parallel trainer divides by the global count). As in
     :class:`MaskedLanguageModelingLoss`, the masked positions are found where ``labels`` are:
-    MEXMA gives them on the CPU, so the host does not wait for the GPU here."""
+    MEXMA gives them on the CPU, so the host does not wait for the GPU here. ``head``: the module
+    whose projection ``logits`` is, for :func:`modsent.training.fastpath.fuse_cross_entropy` (the
+    cross-entropy through a Triton kernel where it marked it)."""
 
     def __init__(self, reduction: str = "mean"):
         super().__init__()
@@ -212,9 +214,12 @@ class CrossUnmaskingLoss(nn.Module):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
         self.reduction = reduction
 
-    def forward(self, logits, states: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, logits, states: torch.Tensor, labels: torch.Tensor,
+                head: nn.Module | None = None) -> torch.Tensor:
+        from modsent.training import fastpath
+
         selected, targets = masked_positions(states, labels)
-        return nn.functional.cross_entropy(logits(selected).float(), targets, reduction=self.reduction)
+        return fastpath.mlm_cross_entropy(head, logits(selected), targets, self.reduction)
 
 
 class WMDAnchorLoss(nn.Module):

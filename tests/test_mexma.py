@@ -1,6 +1,7 @@
 """MEXMA: its losses against their formulas, the four passes and the cross-unmasking wiring,
 training, resumption, two processes, the saved encoder and the workflow's plan."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -426,6 +427,32 @@ def test_compile_routes_the_encoder_through_dynamo_and_trains_what_eager_trains(
     assert len(modules) == 1 and isinstance(modules[0], PreTrainedModel) and graphs() >= 1
     assert_close_model(tmp_path / "eager", tmp_path / "compiled", eager, compiled)
     assert np.allclose(eager["loss_components"]["rows"], compiled["loss_components"]["rows"], rtol=1e-5)
+
+
+@pytest.mark.skipif(not (os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton")),
+                    reason="Triton's interpreter not chosen (conftest chooses it off a GPU where Triton is installed)")
+def test_kernels_triton_runs_the_unmasking_loss_through_the_kernel_and_trains_what_eager_trains(data, tmp_path,
+                                                                                                monkeypatch):
+    """methods.MEXMA*.kernels: triton (here Triton's interpreter on the CPU): both sides' cross-unmasking
+    losses of every micro-batch go through kernels.cross_entropy, and as it draws nothing random, the
+    saved model, losses and loss components are the eager run's up to float rounding. A runtime
+    setting: not in the job's params."""
+    from modsent.training import kernels
+
+    calls = []
+    real = kernels.cross_entropy
+    monkeypatch.setattr(kernels, "cross_entropy", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    settings = {**SETTINGS, "max_steps": 2, "eval_pairs": 0}
+    eager = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "eager", settings, device="cpu", progress=False)
+    assert not calls
+    triton = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "triton", {**settings, "kernels": "triton"},
+                            device="cpu", progress=False)
+    vocab = load_file(str(tmp_path / "eager" / "model.safetensors"))["embeddings.word_embeddings.weight"].shape[0]
+    assert len(calls) == 2 * SETTINGS["grad_accum"] * 2 and all(shape[1] == vocab for shape in calls)
+    assert_close_model(tmp_path / "eager", tmp_path / "triton", eager, triton)
+    assert np.allclose(eager["loss_components"]["rows"], triton["loss_components"]["rows"], rtol=1e-5)
+    schema = methods.get("MEXMA").settings_schema["kernels"]
+    assert schema["enum"] == ["eager", "triton"] and schema[methods.ROLE_KEY] == "runtime"
 
 
 @pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),

@@ -438,8 +438,9 @@ def use_triton_kernels(model: nn.Module, on: bool = True) -> tuple[int, int, int
             fuse_cross_entropy(model, on))
 
 
-def fuse_cross_entropy(model: nn.Module, on: bool = True) -> int:
-    """Compute the MLM loss of ``model``'s head (:class:`modsent.losses.MaskedLanguageModelingLoss`)
+def fuse_cross_entropy(model: nn.Module, on: bool = True, head: nn.Module | None = None) -> int:
+    """Compute the MLM loss of ``model``'s head (:class:`modsent.losses.MaskedLanguageModelingLoss`;
+    or of ``head``, given: MEXMA's unmasking head, :class:`modsent.losses.CrossUnmaskingLoss`)
     with :func:`modsent.training.kernels.cross_entropy` (``on=False`` undoes it); returns 1 if that
     changed, 0 otherwise (also for a model without an MLM head). The same loss and gradient in
     fp32 from the head's bf16 logits, without eager's fp32 copy of them, its log-softmax output and
@@ -449,10 +450,11 @@ def fuse_cross_entropy(model: nn.Module, on: bool = True) -> int:
     ``language_adapter.kernels: triton`` uses it (:func:`use_triton_kernels`)."""
     from modsent.losses import mlm_parts
 
-    try:
-        head = mlm_parts(model)[1]
-    except (TypeError, AttributeError):
-        return 0
+    if head is None:
+        try:
+            head = mlm_parts(model)[1]
+        except (TypeError, AttributeError):
+            return 0
     if bool(head.__dict__.get(_CE_KERNEL)) == on:
         return 0
     if on:
@@ -462,12 +464,14 @@ def fuse_cross_entropy(model: nn.Module, on: bool = True) -> int:
     return 1
 
 
-def mlm_cross_entropy(head: nn.Module, logits: torch.Tensor, targets: torch.Tensor, reduction: str) -> torch.Tensor:
+def mlm_cross_entropy(head: nn.Module | None, logits: torch.Tensor, targets: torch.Tensor,
+                      reduction: str) -> torch.Tensor:
     """The cross-entropy of ``head``'s ``logits`` (rows) against ``targets``, averaged or summed over
     the rows (``reduction``), in fp32: through :func:`modsent.training.kernels.cross_entropy` where
     :func:`fuse_cross_entropy` turned it on for ``head`` and the kernel runs on the logits' device
-    (not in a compiled trace), else eager's ``F.cross_entropy`` of the logits in fp32."""
-    if head.__dict__.get(_CE_KERNEL) and not torch.compiler.is_compiling():
+    (not in a compiled trace), else (also for no ``head``) eager's ``F.cross_entropy`` of the
+    logits in fp32."""
+    if head is not None and head.__dict__.get(_CE_KERNEL) and not torch.compiler.is_compiling():
         from modsent.training import kernels
 
         if kernels.supported(logits):

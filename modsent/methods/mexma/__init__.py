@@ -100,6 +100,14 @@ def settings_schema(*, alignment: str, align_weight: float, koleo_weight: float,
                  "description": "the head's initialisation, held-out sentences, batches, masking and dropout"},
         "precision": precision_property(),
         "compile": compile_property(),
+        "kernels": {"enum": ["eager", "triton"], "default": "eager", ROLE_KEY: RUNTIME,
+                    "description": "triton: the cross-unmasking loss's cross-entropy over the vocabulary (250,002 "
+                                   "words for XLM-R) as one Triton kernel each way (modsent.training.kernels."
+                                   "cross_entropy: one read of the logits forward, one read and one write "
+                                   "backward, no fp32 copy of them kept), on a CUDA GPU with Triton (refused "
+                                   "before any work where a GPU has none); the same training up to float "
+                                   "rounding. On the CPU the eager loss runs. Off by default: not yet measured "
+                                   "on a GPU"},
         "storage_dtype": storage_dtype_property(),
         "length_groups": length_groups_property("each language (a pool of k steps, each step of batch_size x "
                                                 "grad_accum pairs)"),

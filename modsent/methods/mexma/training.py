@@ -114,6 +114,7 @@ class MEXMAConfig:
     storage_dtype: str = "float32"  # the saved weights (how the result is saved: not in the fingerprint)
     length_groups: int = 1  # > 1: steps grouped by length within each language (epoch_batches)
     compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place); a runtime setting
+    kernels: str = "eager"  # triton: the cross-unmasking loss through kernels.cross_entropy on a GPU; runtime
     log_every: int = 10
     checkpoint_every: int = 2000
 
@@ -134,6 +135,7 @@ class MEXMAConfig:
             "temperature": not self.temperature > 0,
             "warmup_ratio": not 0 <= self.warmup_ratio < 1,
             "precision": self.precision not in PRECISIONS,
+            "kernels": self.kernels not in ("eager", "triton"),
             "storage_dtype": self.storage_dtype not in STORAGE_DTYPES,
         }
         from modsent.training.pairs import check_length_groups
@@ -326,9 +328,9 @@ class Objective:
         zero = out["s_a"].new_zeros(()).float()
         mlm = zero
         if counts[0]:
-            mlm = mlm + self.unmasking(model.head.logits, out["head_a"], a[2]) / counts[0]
+            mlm = mlm + self.unmasking(model.head.logits, out["head_a"], a[2], head=model.head) / counts[0]
         if counts[1]:
-            mlm = mlm + self.unmasking(model.head.logits, out["head_b"], b[2]) / counts[1]
+            mlm = mlm + self.unmasking(model.head.logits, out["head_b"], b[2], head=model.head) / counts[1]
         s_a, s_b = out["s_a"].float(), out["s_b"].float()
         koleo = zero
         if cfg.koleo_weight and len(s_a) >= 2:  # within this process's share, as per GPU in the paper
@@ -389,6 +391,8 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
     device = default_device(device)
     if cfg.compile:  # before any work: a missing compiler is an input error
         fastpath.check_compilable(device, f"{key}.compile")
+    # Triton's kernels: on a GPU without Triton, refused here (before the pairs are read)
+    kernels_run = cfg.kernels == "triton" and fastpath.check_kernels(device, f"{key}.kernels")
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
     rank, world = distributed.rank(), distributed.world_size()
     main = rank == 0
@@ -420,6 +424,12 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
                                    head_heads=cfg.head_heads, head_intermediate_size=cfg.head_intermediate_size,
                                    detach_tokens=cfg.detach_tokens, seed=cfg.seed, key=key)
     model.to(device)
+    if kernels_run:  # outside the compiled encoder: it applies with compile too
+        fastpath.fuse_cross_entropy(model, head=model.head)
+        log.info("%s.kernels: triton: the cross-unmasking loss's cross-entropy runs as a Triton kernel each way",
+                 key)
+    elif cfg.kernels == "triton":
+        log.info("%s.kernels: triton changes nothing here: the kernels run on CUDA GPUs, this job on %s", key, device)
     if cfg.compile:  # sequences padded to each share's longest: shapes vary, so dynamic sizes
         fastpath.compile_in_place(model.body, device, f"{key}.compile", dynamic=None)
     _, source_limit = tf.sentence_head(source, model.body)
