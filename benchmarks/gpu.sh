@@ -55,7 +55,7 @@ bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever
 # against them with the kernels' masks, then timed; other tiles), the LA step with them, their CUDA tests, the step's
 # profile, and the SE step (host-bound at 128 pairs, where a Python autograd function may cost more than the
 # launches it saves)
-bench triton_kernels 100 benchmarks/triton_kernels.py --device cuda --tiles 128x8x8/64x8x4 32x8x4/32x8x4x4 \
+bench triton_kernels 120 benchmarks/triton_kernels.py --device cuda --tiles 128x8x8/64x8x4 32x8x4/32x8x4x4 \
     64x8x8/32x8x8x4 --qkv-tiles 64x8x8/32x8x8 32x4x8/16x8x4 --norm-tiles 2x4 8x8 1x4 --ce-tiles 4096x8 1024x4
 bench mlm_triton 230 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 256 --batch-size 128 \
     --steps 10 --repeats 2 --bf16-residual --triton --only "masked, bf16, fused, fast, bf16 residual" \
@@ -64,7 +64,7 @@ bench mlm_triton 230 benchmarks/mlm_throughput.py --labse-random --device cuda -
     "masked, bf16, fused, fast, Triton cross-entropy, bf16 residual" \
     "masked, bf16, fused, fast, Triton LoRA, norms and cross-entropy, bf16 residual" "masked, bf16, fused, fast" \
     "masked, bf16, fused, fast, Triton LoRA, norms and cross-entropy"
-bench tests_kernels 90 -m pytest -q -p no:cacheprovider tests/test_kernels.py
+bench tests_kernels 110 -m pytest -q -p no:cacheprovider tests/test_kernels.py
 bench profile_la_triton 120 -m benchmarks.profile_steps --device cuda --steps 5 --top 16 --stages LA \
     --bf16-residual --triton
 # methods.MEXMA.kernels: triton: the cross-unmasking loss's cross-entropy over XLM-R's 250,002 words as Triton's

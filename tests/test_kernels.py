@@ -253,23 +253,27 @@ def test_dropout_add_norm_equals_the_three_steps_with_its_mask(device, rows, d, 
     torch.testing.assert_close(only, got[1], rtol=0, atol=0)
 
 
-CE_CASES = [  # rows, vocabulary, dtype, the kernels' columns a pass
-    ((37,), 1000, torch.float32, 256),  # four passes over a row, the last one partial
-    ((3, 5), 300, torch.float32, 2048),  # one partial pass; rows of a 3-d batch
-    ((40,), 777, torch.bfloat16, 128),  # the LA's logits under autocast
+CE_CASES = [  # rows, vocabulary, dtype, the kernels' columns a pass, the logits' rows part of wider rows, targets
+    ((37,), 1000, torch.float32, 256, False, torch.int64),  # four passes over a row, the last one partial
+    ((3, 5), 300, torch.float32, 2048, False, torch.int64),  # one partial pass; rows of a 3-d batch
+    ((40,), 777, torch.bfloat16, 128, False, torch.int64),  # the LA's logits under autocast
+    ((9,), 500, torch.float32, 128, True, torch.int32),  # a row's stride is not its length; int32 targets
+    ((6,), 300, torch.float16, 128, False, torch.int64),  # MEXMA's with precision: fp16
 ]
 
 
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
-@pytest.mark.parametrize("rows, v, dtype, columns", CE_CASES)
-def test_cross_entropy_equals_eagers_in_float64(device, rows, v, dtype, columns, monkeypatch):
+@pytest.mark.parametrize("rows, v, dtype, columns, sliced, target_dtype", CE_CASES)
+def test_cross_entropy_equals_eagers_in_float64(device, rows, v, dtype, columns, sliced, target_dtype, monkeypatch):
     monkeypatch.setitem(kernels.TILES, "ce", (columns, 4))
     generator = torch.Generator().manual_seed(0)
     # logits far from 0 (a log-sum-exp computed without its maximum would overflow fp32's exp)
-    logits = (torch.randn(*rows, v, generator=generator) * 4 + 90).to(device, dtype).requires_grad_(True)
+    wide = torch.randn(*rows, v + (37 if sliced else 0), generator=generator) * 4 + 90
+    logits = wide.to(device, dtype)[..., :v].detach().requires_grad_(True)  # sliced: each row inside a wider one
+    assert logits.is_contiguous() != sliced
     targets = torch.randint(0, v, rows, generator=generator)
     targets.view(-1)[1] = -100  # ignored: no loss, no gradient
-    targets = targets.to(device)
+    targets = targets.to(device, target_dtype)
     loss = kernels.cross_entropy(logits, targets)
     assert loss.shape == rows and loss.dtype == torch.float32
     grad = torch.rand(rows, generator=generator).to(device)
@@ -277,13 +281,14 @@ def test_cross_entropy_equals_eagers_in_float64(device, rows, v, dtype, columns,
     assert got.dtype == dtype and got.shape == logits.shape
 
     reference = logits.detach().double().requires_grad_(True)
-    want_loss = nn.functional.cross_entropy(reference.view(-1, v), targets.view(-1), reduction="none").view(rows)
+    want_loss = nn.functional.cross_entropy(reference.reshape(-1, v), targets.reshape(-1).long(),
+                                            reduction="none").view(rows)
     (want,) = torch.autograd.grad(want_loss, reference, grad.double())
     loss, want_loss = loss.detach(), want_loss.detach()
     assert float((loss.double() - want_loss).abs().max()) < 1e-5 * float(want_loss.abs().max())
     assert float(loss.view(-1)[1]) == 0 and float(got.reshape(-1, v)[1].abs().max()) == 0
     # the interpreter rounds to bf16 by truncation, a GPU to nearest
-    assert relative_error(got, want) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert relative_error(got, want) < {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
     # a mean's gradient comes as one value expanded over the rows (stride 0): the same as given whole
     (mean_grad,) = torch.autograd.grad(kernels.cross_entropy(logits, targets).mean(), logits)
     (whole,) = torch.autograd.grad(kernels.cross_entropy(logits, targets), logits,
@@ -296,14 +301,14 @@ def test_cross_entropy_marks_a_bad_row_and_checks_its_inputs(device):
     """A target outside the vocabulary makes its row's loss and gradient NaN (eager raises on the
     CPU, and asserts on a GPU, where a check would wait for the device); a NaN logit makes its
     row NaN, as eager's; the other rows are untouched."""
-    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_(True)
-    targets = torch.tensor([3, 50, -1, 7]).to(device)
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_(True)
+    targets = torch.tensor([3, 50, -1, 2**40, -2**40, 7]).to(device)  # far outside: no read there either
     poisoned = logits.detach().clone()
-    poisoned[3, 9] = float("nan")
+    poisoned[5, 9] = float("nan")
     for x in (logits, poisoned.requires_grad_(True)):
         loss = kernels.cross_entropy(x, targets)
         (grad,) = torch.autograd.grad(loss.sum(), x)
-        bad = [1, 2] if x is logits else [1, 2, 3]
+        bad = [1, 2, 3, 4] if x is logits else [1, 2, 3, 4, 5]
         assert torch.isnan(loss[bad]).all() and torch.isnan(grad[bad]).all()
         want = nn.functional.cross_entropy(logits.detach()[:1], targets[:1], reduction="none")
         torch.testing.assert_close(loss[:1], want)
@@ -311,6 +316,21 @@ def test_cross_entropy_marks_a_bad_row_and_checks_its_inputs(device):
         kernels.cross_entropy(logits, targets[:3])
     with pytest.raises(ValueError, match="integer targets"):
         kernels.cross_entropy(logits, targets.float())
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_mlm_cross_entropy_reduces_as_eager_does(device):
+    """fastpath.mlm_cross_entropy with a marked head: the kernel's rows summed, or averaged over the
+    rows that count (eager's mean leaves ignored rows out); other reductions are refused."""
+    head = nn.Linear(4, 30).to(device)
+    fastpath.fuse_cross_entropy(nn.Module(), head=head)
+    logits = torch.randn(7, 30, generator=torch.Generator().manual_seed(0)).to(device)
+    targets = torch.tensor([1, -100, 29, 0, -100, 5, 7]).to(device)
+    for reduction in ("mean", "sum"):
+        torch.testing.assert_close(fastpath.mlm_cross_entropy(head, logits, targets, reduction),
+                                   nn.functional.cross_entropy(logits, targets, reduction=reduction))
+    with pytest.raises(ValueError, match="reduction 'none'"):
+        fastpath.mlm_cross_entropy(head, logits, targets, "none")
 
 
 def tiny_bert_for_mlm():

@@ -597,6 +597,44 @@ def test_with_triton_kernels_every_training_step_runs_through_them_and_trains_th
     assert losses[1] == pytest.approx(losses[0], rel=0.01)
 
 
+@needs_cpu_compiler
+@pytest.mark.skipif(not (os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton")),
+                    reason="Triton's interpreter not chosen (conftest chooses it off a GPU where Triton is installed)")
+def test_with_compile_the_triton_setting_runs_the_loss_kernel_outside_the_compiled_encoder(inputs, tmp_path,
+                                                                                          monkeypatch, traced_compile):
+    """kernels: triton with compile: true: inside the compiled encoder (Dynamo's graphs, run as
+    eager here: traced_compile) no LoRA or norm kernel runs, and the MLM loss outside it goes
+    through the cross-entropy kernel at every step; as that draws nothing, the run trains what the
+    eager one trains, up to float rounding."""
+    from collections import Counter
+
+    from safetensors.torch import load_file
+
+    from modsent.training import kernels
+
+    calls = Counter()
+    for name in ("lora_linears", "dropout_add_norm", "cross_entropy"):
+        def spy(*args, _real=getattr(kernels, name), _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(kernels, name, spy)
+    cfg, fast = _kernel_settings()
+    la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"], tmp_path / "eager",
+                              cfg, device="cpu", progress=False)
+    assert not calls
+    both = la.LanguageAdapterConfig(**{**fast.__dict__, "compile": True})
+    la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"], tmp_path / "both",
+                              both, device="cpu", progress=False)
+    modules, graphs = traced_compile
+    assert len(modules) == 1 and graphs() >= 1 and calls == {"cross_entropy": 3}
+    losses = [logged_losses(tmp_path / run) for run in ("eager", "both")]
+    assert len(losses[0]) == 3 and losses[0] == pytest.approx(losses[1], rel=1e-5)
+    for name in ("adapter/adapter_model.safetensors", la.EMBEDDINGS_NAME):
+        x, y = (load_file(str(tmp_path / run / name)) for run in ("eager", "both"))
+        assert x.keys() == y.keys() and all(torch.allclose(x[k], y[k], atol=1e-6) for k in x), name
+
+
 def test_a_bf16_residual_stream_is_its_own_setting_and_changes_nothing_without_bf16_autocast(inputs, tmp_path,
                                                                                              monkeypatch):
     """language_adapter.residual_stream: bf16 makes every LayerNorm of the trained model return bf16

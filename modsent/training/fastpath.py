@@ -431,9 +431,10 @@ def use_triton_kernels(model: nn.Module, on: bool = True) -> tuple[int, int, int
     ``on=False`` undoes it): each LoRA layer's dropout (:func:`fuse_lora_dropout`), each
     dropout + residual add + LayerNorm (:func:`fuse_residual_norms` with ``kernel="triton"``) and
     the MLM head's cross-entropy (:func:`fuse_cross_entropy`, where the model has an MLM head).
-    Returns how many of each changed. Where a kernel does not apply (evaluation, inference mode, a
-    trained norm or base layer, a compiled trace, a device without the kernels) the layer runs
-    as before; parameters and saved adapters are untouched."""
+    Returns how many of each changed. Where a kernel does not apply (for the LoRA layers and
+    norms: evaluation, inference mode, a trained norm or base layer; for all three: a compiled
+    trace, a device without the kernels) the layer runs as before (the loss's kernel runs in
+    evaluation too: it draws nothing); parameters and saved adapters are untouched."""
     return (fuse_lora_dropout(model, on), fuse_residual_norms(model, on=on, kernel="triton"),
             fuse_cross_entropy(model, on))
 
@@ -471,12 +472,15 @@ def mlm_cross_entropy(head: nn.Module | None, logits: torch.Tensor, targets: tor
     :func:`fuse_cross_entropy` turned it on for ``head`` and the kernel runs on the logits' device
     (not in a compiled trace), else (also for no ``head``) eager's ``F.cross_entropy`` of the
     logits in fp32."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"mlm_cross_entropy: reduction {reduction!r}, expected 'mean' or 'sum'")
     if head is not None and head.__dict__.get(_CE_KERNEL) and not torch.compiler.is_compiling():
         from modsent.training import kernels
 
         if kernels.supported(logits):
             losses = kernels.cross_entropy(logits, targets)
-            return losses.sum() if reduction == "sum" else losses.mean()
+            # a mean over the rows that count (all of them in an MLM loss), as eager's ignores -100
+            return losses.sum() if reduction == "sum" else losses.sum() / (targets != -100).sum()
     return F.cross_entropy(logits.float(), targets, reduction=reduction)
 
 

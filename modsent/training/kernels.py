@@ -37,7 +37,7 @@ eager steps do (the dropout's output in its input's dtype, the sum in the promot
 norm in fp32 from it) and takes a frozen norm's weights (the LA's).
 
 **The MLM loss's cross-entropy** over the tied decoder's bf16 logits (masked positions x
-vocabulary: 4,900 x 50,000 a step in the LA). Eager computes it as a fp32 copy of the logits, their
+vocabulary: 4,915 x 50,000 a step in the LA). Eager computes it as a fp32 copy of the logits, their
 log-softmax (kept for the backward), the loss's gradient as a dense fp32 tensor, the log-softmax's
 backward and a cast back to bf16: about 36 bytes an element read or written where
 :func:`cross_entropy` takes 6, one kernel each way, a program per row: the forward reads the row
@@ -443,8 +443,10 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int
     each row's log-sum-exp, the backward reads them once more and writes their gradient (6 bytes an
     element for bf16 logits). Eager's way (a fp32 copy of the logits, log-softmax, the loss's
     gradient as a dense fp32 tensor, its log-softmax backward and the cast back) reads and writes at
-    least 36: at the LA's 4,900 masked positions a step and a 50,000-word vocabulary, some 7 GB a
-    step more."""
+    least 36: at the LA's 4,915 masked positions a step and a 50,000-word vocabulary, some 7 GB a
+    step more. Classes along the last dimension (``F.cross_entropy`` takes dimension 1 of >2-d
+    logits); int32 targets too; no double backward (``create_graph`` gives a gradient without
+    one)."""
     if logits.dim() < 1 or targets.shape != logits.shape[:-1]:
         raise ValueError(f"cross_entropy: targets of shape {tuple(targets.shape)} for logits of shape "
                          f"{tuple(logits.shape)}; expected one target per row of logits")
