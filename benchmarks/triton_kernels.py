@@ -156,6 +156,26 @@ def timed(args, step, cuda: bool) -> float:
     return statistics.median(times) * 1e3
 
 
+def tile_table(args, cuda: bool, step, forward, owner, key: str, variants: dict, switch) -> None:
+    """Time ``step`` for each of ``variants`` ({name: the kernel's tile, or None: eager}) and print
+    ms per step, the ratio to the first and what ``forward`` keeps for the backward (besides
+    ``owner``'s parameters): ``switch(on)`` turns the kernel on or off, ``kernels.TILES[key]`` takes
+    the tile (the defaults back afterwards)."""
+    from modsent.training import kernels
+
+    print(f"{'variant':56s} {'ms/step':>8s} {'ratio':>6s} {'kept MiB':>9s}")
+    base = None
+    default = dict(kernels.TILES)
+    for name, tile in variants.items():
+        switch(tile is not None)
+        kernels.TILES[key] = tile or default[key]
+        ms = timed(args, step, cuda)
+        kept = kept_mib(owner, forward)
+        base = base or ms
+        print(f"{name:56s} {ms:8.3f} {base / ms:6.2f} {kept:9.2f}", flush=True)
+    kernels.TILES.update(default)
+
+
 def lora_part(args, cuda: bool, dtype, autocast) -> None:
     import torch
     from peft import LoraConfig, get_peft_model
@@ -296,17 +316,8 @@ def norm_part(args, cuda: bool, dtype, autocast) -> None:
     variants = {"the module's ops (modsent's step)": None, "Triton norm": kernels.TILES["norm"]}
     for tile in args.norm_tiles:
         variants[f"Triton norm, tiles {label(tile)}"] = tile
-    print(f"{'variant':56s} {'ms/step':>8s} {'ratio':>6s} {'kept MiB':>9s}")
-    base = None
-    default = dict(kernels.TILES)
-    for name, tile in variants.items():
-        fastpath.fuse_residual_norms(module, args.device, "--parts norm", tile is not None, kernel="triton")
-        kernels.TILES["norm"] = tile or default["norm"]
-        ms = timed(args, step, cuda)
-        kept = kept_mib(module, forward)
-        base = base or ms
-        print(f"{name:56s} {ms:8.3f} {base / ms:6.2f} {kept:9.2f}", flush=True)
-    kernels.TILES.update(default)
+    tile_table(args, cuda, step, forward, module, "norm", variants,
+               lambda on: fastpath.fuse_residual_norms(module, args.device, "--parts norm", on, kernel="triton"))
 
 
 def ce_part(args, cuda: bool, dtype) -> None:
@@ -339,19 +350,8 @@ def ce_part(args, cuda: bool, dtype) -> None:
     variants = {"F.cross_entropy in fp32 (modsent's step)": None, "Triton cross-entropy": kernels.TILES["ce"]}
     for tile in args.ce_tiles:
         variants[f"Triton cross-entropy, tiles {label(tile)}"] = tile
-    print(f"{'variant':56s} {'ms/step':>8s} {'ratio':>6s} {'kept MiB':>9s}")
-    base = None
-    default = dict(kernels.TILES)
-    for name, tile in variants.items():
-        head.__dict__.pop(fastpath._CE_KERNEL, None)
-        if tile is not None:
-            head.__dict__[fastpath._CE_KERNEL] = True  # as fuse_cross_entropy marks a model's head
-        kernels.TILES["ce"] = tile or default["ce"]
-        ms = timed(args, step, cuda)
-        kept = kept_mib(head, forward)
-        base = base or ms
-        print(f"{name:56s} {ms:8.3f} {base / ms:6.2f} {kept:9.2f}", flush=True)
-    kernels.TILES.update(default)
+    tile_table(args, cuda, step, forward, head, "ce", variants,
+               lambda on: fastpath.fuse_cross_entropy(head, on, head=head))
 
 
 def main() -> None:
