@@ -201,7 +201,7 @@ def main() -> None:
             if label == "compiled" and not compiled:  # last: the eager runs above use the same model
                 fastpath.compile_in_place(model.body, device, "--compile", dynamic=None)
                 compiled = True
-            fastpath.fuse_cross_entropy(model, label == "triton", head=model.head)  # as kernels: triton does
+            fastpath.fuse_cross_entropy(model.head, label == "triton")  # as kernels: triton does
             try:
                 results[label] = measure(model, loss_fn, batches, device, args.steps)
             except torch.OutOfMemoryError:

@@ -235,7 +235,7 @@ def main() -> None:
             fastpath.fuse_projections(model, fast and "projections" in name)
             # "alone": each LoRA layer's own kernels, else an attention's query, key and value together
             fastpath.fuse_lora_dropout(model, fast and "Triton LoRA" in name, shared_input="LoRA alone" not in name)
-            fastpath.fuse_cross_entropy(model, fast and "cross-entropy" in name)
+            fastpath.fuse_cross_entropy(mlm_parts(model)[1], fast and "cross-entropy" in name)
             if "Triton" in name and "norms" in name:
                 fastpath.fuse_residual_norms(model, args.device, "--triton", kernel="triton")
             else:

@@ -146,10 +146,10 @@ def profile_la(args, speed_up, cuda: bool, autocast) -> None:
         fastpath.fuse_projections(model, on=False)
         fastpath.fuse_residual_norms(model, args.device, "--fused", on=False)
     if args.triton:  # the LoRA branches, the residual norms and the MLM loss as Triton kernels
-        fastpath.use_triton_kernels(model)
+        fastpath.use_triton_kernels(model, mlm_head=mlm_parts(model)[1])
         profile(f"LA step, {args.la_batch} x {args.la_seq_len} tokens{stream}, Triton LoRA, norms and cross-entropy",
                 la_step, args.steps, cuda, args.top)
-        fastpath.use_triton_kernels(model, on=False)
+        fastpath.use_triton_kernels(model, on=False, mlm_head=mlm_parts(model)[1])
     for how in args.compile or ():  # Inductor's kernels: which attention, what is left unfused
         torch._dynamo.reset()
         fastpath.attention_outside_graph(mlm_parts(model)[0], how == "attention-outside")

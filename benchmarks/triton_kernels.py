@@ -351,7 +351,7 @@ def ce_part(args, cuda: bool, dtype) -> None:
     for tile in args.ce_tiles:
         variants[f"Triton cross-entropy, tiles {label(tile)}"] = tile
     tile_table(args, cuda, step, forward, head, "ce", variants,
-               lambda on: fastpath.fuse_cross_entropy(head, on, head=head))
+               lambda on: fastpath.fuse_cross_entropy(head, on))
 
 
 def main() -> None:

@@ -323,7 +323,7 @@ def test_mlm_cross_entropy_reduces_as_eager_does(device):
     """fastpath.mlm_cross_entropy with a marked head: the kernel's rows summed, or averaged over the
     rows that count (eager's mean leaves ignored rows out); other reductions are refused."""
     head = nn.Linear(4, 30).to(device)
-    fastpath.fuse_cross_entropy(nn.Module(), head=head)
+    fastpath.fuse_cross_entropy(head)
     logits = torch.randn(7, 30, generator=torch.Generator().manual_seed(0)).to(device)
     targets = torch.tensor([1, -100, 29, 0, -100, 5, 7]).to(device)
     for reduction in ("mean", "sum"):
@@ -354,8 +354,8 @@ def tiny_bert_for_mlm():
 def test_an_mlm_step_with_the_cross_entropy_kernel_equals_eagers(device, reduction, monkeypatch):
     """fuse_cross_entropy: the MLM loss (masked positions only) through the kernel, the same loss
     and gradients as eager's, dropout's draws unchanged (the same seed draws the same masks); off
-    again, eager's F.cross_entropy runs; a model without an MLM head has nothing to change."""
-    from modsent.losses import MaskedLanguageModelingLoss
+    again, eager's F.cross_entropy runs."""
+    from modsent.losses import MaskedLanguageModelingLoss, mlm_parts
 
     model = tiny_bert_for_mlm().to(device)
     fastpath.speed_up(model)
@@ -376,7 +376,8 @@ def test_an_mlm_step_with_the_cross_entropy_kernel_equals_eagers(device, reducti
 
     ref_loss, ref_grads = run()
     assert not calls
-    assert fastpath.fuse_cross_entropy(model) == 1 and fastpath.fuse_cross_entropy(model) == 0
+    head = mlm_parts(model)[1]
+    assert fastpath.fuse_cross_entropy(head) == 1 and fastpath.fuse_cross_entropy(head) == 0
     loss, grads = run()
     assert len(calls) == 1
     torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
@@ -387,10 +388,12 @@ def test_an_mlm_step_with_the_cross_entropy_kernel_equals_eagers(device, reducti
     with torch.no_grad():  # the held-out loss: the kernel's forward alone
         model.eval()
         held_out = MaskedLanguageModelingLoss(reduction)(model, ids.to(device), labels)
-        fastpath.fuse_cross_entropy(model, on=False)
+        fastpath.fuse_cross_entropy(head, on=False)
         torch.testing.assert_close(held_out, MaskedLanguageModelingLoss(reduction)(model, ids.to(device), labels))
     assert len(calls) == 2
-    assert fastpath.fuse_cross_entropy(model, on=False) == 0 and fastpath.fuse_cross_entropy(tiny_lora_bert()) == 0
+    assert fastpath.fuse_cross_entropy(head, on=False) == 0
+    # use_triton_kernels marks the head it is given, and only that
+    assert fastpath.use_triton_kernels(model, mlm_head=head)[2] == 1 and fastpath.use_triton_kernels(model)[2] == 0
 
 
 def tiny_lora_bert(lora_dropout=0.1, hidden_dropout=0.0, targets=("query", "key", "value")):

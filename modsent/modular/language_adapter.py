@@ -669,11 +669,11 @@ def train_language_adapter(base_model_dir: str | Path, tokenizer_dir: str | Path
             log.info("language_adapter.residual_stream: bf16 changes nothing here: %s runs without bf16 autocast",
                      device)
     if kernels_run and cfg.compile:  # the loss is outside the compiled encoder
-        fastpath.fuse_cross_entropy(model)
+        fastpath.fuse_cross_entropy(mlm_parts(model)[1])
         log.info("language_adapter.kernels: triton with language_adapter.compile: true: the compiled encoder runs "
                  "the kernels Inductor makes for it; the MLM loss, outside it, runs as a Triton kernel")
     elif kernels_run:
-        lora_layers, norms, heads = fastpath.use_triton_kernels(model)
+        lora_layers, norms, heads = fastpath.use_triton_kernels(model, mlm_head=mlm_parts(model)[1])
         log.info("language_adapter.kernels: triton: %d LoRA layers' dropout, %d dropout + residual add + "
                  "LayerNorm steps and %d MLM loss run as Triton kernels", lora_layers, norms, heads)
     elif cfg.kernels == "triton":

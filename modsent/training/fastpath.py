@@ -426,36 +426,31 @@ def check_kernels(device: str | torch.device, key: str) -> bool:
     return runs
 
 
-def use_triton_kernels(model: nn.Module, on: bool = True) -> tuple[int, int, int]:
+def use_triton_kernels(model: nn.Module, on: bool = True, mlm_head: nn.Module | None = None) -> tuple[int, int, int]:
     """All of :mod:`modsent.training.kernels`' kernels in ``model`` (after :func:`speed_up`;
     ``on=False`` undoes it): each LoRA layer's dropout (:func:`fuse_lora_dropout`), each
-    dropout + residual add + LayerNorm (:func:`fuse_residual_norms` with ``kernel="triton"``) and
-    the MLM head's cross-entropy (:func:`fuse_cross_entropy`, where the model has an MLM head).
-    Returns how many of each changed. Where a kernel does not apply (for the LoRA layers and
-    norms: evaluation, inference mode, a trained norm or base layer; for all three: a compiled
-    trace, a device without the kernels) the layer runs as before (the loss's kernel runs in
-    evaluation too: it draws nothing); parameters and saved adapters are untouched."""
+    dropout + residual add + LayerNorm (:func:`fuse_residual_norms` with ``kernel="triton"``) and,
+    given the model's MLM head (``mlm_head``: :func:`modsent.losses.mlm_parts`), its loss's
+    cross-entropy (:func:`fuse_cross_entropy`). Returns how many of each changed. Where a kernel
+    does not apply (for the LoRA layers and norms: evaluation, inference mode, a trained norm or
+    base layer; for all three: a compiled trace, a device without the kernels) the layer runs as
+    before (the loss's kernel runs in evaluation too: it draws nothing); parameters and saved
+    adapters are untouched."""
     return (fuse_lora_dropout(model, on), fuse_residual_norms(model, on=on, kernel="triton"),
-            fuse_cross_entropy(model, on))
+            0 if mlm_head is None else fuse_cross_entropy(mlm_head, on))
 
 
-def fuse_cross_entropy(model: nn.Module, on: bool = True, head: nn.Module | None = None) -> int:
-    """Compute the MLM loss of ``model``'s head (:class:`modsent.losses.MaskedLanguageModelingLoss`;
-    or of ``head``, given: MEXMA's unmasking head, :class:`modsent.losses.CrossUnmaskingLoss`)
-    with :func:`modsent.training.kernels.cross_entropy` (``on=False`` undoes it); returns 1 if that
-    changed, 0 otherwise (also for a model without an MLM head). The same loss and gradient in
+def fuse_cross_entropy(head: nn.Module, on: bool = True) -> int:
+    """Compute the loss of the MLM head ``head`` (:class:`modsent.losses.MaskedLanguageModelingLoss`
+    of a model whose head it is, :func:`modsent.losses.mlm_parts`; MEXMA's
+    :class:`modsent.losses.CrossUnmaskingLoss` given it) with
+    :func:`modsent.training.kernels.cross_entropy` (``on=False`` undoes it); returns 1 if that
+    changed, else 0. The same loss and gradient in
     fp32 from the head's bf16 logits, without eager's fp32 copy of them, its log-softmax output and
     the loss's dense fp32 gradient: one read of the logits forward, one read and one write
     backward. Where the kernel does not apply (a compiled trace, a device without the kernels) the
     loss is computed as before (:func:`mlm_cross_entropy`). Not measured on a GPU yet;
-    ``language_adapter.kernels: triton`` uses it (:func:`use_triton_kernels`)."""
-    from modsent.losses import mlm_parts
-
-    if head is None:
-        try:
-            head = mlm_parts(model)[1]
-        except (TypeError, AttributeError):
-            return 0
+    ``language_adapter.kernels: triton`` and ``methods.MEXMA*.kernels: triton`` use it."""
     if bool(head.__dict__.get(_CE_KERNEL)) == on:
         return 0
     if on:

@@ -425,7 +425,7 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
                                    detach_tokens=cfg.detach_tokens, seed=cfg.seed, key=key)
     model.to(device)
     if kernels_run:  # outside the compiled encoder: it applies with compile too
-        fastpath.fuse_cross_entropy(model, head=model.head)
+        fastpath.fuse_cross_entropy(model.head)
         log.info("%s.kernels: triton: the cross-unmasking loss's cross-entropy runs as a Triton kernel each way",
                  key)
     elif cfg.kernels == "triton":
