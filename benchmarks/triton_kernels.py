@@ -63,22 +63,23 @@ def tiles(spec: str) -> tuple[tuple[int, int, int], tuple[int, int, int, int]]:
     return down, up + (2,) * (4 - len(up))
 
 
-def norm_tiles(spec: str) -> tuple[int, int]:
+def two_numbers(spec: str, expected: str, power_of_two: bool = False) -> tuple[int, int]:
+    """``AxB`` as (A, B) (A a power of 2 where asked), else an argparse error saying ``expected``."""
     try:
-        rows, warps = (int(n) for n in spec.split("x"))
+        first, second = (int(n) for n in spec.split("x"))
+        if power_of_two and first & (first - 1):
+            raise ValueError
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{spec!r}: expected ROWSxWARPS (4x8)")
-    return rows, warps
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected {expected}")
+    return first, second
+
+
+def norm_tiles(spec: str) -> tuple[int, int]:
+    return two_numbers(spec, "ROWSxWARPS (4x8)")
 
 
 def ce_tiles(spec: str) -> tuple[int, int]:
-    try:
-        columns, warps = (int(n) for n in spec.split("x"))
-        if columns & (columns - 1):
-            raise ValueError
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{spec!r}: expected COLUMNSxWARPS, COLUMNS a power of 2 (2048x8)")
-    return columns, warps
+    return two_numbers(spec, "COLUMNSxWARPS, COLUMNS a power of 2 (2048x8)", power_of_two=True)
 
 
 def label(tile) -> str:

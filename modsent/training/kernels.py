@@ -499,19 +499,20 @@ def hopper_report(k: int = 768, r: int = 8, arch: int = 90, vocab: int = 50_000)
              "mask": (kernels.mask_kernel, {"K": k}, lora_types),
              "norm_forward": (kernels.norm_forward_kernel, {**norm, "HAS_B": True}, norm_types),
              "norm_backward": (kernels.norm_backward_kernel, {**norm, "WANT_H": True, "WANT_R": True}, norm_types),
-             "ce_forward": (kernels.ce_forward_kernel, {}, ce_types),
-             "ce_backward": (kernels.ce_backward_kernel, {}, ce_types)}
+             "ce_forward": (kernels.ce_forward_kernel, {"V": vocab}, ce_types),
+             "ce_backward": (kernels.ce_backward_kernel, {"V": vocab}, ce_types)}
     report = {}
     for name, (kernel, constants, types) in plans.items():
+        sizes = multiples
         if name.startswith("ce"):
-            columns, warps = TILES["ce"]
-            constants, sizes = {"V": vocab, "BV": columns}, ce_multiples
+            (columns, warps), sizes = TILES["ce"], ce_multiples
+            constants = {**constants, "BV": columns}
+        elif name.startswith("norm"):
+            rows, warps = TILES["norm"]
+            constants = {**constants, "BM": rows}
         else:
-            if name.startswith("norm"):
-                (rows, warps), group = TILES["norm"], None
-            else:
-                rows, group, warps = TILES[name][:3]
-            constants, sizes = {**constants, "BM": rows, **({} if group is None else {"G": group})}, multiples
+            rows, group, warps = TILES[name][:3]
+            constants = {**constants, "BM": rows, "G": group}
         names = kernel.arg_names
         signature = {n: "constexpr" if n in constants else types[n] for n in names}
         aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n not in constants
