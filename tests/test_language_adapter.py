@@ -1,6 +1,5 @@
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import math
 import multiprocessing
@@ -20,7 +19,8 @@ from modsent.training import efficiency
 from modsent.sources.builtin import builtin_corpus
 from modsent.testing import make_tiny_xlmr, sample_texts
 from modsent.modular.tokenizer_training import train_tokenizer
-from tiny_modules import assert_same_adamw_training, inductor_draws_as_eager, logged_losses, needs_cpu_compiler
+from tiny_modules import (assert_same_adamw_training, inductor_draws_as_eager, logged_losses, needs_cpu_compiler,
+                          needs_triton_interpreter)
 
 CFG = la.LanguageAdapterConfig(steps=6, batch_size=4, seq_len=32, learning_rate=2e-3,
                                warmup_steps=1, eval_sentences=60, checkpoint_every=3, log_every=1,
@@ -486,6 +486,23 @@ def _kernel_settings():
     return cfg, la.LanguageAdapterConfig(**{**cfg.__dict__, "kernels": "triton"})
 
 
+def _kernel_calls(monkeypatch):
+    """A Counter of the calls of modsent's kernel functions from now on, by name (lora_linears, one
+    call an attention: its layers)."""
+    from collections import Counter
+
+    from modsent.training import kernels
+
+    calls = Counter()
+    for name in ("lora_linears", "dropout_add_norm", "cross_entropy"):
+        def spy(*args, _real=getattr(kernels, name), _name=name, **kwargs):
+            calls[_name] += len(args[1]) if _name == "lora_linears" else 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(kernels, name, spy)
+    return calls
+
+
 def _saved(run_dir) -> dict:
     return {f"{f.name}:{k}": v for f in sorted(run_dir.rglob("*.safetensors")) for k, v in load_file(str(f)).items()}
 
@@ -535,8 +552,7 @@ def test_triton_kernels_are_a_runtime_setting_refused_without_triton_on_a_gpu_an
     assert logged_losses(tmp_path / "eager") == logged_losses(tmp_path / "triton")
 
 
-@pytest.mark.skipif(not (os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton")),
-                    reason="Triton's interpreter not chosen (conftest chooses it off a GPU where Triton is installed)")
+@needs_triton_interpreter
 def test_with_triton_kernels_every_training_step_runs_through_them_and_trains_the_adapter(inputs, tmp_path,
                                                                                          monkeypatch):
     """language_adapter.kernels: triton where the kernels run (here Triton's interpreter on the
@@ -545,17 +561,7 @@ def test_with_triton_kernels_every_training_step_runs_through_them_and_trains_th
     (eval_sentences: 0, no held-out loss), both LoRA matrices train, and the run ends
     as near the eager one as an eager run with other dropout draws does (the same start and
     batches; the kernels' results against their own masks: tests/test_kernels.py)."""
-    from collections import Counter
-
-    from modsent.training import kernels
-
-    calls = Counter()
-    for name in ("lora_linears", "dropout_add_norm", "cross_entropy"):
-        def spy(*args, _real=getattr(kernels, name), _name=name, **kwargs):
-            calls[_name] += len(args[1]) if _name == "lora_linears" else 1  # a call per attention: its layers
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(kernels, name, spy)
+    calls = _kernel_calls(monkeypatch)
     cfg, fast = _kernel_settings()
     la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"], tmp_path / "triton",
                               fast, device="cpu", progress=False)
@@ -598,27 +604,16 @@ def test_with_triton_kernels_every_training_step_runs_through_them_and_trains_th
 
 
 @needs_cpu_compiler
-@pytest.mark.skipif(not (os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton")),
-                    reason="Triton's interpreter not chosen (conftest chooses it off a GPU where Triton is installed)")
+@needs_triton_interpreter
 def test_with_compile_the_triton_setting_runs_the_loss_kernel_outside_the_compiled_encoder(inputs, tmp_path,
                                                                                           monkeypatch, traced_compile):
     """kernels: triton with compile: true: inside the compiled encoder (Dynamo's graphs, run as
     eager here: traced_compile) no LoRA or norm kernel runs, and the MLM loss outside it goes
     through the cross-entropy kernel at every step; as that draws nothing, the run trains what the
     eager one trains, up to float rounding."""
-    from collections import Counter
-
     from safetensors.torch import load_file
 
-    from modsent.training import kernels
-
-    calls = Counter()
-    for name in ("lora_linears", "dropout_add_norm", "cross_entropy"):
-        def spy(*args, _real=getattr(kernels, name), _name=name, **kwargs):
-            calls[_name] += 1
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(kernels, name, spy)
+    calls = _kernel_calls(monkeypatch)
     cfg, fast = _kernel_settings()
     la.train_language_adapter(inputs["base"], inputs["tok"], inputs["emb"], inputs["corpus"], tmp_path / "eager",
                               cfg, device="cpu", progress=False)

@@ -1,7 +1,6 @@
 """MEXMA: its losses against their formulas, the four passes and the cross-unmasking wiring,
 training, resumption, two processes, the saved encoder and the workflow's plan."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,7 +18,7 @@ from modsent.methods.mexma import model as mm
 from modsent.methods.mexma import training as mt
 from modsent.training import efficiency, schedules
 from tiny_modules import (assert_close_model, assert_grouped_batches, assert_same_model, assert_stored_in_half,
-                          recorded_training_data, tiny_base_and_data)
+                          needs_triton_interpreter, recorded_training_data, tiny_base_and_data)
 
 LANGS = ["de", "ky"]
 # a tiny head; the tiny random model moves only with a large learning rate
@@ -429,8 +428,7 @@ def test_compile_routes_the_encoder_through_dynamo_and_trains_what_eager_trains(
     assert np.allclose(eager["loss_components"]["rows"], compiled["loss_components"]["rows"], rtol=1e-5)
 
 
-@pytest.mark.skipif(not (os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton")),
-                    reason="Triton's interpreter not chosen (conftest chooses it off a GPU where Triton is installed)")
+@needs_triton_interpreter
 def test_kernels_triton_runs_the_unmasking_loss_through_the_kernel_and_trains_what_eager_trains(data, tmp_path,
                                                                                                 monkeypatch):
     """methods.MEXMA*.kernels: triton (here Triton's interpreter on the CPU): both sides' cross-unmasking

@@ -1,5 +1,8 @@
 """Tiny per-language modules (LA + SE) for the tests of later stages: seconds, not quality."""
 
+import importlib.util
+import os
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -125,6 +128,10 @@ def _cpu_compiles() -> bool:
 
 # the compile tests need torch.compile's CPU code generation: a C++ compiler (.ci/run installs g++)
 needs_cpu_compiler = pytest.mark.skipif(not _cpu_compiles(), reason="torch.compile on the CPU needs a C++ compiler")
+# modsent's Triton kernels on the CPU: conftest sets TRITON_INTERPRET=1 off a GPU where Triton is installed
+needs_triton_interpreter = pytest.mark.skipif(
+    not (os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton")),
+    reason="Triton's interpreter not chosen (conftest chooses it off a GPU where Triton is installed)")
 
 
 def inductor_draws_as_eager():
