@@ -402,18 +402,42 @@ def norm_reference(hidden: torch.Tensor, residual: torch.Tensor, weight: torch.T
                                           None if bias is None else bias.float(), eps).to(out_dtype)
 
 
+def cross_entropy_rows(x2: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each row's loss, each row's log-sum-exp), both fp32, of the 2-d logits ``x2`` (rows with a
+    unit column stride) against the 1-d contiguous ``targets``: :func:`cross_entropy`'s forward
+    kernel, without autograd (the chunked loss of :mod:`modsent.training.vocab_loss` calls it
+    chunk by chunk)."""
+    m, v = x2.shape
+    lse = torch.empty(m, dtype=torch.float32, device=x2.device)
+    loss = torch.empty(m, dtype=torch.float32, device=x2.device)
+    columns, warps = TILES["ce"]
+    if m:
+        _kernels().ce_forward_kernel[(m,)](x2, targets, lse, loss, x2.stride(0), ignore_index, V=v, BV=columns,
+                                           num_warps=warps)
+    return loss, lse
+
+
+def cross_entropy_rows_grad(x2: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
+                            ignore_index: int, out: torch.Tensor) -> torch.Tensor:
+    """``out`` (rows with a unit column stride, ``x2``'s shape) = ``g[row]`` · (softmax(x2[row]) -
+    onehot(target)) in ``out``'s dtype, from :func:`cross_entropy_rows`' log-sum-exp: its
+    backward kernel. ``g`` is 1-d with any stride (0: one value for every row); ``out`` may be
+    ``x2`` itself (each element is read before it is written, by the same program)."""
+    m, v = x2.shape
+    columns, warps = TILES["ce"]
+    if m:
+        _kernels().ce_backward_kernel[(m,)](x2, targets, lse, g, out, x2.stride(0), out.stride(0), g.stride(0),
+                                            ignore_index, V=v, BV=columns, num_warps=warps)
+    return out
+
+
 class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, ignore_index):
         x2 = _rows(logits)
         t = targets.reshape(-1).contiguous()
-        m, v = x2.shape
-        lse = torch.empty(m, dtype=torch.float32, device=x2.device)
-        loss = torch.empty(m, dtype=torch.float32, device=x2.device)
-        columns, warps = TILES["ce"]
-        if m:
-            _kernels().ce_forward_kernel[(m,)](x2, t, lse, loss, x2.stride(0), ignore_index, V=v, BV=columns,
-                                               num_warps=warps)
+        loss, lse = cross_entropy_rows(x2, t, ignore_index)
         ctx.save_for_backward(x2, t, lse)
         ctx.ignore_index, ctx.shape = ignore_index, logits.shape
         return loss.view(logits.shape[:-1])
@@ -424,13 +448,8 @@ class _CrossEntropy(torch.autograd.Function):
         x2, t, lse = ctx.saved_tensors
         if not ctx.needs_input_grad[0]:
             return None, None, None
-        m, v = x2.shape
-        g = grad.reshape(-1)  # a sum's or a mean's gradient is one value expanded: stride 0, no copy
-        dx = torch.empty_like(x2)
-        columns, warps = TILES["ce"]
-        if m:
-            _kernels().ce_backward_kernel[(m,)](x2, t, lse, g, dx, x2.stride(0), dx.stride(0), g.stride(0),
-                                                ctx.ignore_index, V=v, BV=columns, num_warps=warps)
+        # a sum's or a mean's gradient is one value expanded: stride 0, no copy
+        dx = cross_entropy_rows_grad(x2, t, lse, grad.reshape(-1), ctx.ignore_index, torch.empty_like(x2))
         return dx.view(ctx.shape), None, None
 
 
