@@ -469,14 +469,43 @@ def mlm_cross_entropy(head: nn.Module | None, logits: torch.Tensor, targets: tor
     logits in fp32."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"mlm_cross_entropy: reduction {reduction!r}, expected 'mean' or 'sum'")
-    if head is not None and head.__dict__.get(_CE_KERNEL) and not torch.compiler.is_compiling():
+    if cross_entropy_kernel(head, logits):
         from modsent.training import kernels
 
-        if kernels.supported(logits):
-            losses = kernels.cross_entropy(logits, targets)
-            # a mean over the rows that count (all of them in an MLM loss), as eager's ignores -100
-            return losses.sum() if reduction == "sum" else losses.sum() / (targets != -100).sum()
+        return _reduce(kernels.cross_entropy(logits, targets), targets, reduction)
     return F.cross_entropy(logits.float(), targets, reduction=reduction)
+
+
+def cross_entropy_kernel(head: nn.Module | None, x: torch.Tensor) -> bool:
+    """Whether ``head``'s loss runs Triton's cross-entropy on ``x``'s device now:
+    :func:`fuse_cross_entropy` marked it, the kernels run there and no compiled trace is being
+    made."""
+    if head is None or not head.__dict__.get(_CE_KERNEL) or torch.compiler.is_compiling():
+        return False
+    from modsent.training import kernels
+
+    return kernels.supported(x)
+
+
+def _reduce(losses: torch.Tensor, targets: torch.Tensor, reduction: str) -> torch.Tensor:
+    # a mean over the rows that count (all of them in an MLM loss), as eager's ignores -100
+    return losses.sum() if reduction == "sum" else losses.sum() / (targets != -100).sum()
+
+
+def projection_cross_entropy(head: nn.Module | None, states: torch.Tensor, weight: torch.Tensor,
+                             bias: torch.Tensor | None, targets: torch.Tensor, reduction: str,
+                             chunk_rows: int) -> torch.Tensor:
+    """:func:`mlm_cross_entropy` of the logits ``F.linear(states, weight, bias)``, computed
+    ``chunk_rows`` rows at a time and never kept (:func:`modsent.training.vocab_loss.linear_cross_entropy`:
+    the backward computes each chunk's logits again), each chunk's cross-entropy through Triton's
+    kernel where :func:`cross_entropy_kernel` says so for ``head``."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"projection_cross_entropy: reduction {reduction!r}, expected 'mean' or 'sum'")
+    from modsent.training.vocab_loss import linear_cross_entropy
+
+    losses = linear_cross_entropy(states, weight, bias, targets, chunk_rows,
+                                  kernel=cross_entropy_kernel(head, states))
+    return _reduce(losses, targets, reduction)
 
 
 # the attention implementation attention_outside_graph names (modsent.tokenizing treats it as "sdpa")
