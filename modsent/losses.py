@@ -206,20 +206,31 @@ class CrossUnmaskingLoss(nn.Module):
     :class:`MaskedLanguageModelingLoss`, the masked positions are found where ``labels`` are:
     MEXMA gives them on the CPU, so the host does not wait for the GPU here. ``head``: the module
     whose projection ``logits`` is, for :func:`modsent.training.fastpath.fuse_cross_entropy` (the
-    cross-entropy through a Triton kernel where it marked it)."""
+    cross-entropy through a Triton kernel where it marked it). ``chunk_rows``: the projection
+    and its cross-entropy computed that many positions at a time, no logits kept for the backward
+    (:func:`modsent.training.fastpath.projection_cross_entropy`; the backward computes them again);
+    ``projection`` then gives the projection's (weight, bias), whose ``F.linear`` is ``logits``."""
 
-    def __init__(self, reduction: str = "mean"):
+    def __init__(self, reduction: str = "mean", chunk_rows: int | None = None):
         super().__init__()
         if reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
-        self.reduction = reduction
+        if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int)
+                                       or chunk_rows < 1):
+            raise ValueError(f"chunk_rows must be a positive integer or None, got {chunk_rows!r}")
+        self.reduction, self.chunk_rows = reduction, chunk_rows
 
-    def forward(self, logits, states: torch.Tensor, labels: torch.Tensor,
-                head: nn.Module | None = None) -> torch.Tensor:
+    def forward(self, logits, states: torch.Tensor, labels: torch.Tensor, head: nn.Module | None = None,
+                projection: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
         from modsent.training import fastpath
 
         selected, targets = masked_positions(states, labels)
-        return fastpath.mlm_cross_entropy(head, logits(selected), targets, self.reduction)
+        if self.chunk_rows is None:
+            return fastpath.mlm_cross_entropy(head, logits(selected), targets, self.reduction)
+        if projection is None:
+            raise ValueError("CrossUnmaskingLoss with chunk_rows needs the projection's (weight, bias)")
+        return fastpath.projection_cross_entropy(head, selected, *projection, targets, self.reduction,
+                                                 self.chunk_rows)
 
 
 class WMDAnchorLoss(nn.Module):

@@ -453,6 +453,40 @@ def test_kernels_triton_runs_the_unmasking_loss_through_the_kernel_and_trains_wh
     assert schema["enum"] == ["eager", "triton"] and schema[methods.ROLE_KEY] == "runtime"
 
 
+def test_loss_chunk_rows_projects_the_masked_positions_in_chunks_and_trains_what_eager_trains(data, tmp_path,
+                                                                                              monkeypatch):
+    """methods.MEXMA*.loss_chunk_rows: both sides' cross-unmasking losses of every micro-batch go
+    through vocab_loss.linear_cross_entropy in chunks of that many positions (no logits kept), and
+    the saved model, losses and loss components are the unchunked run's up to float rounding; with
+    kernels: triton too (Triton's interpreter here), each chunk's cross-entropy is the kernel's. A
+    runtime setting: not in the job's params."""
+    from modsent.training import kernels, vocab_loss
+
+    calls = []
+    real = vocab_loss.linear_cross_entropy
+    monkeypatch.setattr(vocab_loss, "linear_cross_entropy",
+                        lambda *a, **k: calls.append((len(a[0]), a[4], k["kernel"])) or real(*a, **k))
+    settings = {**SETTINGS, "max_steps": 2, "eval_pairs": 0}
+    whole = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "whole", settings, device="cpu", progress=False)
+    assert not calls
+    chunked = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "chunked", {**settings, "loss_chunk_rows": 3},
+                             device="cpu", progress=False)
+    assert len(calls) == 2 * SETTINGS["grad_accum"] * 2
+    assert all(chunk == 3 and not kernel for _, chunk, kernel in calls) and max(rows for rows, _, _ in calls) > 3
+    assert_close_model(tmp_path / "whole", tmp_path / "chunked", whole, chunked)
+    assert np.allclose(whole["loss_components"]["rows"], chunked["loss_components"]["rows"], rtol=1e-5)
+    schema = methods.get("MEXMA").settings_schema["loss_chunk_rows"]
+    assert schema["default"] is None and schema[methods.ROLE_KEY] == "runtime"
+    with pytest.raises(InputError, match="loss_chunk_rows"):
+        mt.MEXMAConfig(loss_chunk_rows=0).check("MEXMA")
+    if kernels.interpreting() and kernels.triton_available():
+        calls.clear()
+        both = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "both",
+                              {**settings, "loss_chunk_rows": 3, "kernels": "triton"}, device="cpu", progress=False)
+        assert len(calls) == 2 * SETTINGS["grad_accum"] * 2 and all(kernel for _, _, kernel in calls)
+        assert_close_model(tmp_path / "whole", tmp_path / "both", whole, both)
+
+
 @pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
                     reason="torch.distributed with gloo is not available")
 @pytest.mark.parametrize("name", ["MEXMA-no-koleo", "MEXMA-contrastive"])

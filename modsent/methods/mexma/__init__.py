@@ -108,6 +108,15 @@ def settings_schema(*, alignment: str, align_weight: float, koleo_weight: float,
                                    "before any work where a GPU has none); the same training up to float "
                                    "rounding. On the CPU the eager loss runs. Off by default: not yet measured "
                                    "on a GPU"},
+        "loss_chunk_rows": {"oneOf": [{"type": "null"}, _COUNT], "default": None, ROLE_KEY: RUNTIME,
+                            "description": "the cross-unmasking loss's vocabulary projection and cross-entropy "
+                                           "computed this many masked positions at a time (e.g. 2048), no logits "
+                                           "kept for the backward, which projects each chunk again "
+                                           "(modsent.training.vocab_loss: a third more of the projection's "
+                                           "FLOPs); null: all at once, their logits kept (fp32 log-softmax: 4 "
+                                           "bytes a logit, 1 GB per 1,000 positions over XLM-R's 250,002 words; "
+                                           "2 bytes with kernels: triton). The same training up to float "
+                                           "rounding; a memory setting for larger micro-batches"},
         "storage_dtype": storage_dtype_property(),
         "length_groups": length_groups_property("each language (a pool of k steps, each step of batch_size x "
                                                 "grad_accum pairs)"),

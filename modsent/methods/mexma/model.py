@@ -61,7 +61,11 @@ class UnmaskingHead(nn.Module):
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         """Scores over the vocabulary: ``states @ E^T + bias`` with E the word embeddings."""
-        return nn.functional.linear(states, self._embeddings[0].weight, self.bias)
+        return nn.functional.linear(states, *self.projection())
+
+    def projection(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight, bias) of :meth:`logits`: the word embeddings E and the head's bias."""
+        return self._embeddings[0].weight, self.bias
 
 
 class MEXMAModel(nn.Module):

@@ -115,6 +115,7 @@ class MEXMAConfig:
     length_groups: int = 1  # > 1: steps grouped by length within each language (epoch_batches)
     compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place); a runtime setting
     kernels: str = "eager"  # triton: the cross-unmasking loss through kernels.cross_entropy on a GPU; runtime
+    loss_chunk_rows: int | None = None  # the cross-unmasking loss's logits this many rows at a time, none kept; runtime
     log_every: int = 10
     checkpoint_every: int = 2000
 
@@ -136,6 +137,9 @@ class MEXMAConfig:
             "warmup_ratio": not 0 <= self.warmup_ratio < 1,
             "precision": self.precision not in PRECISIONS,
             "kernels": self.kernels not in ("eager", "triton"),
+            "loss_chunk_rows": self.loss_chunk_rows is not None and (
+                isinstance(self.loss_chunk_rows, bool) or not isinstance(self.loss_chunk_rows, int)
+                or self.loss_chunk_rows < 1),
             "storage_dtype": self.storage_dtype not in STORAGE_DTYPES,
         }
         from modsent.training.pairs import check_length_groups
@@ -314,7 +318,7 @@ class Objective:
     cfg: MEXMAConfig
 
     def __post_init__(self):
-        self.unmasking = CrossUnmaskingLoss(reduction="sum")
+        self.unmasking = CrossUnmaskingLoss(reduction="sum", chunk_rows=self.cfg.loss_chunk_rows)
         self.koleo = KoLeoLoss()
         self.infonce = SymmetricInfoNCELoss(self.cfg.temperature)
 
@@ -328,9 +332,11 @@ class Objective:
         zero = out["s_a"].new_zeros(()).float()
         mlm = zero
         if counts[0]:
-            mlm = mlm + self.unmasking(model.head.logits, out["head_a"], a[2], head=model.head) / counts[0]
+            mlm = mlm + self.unmasking(model.head.logits, out["head_a"], a[2], head=model.head,
+                                       projection=model.head.projection()) / counts[0]
         if counts[1]:
-            mlm = mlm + self.unmasking(model.head.logits, out["head_b"], b[2], head=model.head) / counts[1]
+            mlm = mlm + self.unmasking(model.head.logits, out["head_b"], b[2], head=model.head,
+                                       projection=model.head.projection()) / counts[1]
         s_a, s_b = out["s_a"].float(), out["s_b"].float()
         koleo = zero
         if cfg.koleo_weight and len(s_a) >= 2:  # within this process's share, as per GPU in the paper
@@ -430,6 +436,9 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
                  key)
     elif cfg.kernels == "triton":
         log.info("%s.kernels: triton changes nothing here: the kernels run on CUDA GPUs, this job on %s", key, device)
+    if cfg.loss_chunk_rows:
+        log.info("%s.loss_chunk_rows: the cross-unmasking loss projects %d masked positions at a time and keeps no "
+                 "logits (the backward projects them again)", key, cfg.loss_chunk_rows)
     if cfg.compile:  # sequences padded to each share's longest: shapes vary, so dynamic sizes
         fastpath.compile_in_place(model.body, device, f"{key}.compile", dynamic=None)
     _, source_limit = tf.sentence_head(source, model.body)
