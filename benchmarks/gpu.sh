@@ -64,12 +64,14 @@ bench mlm_triton 230 benchmarks/mlm_throughput.py --labse-random --device cuda -
     "masked, bf16, fused, fast, Triton cross-entropy, bf16 residual" \
     "masked, bf16, fused, fast, Triton LoRA, norms and cross-entropy, bf16 residual" "masked, bf16, fused, fast" \
     "masked, bf16, fused, fast, Triton LoRA, norms and cross-entropy"
-bench tests_kernels 110 -m pytest -q -p no:cacheprovider tests/test_kernels.py
+bench tests_kernels 120 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_vocab_loss.py
 bench profile_la_triton 120 -m benchmarks.profile_steps --device cuda --steps 5 --top 16 --stages LA \
     --bf16-residual --triton
 # methods.MEXMA.kernels: triton: the cross-unmasking loss's cross-entropy over XLM-R's 250,002 words as Triton's
-# kernel (about 6,500 masked positions a step at 64 pairs of 128 tokens: the eager loss's fp32 copies are GBs)
-bench mexma_triton 120 benchmarks/mexma_throughput.py --size base --device cuda --seq-len 128 --steps 10 --triton
+# kernel (about 6,500 masked positions a step at 64 pairs of 128 tokens: the eager loss's fp32 copies are GBs), and
+# methods.MEXMA.loss_chunk_rows: the loss 2,048 positions at a time, no logits kept (eager and Triton), peak memory
+bench mexma_triton 150 benchmarks/mexma_throughput.py --size base --device cuda --seq-len 128 --steps 10 --triton \
+    --loss-chunk-rows 2048
 bench pair_throughput_triton 150 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
     --batch-size 128 --steps 40 --warmup 10 --stages SE --rounds 3 --triton --only "bf16, random, fast" \
     "bf16, Triton"

@@ -23,6 +23,9 @@ true`` compiles it (``fastpath.compile_in_place``), and its speed-up over the ea
 kernel (``methods.MEXMA.kernels: triton``, ``fastpath.fuse_cross_entropy``: the logits of the masked
 positions over the 250,002 words read once each way, no fp32 copy kept), and its speed-up and
 memory beside the eager loss's (on the CPU in Triton's interpreter: a check that it runs).
+``--loss-chunk-rows R`` adds modsent's step with the cross-unmasking loss computed R masked
+positions at a time, no logits kept (``methods.MEXMA.loss_chunk_rows: R``,
+:mod:`modsent.training.vocab_loss`), and with ``--triton`` also both, each with its peak memory.
 """
 
 from __future__ import annotations
@@ -72,10 +75,10 @@ def batch(pairs: int, seq_len: int, vocab: int, generator: torch.Generator):
     return [ids, masked, labels, mask]
 
 
-def modsent_loss(model, a, b):
+def modsent_loss(model, a, b, loss_chunk_rows=None):
     """The trainer's own step: each side sent by ``_on_device`` (ids without blocking, labels left
     on the host, the attention mask decided from the host's copy: none when there is no padding)
-    and the loss of its ``Objective`` with the default weights."""
+    and the loss of its ``Objective`` with the default weights (and ``loss_chunk_rows``)."""
     from modsent.methods.mexma.training import MEXMAConfig, Objective, _on_device, _share
 
     device = next(model.parameters()).device
@@ -85,7 +88,8 @@ def modsent_loss(model, a, b):
         share = _share(side, slice(None), device)  # pinned for a GPU, as prepared ahead on a thread
         sides.append(_on_device(share, device, config))
     counts = (int((a[2] != -100).sum()), int((b[2] != -100).sum()))
-    backward, _ = Objective(MEXMAConfig())(model, sides[0], sides[1], counts, len(a[0]), 1)
+    objective = Objective(MEXMAConfig(loss_chunk_rows=loss_chunk_rows))
+    backward, _ = objective(model, sides[0], sides[1], counts, len(a[0]), 1)
     return backward
 
 
@@ -151,6 +155,8 @@ def measure(model, loss_fn, batches, device: str, steps: int) -> tuple[float, fl
 
 def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """What the options' types cannot check (tests/test_gpu_blocks.py runs it on gpu.sh's lines)."""
+    if args.loss_chunk_rows is not None and args.loss_chunk_rows < 1:
+        parser.error(f"--loss-chunk-rows: {args.loss_chunk_rows}; expected a positive number of positions")
     if args.compile and len(args.seq_len) > 1:
         parser.error("--compile compiles the body in place: give one --seq-len (the eager runs of a "
                      "second length would be compiled)")
@@ -171,6 +177,9 @@ def main() -> None:
     parser.add_argument("--triton", action="store_true",
                         help="also time modsent's step with the unmasking loss's cross-entropy as a Triton kernel "
                              "(methods.MEXMA.kernels: triton; on the CPU in Triton's interpreter, no speed there)")
+    parser.add_argument("--loss-chunk-rows", type=int, default=None, metavar="R",
+                        help="also time modsent's step with the unmasking loss R masked positions at a time, no "
+                             "logits kept (methods.MEXMA.loss_chunk_rows: R), and with --triton both")
     args = parser.parse_args()
     check_options(parser, args)
     device = args.device
@@ -195,13 +204,20 @@ def main() -> None:
         batches = [(batch(pairs, seq_len, vocab, generator), batch(pairs, seq_len, vocab, generator))
                    for _ in range(3)]
         results = {}
+        chunks = args.loss_chunk_rows
+
+        def chunked(model, a, b):
+            return modsent_loss(model, a, b, chunks)
+
         runs = ([("modsent", modsent_loss), ("plain", plain_loss)] + ([("triton", modsent_loss)] if args.triton else [])
+                + ([("chunked", chunked)] if chunks else [])
+                + ([("tri+chunk", chunked)] if chunks and args.triton else [])
                 + ([("compiled", modsent_loss)] if args.compile else []))
         for label, loss_fn in runs:
             if label == "compiled" and not compiled:  # last: the eager runs above use the same model
                 fastpath.compile_in_place(model.body, device, "--compile", dynamic=None)
                 compiled = True
-            fastpath.fuse_cross_entropy(model.head, label == "triton")  # as kernels: triton does
+            fastpath.fuse_cross_entropy(model.head, label in ("triton", "tri+chunk"))  # as kernels: triton does
             try:
                 results[label] = measure(model, loss_fn, batches, device, args.steps)
             except torch.OutOfMemoryError:
@@ -219,6 +235,14 @@ def main() -> None:
         if "triton" in results:
             print(f"seq {seq_len:4d} speed-up of the Triton cross-entropy (methods.MEXMA.kernels: triton) over "
                   f"modsent's eager step: {results['modsent'][0] / results['triton'][0]:.2f}x")
+        for label, what in (("chunked", "eager"), ("tri+chunk", "Triton")):
+            whole = results["modsent" if label == "chunked" else "triton"] if label in results else None
+            if whole:
+                memory = (f", peak {results[label][1]:.1f} GiB against {whole[1]:.1f}" if device.startswith("cuda")
+                          else "")
+                print(f"seq {seq_len:4d} the unmasking loss in chunks of {chunks} positions ({what} cross-entropy, "
+                      f"methods.MEXMA.loss_chunk_rows): {whole[0] / results[label][0]:.2f}x the speed of the whole "
+                      f"loss's step{memory}")
         if "compiled" in results:
             print(f"seq {seq_len:4d} speed-up of the compiled body (methods.MEXMA.compile) over modsent's eager step: "
                   f"{results['modsent'][0] / results['compiled'][0]:.2f}x (first step of a size, compiling, not timed)")
