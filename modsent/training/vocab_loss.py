@@ -5,8 +5,8 @@ cross-entropy of the logits. Autograd keeps what that needs for the backward: ea
 ``F.cross_entropy(logits.float(), ...)`` the fp32 log-softmax of every logit, Triton's kernel
 (:func:`modsent.training.kernels.cross_entropy`) the logits themselves. With a large vocabulary
 that is most of a step's memory: MEXMA projects 40% of both sides' tokens onto XLM-R's 250,002
-words, about 6,550 positions at 64 pairs of 128 tokens, 1.6G logits: 6.6 GB of fp32 log-softmax
-kept (3.3 GB of bf16 logits with the kernel), and eager's transients on top (the fp32 copy, the
+words, about 6,450 positions at 64 pairs of 128 tokens, 1.6G logits: 6.5 GB of fp32 log-softmax
+kept (3.2 GB of bf16 logits with the kernel), and eager's transients on top (the fp32 copy, the
 dense gradient). At the paper's 150 pairs of up to 200 tokens per GPU that is 6G logits.
 
 :func:`linear_cross_entropy` computes the same per-row losses and gradients ``chunk_rows`` rows at
@@ -19,11 +19,18 @@ kernel, which writes the gradient over the logits).
 
 Under autocast the projection runs in autocast's dtype, as ``F.linear`` would (the states, the
 weight and the bias cast to it), and the gradients go back in each input's own dtype; without
-autocast, in the inputs' promoted dtype. Why not a library's: Liger's and Apple's fused linear
-cross-entropy losses are Triton kernels for CUDA only (no CPU path for the suite), and they
-compute the gradient in the forward, where an fp16 step's loss scale is not yet known: the unit
-gradients of rare words then underflow fp16, where eager's, multiplied by the scale, do not.
-Recomputing in the backward scales as eager does, for a third more of the projection's FLOPs.
+autocast, in the inputs' dtype (one for all three, as ``F.linear`` requires). Nothing in it makes
+the host wait for the GPU; a target outside the vocabulary gives its row a NaN loss and gradient,
+as the kernel does, rather than a check that would.
+
+Why not a library's. Liger's fused linear cross-entropy computes the gradient in the forward,
+where an fp16 step's loss scale is not yet known: the unit gradients of rare words then underflow
+fp16, where eager's, multiplied by the scale, do not (recomputing in the backward scales as
+eager does, for a third more of the projection's FLOPs). Apple's Cut Cross-Entropy recomputes too,
+but with its own Triton matrix products that by default skip the gradient's blocks below a
+threshold (not eager's gradient), and off CUDA through ``torch.compile``. This one keeps cuBLAS's
+products and modsent's cross-entropy kernel, has an eager path the suite checks on the CPU, and is
+exact to rounding.
 """
 
 from __future__ import annotations
@@ -33,13 +40,17 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 
-def compute_dtype(states: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
-    """The dtype ``F.linear(states, weight)`` computes in here: autocast's where it is on for the
-    states' device, else the inputs' promoted dtype."""
+def compute_dtype(states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.dtype:
+    """The dtype ``F.linear(states, weight, bias)`` computes in: autocast's where it is on for the
+    states' device and casts them (it leaves fp64 alone), else their own, which must be one."""
     device = states.device.type
-    if torch.is_autocast_enabled(device):
+    dtypes = {t.dtype for t in (states, weight, bias) if t is not None}
+    if torch.is_autocast_enabled(device) and torch.float64 not in dtypes:
         return torch.get_autocast_dtype(device)
-    return torch.promote_types(states.dtype, weight.dtype)
+    if len(dtypes) > 1:
+        raise ValueError(f"linear_cross_entropy: states of {states.dtype}, a weight of {weight.dtype} and a bias of "
+                         f"{None if bias is None else bias.dtype}; expected one dtype (or autocast)")
+    return weight.dtype
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
@@ -53,14 +64,18 @@ def _project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
 
 def _chunk_losses(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, kernel: bool
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(losses, log-sum-exps) of one chunk's logits, fp32."""
+    """(losses, log-sum-exps) of one chunk's logits, fp32: 0 where the target is ``ignore_index``,
+    NaN where it is outside the vocabulary."""
     if kernel:
         from modsent.training import kernels
 
         return kernels.cross_entropy_rows(logits, targets, ignore_index)
     full = logits.to(_wide(logits.dtype))
-    return (F.cross_entropy(full, targets, reduction="none", ignore_index=ignore_index),
-            torch.logsumexp(full, dim=-1))
+    lse = torch.logsumexp(full, dim=-1)
+    inside = (targets >= 0) & (targets < full.shape[1])
+    picked = full.gather(1, targets.clamp(0, full.shape[1] - 1).unsqueeze(1)).squeeze(1)
+    loss = torch.where(inside, lse - picked, float("nan"))
+    return torch.where(targets == ignore_index, 0.0, loss), lse
 
 
 def _chunk_grad(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
@@ -71,21 +86,22 @@ def _chunk_grad(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, 
         from modsent.training import kernels
 
         return kernels.cross_entropy_rows_grad(logits, targets, lse, g, ignore_index, logits)
-    dtype = logits.dtype
-    grad = logits.to(_wide(dtype)).sub_(lse.unsqueeze(1)).exp_()
+    dtype, vocab = logits.dtype, logits.shape[1]
+    grad = logits.to(_wide(dtype)).sub_(lse.unsqueeze(1)).exp_()  # (in place where the logits are that wide)
     del logits
     kept = targets != ignore_index
-    rows = kept.nonzero().squeeze(1)
-    grad.index_put_((rows, targets.index_select(0, rows)), grad.new_full((), -1.0), accumulate=True)
-    grad.mul_(torch.where(kept, g.to(grad.dtype), 0.0).unsqueeze(1))
-    return grad.to(dtype)
+    inside = (targets >= 0) & (targets < vocab)
+    # - onehot(target) without indexing by a host-side list of rows (no wait for the GPU)
+    grad.scatter_add_(1, targets.clamp(0, vocab - 1).unsqueeze(1), -inside.to(grad.dtype).unsqueeze(1))
+    scale = torch.where(inside, g.to(grad.dtype), torch.where(kept, float("nan"), 0.0))
+    return grad.mul_(scale.unsqueeze(1)).to(dtype)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, states, weight, bias, targets, chunk_rows, ignore_index, dtype, kernel):
         x2 = states.reshape(-1, states.shape[-1])
-        t = targets.reshape(-1).long().contiguous()  # F.cross_entropy takes int64 targets only
+        t = targets.reshape(-1).long().contiguous()  # gather and scatter index with int64
         with torch.autocast(states.device.type, enabled=False):
             w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
             losses, lse = [], []
@@ -111,19 +127,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
         wide = _wide(dtype)  # the sums over chunks
         grad_w = torch.zeros(weight.shape, dtype=wide, device=weight.device) if need_w else None
         grad_b = torch.zeros(bias.shape, dtype=wide, device=bias.device) if need_b else None
-        w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
-        for start in range(0, len(x2), rows):
-            x = x2[start:start + rows].to(dtype)
-            d = _chunk_grad(_project(x, w, b), t[start:start + rows], lse[start:start + rows],
-                            g[start:start + rows], ctx.ignore_index, ctx.kernel)
-            if need_x:
-                grad_x[start:start + rows] = d @ w
-            if need_w and d.dtype == wide:
-                grad_w.addmm_(d.T, x)  # in place: no weight-sized temporary
-            elif need_w:
-                grad_w += (d.T @ x).to(wide)  # a chunk's sum in the projection's dtype, as eager's (one rounding)
-            if need_b:
-                grad_b += d.sum(0, dtype=wide)
+        with torch.autocast(x2.device.type, enabled=False):  # the forward's dtype, whatever the caller's autocast
+            w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
+            for start in range(0, len(x2), rows):
+                x = x2[start:start + rows].to(dtype)
+                d = _chunk_grad(_project(x, w, b), t[start:start + rows], lse[start:start + rows],
+                                g[start:start + rows], ctx.ignore_index, ctx.kernel)
+                if need_x:
+                    grad_x[start:start + rows] = d @ w
+                if need_w and d.dtype == wide:
+                    grad_w.addmm_(d.T, x)  # in place: no weight-sized temporary
+                elif need_w:
+                    grad_w.add_(d.T @ x)  # a chunk's sum rounded to the projection's dtype once, as eager's
+                if need_b:
+                    grad_b += d.sum(0, dtype=wide)
         return (None if grad_x is None else grad_x.view(ctx.states_shape),
                 None if grad_w is None else grad_w.to(weight.dtype),
                 None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None, None)
@@ -137,9 +154,9 @@ def linear_cross_entropy(states: torch.Tensor, weight: torch.Tensor, bias: torch
     no logits kept for the backward, which computes each chunk's again (see the module's text).
     ``kernel``: each chunk's cross-entropy through :mod:`modsent.training.kernels`' kernels (the
     caller checks that they run on the states' device: :func:`modsent.training.kernels.supported`);
-    else eager's, with eager's error for a target outside the vocabulary. The same losses and
-    gradients as the unchunked loss up to float rounding (the weight's and bias's gradients
-    summed over chunks in fp32)."""
+    else in PyTorch, chunk by chunk. The same losses and gradients as the unchunked loss up to float
+    rounding (the weight's and bias's gradients summed over chunks in fp32); a target outside the
+    vocabulary gives its row NaN (no check that waits for the GPU), where eager raises."""
     if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
         raise ValueError(f"linear_cross_entropy: chunk_rows must be a positive integer, got {chunk_rows!r}")
     if states.dim() < 1 or targets.shape != states.shape[:-1]:
@@ -153,4 +170,4 @@ def linear_cross_entropy(states: torch.Tensor, weight: torch.Tensor, bias: torch
     if targets.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"linear_cross_entropy: targets of {targets.dtype}; expected integer targets")
     return _LinearCrossEntropy.apply(states, weight, bias, targets, chunk_rows, int(ignore_index),
-                                     compute_dtype(states, weight), bool(kernel))
+                                     compute_dtype(states, weight, bias), bool(kernel))
