@@ -98,6 +98,10 @@ def run(args: argparse.Namespace, variant: str) -> dict:
     return {"seconds": statistics.median(times), "kept": kept, "peak": peak}
 
 
+def size(n: float) -> str:
+    return f"{n / 2**30:6.2f} GiB" if abs(n) >= 2**30 / 10 else f"{n / 2**20:6.1f} MiB"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -144,8 +148,8 @@ def main() -> None:
     for variant, r in results.items():
         kernel = variant.startswith("triton")
         base = results["triton whole" if kernel else "whole"]
-        print(f"{variant:22s} {r['seconds'] * 1000:9.1f} ms  kept {r['kept'] / 2**30:6.2f} GiB  "
-              f"peak {r['peak'] / 2**30:6.2f} GiB  ({base['seconds'] / r['seconds']:.2f}x the speed, "
+        print(f"{variant:22s} {r['seconds'] * 1000:9.1f} ms  kept {size(r['kept'])}  "
+              f"peak {size(r['peak'])}  ({base['seconds'] / r['seconds']:.2f}x the speed, "
               f"{r['peak'] / base['peak']:.2f}x the peak of the whole loss{' with the kernel' if kernel else ''})")
 
 

@@ -211,3 +211,21 @@ def test_each_chunk_through_tritons_kernel_computes_the_same(monkeypatch):
         # (the interpreter rounds to bf16 by truncation, a GPU to nearest: up to twice eager's error)
         assert (a.double() - ref).abs().max() <= 3 * (b.double() - ref).abs().max() + 1e-3
         assert torch.allclose(a, b, rtol=0.05, atol=0.02)
+
+
+def test_the_benchmark_runs_and_finds_no_logits_kept_in_chunks():
+    """benchmarks/vocab_loss.py at a tiny size (each variant in a process of its own): a line per
+    variant, the whole loss keeping its fp32 log-softmax (64 x 2,000 x 4 bytes) and the chunks a
+    log-sum-exp per row."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "vocab_loss.py"
+    out = subprocess.run([sys.executable, str(script), "--positions", "64", "--vocab", "2000", "--width", "32",
+                          "--chunk-rows", "16"], check=True, capture_output=True, text=True).stdout
+    kept = {m[1]: float(m[2]) * (1024 if m[3] == "GiB" else 1)
+            for m in re.finditer(r"^(whole|chunks of 16) .* kept +([\d.]+) (MiB|GiB)", out, re.M)}
+    assert set(kept) == {"whole", "chunks of 16"}, out
+    assert abs(kept["whole"] - 64 * 2000 * 4 / 2**20) < 0.1 and kept["chunks of 16"] < 0.01, out
