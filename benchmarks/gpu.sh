@@ -33,7 +33,7 @@ GPU="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za
 
 # BENCHMARKS="name ..." runs only those (default: all, in this order); DEADLINE=SECONDS stops
 # starting benchmarks that would outlast it (each one's limit is cut to what is left).
-WANT=" ${BENCHMARKS:-triton_kernels mlm_triton tests_kernels profile_la_triton pair_throughput_triton mexma_triton workflow_triton recipe_throughput recipe_throughput_xxl tests mlm_fused la_graphs profile_la_fused mlm_fused_128 mlm_throughput mlm_throughput_graphs workflow mlm_throughput_outside profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_throughput_strata pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_batching_int8 translation_speed_3.3B} "
+WANT=" ${BENCHMARKS:-triton_kernels mlm_triton tests_kernels profile_la_triton pair_throughput_triton mexma_triton vocab_loss workflow_triton recipe_throughput recipe_throughput_xxl tests mlm_fused la_graphs profile_la_fused mlm_fused_128 mlm_throughput mlm_throughput_graphs workflow mlm_throughput_outside profile_la_compiled mlm_throughput_compiled mlm_throughput_b64 pair_throughput_compiled_cla pair_throughput_compiled pair_throughput pair_throughput_b256 pair_throughput_strata pair_pipeline pair_throughput_graphs encode_throughput profile_steps mexma_throughput mexma_throughput_compiled translation_speed translation_batching translation_batching_int8 translation_speed_3.3B} "
 DEADLINE="${DEADLINE:-100000}"
 
 bench() {  # bench NAME SECONDS ARGS...: one benchmark, its output kept whatever happens
@@ -72,6 +72,8 @@ bench profile_la_triton 120 -m benchmarks.profile_steps --device cuda --steps 5 
 # methods.MEXMA.loss_chunk_rows: the loss 2,048 positions at a time, no logits kept (eager and Triton), peak memory
 bench mexma_triton 150 benchmarks/mexma_throughput.py --size base --device cuda --seq-len 128 --steps 10 --triton \
     --loss-chunk-rows 2048
+# the cross-unmasking loss alone at 6,451 masked positions x 250,002 words: whole against chunks, eager and Triton
+bench vocab_loss 90 benchmarks/vocab_loss.py --device cuda --chunk-rows 1024 2048 4096 --triton
 bench pair_throughput_triton 150 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \
     --batch-size 128 --steps 40 --warmup 10 --stages SE --rounds 3 --triton --only "bf16, random, fast" \
     "bf16, Triton"

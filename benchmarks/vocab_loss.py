@@ -102,6 +102,14 @@ def size(n: float) -> str:
     return f"{n / 2**30:6.2f} GiB" if abs(n) >= 2**30 / 10 else f"{n / 2**20:6.1f} MiB"
 
 
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What the options' types cannot check (tests/test_gpu_blocks.py runs it on gpu.sh's lines)."""
+    if min(args.chunk_rows) < 1 or (args.positions or 1) < 1 or (args.steps or 1) < 1:
+        parser.error("--chunk-rows, --positions and --steps must be positive")
+    if args.triton and not args.device.startswith("cuda"):
+        parser.error("--triton: Triton's kernels at these sizes need a CUDA GPU (--device cuda)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -116,17 +124,16 @@ def main() -> None:
     parser.add_argument("--triton", action="store_true", help="also with Triton's cross-entropy kernel (a GPU)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child process: this variant alone, as JSON
     args = parser.parse_args()
+    check_options(parser, args)
     cuda = args.device.startswith("cuda")
     args.positions = args.positions or (6451 if cuda else 1024)
     args.dtype = args.dtype or ("bf16" if cuda else "fp32")
     args.steps = args.steps or (10 if cuda else 1)
-    if min(args.chunk_rows) < 1 or args.positions < 1 or args.steps < 1:
-        parser.error("--chunk-rows, --positions and --steps must be positive")
     if args.triton:
         from modsent.training import kernels
 
-        if not cuda or not kernels.runs_on(args.device):
-            parser.error("--triton: Triton's kernels need a CUDA GPU with Triton here")
+        if not kernels.runs_on(args.device):
+            parser.error(f"--triton: Triton's kernels cannot run on {args.device} here (Triton installed?)")
     if args.one:
         print(json.dumps(run(args, args.one)))
         return
