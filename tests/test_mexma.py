@@ -1,6 +1,7 @@
 """MEXMA: its losses against their formulas, the four passes and the cross-unmasking wiring,
 training, resumption, two processes, the saved encoder and the workflow's plan."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -485,6 +486,45 @@ def test_loss_chunk_rows_projects_the_masked_positions_in_chunks_and_trains_what
                               {**settings, "loss_chunk_rows": 3, "kernels": "triton"}, device="cpu", progress=False)
         assert len(calls) == 2 * SETTINGS["grad_accum"] * 2 and all(kernel for _, _, kernel in calls)
         assert_close_model(tmp_path / "whole", tmp_path / "both", whole, both)
+
+
+def test_gradient_checkpointing_runs_each_layer_again_and_trains_what_eager_trains(data, tmp_path, monkeypatch):
+    """methods.MEXMA*.gradient_checkpointing: every layer of the encoder and the head runs through
+    torch's checkpoint (once in the forward, again in the backward, with the same dropout draws:
+    the base model here has its dropout on), and the saved model, losses and loss components are
+    the plain run's up to float rounding. A runtime setting: not in the job's params, nor in the
+    checkpoints' fingerprint."""
+    import torch.utils.checkpoint
+
+    calls = []
+    real = torch.utils.checkpoint.checkpoint
+
+    def counting(function, *args, **kwargs):
+        calls.append(function.args[0])  # the layer (a partial of its forward with it)
+        return real(function, *args, **kwargs)
+
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", counting)
+    settings = {**SETTINGS, "max_steps": 2, "eval_pairs": 0}
+    plain = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "plain", settings, device="cpu", progress=False)
+    assert not calls
+    again = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "again", {**settings, "gradient_checkpointing": True},
+                           device="cpu", progress=False)
+    model, _ = mm.build_model(str(data["base"]), revision=None, head_layers=1, head_heads=2,
+                              head_intermediate_size=None, detach_tokens=False, seed=0, key="k")
+    layers = mm.checkpoint_activations(model)
+    assert layers == model.body.config.num_hidden_layers + 1
+    # each micro-batch: 2 body calls (clean and masked of each side) and 2 head calls, every layer once
+    micro = SETTINGS["grad_accum"] * settings["max_steps"]
+    assert len(calls) == micro * 2 * layers and len({id(layer) for layer in calls}) == layers
+    assert_close_model(tmp_path / "plain", tmp_path / "again", plain, again)
+    assert np.allclose(plain["loss_components"]["rows"], again["loss_components"]["rows"], rtol=1e-5)
+    schema = methods.get("MEXMA").settings_schema["gradient_checkpointing"]
+    assert schema["default"] is False and schema[methods.ROLE_KEY] == "runtime"
+    cfg = mt.MEXMAConfig()
+    assert (mt.training_fingerprint("MEXMA", cfg, "src", [])
+            == mt.training_fingerprint("MEXMA", dataclasses.replace(cfg, gradient_checkpointing=True), "src", []))
+    assert mm.checkpoint_activations(model, on=False) == layers
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
 
 
 @pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),

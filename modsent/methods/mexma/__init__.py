@@ -117,6 +117,12 @@ def settings_schema(*, alignment: str, align_weight: float, koleo_weight: float,
                                            "bytes a logit, 1 GB per 1,000 positions over XLM-R's 250,002 words; "
                                            "2 bytes with kernels: triton). The same training up to float "
                                            "rounding; a memory setting for larger micro-batches"},
+        "gradient_checkpointing": {"type": "boolean", "default": False, ROLE_KEY: RUNTIME,
+                                   "description": "keep only each transformer layer's input (the encoder's and the "
+                                                  "head's) and run the layer again in the backward, drawing the "
+                                                  "same dropout: the same training up to float rounding, most of "
+                                                  "the activations' memory traded for one more forward; for more "
+                                                  "pairs per GPU"},
         "storage_dtype": storage_dtype_property(),
         "length_groups": length_groups_property("each language (a pool of k steps, each step of batch_size x "
                                                 "grad_accum pairs)"),

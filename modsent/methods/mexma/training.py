@@ -116,6 +116,7 @@ class MEXMAConfig:
     compile: bool = False  # torch.compile the encoder (fastpath.compile_in_place); a runtime setting
     kernels: str = "eager"  # triton: the cross-unmasking loss through kernels.cross_entropy on a GPU; runtime
     loss_chunk_rows: int | None = None  # the cross-unmasking loss's logits this many rows at a time, none kept; runtime
+    gradient_checkpointing: bool = False  # each layer run again in the backward (mm.checkpoint_activations); runtime
     log_every: int = 10
     checkpoint_every: int = 2000
 
@@ -381,7 +382,10 @@ class TrainingResult:
 
 
 def training_fingerprint(name: str, cfg: MEXMAConfig, source: str, files: list) -> str:
-    settings = {"method": name, **dataclasses.asdict(cfg)}  # checkpoints.fingerprint drops the runtime keys
+    # checkpoints.fingerprint drops the runtime keys; gradient_checkpointing is one here (m-ST5 trains with it in
+    # its fingerprint, so it is not among checkpoints.RUNTIME_SETTINGS)
+    settings = {"method": name, **dataclasses.asdict(cfg)}
+    settings.pop("gradient_checkpointing")
     return checkpoints.fingerprint(settings, source if Path(source).is_dir() else None, *files)
 
 
@@ -436,6 +440,10 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
                  key)
     elif cfg.kernels == "triton":
         log.info("%s.kernels: triton changes nothing here: the kernels run on CUDA GPUs, this job on %s", key, device)
+    if cfg.gradient_checkpointing:
+        layers = mm.checkpoint_activations(model, key=key)
+        log.info("%s.gradient_checkpointing: %d transformer layers (the encoder's and the head's) keep only their "
+                 "input and run again in the backward", key, layers)
     if cfg.loss_chunk_rows:
         log.info("%s.loss_chunk_rows: the cross-unmasking loss projects %d masked positions at a time and keeps no "
                  "logits (the backward projects them again)", key, cfg.loss_chunk_rows)
