@@ -69,9 +69,10 @@ bench profile_la_triton 120 -m benchmarks.profile_steps --device cuda --steps 5 
     --bf16-residual --triton
 # methods.MEXMA.kernels: triton: the cross-unmasking loss's cross-entropy over XLM-R's 250,002 words as Triton's
 # kernel (about 6,500 masked positions a step at 64 pairs of 128 tokens: the eager loss's fp32 copies are GBs), and
-# methods.MEXMA.loss_chunk_rows: the loss 2,048 positions at a time, no logits kept (eager and Triton), peak memory
-bench mexma_triton 150 benchmarks/mexma_throughput.py --size base --device cuda --seq-len 128 --steps 10 --triton \
-    --loss-chunk-rows 2048
+# methods.MEXMA.loss_chunk_rows: the loss 2,048 positions at a time, no logits kept (eager and Triton), and
+# methods.MEXMA.gradient_checkpointing (alone and with the chunks), each with its peak memory
+bench mexma_triton 180 benchmarks/mexma_throughput.py --size base --device cuda --seq-len 128 --steps 10 --triton \
+    --loss-chunk-rows 2048 --gradient-checkpointing
 # the cross-unmasking loss alone at 6,451 masked positions x 250,002 words: whole against chunks, eager and Triton
 bench vocab_loss 90 benchmarks/vocab_loss.py --device cuda --chunk-rows 1024 2048 4096 --triton
 bench pair_throughput_triton 150 benchmarks/pair_throughput.py --labse-random --device cuda --seq-len 128 \

@@ -26,6 +26,9 @@ memory beside the eager loss's (on the CPU in Triton's interpreter: a check that
 ``--loss-chunk-rows R`` adds modsent's step with the cross-unmasking loss computed R masked
 positions at a time, no logits kept (``methods.MEXMA.loss_chunk_rows: R``,
 :mod:`modsent.training.vocab_loss`), and with ``--triton`` also both, each with its peak memory.
+``--gradient-checkpointing`` adds modsent's step with every layer of the encoder and the head run
+again in the backward (``methods.MEXMA.gradient_checkpointing``), and with ``--loss-chunk-rows``
+also both: the least memory a step can take.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import time
 
 import torch
 
+from modsent.methods.mexma.model import checkpoint_activations
 from modsent.training import fastpath
 
 SIZES = {  # hidden, layers, heads, intermediate
@@ -177,6 +181,9 @@ def main() -> None:
     parser.add_argument("--triton", action="store_true",
                         help="also time modsent's step with the unmasking loss's cross-entropy as a Triton kernel "
                              "(methods.MEXMA.kernels: triton; on the CPU in Triton's interpreter, no speed there)")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="also time modsent's step with each layer run again in the backward "
+                             "(methods.MEXMA.gradient_checkpointing), and with --loss-chunk-rows both")
     parser.add_argument("--loss-chunk-rows", type=int, default=None, metavar="R",
                         help="also time modsent's step with the unmasking loss R masked positions at a time, no "
                              "logits kept (methods.MEXMA.loss_chunk_rows: R), and with --triton both")
@@ -212,12 +219,15 @@ def main() -> None:
         runs = ([("modsent", modsent_loss), ("plain", plain_loss)] + ([("triton", modsent_loss)] if args.triton else [])
                 + ([("chunked", chunked)] if chunks else [])
                 + ([("tri+chunk", chunked)] if chunks and args.triton else [])
+                + ([("ckpt", modsent_loss)] if args.gradient_checkpointing else [])
+                + ([("ckpt+chunk", chunked)] if args.gradient_checkpointing and chunks else [])
                 + ([("compiled", modsent_loss)] if args.compile else []))
         for label, loss_fn in runs:
             if label == "compiled" and not compiled:  # last: the eager runs above use the same model
                 fastpath.compile_in_place(model.body, device, "--compile", dynamic=None)
                 compiled = True
             fastpath.fuse_cross_entropy(model.head, label in ("triton", "tri+chunk"))  # as kernels: triton does
+            checkpoint_activations(model, label.startswith("ckpt"))  # as gradient_checkpointing: true does
             try:
                 results[label] = measure(model, loss_fn, batches, device, args.steps)
             except torch.OutOfMemoryError:
@@ -225,7 +235,7 @@ def main() -> None:
                 torch.cuda.empty_cache()
         flops = flops_per_pair(model, seq_len, 0.4 * (seq_len - 2) / seq_len) * pairs
         for label, (seconds, peak) in results.items():
-            line = (f"seq {seq_len:4d} {label:8s} {seconds * 1000:9.1f} ms/step  {pairs / seconds:8.1f} pairs/s  "
+            line = (f"seq {seq_len:4d} {label:10s} {seconds * 1000:9.1f} ms/step  {pairs / seconds:8.1f} pairs/s  "
                     f"{4 * pairs * seq_len / seconds:10.0f} tokens/s")
             if device.startswith("cuda"):
                 line += f"  MFU {100 * flops / seconds / (args.peak_tflops * 1e12):5.1f}%  peak {peak:5.1f} GiB"
@@ -235,6 +245,13 @@ def main() -> None:
         if "triton" in results:
             print(f"seq {seq_len:4d} speed-up of the Triton cross-entropy (methods.MEXMA.kernels: triton) over "
                   f"modsent's eager step: {results['modsent'][0] / results['triton'][0]:.2f}x")
+        for label, what in (("ckpt", "every layer run again in the backward, methods.MEXMA.gradient_checkpointing"),
+                            ("ckpt+chunk", "that and the loss in chunks")):
+            if label in results:
+                memory = (f", peak {results[label][1]:.1f} GiB against {results['modsent'][1]:.1f}"
+                          if device.startswith("cuda") else "")
+                print(f"seq {seq_len:4d} {what}: {results['modsent'][0] / results[label][0]:.2f}x the speed of "
+                      f"modsent's step{memory}")
         for label, what in (("chunked", "eager"), ("tri+chunk", "Triton")):
             whole = results["modsent" if label == "chunked" else "triton"] if label in results else None
             if whole:
