@@ -525,6 +525,17 @@ def test_gradient_checkpointing_runs_each_layer_again_and_trains_what_eager_trai
             == mt.training_fingerprint("MEXMA", dataclasses.replace(cfg, gradient_checkpointing=True), "src", []))
     assert mm.checkpoint_activations(model, on=False) == layers
     assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    # not with compile (Dynamo's checkpoint draws other dropout masks again): refused by the config
+    # check and by the trainer's own, before any work
+    from modsent.methods.mexma import check_settings
+
+    both = {**{k: v["default"] for k, v in methods.get("MEXMA").settings_schema.items()}, "compile": True,
+            "gradient_checkpointing": True}
+    assert any("not with compile" in problem for problem in check_settings(both))
+    with pytest.raises(InputError, match="gradient_checkpointing: not with compile"):
+        mt.train_mexma("MEXMA", data["inputs"], tmp_path / "both", {**settings, "compile": True,
+                                                                     "gradient_checkpointing": True}, device="cpu")
+    assert not (tmp_path / "both").exists()
 
 
 @pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),

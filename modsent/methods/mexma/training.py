@@ -152,6 +152,10 @@ class MEXMAConfig:
         for key in ("align_weight", "mlm_weight", "koleo_weight"):
             if getattr(self, key) < 0:
                 raise InputError(f"methods.{name}.{key}: must be at least 0, got {getattr(self, key)}")
+        if self.gradient_checkpointing and self.compile:
+            from modsent.methods.mexma import CHECKPOINTING_WITH_COMPILE
+
+            raise InputError(f"methods.{name}.{CHECKPOINTING_WITH_COMPILE}")
 
 
 # ---- data ------------------------------------------------------------------------------------------
