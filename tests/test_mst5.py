@@ -383,6 +383,14 @@ def test_compile_routes_the_lora_encoder_through_dynamo_and_trains_what_eager_tr
     assert mt.training_fingerprint("mST5-xnli", cfg, source, langs, data["inputs"]["pairs"]) == \
         mt.training_fingerprint("mST5-xnli", mt.MST5Config.from_settings("mST5-xnli", settings), source, langs,
                                 data["inputs"]["pairs"])
+    # not with gradient_checkpointing: a compiled layer run again in the backward draws other dropout
+    # masks (the losses part at the second step); refused by the config check and the trainer's own
+    both = {**settings, "compile": True, "gradient_checkpointing": True}
+    schema = methods.get("mST5-xnli").settings_schema
+    assert methods.get("mST5-xnli").check_settings({**{k: v["default"] for k, v in schema.items()}, **both}) == \
+        [methods.CHECKPOINTING_WITH_COMPILE]
+    with pytest.raises(InputError, match="gradient_checkpointing: not with compile"):
+        mt.MST5Config.from_settings("mST5-xnli", both)
 
 
 @pytest.mark.parametrize("kind", ["xlmr-mean-normalize", "bert-cls-dense"])

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 
 from modsent import layout
 from modsent.languages import PIVOT_LANGUAGE
-from modsent.methods import Method, register
+from modsent.methods import Method, checkpointing_with_compile, register
 from modsent.schema import (ROLE_KEY, RUNTIME, compile_property, length_groups_property, precision_property,
                             storage_dtype_property)
 
@@ -171,17 +171,11 @@ def provided_by_language(languages: Sequence[str], paths: Sequence[str]) -> dict
     return {lang: path_of[lang] for lang in languages}
 
 
-# compile and gradient_checkpointing together: Dynamo's checkpoint does not run a layer again with the
-# dropout masks of its first run (a 2-step run's weights drifted by 2e-3 from the plain run's, where
-# each alone matches it exactly), so the combination would train something else
-CHECKPOINTING_WITH_COMPILE = ("gradient_checkpointing: not with compile: true (a compiled layer run again in the "
-                              "backward draws other dropout masks than its first run); set one of them")
-
-
 def check_settings(settings: Mapping) -> list[str]:
     """Each GPU's share of a batch needs a pair (and, with KoLeo, a second one: a nearest
     neighbour); the trainers would find out only inside torchrun (training.run_training).
-    ``gradient_checkpointing`` and ``compile`` exclude each other (:data:`CHECKPOINTING_WITH_COMPILE`)."""
+    ``gradient_checkpointing`` and ``compile`` exclude each other
+    (:func:`modsent.methods.checkpointing_with_compile`)."""
     problems = []
     gpus, batch = settings.get("gpus", 1), settings["batch_size"]
     least = (2 if settings["koleo_weight"] else 1) * gpus
@@ -189,9 +183,7 @@ def check_settings(settings: Mapping) -> list[str]:
         problems.append(f"batch_size: {batch} pairs over gpus {gpus} leave a GPU no pair"
                         + (" or, with KoLeo, no nearest neighbour" if settings["koleo_weight"] else "")
                         + f": at least {least}, or fewer gpus")
-    if settings.get("gradient_checkpointing") and settings.get("compile"):
-        problems.append(CHECKPOINTING_WITH_COMPILE)
-    return problems
+    return problems + checkpointing_with_compile(settings)
 
 
 VARIANTS = {  # name: (description, alignment, align weight, KoLeo weight, detach tokens)

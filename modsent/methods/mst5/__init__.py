@@ -35,7 +35,7 @@ the training code.
 
 from __future__ import annotations
 
-from modsent.methods import Method, register
+from modsent.methods import Method, checkpointing_with_compile, register
 from modsent.schema import (ROLE_KEY, RUNTIME, compile_property, length_groups_property, precision_property,
                             storage_dtype_property)
 
@@ -93,7 +93,8 @@ def settings_schema(*, learning_rate: float, targets: str) -> dict[str, dict]:
                                       "for retrieval accuracy before and after"},
         "gradient_checkpointing": {"type": "boolean", "default": False,
                                    "description": "recompute activations in the backward pass: much less "
-                                                  "memory, about a third more time (mt5-xl/xxl at batch 128)"},
+                                                  "memory, about a third more time (mt5-xl/xxl at batch 128); "
+                                                  "not with compile: true"},
         "seed": {"type": "integer", "minimum": 0, "default": 0,
                  "description": "the triplets' languages, batches, LoRA initialisation and dropout"},
         "precision": precision_property(),
@@ -135,4 +136,4 @@ VARIANTS = {  # name: (description, english_only, targets, learning rate)
 for _name, (_description, _english_only, _targets, _lr) in VARIANTS.items():
     _schema = settings_schema(learning_rate=_lr, targets=_targets)
     register(Method(_name, _description, _trainer(_name, _english_only, _schema), ("base", "pairs"), _schema,
-                    _english_only, family="mST5"))
+                    _english_only, family="mST5", check_settings=checkpointing_with_compile))

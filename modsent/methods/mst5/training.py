@@ -64,6 +64,7 @@ from modsent.io import InputError, atomic_path
 from modsent.languages import PIVOT_LANGUAGE
 from modsent.losses import TripletInfoNCELoss
 from modsent.methods import baselines as bl
+from modsent.methods import checkpointing_with_compile
 from modsent.modular import sentence_adapter as sa
 from modsent.training import checkpoints, efficiency, fastpath, schedules
 from modsent.training.optim import step_options
@@ -142,6 +143,8 @@ class MST5Config:
             if bad:
                 raise InputError(f"methods.{name}.{key}: invalid value {getattr(self, key)!r} "
                                  "(see the method's settings: modsent.methods.mst5)")
+        for problem in checkpointing_with_compile(dataclasses.asdict(self)):
+            raise InputError(f"methods.{name}.{problem}")
 
 
 # ---- data ----------------------------------------------------------------------------------------
