@@ -230,8 +230,9 @@ def main() -> None:
             checkpoint_activations(model, label.startswith("ckpt"))  # as gradient_checkpointing: true does
             try:
                 results[label] = measure(model, loss_fn, batches, device, args.steps)
-            except torch.OutOfMemoryError:
+            except torch.OutOfMemoryError:  # (nan: the lines below print it so)
                 results[label] = (float("nan"), float("nan"))
+                model.zero_grad(set_to_none=True)  # the failed step's gradients: not in the next run's peak
                 torch.cuda.empty_cache()
         flops = flops_per_pair(model, seq_len, 0.4 * (seq_len - 2) / seq_len) * pairs
         for label, (seconds, peak) in results.items():

@@ -523,6 +523,11 @@ def test_gradient_checkpointing_runs_each_layer_again_and_trains_what_eager_trai
     cfg = mt.MEXMAConfig()
     assert (mt.training_fingerprint("MEXMA", cfg, "src", [])
             == mt.training_fingerprint("MEXMA", dataclasses.replace(cfg, gradient_checkpointing=True), "src", []))
+    calls.clear()  # in evaluation (the held-out encodes) nothing is checkpointed
+    model.eval()
+    with torch.no_grad():
+        model.body(input_ids=torch.tensor([[0, 5, 6, 2]]))
+    assert not calls
     assert mm.checkpoint_activations(model, on=False) == layers
     assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
     # not with compile (Dynamo's checkpoint draws other dropout masks again): refused by the config
