@@ -500,6 +500,7 @@ def test_gradient_checkpointing_runs_each_layer_again_and_trains_what_eager_trai
     real = torch.utils.checkpoint.checkpoint
 
     def counting(function, *args, **kwargs):
+        assert kwargs == {"use_reentrant": False}  # non-reentrant: gradients through the layers' kwargs too
         calls.append(function.args[0])  # the layer (a partial of its forward with it)
         return real(function, *args, **kwargs)
 
