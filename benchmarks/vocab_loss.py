@@ -13,7 +13,7 @@ autograd keeps the fp32 log-softmax); ``chunks of R`` is ``methods.MEXMA.loss_ch
 each chunk again); ``--triton`` adds both with Triton's cross-entropy kernel (``kernels: triton``;
 a GPU only: the interpreter would take hours at these sizes). For each: the median time of a
 forward and backward, the bytes autograd keeps for the backward beyond the inputs (counted by a
-saved-tensors hook: exact, on any device) and the peak memory above what was allocated before the
+saved-tensors hook, `la_graphs.saved_storage`: exact, on any device) and the peak memory above what was allocated before the
 step (a GPU's allocator peak; on the CPU each variant runs in a process of its own, and the peak is
 its resident set's high-water mark above its size before the step). On a GPU under bf16 autocast,
 on the CPU in fp32 (``--dtype``). 6,451 positions are MEXMA's at 64 pairs of 128 tokens (40% of the
@@ -30,16 +30,16 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from modsent.training import fastpath
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+from benchmarks.la_graphs import saved_storage  # noqa: E402
+from benchmarks.modular_encoder import rss_mib  # noqa: E402
+from modsent.training import fastpath  # noqa: E402
 
 
 def run(args: argparse.Namespace, variant: str) -> dict:
@@ -53,34 +53,26 @@ def run(args: argparse.Namespace, variant: str) -> dict:
     head = torch.nn.Module()
     fastpath.fuse_cross_entropy(head, variant.startswith("triton"))
     rows = int(variant.rsplit(" ", 1)[1]) if "chunks" in variant else None
-    inputs = {t.data_ptr() for t in (states, weight, bias, targets)}
+    inputs = frozenset(t.untyped_storage().data_ptr() for t in (states, weight, bias, targets))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[args.dtype]
 
-    def step(count_kept: bool = False) -> int:
-        kept = {}  # each tensor once (the log-softmax is saved by two functions)
-
-        def pack(t):
-            if t.data_ptr() not in inputs:
-                kept[t.data_ptr()] = max(kept.get(t.data_ptr(), 0), t.numel() * t.element_size())
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack if count_kept else (lambda t: t), lambda t: t), \
-                torch.autocast(device.split(":")[0], dtype=dtype or torch.float32, enabled=dtype is not None):
+    def step() -> None:
+        with torch.autocast(device.split(":")[0], dtype=dtype or torch.float32, enabled=dtype is not None):
             if rows is None:
                 loss = fastpath.mlm_cross_entropy(head, F.linear(states, weight, bias), targets, "sum")
             else:
                 loss = fastpath.projection_cross_entropy(head, states, weight, bias, targets, "sum", rows)
         loss.backward()
         states.grad = weight.grad = bias.grad = None
-        return sum(kept.values())
 
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
     else:
-        before = rss_bytes()
-    kept = step(count_kept=True)  # the first step: the peak, and a warm-up
+        before = rss_mib() * 2**20
+    # the first step: the peak, a warm-up and what it keeps for its backward beyond the inputs (each storage once)
+    kept = sum(saved_storage(step, inputs).values())
     if cuda:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - before
