@@ -13,11 +13,12 @@ autograd keeps the fp32 log-softmax); ``chunks of R`` is ``methods.MEXMA.loss_ch
 each chunk again); ``--triton`` adds both with Triton's cross-entropy kernel (``kernels: triton``;
 a GPU only: the interpreter would take hours at these sizes). For each: the median time of a
 forward and backward, the bytes autograd keeps for the backward beyond the inputs (counted by a
-saved-tensors hook, `la_graphs.saved_storage`: exact, on any device) and the peak memory above what was allocated before the
-step (a GPU's allocator peak; on the CPU each variant runs in a process of its own, and the peak is
-its resident set's high-water mark above its size before the step). On a GPU under bf16 autocast,
-on the CPU in fp32 (``--dtype``). 6,451 positions are MEXMA's at 64 pairs of 128 tokens (40% of the
-126 tokens between a sentence's two special tokens, both sides).
+saved-tensors hook, ``la_graphs.saved_storage``: exact, on any device) and the peak memory above
+what was allocated before the step (a GPU's allocator peak; on the CPU each variant runs in a
+process of its own, and the peak is its resident set's high-water mark above its size before the
+step). On a GPU under bf16 autocast, on the CPU in fp32 (``--dtype``). 6,451 positions are
+MEXMA's at 64 pairs of 128 tokens (40% of the 126 tokens between a sentence's two special tokens,
+both sides).
 """
 
 from __future__ import annotations
