@@ -467,8 +467,7 @@ def mlm_cross_entropy(head: nn.Module | None, logits: torch.Tensor, targets: tor
     :func:`fuse_cross_entropy` turned it on for ``head`` and the kernel runs on the logits' device
     (not in a compiled trace), else (also for no ``head``) eager's ``F.cross_entropy`` of the
     logits in fp32."""
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"mlm_cross_entropy: reduction {reduction!r}, expected 'mean' or 'sum'")
+    _check_reduction("mlm_cross_entropy", reduction)
     if cross_entropy_kernel(head, logits):
         from modsent.training import kernels
 
@@ -487,6 +486,11 @@ def cross_entropy_kernel(head: nn.Module | None, x: torch.Tensor) -> bool:
     return kernels.supported(x)
 
 
+def _check_reduction(caller: str, reduction: str) -> None:
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"{caller}: reduction {reduction!r}, expected 'mean' or 'sum'")
+
+
 def _reduce(losses: torch.Tensor, targets: torch.Tensor, reduction: str) -> torch.Tensor:
     # a mean over the rows that count (all of them in an MLM loss), as eager's ignores -100
     return losses.sum() if reduction == "sum" else losses.sum() / (targets != -100).sum()
@@ -499,8 +503,7 @@ def projection_cross_entropy(head: nn.Module | None, states: torch.Tensor, weigh
     ``chunk_rows`` rows at a time and never kept (:func:`modsent.training.vocab_loss.linear_cross_entropy`:
     the backward computes each chunk's logits again), each chunk's cross-entropy through Triton's
     kernel where :func:`cross_entropy_kernel` says so for ``head``."""
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"projection_cross_entropy: reduction {reduction!r}, expected 'mean' or 'sum'")
+    _check_reduction("projection_cross_entropy", reduction)
     from modsent.training.vocab_loss import linear_cross_entropy
 
     losses = linear_cross_entropy(states, weight, bias, targets, chunk_rows,

@@ -153,8 +153,8 @@ class MEXMAConfig:
         for key in ("align_weight", "mlm_weight", "koleo_weight"):
             if getattr(self, key) < 0:
                 raise InputError(f"methods.{name}.{key}: must be at least 0, got {getattr(self, key)}")
-        if checkpointing_with_compile(dataclasses.asdict(self)):
-            raise InputError(f"methods.{name}.{checkpointing_with_compile(dataclasses.asdict(self))[0]}")
+        for problem in checkpointing_with_compile(vars(self)):  # (one at most)
+            raise InputError(f"methods.{name}.{problem}")
 
 
 # ---- data ------------------------------------------------------------------------------------------

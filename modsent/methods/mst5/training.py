@@ -143,8 +143,8 @@ class MST5Config:
             if bad:
                 raise InputError(f"methods.{name}.{key}: invalid value {getattr(self, key)!r} "
                                  "(see the method's settings: modsent.methods.mst5)")
-        if checkpointing_with_compile(dataclasses.asdict(self)):
-            raise InputError(f"methods.{name}.{checkpointing_with_compile(dataclasses.asdict(self))[0]}")
+        for problem in checkpointing_with_compile(vars(self)):  # (one at most)
+            raise InputError(f"methods.{name}.{problem}")
 
 
 # ---- data ----------------------------------------------------------------------------------------
