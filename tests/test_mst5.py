@@ -204,10 +204,16 @@ def test_a_tiny_mt5_trains_and_reloads_with_sentence_transformers_to_the_same_ve
     changed = [k for k in weights if k in frozen and not torch.equal(weights[k], frozen[k])]
     assert changed and all(k.endswith(("q.weight", "v.weight")) for k in changed)
 
-    # gradient checkpointing recomputes the same activations (dropout masks included)
-    checkpointed = mt.run_training("mST5-xnli", data["inputs"], mt.MST5Config.from_settings(
-        "mST5-xnli", {**settings, "gradient_checkpointing": True}), english_only=False, device="cpu", progress=False)
+    # gradient checkpointing recomputes the same activations (dropout masks included): the same
+    # training, so a runtime setting, out of the job's params and the checkpoints' fingerprint
+    cfg = mt.MST5Config.from_settings("mST5-xnli", {**settings, "gradient_checkpointing": True})
+    checkpointed = mt.run_training("mST5-xnli", data["inputs"], cfg, english_only=False, device="cpu", progress=False)
     assert np.allclose(checkpointed.model.encode(TEXTS), ours, atol=1e-5)
+    assert method.settings_schema["gradient_checkpointing"][methods.ROLE_KEY] == "runtime"
+    langs = sorted(data["inputs"]["pairs"])
+    assert mt.training_fingerprint("mST5-xnli", cfg, settings["model"], langs, data["inputs"]["pairs"]) == \
+        mt.training_fingerprint("mST5-xnli", mt.MST5Config.from_settings("mST5-xnli", settings), settings["model"],
+                                langs, data["inputs"]["pairs"])
 
     # all-linear: every linear layer of the encoder
     targets = mt.lora_targets(body, "all-linear")

@@ -29,7 +29,7 @@ STATE = "state.safetensors"
 META = "meta.json"
 # The trainers' settings that say how a run goes, not what it trains (modsent.config's
 # `x-role: runtime` among them): left out of fingerprints, so a checkpoint resumes whatever they are
-RUNTIME_SETTINGS = ("checkpoint_every", "log_every", "compile", "kernels", "loss_chunk_rows")
+RUNTIME_SETTINGS = ("checkpoint_every", "log_every", "compile", "kernels", "loss_chunk_rows", "gradient_checkpointing")
 # The settings that say how the result is saved, not how it trains: left out of fingerprints too
 OUTPUT_SETTINGS = ("storage_dtype",)
 

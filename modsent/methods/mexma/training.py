@@ -385,11 +385,9 @@ class TrainingResult:
 
 
 def training_fingerprint(name: str, cfg: MEXMAConfig, source: str, files: list) -> str:
-    # checkpoints.fingerprint drops the runtime keys; gradient_checkpointing is one here (m-ST5 trains with it in
-    # its fingerprint, so it is not among checkpoints.RUNTIME_SETTINGS)
-    settings = {"method": name, **dataclasses.asdict(cfg)}
-    settings.pop("gradient_checkpointing")
-    return checkpoints.fingerprint(settings, source if Path(source).is_dir() else None, *files)
+    # checkpoints.fingerprint drops the runtime keys (gradient_checkpointing, loss_chunk_rows, ...)
+    return checkpoints.fingerprint({"method": name, **dataclasses.asdict(cfg)},
+                                   source if Path(source).is_dir() else None, *files)
 
 
 @fastpath.attention_for_varying_shapes()

@@ -91,10 +91,11 @@ def settings_schema(*, learning_rate: float, targets: str) -> dict[str, dict]:
         "eval_pairs": {"type": "integer", "minimum": 0, "default": 500,
                        "description": "held-out pairs (the English pairs' ids, held out in every language) "
                                       "for retrieval accuracy before and after"},
-        "gradient_checkpointing": {"type": "boolean", "default": False,
+        "gradient_checkpointing": {"type": "boolean", "default": False, ROLE_KEY: RUNTIME,
                                    "description": "recompute activations in the backward pass: much less "
                                                   "memory, about a third more time (mt5-xl/xxl at batch 128); "
-                                                  "not with compile: true"},
+                                                  "the same dropout draws, so the same training: a runtime "
+                                                  "setting; not with compile: true"},
         "seed": {"type": "integer", "minimum": 0, "default": 0,
                  "description": "the triplets' languages, batches, LoRA initialisation and dropout"},
         "precision": precision_property(),
