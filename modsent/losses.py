@@ -215,8 +215,9 @@ class CrossUnmaskingLoss(nn.Module):
         super().__init__()
         if reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
-        if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int)
-                                       or chunk_rows < 1):
+        from modsent.training.vocab_loss import is_chunk_rows
+
+        if chunk_rows is not None and not is_chunk_rows(chunk_rows):
             raise ValueError(f"chunk_rows must be a positive integer or None, got {chunk_rows!r}")
         self.reduction, self.chunk_rows = reduction, chunk_rows
 

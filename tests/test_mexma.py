@@ -478,8 +478,9 @@ def test_loss_chunk_rows_projects_the_masked_positions_in_chunks_and_trains_what
     assert np.allclose(whole["loss_components"]["rows"], chunked["loss_components"]["rows"], rtol=1e-5)
     schema = methods.get("MEXMA").settings_schema["loss_chunk_rows"]
     assert schema["default"] is None and schema[methods.ROLE_KEY] == "runtime"
-    with pytest.raises(InputError, match="loss_chunk_rows"):
-        mt.MEXMAConfig(loss_chunk_rows=0).check("MEXMA")
+    for bad in (0, -1, True, 2.0):  # what linear_cross_entropy refuses (vocab_loss.is_chunk_rows)
+        with pytest.raises(InputError, match=f"methods.MEXMA.loss_chunk_rows: invalid value {bad!r}"):
+            mt.MEXMAConfig(loss_chunk_rows=bad).check("MEXMA")
     if kernels.interpreting() and kernels.triton_available():
         calls.clear()
         both = mt.train_mexma("MEXMA", data["inputs"], tmp_path / "both",

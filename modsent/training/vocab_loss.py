@@ -146,6 +146,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None, None)
 
 
+def is_chunk_rows(value) -> bool:
+    """Whether ``value`` is a chunk size :func:`linear_cross_entropy` takes: a positive int (a bool
+    is none). The config check (``loss_chunk_rows``) and the loss's constructor ask it too."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def linear_cross_entropy(states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                          targets: torch.Tensor, chunk_rows: int, ignore_index: int = -100,
                          kernel: bool = False) -> torch.Tensor:
@@ -157,7 +163,7 @@ def linear_cross_entropy(states: torch.Tensor, weight: torch.Tensor, bias: torch
     else in PyTorch, chunk by chunk. The same losses and gradients as the unchunked loss up to float
     rounding (the weight's and bias's gradients summed over chunks in fp32); a target outside the
     vocabulary gives its row NaN (no check that waits for the GPU), where eager raises."""
-    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+    if not is_chunk_rows(chunk_rows):
         raise ValueError(f"linear_cross_entropy: chunk_rows must be a positive integer, got {chunk_rows!r}")
     if states.dim() < 1 or targets.shape != states.shape[:-1]:
         raise ValueError(f"linear_cross_entropy: targets of shape {tuple(targets.shape)} for states of shape "

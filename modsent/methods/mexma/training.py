@@ -77,6 +77,7 @@ from modsent.training.loop import (TrainingLog, ahead, checkpoint_due, optimizer
 from modsent.training.precision import PRECISIONS, autocast, default_device, grad_scaler
 from modsent.schema import STORAGE_DTYPES
 from modsent.training.seeding import dropout_seed, step_generator
+from modsent.training.vocab_loss import is_chunk_rows
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +140,7 @@ class MEXMAConfig:
             "warmup_ratio": not 0 <= self.warmup_ratio < 1,
             "precision": self.precision not in PRECISIONS,
             "kernels": self.kernels not in ("eager", "triton"),
-            "loss_chunk_rows": self.loss_chunk_rows is not None and (
-                isinstance(self.loss_chunk_rows, bool) or not isinstance(self.loss_chunk_rows, int)
-                or self.loss_chunk_rows < 1),
+            "loss_chunk_rows": self.loss_chunk_rows is not None and not is_chunk_rows(self.loss_chunk_rows),
             "storage_dtype": self.storage_dtype not in STORAGE_DTYPES,
         }
         from modsent.training.pairs import check_length_groups
