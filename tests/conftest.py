@@ -88,7 +88,10 @@ def traced_compile(monkeypatch):
     Inductor compile of each test model costs). A training with ``compile: true`` then routes
     every forward of the compiled module through Dynamo's graphs and trains what the eager one
     does, up to float rounding: the tests of the methods' ``compile`` settings compare so, and
-    the LA's and SE's tests compile with Inductor itself. Yields ``(modules, graphs)``:
+    the LA's and SE's tests compile with Inductor itself. Not with gradient checkpointing: this
+    backend runs Dynamo's checkpointed regions without AOTAutograd, which is what draws their
+    dropout again as the forward did (pytorch/pytorch#160773), so the tests of that pair compile
+    with Inductor or aot_eager. Yields ``(modules, graphs)``:
     the modules compiled, in order, and a callable giving the number of graphs captured."""
     import torch
     import torch._dynamo

@@ -208,20 +208,6 @@ class PairTraining:
         return [PIVOT_LANGUAGE] if self.english_only else list(languages)
 
 
-# A method with both gradient checkpointing and compile: Dynamo's checkpoint does not draw a layer's
-# dropout masks again when the backward runs the layer a second time (on the CPU, a 2-step MEXMA run
-# drifted 2e-3 from the plain run and m-ST5's losses parted at the second step, where each setting
-# alone matches it exactly, and both together match it without dropout): it would train something else
-CHECKPOINTING_WITH_COMPILE = ("gradient_checkpointing: not with compile: true (a compiled layer run again in the "
-                              "backward draws other dropout masks than its first run); set one of them")
-
-
-def checkpointing_with_compile(settings: Mapping) -> list[str]:
-    """[:data:`CHECKPOINTING_WITH_COMPILE`] where a method's ``settings`` (or config object's
-    fields, a mapping of them) set both ``gradient_checkpointing`` and ``compile``, else []."""
-    return [CHECKPOINTING_WITH_COMPILE] if settings.get("gradient_checkpointing") and settings.get("compile") else []
-
-
 def register(method: Method) -> Method:
     """Add ``method`` to the registry (again with the same definition: nothing happens)."""
     known = REGISTRY.get(method.name)

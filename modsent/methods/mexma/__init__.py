@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 
 from modsent import layout
 from modsent.languages import PIVOT_LANGUAGE
-from modsent.methods import Method, checkpointing_with_compile, register
+from modsent.methods import Method, register
 from modsent.schema import (ROLE_KEY, RUNTIME, compile_property, length_groups_property, precision_property,
                             storage_dtype_property)
 
@@ -122,7 +122,7 @@ def settings_schema(*, alignment: str, align_weight: float, koleo_weight: float,
                                                   "head's) and run the layer again in the backward, drawing the "
                                                   "same dropout: the same training up to float rounding, most of "
                                                   "the activations' memory traded for one more forward; for more "
-                                                  "pairs per GPU. Not with compile: true"},
+                                                  "pairs per GPU (with compile: true too)"},
         "storage_dtype": storage_dtype_property(),
         "length_groups": length_groups_property("each language (a pool of k steps, each step of batch_size x "
                                                 "grad_accum pairs)"),
@@ -173,9 +173,7 @@ def provided_by_language(languages: Sequence[str], paths: Sequence[str]) -> dict
 
 def check_settings(settings: Mapping) -> list[str]:
     """Each GPU's share of a batch needs a pair (and, with KoLeo, a second one: a nearest
-    neighbour); the trainers would find out only inside torchrun (training.run_training).
-    ``gradient_checkpointing`` and ``compile`` exclude each other
-    (:func:`modsent.methods.checkpointing_with_compile`)."""
+    neighbour); the trainers would find out only inside torchrun (training.run_training)."""
     problems = []
     gpus, batch = settings.get("gpus", 1), settings["batch_size"]
     least = (2 if settings["koleo_weight"] else 1) * gpus
@@ -183,7 +181,7 @@ def check_settings(settings: Mapping) -> list[str]:
         problems.append(f"batch_size: {batch} pairs over gpus {gpus} leave a GPU no pair"
                         + (" or, with KoLeo, no nearest neighbour" if settings["koleo_weight"] else "")
                         + f": at least {least}, or fewer gpus")
-    return problems + checkpointing_with_compile(settings)
+    return problems
 
 
 VARIANTS = {  # name: (description, alignment, align weight, KoLeo weight, detach tokens)

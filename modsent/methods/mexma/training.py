@@ -65,7 +65,6 @@ from modsent.evaluation.plots import write_loss_curve
 from modsent.io import InputError, atomic_path
 from modsent.losses import CrossUnmaskingLoss, KoLeoLoss, SymmetricInfoNCELoss
 from modsent.methods import baselines as bl
-from modsent.methods import checkpointing_with_compile
 from modsent.methods.mexma import model as mm
 from modsent.methods.mexma.model import MEXMAModel, build_model
 from modsent.modular import sentence_adapter as sa
@@ -152,8 +151,6 @@ class MEXMAConfig:
         for key in ("align_weight", "mlm_weight", "koleo_weight"):
             if getattr(self, key) < 0:
                 raise InputError(f"methods.{name}.{key}: must be at least 0, got {getattr(self, key)}")
-        for problem in checkpointing_with_compile(vars(self)):  # (one at most)
-            raise InputError(f"methods.{name}.{problem}")
 
 
 # ---- data ------------------------------------------------------------------------------------------

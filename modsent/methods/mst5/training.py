@@ -64,7 +64,6 @@ from modsent.io import InputError, atomic_path
 from modsent.languages import PIVOT_LANGUAGE
 from modsent.losses import TripletInfoNCELoss
 from modsent.methods import baselines as bl
-from modsent.methods import checkpointing_with_compile
 from modsent.modular import sentence_adapter as sa
 from modsent.training import checkpoints, efficiency, fastpath, schedules
 from modsent.training.optim import step_options
@@ -143,8 +142,6 @@ class MST5Config:
             if bad:
                 raise InputError(f"methods.{name}.{key}: invalid value {getattr(self, key)!r} "
                                  "(see the method's settings: modsent.methods.mst5)")
-        for problem in checkpointing_with_compile(vars(self)):  # (one at most)
-            raise InputError(f"methods.{name}.{problem}")
 
 
 # ---- data ----------------------------------------------------------------------------------------
