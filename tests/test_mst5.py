@@ -16,8 +16,8 @@ from modsent.io import InputError
 from modsent.methods.mst5 import training as mt
 from modsent.testing import make_random_mt5 as make_tiny_mt5, make_tiny_bert, sample_texts
 from modsent.training import efficiency
-from tiny_modules import (assert_grouped_batches, assert_stored_in_half, compiled_against_eager, counted_training_passes,
-                          pairs_in, recorded_training_data, tiny_base_and_data)
+from tiny_modules import (assert_grouped_batches, assert_stored_in_half, compiled_against_eager,
+                          counted_training_passes, pairs_in, recorded_training_data, tiny_base_and_data)
 
 LANGS = ["en", "de", "ky"]
 # a tiny random model moves only with a large learning rate; the built-in pairs have no mnli rows
