@@ -101,6 +101,7 @@ def traced_compile(monkeypatch):
 
     def compile_traced(module, *args, **kwargs):
         compiled.append(module)
+        kwargs.pop("options", None)  # Inductor's options (compile_in_place's eager_random): none here
         return original(module, *args, **{**kwargs, "backend": "eager"})
 
     monkeypatch.setattr(torch.nn.Module, "compile", compile_traced)

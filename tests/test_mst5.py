@@ -396,15 +396,21 @@ def test_gradient_checkpointing_with_compile_trains_what_eager_trains(data, monk
     """gradient_checkpointing: true with compile: true: the mT5 blocks run again in the backward
     from the random state their forward saved (AOTAutograd's handling of the checkpointed regions,
     here through its aot_eager backend: Inductor's code generation, which MEXMA's test of the pair
-    runs, takes a minute for this model), so the losses and weights are the plain eager run's."""
-    original = torch.nn.Module.compile
-    monkeypatch.setattr(torch.nn.Module, "compile",
-                        lambda module, *args, **kwargs: original(module, *args, **{**kwargs, "backend": "aot_eager"}))
+    runs, takes a minute for this model), so the losses and weights are the plain eager run's; the
+    encoder is compiled with Inductor's dropout drawn as eager's (compile_in_place's eager_random)."""
+    original, options = torch.nn.Module.compile, []
+
+    def aot_eager(module, *args, **kwargs):
+        options.append(kwargs.pop("options", None))  # Inductor's: aot_eager draws as eager anyway
+        return original(module, *args, **{**kwargs, "backend": "aot_eager"})
+
+    monkeypatch.setattr(torch.nn.Module, "compile", aot_eager)
     cfg = mt.MST5Config.from_settings("mST5-xnli", {**SETTINGS, "model": str(data["mt5"])})
     eager, both = compiled_against_eager(lambda on: mt.run_training(
         "mST5-xnli", data["inputs"], dataclasses.replace(cfg, compile=on, gradient_checkpointing=on),
         english_only=False, device="cpu", progress=False))
     assert both.metrics["config"]["compile"] and both.metrics["config"]["gradient_checkpointing"]
+    assert options == [{"fallback_random": True}]  # compile_in_place's eager_random, as with Inductor
     assert [row[1] for row in both.history] == pytest.approx([row[1] for row in eager.history], rel=1e-5)
     a, b = eager.model.state_dict(), both.model.state_dict()
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)

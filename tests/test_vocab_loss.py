@@ -168,7 +168,7 @@ def test_cross_unmasking_loss_in_chunks_equals_it_whole(reduction):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="needs the projection"):
         CrossUnmaskingLoss(reduction, chunk_rows=3)(logits, hidden, labels)
-    for bad in (0, True, 2.0):
+    for bad in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="chunk_rows must be a positive integer or None"):
             CrossUnmaskingLoss(reduction, chunk_rows=bad)
 

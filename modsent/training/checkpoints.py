@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 STATE = "state.safetensors"
 META = "meta.json"
 # The trainers' settings that say how a run goes, not what it trains (modsent.config's
-# `x-role: runtime` among them): left out of fingerprints, so a checkpoint resumes whatever they are
+# `x-role: runtime` among them): left out of fingerprints, so a checkpoint resumes whatever they are.
+# Matched by name in every trainer's settings: a method's key of one of these names is one of them
 RUNTIME_SETTINGS = ("checkpoint_every", "log_every", "compile", "kernels", "loss_chunk_rows", "gradient_checkpointing")
 # The settings that say how the result is saved, not how it trains: left out of fingerprints too
 OUTPUT_SETTINGS = ("storage_dtype",)
@@ -174,9 +175,10 @@ def resume(checkpoint_dir: Path, model, optimizer, fingerprint: str, scaler=None
 
 
 def fingerprint(settings: dict, *inputs) -> str:
-    """What a checkpoint must match to be resumed: the settings (but how often to log and
-    checkpoint, whether the encoder is compiled, the saved weights' dtype and a later setting at
-    its default: :func:`later_defaults`) and the content of
+    """What a checkpoint must match to be resumed: the settings (but the runtime ones,
+    :data:`RUNTIME_SETTINGS`: how often to log and checkpoint, compile, kernels, ...; the saved
+    weights' dtype, :data:`OUTPUT_SETTINGS`; and a later setting at its default:
+    :func:`later_defaults`) and the content of
     the inputs: a file's bytes, a directory's files (names and bytes, hidden files aside), a
     data frame's values, or None (an absent input)."""
     relevant = {k: v for k, v in settings.items() if k not in RUNTIME_SETTINGS + OUTPUT_SETTINGS

@@ -542,7 +542,7 @@ def attention_outside_graph(model: nn.Module, on: bool = True) -> bool:
 
 
 def compile_in_place(module: nn.Module, device: str | torch.device, key: str, *,
-                     dynamic: bool | None = False) -> None:
+                     dynamic: bool | None = False, eager_random: bool = False) -> None:
     """``torch.compile`` ``module`` in place (``nn.Module.compile``: its parameters, their names,
     its state dict and so the checkpoints and saved adapters are unchanged). ``dynamic=False``
     (static shapes: one graph per batch shape and mode; the LA's packed sequences have one
@@ -552,9 +552,16 @@ def compile_in_place(module: nn.Module, device: str | torch.device, key: str, *,
     fuses the element-wise work around the matrix products (the LA's autocast residual stream,
     LayerNorm, GELU, dropout) into fewer kernels; its dropout draws from its own generator, so
     a compiled run equals an eager one up to float rounding and dropout draws (with
-    ``torch._inductor.config.fallback_random`` it draws as eager: the tests compare so)."""
+    ``torch._inductor.config.fallback_random`` it draws as eager: the tests compare so).
+
+    ``eager_random``: this module's graphs draw their random numbers with eager PyTorch's kernels
+    (Inductor's ``fallback_random`` as a compile option, for these graphs only), for a module whose
+    layers are checkpointed: AOTAutograd runs them again in the backward from the random state their
+    forward saved, which gives the same dropout with eager's kernels (tested), where Inductor's own
+    CUDA draws can differ between a forward kernel and the backward's recomputing one in torch 2.13
+    (pytorch/pytorch#198333). The dropout then runs as kernels of its own, not fused."""
     check_compilable(device, key)
-    module.compile(dynamic=dynamic)
+    module.compile(dynamic=dynamic, **({"options": {"fallback_random": True}} if eager_random else {}))
 
 
 _CUDNN_LOCK = threading.Lock()

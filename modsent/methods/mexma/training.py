@@ -445,7 +445,8 @@ def run_training(name: str, inputs: Mapping, cfg: MEXMAConfig, *, device: str | 
         log.info("%s.loss_chunk_rows: the cross-unmasking loss projects %d masked positions at a time and keeps no "
                  "logits (the backward projects them again)", key, cfg.loss_chunk_rows)
     if cfg.compile:  # sequences padded to each share's longest: shapes vary, so dynamic sizes
-        fastpath.compile_in_place(model.body, device, f"{key}.compile", dynamic=None)
+        fastpath.compile_in_place(model.body, device, f"{key}.compile", dynamic=None,
+                                  eager_random=cfg.gradient_checkpointing)
     _, source_limit = tf.sentence_head(source, model.body)
     limit = tf.max_sequence_length(tokenizer, model.body, source_limit)
     max_len = min(cfg.seq_len, limit or cfg.seq_len)

@@ -107,7 +107,7 @@ class MST5Config:
     seq_len: int = 128
     datasets: tuple[str, ...] | None = ("mnli",)
     eval_pairs: int = 500
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # each mT5 block run again in the backward; runtime
     seed: int = 0
     precision: str = "auto"
     storage_dtype: str = "float32"  # the saved weights (how the result is saved: not in the fingerprint)
@@ -313,8 +313,9 @@ class TrainingResult:
 def training_fingerprint(name: str, cfg: MST5Config, source: str, langs: list[str],
                          pairs_paths: Mapping[str, str | Path]) -> str:
     """What a checkpoint must match to be resumed: the method, its languages, its settings (the
-    log and checkpoint cadence and the storage dtype may change) and the inputs' content (a local model directory's
-    files; a Hub model by its id and revision, which are settings; each pair file)."""
+    runtime ones, checkpoints.RUNTIME_SETTINGS, and the storage dtype may change) and the inputs'
+    content (a local model directory's files; a Hub model by its id and revision, which are
+    settings; each pair file)."""
     settings = {"method": name, "languages": langs, **dataclasses.asdict(cfg)}
     model_dir = source if Path(source).is_dir() else None
     return checkpoints.fingerprint(settings, model_dir, *(pairs_paths[lang] for lang in langs))
@@ -358,7 +359,8 @@ def run_training(name: str, inputs: Mapping, cfg: MST5Config, *, english_only: b
     model = built.model.to(device)
     fastpath.speed_up(model)  # same parameters and results, fewer kernels under autocast
     if cfg.compile:  # batches padded to their longest sentence: shapes vary, so dynamic sizes
-        fastpath.compile_in_place(model.encoder, device, f"{key}.compile", dynamic=None)
+        fastpath.compile_in_place(model.encoder, device, f"{key}.compile", dynamic=None,
+                                  eager_random=cfg.gradient_checkpointing)
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
     n_total = sum(p.numel() for p in model.parameters())
