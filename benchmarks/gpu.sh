@@ -103,8 +103,8 @@ recipe_block recipe_throughput 300 benchmarks/recipe_throughput.py --device cuda
 # peak memory that config estimates for the worst case at ~50 GB (not yet measured)
 recipe_block recipe_throughput_xxl 300 benchmarks/recipe_throughput.py --device cuda --size paper --mst5 xxl \
     --checkpointing --recipes mST5-xnli --variants auto --steps 5 --warmup 2 --join 1 6
-# the fast path's, mixed precision's and the no-wait steps' tests on this GPU (their CUDA cases run only where there is one;
-# MEXMA's CPU test of checkpointing with Inductor left out, its GPU one kept)
+# the fast path's, mixed precision's and the no-wait steps' tests on this GPU (their CUDA cases run only where
+# there is one; MEXMA's CPU test of checkpointing with Inductor left out, its GPU one kept)
 bench tests 150 -m pytest -q -p no:cacheprovider tests/test_fastpath.py tests/test_kernels.py tests/test_optim.py tests/test_precision.py tests/test_tokenizing.py \
     tests/test_training_loop.py tests/test_mexma.py -k "not two_processes and not workflow and not with_compile_trains"
 bench mlm_throughput 150 benchmarks/mlm_throughput.py --labse-random --device cuda --seq-len 128 256 \
@@ -199,9 +199,10 @@ bench encode_throughput 120 benchmarks/encode_throughput.py --labse-random --dev
     --sentences 8000
 bench profile_steps 150 -m benchmarks.profile_steps --device cuda --steps 5 --top 12 --bf16-residual
 bench mexma_throughput 90 benchmarks/mexma_throughput.py --size base --device cuda --seq-len 128 256 --steps 10
-# methods.MEXMA.compile: the same step with the body compiled (and the eager steps beside it)
-bench mexma_throughput_compiled 240 benchmarks/mexma_throughput.py --size base --device cuda --seq-len 128 \
-    --steps 10 --compile
+# methods.MEXMA.compile: the same step with the body compiled (and the eager steps beside it), and with
+# gradient_checkpointing too (the body compiled again with its dropout by eager's kernels, as the trainer does)
+bench mexma_throughput_compiled 300 benchmarks/mexma_throughput.py --size base --device cuda --seq-len 128 \
+    --steps 10 --compile --gradient-checkpointing
 # CTranslate2's wheels are built for CUDA 12; where only CUDA 13's cuBLAS is present the script
 # points CTranslate2 at it (same C API for what it calls), and says so in the output.
 if ! "$PY" -c 'import ctypes; ctypes.CDLL("libcublas.so.12")' 2>/dev/null; then

@@ -28,7 +28,8 @@ positions at a time, no logits kept (``methods.MEXMA.loss_chunk_rows: R``,
 :mod:`modsent.training.vocab_loss`), and with ``--triton`` also both, each with its peak memory.
 ``--gradient-checkpointing`` adds modsent's step with every layer of the encoder and the head run
 again in the backward (``methods.MEXMA.gradient_checkpointing``), and with ``--loss-chunk-rows``
-also both: the least memory a step can take.
+also both: the least memory a step can take; with ``--compile`` also, last, the compiled body
+checkpointed as the trainer compiles it then (its dropout by eager's kernels: ``eager_random``).
 """
 
 from __future__ import annotations
@@ -183,7 +184,8 @@ def main() -> None:
                              "(methods.MEXMA.kernels: triton; on the CPU in Triton's interpreter, no speed there)")
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="also time modsent's step with each layer run again in the backward "
-                             "(methods.MEXMA.gradient_checkpointing), and with --loss-chunk-rows both")
+                             "(methods.MEXMA.gradient_checkpointing), and with --loss-chunk-rows both, "
+                             "with --compile compiled too")
     parser.add_argument("--loss-chunk-rows", type=int, default=None, metavar="R",
                         help="also time modsent's step with the unmasking loss R masked positions at a time, no "
                              "logits kept (methods.MEXMA.loss_chunk_rows: R), and with --triton both")
@@ -221,11 +223,14 @@ def main() -> None:
                 + ([("tri+chunk", chunked)] if chunks and args.triton else [])
                 + ([("ckpt", modsent_loss)] if args.gradient_checkpointing else [])
                 + ([("ckpt+chunk", chunked)] if args.gradient_checkpointing and chunks else [])
-                + ([("compiled", modsent_loss)] if args.compile else []))
+                + ([("compiled", modsent_loss)] if args.compile else [])
+                + ([("ckpt+compiled", modsent_loss)] if args.compile and args.gradient_checkpointing else []))
         for label, loss_fn in runs:
             if label == "compiled" and not compiled:  # last: the eager runs above use the same model
                 fastpath.compile_in_place(model.body, device, "--compile", dynamic=None)
                 compiled = True
+            if label == "ckpt+compiled":  # compiled again as the trainers compile a checkpointed body
+                fastpath.compile_in_place(model.body, device, "--compile", dynamic=None, eager_random=True)
             fastpath.fuse_cross_entropy(model.head, label in ("triton", "tri+chunk"))  # as kernels: triton does
             checkpoint_activations(model, label.startswith("ckpt"))  # as gradient_checkpointing: true does
             try:
@@ -236,7 +241,7 @@ def main() -> None:
                 torch.cuda.empty_cache()
         flops = flops_per_pair(model, seq_len, 0.4 * (seq_len - 2) / seq_len) * pairs
         for label, (seconds, peak) in results.items():
-            line = (f"seq {seq_len:4d} {label:10s} {seconds * 1000:9.1f} ms/step  {pairs / seconds:8.1f} pairs/s  "
+            line = (f"seq {seq_len:4d} {label:13s} {seconds * 1000:9.1f} ms/step  {pairs / seconds:8.1f} pairs/s  "
                     f"{4 * pairs * seq_len / seconds:10.0f} tokens/s")
             if device.startswith("cuda"):
                 line += f"  MFU {100 * flops / seconds / (args.peak_tflops * 1e12):5.1f}%  peak {peak:5.1f} GiB"
@@ -264,6 +269,13 @@ def main() -> None:
         if "compiled" in results:
             print(f"seq {seq_len:4d} speed-up of the compiled body (methods.MEXMA.compile) over modsent's eager step: "
                   f"{results['modsent'][0] / results['compiled'][0]:.2f}x (first step of a size, compiling, not timed)")
+        if "ckpt+compiled" in results:
+            memory = (f", peak {results['ckpt+compiled'][1]:.1f} GiB against {results['ckpt'][1]:.1f}"
+                      if device.startswith("cuda") else "")
+            print(f"seq {seq_len:4d} the compiled body with every layer run again in the backward (compile and "
+                  f"gradient_checkpointing; its dropout by eager's kernels): "
+                  f"{results['ckpt'][0] / results['ckpt+compiled'][0]:.2f}x the speed of the eager checkpointed "
+                  f"step{memory}")
 
 
 if __name__ == "__main__":
