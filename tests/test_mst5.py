@@ -17,7 +17,8 @@ from modsent.methods.mst5 import training as mt
 from modsent.testing import make_random_mt5 as make_tiny_mt5, make_tiny_bert, sample_texts
 from modsent.training import efficiency
 from tiny_modules import (assert_grouped_batches, assert_stored_in_half, compiled_against_eager,
-                          counted_training_passes, pairs_in, recorded_training_data, tiny_base_and_data)
+                          counted_training_passes, needs_cpu_compiler, pairs_in, recorded_training_data,
+                          tiny_base_and_data)
 
 LANGS = ["en", "de", "ky"]
 # a tiny random model moves only with a large learning rate; the built-in pairs have no mnli rows
@@ -392,6 +393,7 @@ def test_compile_routes_the_lora_encoder_through_dynamo_and_trains_what_eager_tr
                                 data["inputs"]["pairs"])
 
 
+@needs_cpu_compiler  # (the trainer's compile check asks for one, whatever the backend)
 def test_gradient_checkpointing_with_compile_trains_what_eager_trains(data, monkeypatch):
     """gradient_checkpointing: true with compile: true: the mT5 blocks run again in the backward
     from the random state their forward saved (AOTAutograd's handling of the checkpointed regions,
