@@ -490,6 +490,20 @@ def test_loss_chunk_rows_projects_the_masked_positions_in_chunks_and_trains_what
         assert_close_model(tmp_path / "whole", tmp_path / "both", whole, both)
 
 
+def eager_against_checkpointed_compiled(data, tmp_path, device: str, **settings):
+    """Two 2-step MEXMA runs on ``device`` (with ``settings`` beside SETTINGS): plain eager, then
+    with compile and gradient_checkpointing (compiled_against_eager), under tmp_path/eager and
+    tmp_path/both: their metrics, their logged losses and their saved weights."""
+    runs = compiled_against_eager(lambda on: mt.train_mexma(
+        "MEXMA", data["inputs"], tmp_path / ("both" if on else "eager"),
+        {**SETTINGS, "max_steps": 2, "eval_pairs": 0, **settings, "compile": on, "gradient_checkpointing": on},
+        device=device, progress=False))
+    assert runs[1]["config"]["compile"] and runs[1]["config"]["gradient_checkpointing"]
+    curves = [logged_losses(tmp_path / run) for run in ("eager", "both")]
+    assert len(curves[0]) == 2
+    return (*runs, curves, tuple(load_file(str(tmp_path / run / "model.safetensors")) for run in ("eager", "both")))
+
+
 @needs_cpu_compiler
 def test_gradient_checkpointing_with_compile_trains_what_eager_trains(data, tmp_path):
     """gradient_checkpointing: true with compile: true, through Inductor as the jobs run it: the
@@ -501,15 +515,9 @@ def test_gradient_checkpointing_with_compile_trains_what_eager_trains(data, tmp_
     loss components too. (The traced_compile fixture's eager backend runs Dynamo's checkpointed
     regions without AOTAutograd and draws other masks, pytorch/pytorch#160773: with it the pair
     once looked unsound and was refused; with it this test fails, most weights off by more than 1e-5.)"""
-    settings = {**SETTINGS, "max_steps": 2, "eval_pairs": 0}
-    eager, both = compiled_against_eager(lambda on: mt.train_mexma(
-        "MEXMA", data["inputs"], tmp_path / ("both" if on else "eager"),
-        {**settings, "compile": on, "gradient_checkpointing": on}, device="cpu", progress=False))
-    assert both["config"]["compile"] and both["config"]["gradient_checkpointing"]
-    x, y = (load_file(str(tmp_path / run / "model.safetensors")) for run in ("eager", "both"))
+    eager, both, curves, (x, y) = eager_against_checkpointed_compiled(data, tmp_path, "cpu")
     assert_same_adamw_training(x, y, SETTINGS["learning_rate"])
-    curves = [logged_losses(tmp_path / run) for run in ("eager", "both")]
-    assert len(curves[0]) == 2 and curves[0] == pytest.approx(curves[1], rel=1e-4)
+    assert curves[0] == pytest.approx(curves[1], rel=1e-4)
     assert np.allclose(eager["loss_components"]["rows"], both["loss_components"]["rows"], rtol=1e-4)
     assert methods.get("MEXMA").check_settings({**{k: v["default"] for k, v in
                                                   methods.get("MEXMA").settings_schema.items()},
@@ -523,14 +531,9 @@ def test_gradient_checkpointing_with_compile_on_a_gpu_trains_what_eager_trains(d
     the compiled, checkpointed run logs the eager run's losses and moves at most 1% of the weights
     by more than half a learning rate away from it (AdamW moves each element about a learning rate
     a step; other masks in the backward change the gradients of most)."""
-    settings = {**SETTINGS, "max_steps": 2, "eval_pairs": 0, "precision": "fp32"}
-    eager, both = compiled_against_eager(lambda on: mt.train_mexma(
-        "MEXMA", data["inputs"], tmp_path / ("both" if on else "eager"),
-        {**settings, "compile": on, "gradient_checkpointing": on}, device="cuda", progress=False))
-    assert both["device"].startswith("cuda") and both["config"]["gradient_checkpointing"]
-    curves = [logged_losses(tmp_path / run) for run in ("eager", "both")]
-    assert len(curves[0]) == 2 and curves[0] == pytest.approx(curves[1], rel=1e-3)
-    x, y = (load_file(str(tmp_path / run / "model.safetensors")) for run in ("eager", "both"))
+    _, both, curves, (x, y) = eager_against_checkpointed_compiled(data, tmp_path, "cuda", precision="fp32")
+    assert both["device"].startswith("cuda")
+    assert curves[0] == pytest.approx(curves[1], rel=1e-3)
     diffs = torch.cat([(x[k].float() - y[k].float()).abs().flatten() for k in x])
     assert float((diffs > SETTINGS["learning_rate"] / 2).float().mean()) <= 0.01
 
