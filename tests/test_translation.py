@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -469,6 +470,33 @@ def test_a_partial_made_with_other_settings_is_discarded(root, nllb, units, monk
     assert sum(calls) == len(frame)
 
 
+def test_a_partial_made_by_another_model_under_the_same_path_is_discarded(root, nllb, units, monkeypatch):
+    """The CTranslate2 engine always reads resources/mt_models/ct2, converted anew when the model,
+    its revision or quantization changes: a partial shard of the old model must not be reused."""
+    from safetensors.torch import load_file, save_file
+
+    path, frame = units
+    model, out = root / "swapped-model", root / "swapped.parquet"
+    shutil.copytree(nllb, model)
+    common = dict(engine="transformers", model=model, tgt_lang="de", batch_size=4, checkpoint_every=1, **OPTIONS)
+    seen: list[str] = []
+
+    def crash_at_batch_3(ids):
+        seen.extend(ids)
+        if len(seen) == 12:
+            raise Crash
+
+    with pytest.raises(Crash):
+        T.translate_shard(path, out, on_batch=crash_at_batch_3, **common)
+    assert json.loads((T.partial_dir(out) / "settings.json").read_text())["model_files"]["model.safetensors"]
+    weights = load_file(str(model / "model.safetensors"))
+    save_file({k: v.flip(0) if v.ndim else v for k, v in weights.items()}, str(model / "model.safetensors"),
+              metadata={"format": "pt"})  # another model of the same size, under the same path
+    calls = _count_translated(monkeypatch)
+    T.translate_shard(path, out, **common)
+    assert sum(calls) == len(frame)  # nothing of the old model's partial was kept
+
+
 # ---- CTranslate2 --------------------------------------------------------------------------
 
 
@@ -483,6 +511,30 @@ def test_convert_checkpoint_writes_a_self_contained_directory(ct2, root, nllb):
         T.convert_checkpoint(nllb, root / "never-ct2", quantization="int4")
     with pytest.raises(InputError, match="not a CTranslate2 model directory"):
         T.load_translator("ctranslate2", nllb, src_lang="en", tgt_lang="de")
+
+
+def test_a_local_checkpoint_is_converted_from_its_safetensors_never_from_pickles(ct2, root, nllb, monkeypatch):
+    """A local directory holding pickled weights only is refused, naming them; one that holds both
+    converts from its safetensors (the converter sees links to the safetensors, configs and
+    vocabularies only), and torch.load is never called."""
+    from safetensors.torch import load_file
+
+    pickled = root / "nllb-pickled"
+    shutil.copytree(nllb, pickled)
+    torch.save(load_file(str(pickled / "model.safetensors")), pickled / "pytorch_model.bin")
+    both = root / "nllb-both"
+    shutil.copytree(pickled, both)
+    for path in pickled.glob("*.safetensors"):
+        path.unlink()
+    assert (pickled / "pytorch_model.bin").is_file()
+    loads = []
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(a) or pytest.fail("torch.load called"))
+    with pytest.raises(InputError, match=r"nllb-pickled: no safetensors weights \(found pickled weights "
+                                         r"\['pytorch_model.bin'\]"):
+        T.convert_checkpoint(f"local:{pickled}", root / "never-ct2")
+    converted = T.convert_checkpoint(f"local:{both}", root / "both-ct2")
+    assert (converted / "model.bin").read_bytes() == (ct2["nllb"] / "model.bin").read_bytes() and loads == []
+    assert not (converted / ".download").exists() and both.joinpath("pytorch_model.bin").is_file()
 
 
 @pytest.mark.parametrize("bf16_units", [True, False])

@@ -43,6 +43,7 @@ workflow calls it when it plans the jobs.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import hashlib
 import json
 import logging
@@ -521,6 +522,10 @@ def load_translator(engine: str, model: str | os.PathLike, *, src_lang: str, tgt
 # ---- CTranslate2 conversion ---------------------------------------------------------------
 
 
+# what a conversion reads of a checkpoint: never pickled weights (pytorch_model*.bin)
+_CONVERTED_PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt")
+
+
 def convert_checkpoint(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
                        quantization: str | None = None, revision: str | None = None) -> Path:
     """Convert an NLLB/M2M100 checkpoint for CTranslate2 into ``out_dir``, atomically.
@@ -545,17 +550,30 @@ def convert_checkpoint(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
         raise InputError(f"quantization {quantization!r}: expected one of {', '.join(CT2_QUANTIZATIONS)} "
                          f"(or auto: keep the checkpoint's weights type)")
     with atomic_path(out_dir, directory=True) as tmp:
+        # safetensors only: the converter would otherwise unpickle pytorch_model*.bin
         if not Path(location).is_dir():
-            # safetensors only: the converter would otherwise unpickle pytorch_model*.bin
             from huggingface_hub import snapshot_download
 
             log.info("downloading %s (revision %s), safetensors only", location, revision)
             location = snapshot_download(
                 repo_id=location, revision=revision, local_dir=tmp / ".download",
-                allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"])
+                allow_patterns=list(_CONVERTED_PATTERNS))
             if not list(Path(location).glob("*.safetensors")):
                 raise InputError(f"{model_dir} (revision {revision}) has no safetensors weights; set "
                                  "translation.revision to one that has (facebook/nllb-200-3.3B: refs/pr/10)")
+        else:  # a local directory: the converter sees links to its safetensors, configs and vocabularies only
+            source, location = Path(location), tmp / ".download"
+            location.mkdir()
+            for path in sorted(source.iterdir()):
+                if path.is_file() and any(fnmatch.fnmatch(path.name, p) for p in _CONVERTED_PATTERNS):
+                    (location / path.name).symlink_to(path.resolve())
+            if not list(location.glob("*.safetensors")):
+                from modsent.encoders.base_models import PICKLE_SUFFIXES
+
+                pickles = sorted(p.name for p in source.iterdir() if p.suffix in PICKLE_SUFFIXES)
+                raise InputError(f"{source}: no safetensors weights" + (
+                    f" (found pickled weights {pickles}, which modsent does not load: save the model with "
+                    "save_pretrained(..., safe_serialization=True))" if pickles else ""))
         log.info("converting %s for CTranslate2 %s (quantization %s)", location, ctranslate2.__version__,
                  quantization or "none")
         start = time.perf_counter()
@@ -618,6 +636,22 @@ def _part_paths(partial: Path) -> list[Path]:
     return sorted(partial.glob("part-*.parquet"))  # atomic_path's temporaries start with "."
 
 
+def _model_files(model: str | os.PathLike) -> dict[str, list[int]] | None:
+    """A model directory's files, each with its size and modification time (None for a Hub id,
+    whose ``revision`` names it): a directory converted, copied or downloaded anew under the same
+    path (``resources/mt_models/ct2`` after the model, its revision or quantization changed) is
+    another model, so a partial shard made with the old one starts over. Cheap: no file is read."""
+    location = Path(_model_location(model))
+    if not location.is_dir():
+        return None
+    files = {}
+    for path in sorted(location.rglob("*")):
+        if path.is_file():
+            stat = path.stat()
+            files[path.relative_to(location).as_posix()] = [stat.st_size, stat.st_mtime_ns]
+    return files
+
+
 def _load_partial(partial: Path, settings: dict) -> dict[str, str]:
     """Translations already done under the same settings: ``{unit_id: translation}``.
 
@@ -671,7 +705,8 @@ def translate_shard(
     (:func:`length_batches`): short sentences then fill larger batches than long ones.
     Every ``checkpoint_every`` batches — and whenever the run stops on an exception or SIGTERM —
     the finished batches go to a new part in ``<out_path>.partial/``; a rerun with the same
-    model, languages, ``beam_size``, ``max_length`` and ``max_input_length`` skips every unit a
+    model (its name and revision; a directory's files as :func:`_model_files` lists them),
+    languages, ``beam_size``, ``max_length`` and ``max_input_length`` skips every unit a
     part holds (batch size, device and compute type may change between runs: after an
     out-of-memory error, rerun with smaller batches). ``on_batch`` is called with the unit ids of
     each finished batch (progress reporting; tests raise from it to simulate a crash).
@@ -697,7 +732,8 @@ def translate_shard(
     partial = partial_dir(out_path)
     settings = {"engine": engine, "model": str(model), "tokenizer": None if tokenizer is None else str(tokenizer),
                 "src_lang": src_lang, "tgt_lang": tgt_lang, "beam_size": beam_size,
-                "max_length": max_length, "max_input_length": max_input_length}
+                "max_length": max_length, "max_input_length": max_input_length,
+                "model_files": _model_files(model), "revision": None if engine == "ctranslate2" else revision}
     done = _load_partial(partial, settings)
     todo = units.loc[~units["unit_id"].isin(done)].reset_index(drop=True)
     log.info("%s → %s, %s: %d units, %d already translated, %d to do", src_lang, tgt_lang, out_path,
