@@ -238,8 +238,9 @@ def system_card(*, system: str, system_dir: Path, base_model: str | None, result
 def _system_usage(system_dir: Path) -> list[str]:
     """The card's usage section for a monolithic system: loaded as modsent evaluated it, in
     float32 from weights stored in half precision (a ``storage_dtype``: sentence-transformers
-    would compute in the stored dtype), and with ``trust_remote_code`` for a system whose first
-    module is modsent's own class (InteMATs)."""
+    would compute in the stored dtype), and through modsent's loader for a system whose first
+    module is modsent's own class (InteMATs): ``trust_remote_code=True`` would also let
+    transformers run code that the directory's config names."""
     config_path, modules_path = system_dir / "config.json", system_dir / "modules.json"
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     stored = config.get("dtype") or config.get("torch_dtype")
@@ -247,8 +248,21 @@ def _system_usage(system_dir: Path) -> list[str]:
     types = [str(m.get("type", "")) for m in modules]
     custom = [t for t in types if not t.startswith("sentence_transformers.")]
     half = stored in ("float16", "bfloat16")
-    options = (['model_kwargs={"dtype": torch.float32}'] if half else []) + \
-        (["trust_remote_code=True"] if custom else [])
+    if custom:
+        lines = ["## Usage", "", "```python", "from modsent.encoders.systems import load_sentence_transformer", "",
+                 "# a local directory; from the Hub: huggingface_hub.snapshot_download(\"HUB_ID\") gives it",
+                 'model = load_sentence_transformer("PATH")', "embeddings = model.encode([...])", "```", "",
+                 f"It has a module of modsent's own (`{custom[0]}`: InteMATs' adapters, which cannot be folded "
+                 "into the weights), so loading needs the modsent package installed. modsent's loader builds the "
+                 "module classes of `modules.json` from an allow-list (modsent's and sentence-transformers') and "
+                 "runs no code from the directory"
+                 + (f"; it computes in float32 from the weights stored in {stored}, as modsent's evaluation did"
+                    if half else "")
+                 + ". `SentenceTransformer(path, trust_remote_code=True)` computes the same, but it also lets "
+                 "transformers run code that the directory's `config.json` names (`auto_map`): use it only on a "
+                 "directory you made.", ""]
+        return lines
+    options = ['model_kwargs={"dtype": torch.float32}'] if half else []
     lines = ["## Usage", "", "```python"] + (["import torch"] if half else []) + [
         "from sentence_transformers import SentenceTransformer", "",
         f'model = SentenceTransformer("PATH_OR_HUB_ID"{"".join(", " + o for o in options)})',
@@ -257,10 +271,6 @@ def _system_usage(system_dir: Path) -> list[str]:
         lines += [f"Its weights are stored in {stored} (half the disk of float32). modsent's evaluation loaded them "
                   "in float32, as `model_kwargs` asks above (and autocast to bfloat16 on GPUs that have it); "
                   f"without it sentence-transformers computes in {stored}.", ""]
-    if custom:
-        lines += [f"It has a module of modsent's own (`{custom[0]}`: InteMATs' adapters, which cannot be folded "
-                  "into the weights), so loading needs the modsent package installed; `trust_remote_code=True` lets "
-                  "sentence-transformers import it (no code is read from the model's directory).", ""]
     return lines
 
 

@@ -82,14 +82,16 @@ def test_a_monolithic_system_card_lists_its_languages_figures_and_every_score(tm
         "en", "de", "ky"]
     assert 'model = SentenceTransformer("PATH_OR_HUB_ID")\n' in body and "import torch" not in body
     # weights stored in half precision (storage_dtype) load in float32, as evaluated; modsent's own
-    # module class (InteMATs) needs trust_remote_code (tests/test_intemats.py runs the line)
+    # module class (InteMATs) loads through modsent's loader, never with trust_remote_code, which would
+    # also run code the directory's config names (tests/test_workflow.py runs the card's line)
     (mexma / "config.json").write_text(json.dumps({"dtype": "float16"}))
     (mexma / "modules.json").write_text(json.dumps([
         {"idx": 0, "name": "0", "path": "", "type": "modsent.encoders.intemats.InteMATsTransformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.sentence_transformer.modules.Pooling"}]))
     body = ModelCard(cards.system_card(system="MEXMA", system_dir=mexma, base_model=None)).text
-    assert 'import torch\nfrom sentence_transformers import SentenceTransformer\n\nmodel = SentenceTransformer(' \
-           '"PATH_OR_HUB_ID", model_kwargs={"dtype": torch.float32}, trust_remote_code=True)' in body
+    assert 'from modsent.encoders.systems import load_sentence_transformer\n' in body
+    assert 'model = load_sentence_transformer("PATH")\n' in body and "SentenceTransformer(\"" not in body
+    assert "import torch" not in body and "trust_remote_code=True)` computes the same, but" in body
     assert "stored in float16" in body and "`modsent.encoders.intemats.InteMATsTransformer`" in body
 
 

@@ -751,7 +751,7 @@ def test_every_recipe_trains_evaluates_and_is_a_summary_row(run, tmp_path):
         subprocess.run([sys.executable, "-m", "modsent.cli", "export", "--model", str(run / "results/tiny"),
                         "--variant", name, "--out", str(tmp_path / name)], check=True, env=environment())
     card = (tmp_path / "InteMATs/README.md").read_text()
-    assert 'model_kwargs={"dtype": torch.float32}, trust_remote_code=True)' in card
+    assert 'model = load_sentence_transformer("PATH")' in card and "trust_remote_code=True)`" in card
     weights = load_file(str(tmp_path / "InteMATs/model.safetensors"))
     assert {v.dtype for v in weights.values() if v.is_floating_point()} == {torch.float16}
     texts = ["Hallo Welt", "Салам дүйнө"]
