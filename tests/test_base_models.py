@@ -110,3 +110,30 @@ def test_configured_prompts_are_written(tmp_path):
     with_prompt = model.encode(["a test"])
     without = model.encode(["a test"], prompt="")
     assert not (with_prompt == without).all()  # the prefix is applied by default
+
+
+def test_a_sentence_transformers_directory_with_pickled_module_weights_is_refused(tmp_path, monkeypatch):
+    """A Dense module stored as pytorch_model.bin alone (an older sentence-transformers save):
+    `modsent encode --model DIR` and a recipe's `model:` directory would torch.load it; both
+    loaders refuse it naming the file, and nothing is unpickled. With safetensors beside it, the
+    pickle is left alone and the directory loads."""
+    import torch
+    from safetensors.torch import load_file
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense
+
+    from modsent.encoders.systems import load_sentence_transformer
+    from modsent.modular.sentence_adapter import _sentence_head
+
+    src = make_tiny_xlmr(tmp_path / "src", sample_texts(200))
+    model = SentenceTransformer(str(src), device="cpu")
+    model.append(Dense(32, 8))
+    model.save(str(tmp_path / "dense"))
+    dense = next((tmp_path / "dense").glob("*_Dense"))
+    torch.save(load_file(str(dense / "model.safetensors")), dense / "pytorch_model.bin")
+    assert len(load_sentence_transformer(tmp_path / "dense", device="cpu").encode(["a b"])[0]) == 8  # beside: fine
+    (dense / "model.safetensors").unlink()
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load called"))
+    for load in (lambda d: load_sentence_transformer(d, device="cpu"), _sentence_head):
+        with pytest.raises(InputError, match=rf"^{dense}/pytorch_model\.bin: pickled weights, which modsent does not"):
+            load(tmp_path / "dense")

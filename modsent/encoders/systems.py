@@ -393,10 +393,12 @@ def load_sentence_transformer(model_dir: str | Path, device: str | None = None):
     from sentence_transformers.sentence_transformer.modules import Transformer
     from sentence_transformers.util import import_from_string
 
+    from modsent.encoders.base_models import check_no_pickled_weights
     from modsent.training.precision import default_device
 
     device = default_device(device)
     model_dir = Path(model_dir)
+    check_no_pickled_weights(model_dir)
     modules_json = model_dir / "modules.json"
     entries = json.loads(modules_json.read_text(encoding="utf-8")) if modules_json.is_file() else []
     custom = [e["type"] for e in entries if not e["type"].startswith("sentence_transformers.")]

@@ -158,11 +158,14 @@ def _sentence_head(base_model_dir: str | Path) -> tuple[nn.Sequential, int]:
     its tokenizer: a 250K-piece tokenizer alone leaves ~240 MB resident after it is freed."""
     from sentence_transformers.util import import_module_class
 
+    from modsent.encoders.base_models import check_no_pickled_weights
+
     base_model_dir = Path(base_model_dir)
     modules_json = base_model_dir / "modules.json"
     if not modules_json.is_file():
         raise InputError(f"{base_model_dir}: no modules.json: the base must be a sentence-transformers "
                          "model directory (it says how to pool)")
+    check_no_pickled_weights(base_model_dir)  # a Dense module's pytorch_model.bin: never unpickled
     entries = sorted(json.loads(modules_json.read_text(encoding="utf-8")), key=lambda e: e.get("idx", 0))
     head = []
     for entry in entries[1:]:

@@ -82,6 +82,20 @@ def parse_source(source: str) -> tuple[str, str]:
     return "hf", repo_id
 
 
+def check_no_pickled_weights(folder: str | Path) -> None:
+    """An InputError naming the first file with pickled weights (:data:`PICKLE_SUFFIXES`) in a
+    folder under ``folder`` (itself included) that has no safetensors beside it: there
+    sentence-transformers' and transformers' loaders would ``torch.load`` it (a Dense module's
+    ``pytorch_model.bin``, an old checkpoint). Where safetensors are beside it they are read
+    instead, and the pickle is left alone."""
+    folder = Path(folder)
+    for path in sorted(folder.rglob("*")):
+        if path.suffix in PICKLE_SUFFIXES and path.is_file() and not any(path.parent.glob("*.safetensors")):
+            raise InputError(f"{path}: pickled weights, which modsent does not load (nothing is unpickled); "
+                             "save the model again with safetensors (save_pretrained / SentenceTransformer.save "
+                             "write them)")
+
+
 def check_model_dir(path: Path) -> None:
     """A usable sentence-transformers directory: safetensors weights, config, tokenizer."""
     if not (path / "config.json").is_file():
