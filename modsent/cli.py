@@ -233,12 +233,13 @@ def check_device(device: str | None) -> str | None:
     return str(parsed)
 
 
-def results_system(root, name: str):
+def results_system(root, name: str, merge_weight: float | None = None):
     """System ``name`` of the results tree ``root`` (results/{base}): modsent's own (the registry,
     with modsent's training methods loaded), or a system of a method outside modsent (the
     config's method_modules) that the workflow trained there: a method's name, never a path of
     another directory, whose directory holds a sentence-transformers model. An InputError
-    ("unknown variant") otherwise."""
+    ("unknown variant") otherwise. Mod_c is merged with ``merge_weight`` (``--merge-weight``), by
+    default with the weight of the tree's one merge (:func:`mod_c_weight`)."""
     from pathlib import Path
 
     from modsent import layout, methods
@@ -246,6 +247,11 @@ def results_system(root, name: str):
     from modsent.io import InputError
 
     methods.load()
+    if merge_weight is not None and name != "Mod_c":
+        raise InputError(f"--merge-weight {merge_weight:g}: only Mod_c takes one (--variant {name}; the merged "
+                         "modular systems name theirs: Mod_mc-0.7)")
+    if name == "Mod_c":
+        return variants.ablation(name, [mod_c_weight(Path(root), merge_weight)])
     try:
         return variants.variant(name)
     except InputError:
@@ -255,7 +261,32 @@ def results_system(root, name: str):
         return variants.MethodSystem(name, "")
 
 
-def load_encoder(model: str, lang: str | None, base: str | None, variant: str, device: str | None = None):
+def mod_c_weight(root, given: float | None) -> float:
+    """The merge weight of Mod_c in the results tree ``root``: ``given`` (in [0, 1]), else the
+    weight of the one merge of the ablation's alignment adapters there (the workflow merges
+    them with the first of ``alignment.merge_weights`` only, the weight it evaluates); an
+    InputError when there is none, or several (a config whose first weight changed) and none
+    was given."""
+    from modsent import layout
+    from modsent.io import InputError
+
+    if given is not None:
+        if not 0 <= given <= 1:
+            raise InputError(f"--merge-weight {given:g}: must be in [0, 1]")
+        return float(given)
+    folder = root / layout.ABLATION_ALIGNMENT
+    merged = sorted(p.name.removeprefix("merged-") for p in folder.glob("merged-*") if p.is_dir())
+    if len(merged) == 1:
+        return float(merged[0])
+    if not merged:
+        raise InputError(f"--variant Mod_c: no merged alignment adapters under {folder} (has the workflow trained "
+                         "the ablation? baselines.ablations selects Mod_c)")
+    raise InputError(f"--variant Mod_c: {folder} holds merges of weights {', '.join(merged)}; give --merge-weight W "
+                     "(the workflow evaluates Mod_c with the first of alignment.merge_weights)")
+
+
+def load_encoder(model: str, lang: str | None, base: str | None, variant: str, device: str | None = None,
+                 merge_weight: float | None = None):
     """An encoder for ``model``: a sentence-transformers directory (an export, one language's:
     another ``lang`` is an InputError; or a method's system, every language's), or a
     results/{base} tree from which :func:`modsent.encoders.systems.build_encoder` assembles
@@ -269,13 +300,16 @@ def load_encoder(model: str, lang: str | None, base: str | None, variant: str, d
 
     root = Path(model)
     if (root / "modules.json").is_file():
+        if merge_weight is not None:
+            raise InputError(f"--merge-weight {merge_weight:g}: {root} is a sentence-transformers directory, whose "
+                             "modules are merged already (the option picks Mod_c's merge in a results tree)")
         # an export holds one language's modules; a method's system (no export_info.json) every language's
         exported = export_info(root)["language"] if (root / EXPORT_INFO).is_file() else None
         if exported is not None and lang is not None and lang != exported:
             raise InputError(f"{root} is the export of {exported!r}: it does not encode {lang!r} "
                              f"(use --lang {exported}, or a results tree for other languages)")
         return variants.SentenceTransformerEncoder(root, device, language=exported)
-    system = results_system(root, variant)
+    system = results_system(root, variant, merge_weight)
     if system.kind == "full":  # a monolithic system (Full_*, a method's): any language
         return variants.build_encoder(variant, root, root, [], device=device, system=system)
     base_dir = Path(base) if base else root.parent.parent / "resources" / "base_models" / root.name
@@ -284,7 +318,8 @@ def load_encoder(model: str, lang: str | None, base: str | None, variant: str, d
     available = sorted(p.name for p in (root / "sentence_adapters").glob("*") if p.is_dir() and "." not in p.name)
     if lang is not None and lang not in available:
         raise InputError(f"no modules for language {lang!r} under {root}; available: {', '.join(available) or 'none'}")
-    return variants.build_encoder(variant, root, base_dir, [lang] if lang else available, device=device)
+    return variants.build_encoder(variant, root, base_dir, [lang] if lang else available, device=device,
+                                  system=system)
 
 
 def cmd_encode(args: argparse.Namespace) -> int:
@@ -296,7 +331,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
     check_encode_arguments(args)
     device = check_device(args.device)
     sentences = _read_sentences(args)
-    encoder = load_encoder(args.model, args.lang, args.base, args.variant, device)
+    encoder = load_encoder(args.model, args.lang, args.base, args.variant, device, args.merge_weight)
     detected = None
     if isinstance(encoder, ModularEncoder) and args.lang is None:
         langs, detected = encoder.route(sentences, args.fallback_lang) if sentences else ([], [])
@@ -339,7 +374,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     root = Path(args.model)
     if (root / "modules.json").is_file():
         raise InputError(f"{root} is a sentence-transformers directory already; export reads a results/{{base}} tree")
-    system = results_system(root, args.variant)
+    system = results_system(root, args.variant, args.merge_weight)
     out = Path(args.out)
     if out.exists() and not args.force:
         raise InputError(f"{out} exists; remove it or give --force")
@@ -348,7 +383,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         return _export_monolithic(args, root, system, out, builtin_data)
     if not args.lang:
         raise InputError(f"--variant {args.variant}: a modular system is exported one language at a time: give --lang")
-    encoder = load_encoder(str(root), args.lang, args.base, args.variant, check_device(args.device))
+    encoder = load_encoder(str(root), args.lang, args.base, args.variant, check_device(args.device),
+                           args.merge_weight)
     assert isinstance(encoder, ModularEncoder)
     modules = variants._modules(system, root, args.lang)
     base_dir = encoder.base_model_dir
@@ -549,6 +585,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant", default="Mod_mc", help="the system to assemble from a results tree: Mod_mc "
                    "(merged alignment, weight 0.5), Mod_mc-0.7, Mod_mc-pp, Mod_mc-pl, Mod_m, Mod_en, base, Full_m, "
                    "a method's system (InteMATs, mST5-xnli, ...)")
+    p.add_argument("--merge-weight", type=float, help="Mod_c only: the merge weight of its alignment adapters "
+                   "(default: the one the results tree holds, the first of alignment.merge_weights, which the "
+                   "workflow evaluated)")
     p.add_argument("--input", help="input file (default: stdin)")
     p.add_argument("--input-format", choices=["txt", "jsonl", "parquet"], default="txt")
     p.add_argument("--output", help="output file (default: stdout)")
@@ -565,6 +604,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lang", help="language code (modular systems: required)")
     p.add_argument("--variant", default="Mod_mc", help="the system: modular (Mod_mc, Mod_mc-0.7, Mod_mc-pl, "
                    "Mod_m, Mod_en, Mod_c, base, ...) or monolithic (Full_m, Full_mc, a configured recipe's name)")
+    p.add_argument("--merge-weight", type=float, help="Mod_c only: the merge weight of its alignment adapters "
+                   "(default: the one the results tree holds, the first of alignment.merge_weights, which the "
+                   "workflow evaluated)")
     p.add_argument("--base", help="base model directory (default: resources/base_models/{base})")
     p.add_argument("--out", required=True, help="the directory to write")
     p.add_argument("--license", help="the licence's Hub id for the card (e.g. apache-2.0); default: none set")

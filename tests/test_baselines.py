@@ -586,6 +586,49 @@ def test_build_encoder_for_every_system(data, tree):
         variants.build_encoder("Mod_c", tree, base, ["de"], merge_weights=[0.7], device="cpu")
 
 
+def test_the_command_line_s_mod_c_is_the_merge_the_tree_holds(data, tree, tmp_path, capsys):
+    """`modsent export` and `encode` assemble Mod_c with the weight the workflow merged (the first of
+    alignment.merge_weights; here 0.7), not with the default 0.5; with two merges in the tree
+    (the config's first weight changed) they ask for --merge-weight, which picks one."""
+    from sentence_transformers import SentenceTransformer
+
+    from modsent import cli
+
+    results, base = tmp_path / "tree", data["base"]
+    shutil.copytree(tree, results)
+    ablation = results / variants.ABLATION_CLA_DIR
+    al.merge_alignment_adapters(ablation / "pp/de", ablation / "pl/de", (0.7, 0.3), ablation / "merged-0.7/de")
+    sentences = ["Hallo Welt", "Guten Morgen"]
+    # what the evaluation builds with each weight (build_language_encoders' merge weights)
+    evaluated = {weight: variants.build_encoder("Mod_c", results, base, ["de"], merge_weights=[weight],
+                                                device="cpu").encode(sentences, lang="de") for weight in (0.5, 0.7)}
+    shutil.move(ablation / "merged-0.5", tmp_path / "merged-0.5")  # the workflow merged 0.7 only
+
+    def exported(*options):
+        out = tmp_path / f"export{len(list(tmp_path.glob('export*')))}"
+        code = cli.main(["export", "--model", str(results), "--variant", "Mod_c", "--lang", "de", "--base", str(base),
+                         "--out", str(out), "--device", "cpu", *options])
+        assert code == 0, capsys.readouterr().err
+        return SentenceTransformer(str(out), device="cpu").encode(sentences)
+
+    assert not np.allclose(evaluated[0.7], evaluated[0.5], atol=1e-4)
+    assert np.allclose(exported(), evaluated[0.7], atol=1e-5)
+    (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    assert cli.main(["encode", "--model", str(results), "--variant", "Mod_c", "--lang", "de", "--base", str(base),
+                     "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "c.npy"), "--quiet"]) == 0
+    assert np.allclose(np.load(tmp_path / "c.npy"), evaluated[0.7], atol=1e-5)
+    shutil.move(tmp_path / "merged-0.5", ablation / "merged-0.5")  # two merges: the user says which
+    assert cli.main(["export", "--model", str(results), "--variant", "Mod_c", "--lang", "de", "--base", str(base),
+                     "--out", str(tmp_path / "never")]) == 2
+    assert "holds merges of weights 0.5, 0.7; give --merge-weight W" in capsys.readouterr().err
+    assert np.allclose(exported("--merge-weight", "0.5"), evaluated[0.5], atol=1e-5)
+    for variant, weight, message in (("Mod_m", "0.5", "only Mod_c takes one"), ("Mod_c", "1.5", "must be in")):
+        assert cli.main(["export", "--model", str(results), "--variant", variant, "--lang", "de", "--merge-weight",
+                         weight, "--out", str(tmp_path / "never")]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
+
+
 # ---- the rules ---------------------------------------------------------------------------------
 
 
