@@ -35,8 +35,8 @@ which follows Pfeiffer et al.):
 
 Keys and values are the adapters' outputs without their own residual, as the adapters library
 implements Pfeiffer et al. (``BertFusion`` over the ``up`` outputs, ``residual_before=False``):
-read literally, the paper's h_st and h_dt would each carry z and the output would count it three
-times. ``W_v`` starts as the identity (Pfeiffer et al.'s ``value_initialized``), so the fusion
+read literally, the paper's h_st and h_dt would each carry z and the output would count it twice
+(with ``W_v`` = I, z + sum_i w_i (z + a_i) = 2z + sum_i w_i a_i). ``W_v`` starts as the identity (Pfeiffer et al.'s ``value_initialized``), so the fusion
 starts as ``z + sum_i w_i a_i = sum_i w_i A_i(z)``, a convex combination of the adapted states;
 ``W_q``, ``W_k`` start N(0, 0.02) (BERT's init, as the adapters library does): small scores,
 weights near 1/n, and a gradient (zero matrices would give q·k = 0 and no gradient to either).
