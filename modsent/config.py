@@ -628,7 +628,39 @@ def method_errors(config: dict) -> list[str]:
         required = registry[name].requires
         if registry[name].check_required is not None and all(other in filled for other in required):
             problems += registry[name].check_required({key: filled[key] for key in (name, *required)})
-    return problems + _english_only_errors(config, registry, filled)
+    return problems + _english_only_errors(config, registry, filled) + _dataset_label_errors(config, filled)
+
+
+def _dataset_label_errors(config: dict, filled: dict) -> list[str]:
+    """Methods whose ``datasets`` setting (given, or its default) names a label that no pair file
+    will hold: a typo, or a dataset the config does not list. Their training jobs would find no
+    pair of it only after the data, translation included, were made. The labels are known from
+    the config (:func:`_labels_of`); with a source that cannot be read as given (source_errors
+    says so) nothing is said here."""
+    from modsent.io import InputError
+    from modsent.sources.prepare import paraphrase_labels
+
+    paraphrases = config.get("paraphrases")
+    if not isinstance(paraphrases, dict) or not paraphrases:
+        return []
+    labels: dict[str, str] = {}
+    for key, spec in paraphrases.items():
+        try:
+            labels.update(dict.fromkeys(paraphrase_labels(key, spec), key))
+        except (InputError, KeyError, TypeError):
+            return []
+    problems = []
+    for name, settings in filled.items():
+        wanted = settings.get("datasets")
+        unknown = [label for label in wanted if label not in labels] if isinstance(wanted, list) else []
+        if unknown:
+            given = "datasets" in ((config.get("methods") or {}).get(name) or {})
+            problems.append(f"methods.{name}.datasets: {', '.join(map(repr, unknown))} "
+                            f"{'is' if len(unknown) == 1 else 'are'} no dataset of the paraphrase files"
+                            f"{'' if given else ' (the default)'}; their dataset labels: "
+                            f"{', '.join(f'{label} (paraphrases.{key})' for label, key in sorted(labels.items()))}; "
+                            "null takes every row")
+    return problems
 
 
 def fill_defaults(instance, node: dict):

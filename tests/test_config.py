@@ -155,6 +155,13 @@ CASES = [
      lambda c: (c["paraphrases"].update(nli={"source": "local:snli-triplets.jsonl", "english_only": True}),
                 c["methods"]["DuEAM-weak"].update(datasets=["nli"])),
      ["methods.DuEAM-weak.datasets: 'nli' (paraphrases.nli) is english_only"]),
+    ("a method's dataset that no paraphrase file holds",  # found before the data and translation are made
+     lambda c: c["methods"]["mST5-xnli"].update(datasets=["mnli", "builtin-countries"]),
+     ["methods.mST5-xnli.datasets: 'mnli' is no dataset of the paraphrase files; their dataset labels: "
+      "builtin-countries (paraphrases.builtin), ", "null takes every row"]),
+    ("a method's default dataset that no paraphrase file holds",
+     lambda c: c["methods"]["DuEAM-weak"].pop("datasets"),
+     ["methods.DuEAM-weak.datasets: 'mnli' is no dataset of the paraphrase files (the default); their dataset"]),
     ("an english_only that is not a boolean", lambda c: c["paraphrases"]["builtin"].update(english_only="yes"),
      ["paraphrases.builtin.english_only", "'yes' is not of type 'boolean'"]),
     ("InteMATs-ST and -DT saved in two dtypes",  # the fusion reads ST's backbone with DT's adapters
