@@ -195,6 +195,10 @@ def check_encode_arguments(args: argparse.Namespace) -> None:
 
     if not Path(args.model).is_dir():
         raise InputError(f"--model {args.model}: no such directory (an export, a method's system or results/BASE)")
+    if args.batch_size < 1:
+        raise InputError(f"--batch-size {args.batch_size}: must be at least 1 (sentences a batch)")
+    check_lang("--lang", args.lang)
+    check_lang("--fallback-lang", args.fallback_lang)
     if args.input is not None and (not Path(args.input).exists() or Path(args.input).is_dir()):
         raise InputError(f"--input {args.input}: no such file")
     if args.input_format == "parquet" and args.input is None:
@@ -285,13 +289,41 @@ def mod_c_weight(root, given: float | None) -> float:
                      "(the workflow evaluates Mod_c with the first of alignment.merge_weights)")
 
 
-def load_encoder(model: str, lang: str | None, base: str | None, variant: str, device: str | None = None,
+def check_results_tree(root) -> None:
+    """An InputError unless ``root`` is a results/{base} tree of the workflow (it holds a stage's
+    outputs: language_adapters/, sentence_adapters/, baselines/, methods/, ...)."""
+    from modsent.io import InputError
+
+    if not root.is_dir():
+        raise InputError(f"--model {root}: no such directory (results/BASE of a run)")
+    if not any((root / name).is_dir() for name in RESULTS_TREE_FOLDERS):
+        raise InputError(f"--model {root}: neither a sentence-transformers directory (no modules.json) nor a results "
+                         f"tree of the workflow (results/BASE: no {', '.join(f'{n}/' for n in RESULTS_TREE_FOLDERS)})")
+
+
+# what a results/{base} tree holds once any stage ran (modsent.layout)
+RESULTS_TREE_FOLDERS = ("language_adapters", "sentence_adapters", "alignment", "baselines", "methods", "ablations",
+                        "eval", "tokenizers")
+
+
+def check_lang(option: str, lang: str | None) -> None:
+    """``--lang`` (or ``--fallback-lang``): None or a registered language code, checked before
+    anything loads (a code spelt otherwise, ``DE``, is named with the code to write)."""
+    from modsent import languages
+    from modsent.io import InputError
+
+    if lang is not None and not languages.is_registered(lang):
+        raise InputError(f"{option} {lang}: {languages.unknown_message(lang)}")
+
+
+def load_encoder(model: str, lang: str | None, base: str | None, variant: str | None, device: str | None = None,
                  merge_weight: float | None = None):
     """An encoder for ``model``: a sentence-transformers directory (an export, one language's:
     another ``lang`` is an InputError; or a method's system, every language's), or a
     results/{base} tree from which :func:`modsent.encoders.systems.build_encoder` assembles
-    system ``variant`` (default Mod_mc) for ``lang`` (or every language with a
-    sentence-encoding adapter); a monolithic system (Full_*, a method's) encodes any language."""
+    system ``variant`` (None: Mod_mc) for ``lang`` (or every language with a
+    sentence-encoding adapter); a monolithic system (Full_*, a method's) encodes any language.
+    ``variant`` with a sentence-transformers directory (one system) is an InputError."""
     from pathlib import Path
 
     from modsent.encoders import systems as variants
@@ -303,12 +335,17 @@ def load_encoder(model: str, lang: str | None, base: str | None, variant: str, d
         if merge_weight is not None:
             raise InputError(f"--merge-weight {merge_weight:g}: {root} is a sentence-transformers directory, whose "
                              "modules are merged already (the option picks Mod_c's merge in a results tree)")
+        if variant is not None:
+            raise InputError(f"--variant {variant}: {root} is one system (an export or a method's directory); "
+                             "--variant picks a system of a results tree (results/BASE)")
         # an export holds one language's modules; a method's system (no export_info.json) every language's
         exported = export_info(root)["language"] if (root / EXPORT_INFO).is_file() else None
         if exported is not None and lang is not None and lang != exported:
             raise InputError(f"{root} is the export of {exported!r}: it does not encode {lang!r} "
                              f"(use --lang {exported}, or a results tree for other languages)")
         return variants.SentenceTransformerEncoder(root, device, language=exported)
+    check_results_tree(root)
+    variant = variant or "Mod_mc"
     system = results_system(root, variant, merge_weight)
     if system.kind == "full":  # a monolithic system (Full_*, a method's): any language
         return variants.build_encoder(variant, root, root, [], device=device, system=system)
@@ -374,6 +411,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     root = Path(args.model)
     if (root / "modules.json").is_file():
         raise InputError(f"{root} is a sentence-transformers directory already; export reads a results/{{base}} tree")
+    check_results_tree(root)
+    check_lang("--lang", args.lang)
     system = results_system(root, args.variant, args.merge_weight)
     out = Path(args.out)
     if out.exists() and not args.force:
@@ -512,6 +551,8 @@ def cmd_push(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from huggingface_hub import HfApi
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
 
     from modsent.cards import CARD
     from modsent.encoders.base_models import PICKLE_SUFFIXES
@@ -525,6 +566,10 @@ def cmd_push(args: argparse.Namespace) -> int:
     pickles = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.suffix in PICKLE_SUFFIXES]
     if pickles:
         raise InputError(f"{folder}: pickled files are not pushed: {', '.join(pickles)}")
+    try:
+        validate_repo_id(args.repo_id)
+    except HFValidationError as err:
+        raise InputError(f"--repo-id {args.repo_id!r}: {err}") from None
     api = HfApi(token=args.token)
     url = api.create_repo(args.repo_id, private=args.private, exist_ok=True, repo_type="model")
     api.upload_folder(repo_id=args.repo_id, folder_path=str(folder), repo_type="model",
@@ -582,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fallback-lang", help="without --lang: the modules for sentences identified as a "
                    "language that has none (counted on stderr, recorded in jsonl/parquet output)")
     p.add_argument("--base", help="base model directory (default: resources/base_models/{base})")
-    p.add_argument("--variant", default="Mod_mc", help="the system to assemble from a results tree: Mod_mc "
+    p.add_argument("--variant", help="the system to assemble from a results tree (default: Mod_mc): Mod_mc "
                    "(merged alignment, weight 0.5), Mod_mc-0.7, Mod_mc-pp, Mod_mc-pl, Mod_m, Mod_en, base, Full_m, "
                    "a method's system (InteMATs, mST5-xnli, ...)")
     p.add_argument("--merge-weight", type=float, help="Mod_c only: the merge weight of its alignment adapters "

@@ -68,9 +68,56 @@ def test_encode_checks_what_it_reads_and_writes_before_reading_a_sentence(tmp_pa
             (["--model", str(model), "--input-format", "parquet"], "--input-format parquet needs --input FILE"),
             (["--model", str(model), "--output-format", "parquet"], "--output-format parquet needs --output FILE"),
             (["--model", str(model), "--output", str(tmp_path / "no" / "x.npy")], f"no directory {tmp_path / 'no'}"),
-            (["--model", str(model), "--output", str(model)], "a directory; name the file to write")):
+            (["--model", str(model), "--output", str(model)], "a directory; name the file to write"),
+            (["--model", str(model), "--batch-size", "0"], "--batch-size 0: must be at least 1"),
+            (["--model", str(model), "--batch-size", "-3"], "--batch-size -3: must be at least 1"),
+            (["--model", str(model), "--lang", "DE"], "--lang DE: 'DE' is not a modsent language code; write 'de'"),
+            (["--model", str(model), "--lang", "../x"], "--lang ../x: '../x' is not a language code"),
+            (["--model", str(model), "--fallback-lang", "xx"], "--fallback-lang xx: 'xx' is not a registered")):
         assert cli.main(["encode", *argv]) == 2
         assert said in capsys.readouterr().err
+
+
+def test_encode_and_export_say_what_their_model_directory_is_not(tmp_path, monkeypatch, capsys):
+    """A directory that is neither a sentence-transformers model nor a results tree is named as
+    such (not as a missing base model); --variant and --merge-weight pick a system of a results
+    tree, so with one system's directory they are errors, not ignored; export checks its tree
+    and --lang before loading anything."""
+    from sentence_transformers import SentenceTransformer
+
+    monkeypatch.setattr(SentenceTransformer, "__init__", lambda *a, **k: pytest.fail("a model was loaded"))
+    other, system = tmp_path / "other", tmp_path / "system"
+    other.mkdir()
+    (other / "notes.txt").write_text("not a model")
+    system.mkdir()
+    (system / "modules.json").write_text("[]")
+    with pytest.raises(InputError, match=r"--model .*other: neither a sentence-transformers directory \(no "
+                                         r"modules.json\) nor a results tree of the workflow"):
+        cli.load_encoder(str(other), "de", None, None, "cpu")
+    with pytest.raises(InputError, match=r"--variant Full_m: .*system is one system \(an export or a method's "
+                                         r"directory\); --variant picks a system of a results tree"):
+        cli.load_encoder(str(system), None, None, "Full_m", "cpu")
+    with pytest.raises(InputError, match=r"--merge-weight 0.5: .*system is a sentence-transformers directory"):
+        cli.load_encoder(str(system), None, None, None, "cpu", merge_weight=0.5)
+    results = tmp_path / "results" / "tiny"
+    (results / "sentence_adapters").mkdir(parents=True)
+    for argv, said in (
+            (["--model", str(tmp_path / "results" / "nosuch")], "nosuch: no such directory (results/BASE of a run)"),
+            (["--model", str(other)], "other: neither a sentence-transformers directory"),
+            (["--model", str(results), "--lang", "DE"], "--lang DE: 'DE' is not a modsent language code; write 'de'")):
+        assert cli.main(["export", "--lang", "de", *argv, "--out", str(tmp_path / "out")]) == 2
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_push_checks_the_repository_id_before_creating_anything(tmp_path, monkeypatch, capsys):
+    from huggingface_hub import HfApi
+
+    monkeypatch.setattr(HfApi, "create_repo", lambda *a, **k: pytest.fail("a repository was created"))
+    (tmp_path / "modules.json").write_text("[]")
+    (tmp_path / "README.md").write_text("---\nlanguage: [de]\n---\n")
+    assert cli.main(["push", str(tmp_path), "--repo-id", "my org/model!"]) == 2
+    assert "--repo-id 'my org/model!': Repo id must use alphanumeric chars" in capsys.readouterr().err
 
 
 def test_encode_writes_its_output_whole_or_not_at_all(tmp_path, monkeypatch):
