@@ -332,9 +332,16 @@ def alignment_targets():
 # ---- baselines and ablations --------------------------------------------------------------
 
 
+def training_languages():
+    """The configured languages sorted: what the monolithic systems' jobs (full baselines,
+    methods, DuEAM's WMD) take, in params and inputs alike, so that the order of `languages`
+    (spelling) replans none of them; the trainers do not depend on it."""
+    return sorted(languages())
+
+
 def full_baseline_languages(wildcards):
-    """The languages whose pairs a full baseline trains on (Full_en: English only)."""
-    return modsent_variants.FULL_BASELINES[wildcards.name].training_languages(languages())
+    """The languages whose pairs a full baseline trains on (Full_en: English only), sorted."""
+    return modsent_variants.FULL_BASELINES[wildcards.name].training_languages(training_languages())
 
 
 def full_baseline_inputs(wildcards):
@@ -549,19 +556,21 @@ def method_inputs(wildcards):
     method = modsent_methods.get(wildcards.method)
     inputs = {"base": layout.base_model(wildcards.base)}
     if "pairs" in method.uses:
-        inputs["pairs"] = [layout.pairs(lang) for lang in method.training_languages(languages())]
+        inputs["pairs"] = [layout.pairs(lang) for lang in method_languages(wildcards)]
         if method.english_only and modsent_config.reads_english_only(config, replicate_methods(wildcards)[wildcards.method]):
             inputs["pairs"] = [layout.ENGLISH_TRAINING_PAIRS]  # the English pairs and the English-only datasets
-    if "translations" in method.uses:
-        inputs["translations"] = [layout.translations(lang) for lang in non_english()]
+    if "translations" in method.uses:  # sorted, as workflow_scripts/train_method.py names them
+        inputs["translations"] = [layout.translations(lang) for lang in training_languages()
+                                  if lang != modsent_config.PIVOT_LANGUAGE]
     if method.extra_inputs is not None:  # made by the method's own rules (rules/methods/)
-        inputs.update(method.extra_inputs(wildcards.base, replicate_methods(wildcards)[wildcards.method], languages()))
+        inputs.update(method.extra_inputs(wildcards.base, replicate_methods(wildcards)[wildcards.method],
+                                          training_languages()))
     return inputs
 
 
 def method_languages(wildcards):
-    """The languages of the method's pair files, in their order."""
-    return modsent_methods.get(wildcards.method).training_languages(languages())
+    """The languages of the method's pair files, in their order (sorted: training_languages)."""
+    return modsent_methods.get(wildcards.method).training_languages(training_languages())
 
 
 def method_settings(wildcards):

@@ -504,6 +504,17 @@ def test_the_same_configuration_spelled_otherwise_plans_nothing(run, tmp_path):
     assert "Nothing to be done" in output, output[-3000:]
 
 
+def test_reordering_the_languages_retrains_and_reencodes_nothing(run, tmp_path):
+    """The monolithic systems (full baselines, every method, DuEAM's WMD) take their languages
+    sorted, and their trainers do not depend on the order: a reordered `languages` plans only
+    the scores, whose tables and heatmaps follow the config's order (CPU, seconds)."""
+    config = workflow_config()
+    config["languages"] = list(reversed(config["languages"]))
+    output = _dry_run(run, config, tmp_path / "reordered.yaml")
+    planned = set(re.findall(r"^(?:local)?rule (\w+):", output, flags=re.M))
+    assert planned and planned <= {"all", "evaluation_scores", "evaluation_summary", "mteb_results"}, planned
+
+
 # A changed value for every key the schema marks `x-role: runtime` (how a job runs)
 RUNTIME_CHANGES = {
     "translation.batch_size": 7, "translation.batch_tokens": 512, "translation.checkpoint_every": 3,

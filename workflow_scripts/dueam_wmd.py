@@ -26,7 +26,7 @@ def paths(key):
 languages = list(snakemake.params.languages)
 pairs = dict(zip(languages, paths("pairs"), strict=True))
 translations = paths("translations")
-if translations:  # every non-English language's, in the config's order
+if translations:  # every non-English language's, in the params' (sorted) order
     translations = dict(zip([lang for lang in languages if lang != PIVOT_LANGUAGE], translations, strict=True))
 run_shard(pairs, translations or None, cfg, snakemake.input.get("base") or None, int(snakemake.wildcards.shard),
           int(snakemake.wildcards.shards), snakemake.output[0], cache_dir=dueam.wmd_cache_dir(snakemake.wildcards.base),

@@ -21,8 +21,8 @@ translations = [translations] if isinstance(translations, str) else list(transla
 inputs = {"base": snakemake.input.base}
 if pairs:  # the method uses them (Method.uses): its training languages'
     inputs["pairs"] = dict(zip(snakemake.params.languages, pairs, strict=True))
-if translations:  # the method uses them (Method.uses): every non-English language's
-    inputs["translations"] = dict(zip([lang for lang in snakemake.config["languages"] if lang != PIVOT_LANGUAGE],
+if translations:  # the method uses them (Method.uses): every non-English language's, sorted (method_inputs)
+    inputs["translations"] = dict(zip(sorted(lang for lang in snakemake.config["languages"] if lang != PIVOT_LANGUAGE),
                                       translations, strict=True))
 for key in snakemake.input.keys():  # what the method's own rules made (Method.extra_inputs)
     if key not in ("base", "pairs", "translations"):

@@ -66,7 +66,8 @@ class Method:
     directory ``out_dir`` (atomically, with a ``metrics.json``) and returns its metrics.
     ``inputs``: ``base`` (the base model directory), ``pairs`` ({language: paraphrase pair
     file}) and ``translations`` ({language: translation file}, non-English languages), as
-    ``uses`` asks. A setting named ``datasets`` means a list of labels of the pair files'
+    ``uses`` asks, their languages sorted (the order of the config's ``languages`` is spelling:
+    reordering it replans no method). A setting named ``datasets`` means a list of labels of the pair files'
     ``dataset`` column (null: every row): the workflow reads it so. An ``english_only`` method's
     English pair file also holds the paraphrase datasets that are not translated
     (``paraphrases.{name}.english_only``), when there are any and its ``datasets`` setting,
@@ -78,7 +79,8 @@ class Method:
 
     A method with stages of its own before training (a cache, a teacher's outputs) writes them
     with rules in ``rules/methods/{module}.smk`` (the Snakefile includes every file there) and
-    names them in ``extra_inputs(base, settings, languages) -> {key: path or [paths]}``: they
+    names them in ``extra_inputs(base, settings, languages) -> {key: path or [paths]}`` (the
+    languages sorted): they
     become inputs of its training job and reach ``train`` as ``inputs[key]``.
 
     ``data_parallel``: ``train`` may run in every process of a torchrun group (one per GPU):

@@ -17,13 +17,13 @@ rule dueam_wmd:
     input:
         unpack(lambda wildcards: modsent_dueam.wmd_inputs(
             modsent_dueam.wmd_settings_of(config["methods"], wildcards.wmd)["settings"], wildcards.base,
-            languages())),
+            training_languages())),
     output:
         modsent_dueam.WMD_SHARD,
     params:
         settings=lambda wildcards: canonical(
             modsent_dueam.wmd_settings_of(config["methods"], wildcards.wmd)["settings"]),
-        languages=languages(),
+        languages=training_languages(),
     wildcard_constraints:
         wmd=modsent_dueam.WMD_DIGEST,
         shard=r"[0-9]+",
