@@ -379,11 +379,18 @@ def source_errors(config: dict) -> list[str]:
     if isinstance(variants_chosen, list):
         from modsent.encoders import systems as variants
 
+        seen: dict[str, str] = {}
         for i, name in enumerate(variants_chosen):
             try:
                 variants.variant(name, (config.get("alignment") or {}).get("merge_weights"))
             except InputError as err:
                 problems.append(f"evaluation.variants[{i}]: {err}")
+                continue
+            canonical = variants.canonical_name(name)
+            if canonical in seen:
+                problems.append(f"evaluation.variants[{i}]: {name!r} and {seen[canonical]!r} name one system "
+                                f"({canonical}); list it once")
+            seen.setdefault(canonical, name)
     problems += local_path_errors(config)
     translation = config.get("translation") or {}
     engine = translation.get("engine", "transformers")

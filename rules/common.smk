@@ -448,8 +448,9 @@ def evaluation_subset_settings(wildcards):
 def evaluated_variants():
     from modsent.encoders import systems as variants
 
-    chosen = config["evaluation"]["variants"]
-    return list(chosen) if chosen is not None else variants.evaluated_variants(config)
+    chosen = config["evaluation"]["variants"]  # Mod_mc and Mod_mc-0.50 are Mod_mc-0.5 (one score directory)
+    return [variants.canonical_name(name) for name in chosen] if chosen is not None \
+        else variants.evaluated_variants(config)
 
 
 def _language_datasets(lang):

@@ -502,6 +502,15 @@ def test_module_paths_and_evaluated_variants():
         assert variants.variant(name, [0.5]).name == name
 
 
+def test_a_merged_system_has_one_spelling():
+    assert [variants.canonical_name(n) for n in ("Mod_mc", "Mod_mc-0.5", "Mod_mc-0.50", "Mod_mc-1", "Mod_mc-0.70")] \
+        == ["Mod_mc-0.5", "Mod_mc-0.5", "Mod_mc-0.5", "Mod_mc-1", "Mod_mc-0.7"]
+    assert [variants.canonical_name(n) for n in ("Mod_mc-pp", "Mod_c", "base", "MEXMA")] == [
+        "Mod_mc-pp", "Mod_c", "base", "MEXMA"]
+    for name in ("Mod_mc", "Mod_mc-0.70"):  # the same modules as the canonical name's
+        assert variants.variant(name).recipe("de") == variants.variant(variants.canonical_name(name)).recipe("de")
+
+
 def test_unknown_variant_names_the_valid_ones():
     for name in ("Full_x", "Mod_m-la", "Mod_mc-1.5", "mod_en", ""):
         with pytest.raises(InputError, match="unknown variant|merge weight") as error:

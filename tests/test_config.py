@@ -1,4 +1,5 @@
 import copy
+import re
 import subprocess
 
 import pytest
@@ -162,6 +163,9 @@ CASES = [
     ("a method's default dataset that no paraphrase file holds",
      lambda c: c["methods"]["DuEAM-weak"].pop("datasets"),
      ["methods.DuEAM-weak.datasets: 'mnli' is no dataset of the paraphrase files (the default); their dataset"]),
+    ("one system named twice in evaluation.variants",  # it would be scored into two directories
+     lambda c: c["evaluation"].update(variants=["base", "Mod_mc", "Mod_mc-0.50"]),
+     ["evaluation.variants[2]: 'Mod_mc-0.50' and 'Mod_mc' name one system (Mod_mc-0.5); list it once"]),
     ("an english_only that is not a boolean", lambda c: c["paraphrases"]["builtin"].update(english_only="yes"),
      ["paraphrases.builtin.english_only", "'yes' is not of type 'boolean'"]),
     ("InteMATs-ST and -DT saved in two dtypes",  # the fusion reads ST's backbone with DT's adapters
@@ -214,6 +218,17 @@ def run_snakemake(*args, cwd=REPO, check=True):
     if check and proc.returncode != 0:
         pytest.fail(f"snakemake {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def test_an_evaluated_merged_system_is_scored_under_its_one_spelling(tmp_path):
+    """evaluation.variants: Mod_mc is Mod_mc-0.5, scored into one directory whatever its spelling."""
+    config = load("config.yaml")
+    config["evaluation"]["variants"] = ["base", "Mod_mc"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    proc = run_snakemake("-n", "--configfile", str(tmp_path / "c.yaml"), "--directory", str(tmp_path / "run"),
+                         "--snakefile", str(REPO / "Snakefile"))
+    scored = set(re.findall(r"eval/scores/([^/\s]+)/", proc.stdout))
+    assert scored == {"base", "Mod_mc-0.5"}, scored
 
 
 @pytest.mark.parametrize("name", SHIPPED)

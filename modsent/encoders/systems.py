@@ -222,6 +222,16 @@ def variant(name: str, merge_weights: Sequence[float] | None = None):
     raise InputError(f"unknown variant {name!r}; variants: {valid_names()}")
 
 
+def canonical_name(name: str) -> str:
+    """The one spelling of a system's name: a merged modular system by its weight's shortest
+    decimal (``Mod_mc`` and ``Mod_mc-0.50`` are ``Mod_mc-0.5``, as :func:`variant_names` names
+    it); any other name as it is."""
+    match = MERGED.fullmatch(name) if isinstance(name, str) else None
+    if not match:
+        return name
+    return f"Mod_mc-{weight_name(float(match.group(1) or DEFAULT_MERGE_WEIGHT))}"
+
+
 def name_pattern(method_names: Sequence[str] = ()) -> str:
     """The regular expression of every system name (the workflow's ``variant`` wildcard
     constraint): the paper's systems, ``Mod_mc-{w}`` for any weight and ``method_names``."""
