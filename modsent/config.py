@@ -348,7 +348,10 @@ def source_errors(config: dict) -> list[str]:
     langs = [code for code in config.get("languages") or [] if registry.is_registered(code)]
     for lang in langs:
         for key, spec in corpus_sources(config, lang):
-            if spec == "builtin" and lang not in SUPPORTED_LANGUAGES:
+            if isinstance(spec, str) and spec.startswith("builtin:"):
+                named = f"{key}: {spec!r}: the built-in corpus has no named sets; write 'builtin'"
+                problems += [named] if named not in problems else []  # once, not once per language
+            elif spec == "builtin" and lang not in SUPPORTED_LANGUAGES:
                 problems.append(f"{key}: the built-in data has no text in {lang!r}; built-in languages: "
                                 f"{', '.join(SUPPORTED_LANGUAGES)}")
             elif isinstance(spec, str) and spec.startswith("hf:"):
@@ -358,6 +361,12 @@ def source_errors(config: dict) -> list[str]:
                     problems.append(f"{key}: {err}")
     for name, dataset in (config.get("paraphrases") or {}).items():
         spec = dataset.get("source") if isinstance(dataset, dict) else None
+        if isinstance(spec, str) and spec.startswith("builtin:"):
+            from modsent.sources.prepare import BUILTIN_PARAPHRASE_SETS
+
+            if spec.partition(":")[2] not in BUILTIN_PARAPHRASE_SETS:
+                problems.append(f"paraphrases.{name}.source: no built-in paraphrase set {spec.partition(':')[2]!r}; "
+                                f"built-in sets: {', '.join(BUILTIN_PARAPHRASE_SETS)} ('builtin': all of them)")
         if isinstance(spec, str) and spec.startswith("hf:"):
             try:
                 get_definition(spec[3:])

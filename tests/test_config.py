@@ -166,6 +166,10 @@ CASES = [
     ("one system named twice in evaluation.variants",  # it would be scored into two directories
      lambda c: c["evaluation"].update(variants=["base", "Mod_mc", "Mod_mc-0.50"]),
      ["evaluation.variants[2]: 'Mod_mc-0.50' and 'Mod_mc' name one system (Mod_mc-0.5); list it once"]),
+    ("a named built-in corpus", lambda c: c["corpora"].update(source="builtin:nosuch"),  # was read as 'builtin'
+     ["corpora.source: 'builtin:nosuch': the built-in corpus has no named sets; write 'builtin'"]),
+    ("an unknown built-in paraphrase set", lambda c: c["paraphrases"]["builtin"].update(source="builtin:nosuch"),
+     ["paraphrases.builtin.source: no built-in paraphrase set 'nosuch'; built-in sets: builtin-countries, "]),
     ("an english_only that is not a boolean", lambda c: c["paraphrases"]["builtin"].update(english_only="yes"),
      ["paraphrases.builtin.english_only", "'yes' is not of type 'boolean'"]),
     ("InteMATs-ST and -DT saved in two dtypes",  # the fusion reads ST's backbone with DT's adapters

@@ -45,6 +45,9 @@ def test_builtin_corpus(tmp_path):
     assert len(set(lines)) == len(lines)
     assert all(3 <= len(line) <= 200 for line in lines)
     assert any("\u0400" <= ch <= "\u04ff" for ch in "".join(lines))  # Kyrgyz is Cyrillic
+    with pytest.raises(InputError, match="'builtin:nosuch': the built-in corpus has no named sets"):
+        prepare_corpus("ky", {**SETTINGS, "source": "builtin:nosuch"}, tmp_path / "never.txt")
+    assert not (tmp_path / "never.txt").exists()
 
 
 def test_local_corpus_with_lang_template(tmp_path):

@@ -94,6 +94,9 @@ def corpus_records(source: Source, lang: str, *, split_documents) -> tuple[Itera
     if source.kind == "builtin":
         from modsent.sources.builtin import builtin_corpus
 
+        if source.name is not None:
+            raise InputError(f"corpora.source: 'builtin:{source.name}': the built-in corpus has no named sets; "
+                             "write 'builtin'")
         return builtin_corpus(lang), split_documents is True
     if source.kind == "local":
         from modsent.sources.local import iter_local_records
