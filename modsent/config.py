@@ -501,12 +501,42 @@ def local_path_errors(config: dict) -> list[str]:
             if error:
                 problems.append(f"translation.provided: {error}")
     model = translation.get("model")
-    if translation.get("engine") in ("transformers", "ctranslate2") and isinstance(model, str) \
-            and model.startswith("local:"):
-        error = missing(model.split(":", 1)[1], directory=True)
-        if error:
-            problems.append(f"translation.model: {error}")
+    if translation.get("engine") in ("transformers", "ctranslate2") and isinstance(model, str):
+        if model.startswith("local:"):
+            error = missing(model.split(":", 1)[1], directory=True)
+            if error:
+                problems.append(f"translation.model: {error}")
+        else:
+            problems += model_reference_errors("translation.model", model.removeprefix("hf:"))
+    for name, settings in (config.get("methods") or {}).items():
+        for key in ("model", "anchor_model"):  # a Hub id or a local directory (modsent.encoders.transformer)
+            value = settings.get(key) if isinstance(settings, dict) else None
+            if isinstance(value, str) and value:
+                problems += model_reference_errors(f"methods.{name}.{key}", value, prefixes=False)
     return problems
+
+
+def model_reference_errors(key: str, value: str, *, prefixes: bool = True) -> list[str]:
+    """A model named by a Hub id or a local directory (relative to the working directory, as the
+    jobs see it): [] for an existing directory or a well-formed Hub id (``org/name``; whether the
+    Hub has it is found when it is fetched), else the problem, naming ``key``. With ``prefixes``
+    False the setting takes no ``local:``/``hf:`` prefix (the methods' ``model``)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if Path(value).expanduser().is_dir():
+        return []
+    if not prefixes and value.startswith(("local:", "hf:")):
+        plain = value.split(":", 1)[1]
+        return [f"{key}: {value!r}: write the Hub id or the directory itself ({plain!r}), without a prefix"]
+    if value.startswith(("/", "./", "../", "~")):
+        return [f"{key}: local directory {value!r} does not exist (relative paths are relative to the run "
+                "directory, as the jobs see them)"]
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        return [f"{key}: {value!r} is neither a local directory nor a Hub id (org/name)"]
+    return []
 
 
 def local_source_files(spec, **fill: str) -> list[str]:

@@ -170,6 +170,15 @@ CASES = [
      ["corpora.source: 'builtin:nosuch': the built-in corpus has no named sets; write 'builtin'"]),
     ("an unknown built-in paraphrase set", lambda c: c["paraphrases"]["builtin"].update(source="builtin:nosuch"),
      ["paraphrases.builtin.source: no built-in paraphrase set 'nosuch'; built-in sets: builtin-countries, "]),
+    ("a method's model that is no directory", lambda c: c["methods"]["mST5-xnli"].update(model="/nonexistent/dir"),
+     ["methods.mST5-xnli.model: local directory '/nonexistent/dir' does not exist"]),
+    ("a method's model that is no Hub id", lambda c: c["methods"]["MEXMA"].update(model="bad id!!"),
+     ["methods.MEXMA.model: 'bad id!!' is neither a local directory nor a Hub id (org/name)"]),
+    ("a method's model with a prefix", lambda c: c["methods"]["DuEAM-weak"].update(anchor_model="local:/x"),
+     ["methods.DuEAM-weak.anchor_model: 'local:/x': write the Hub id or the directory itself ('/x'), without"]),
+    ("a translation model path that does not exist",  # its name says NLLB: the language check passed it
+     lambda c: c["translation"].update(engine="transformers", model="/nonexistent/nllb"),
+     ["translation.model: local directory '/nonexistent/nllb' does not exist"]),
     ("an english_only that is not a boolean", lambda c: c["paraphrases"]["builtin"].update(english_only="yes"),
      ["paraphrases.builtin.english_only", "'yes' is not of type 'boolean'"]),
     ("InteMATs-ST and -DT saved in two dtypes",  # the fusion reads ST's backbone with DT's adapters
