@@ -142,7 +142,7 @@ def test_a_bad_second_source_writes_nothing(tmp_path):
     # the error names the language's job, as with one source
     records = tmp_path / "records.jsonl"
     records.write_text('{"body": "Kein Text hier."}\n', "utf-8")
-    with pytest.raises(InputError, match=r"\(de\): record 1 has no 'text' field"):
+    with pytest.raises(InputError, match=r"\(de\): .*records\.jsonl: line 1: no 'text' field"):
         prepare_corpus("de", {**SETTINGS, "source": [f"local:{good}", {"local": str(records)}]}, out)
     assert not out.exists()
     # one file named twice, in the two spellings: read twice, kept once

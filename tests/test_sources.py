@@ -433,7 +433,7 @@ def test_build_corpus_without_splitting_keeps_records_whole():
 
 
 def test_build_corpus_bad_input():
-    with pytest.raises(InputError, match="record 1 has no 'text' field"):
+    with pytest.raises(InputError, match="record 1: no 'text' field"):
         corpus.build_corpus([{"body": "x"}], None, 1, 10, True, "en", source="s")
     with pytest.raises(InputError, match="'text' must be a string, got int"):
         corpus.build_corpus([{"text": 3}], None, 1, 10, True, "en")
@@ -621,8 +621,9 @@ def test_local_pairs_without_a_mapping_read_every_record_s_fields(tmp_path):
     frame = paraphrase.read_local_pairs(path, "mine")
     assert frame["negative"].tolist()[0] is None or pd.isna(frame["negative"].tolist()[0])
     assert frame["negative"].tolist()[1] == "Errors pass silently."
-    path.write_text(path.read_text() + json.dumps({"anchor": "Now is better."}) + "\n")
-    with pytest.raises(InputError, match=r"pairs\.jsonl: record 3: missing field\(s\) positive"):
+    path.write_text(path.read_text() + "\n" + json.dumps({"anchor": "Now is better."}) + "\n")
+    # the file's line, 4 (a blank line is skipped), not the record's count, 3
+    with pytest.raises(InputError, match=r"pairs\.jsonl: line 4: missing field\(s\) positive"):
         paraphrase.read_local_pairs(path, "mine")
 
 

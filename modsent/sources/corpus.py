@@ -24,6 +24,7 @@ import unicodedata
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 
 from modsent.io import InputError, atomic_open
+from modsent.sources.local import record_location
 
 # --- normalisation -------------------------------------------------------------------------
 
@@ -178,12 +179,11 @@ def _texts(records: Iterable[str | Mapping], source: str) -> Iterator[str | None
             continue
         if not isinstance(record, Mapping) or "text" not in record:
             found = list(record) if isinstance(record, Mapping) else type(record).__name__
-            raise InputError(f"{source}: record {number} has no 'text' field (found: {found})")
+            raise InputError(f"{record_location(record, source, number)}: no 'text' field (found: {found})")
         text = record["text"]
         if text is not None and not isinstance(text, str):
-            raise InputError(
-                f"{source}: record {number}: 'text' must be a string, got {type(text).__name__}"
-            )
+            raise InputError(f"{record_location(record, source, number)}: 'text' must be a string, got "
+                             f"{type(text).__name__}")
         yield text
 
 

@@ -47,12 +47,36 @@ def infer_format(path: str | os.PathLike) -> str:
     )
 
 
+class Record(dict):
+    """A record of a local file, which knows where it is (``path`` and ``position``: ``"line
+    3"``, or ``"row 3"`` of a parquet file), so that a later check of its fields names the
+    file's line rather than the record's count (blank lines are skipped, so the two differ)."""
+
+    __slots__ = ("path", "position")
+
+    def __init__(self, fields, *, path: str, position: str):
+        super().__init__(fields)
+        self.path, self.position = path, position
+
+    def like(self, fields) -> "Record":
+        """Other fields at the same place (a projection of this record)."""
+        return Record(fields, path=self.path, position=self.position)
+
+
+def record_location(record, source: str, number: int) -> str:
+    """Where ``record`` is, for an error: ``source`` and the file's line (a :class:`Record`),
+    else ``source`` and the record's number among the records."""
+    if not isinstance(record, Record):
+        return f"{source}: record {number}"
+    return f"{source}: {record.position}" if source == record.path else f"{source}: {record.path}: {record.position}"
+
+
 def iter_local_records(
     path: str | os.PathLike,
     format: str | None = None,  # noqa: A002 - the name the config uses
     columns: Mapping[str, str] | None = None,
 ) -> Iterator[dict]:
-    """Yield the records of a local file as dicts.
+    """Yield the records of a local file as dicts (:class:`Record`: each knows its line).
 
     ``format`` is one of :data:`FORMATS`, inferred from the suffix when ``None``:
 
@@ -81,9 +105,9 @@ def iter_local_records(
         "parquet": _iter_parquet,
     }
     count = 0
-    for record in readers[fmt](path, fmt, dict(columns) if columns is not None else None):
+    for where, record in readers[fmt](path, fmt, dict(columns) if columns is not None else None):
         count += 1
-        yield record
+        yield Record(record, path=str(path), position=where)
     if count == 0:
         raise InputError(f"{path}: the file holds no records (format {fmt})")
 
@@ -113,9 +137,9 @@ def _iter_txt(path: Path, fmt: str, columns: dict[str, str] | None) -> Iterator[
         missing = [source for source in columns.values() if source != "text"]
         if missing:
             raise _missing_column(path, missing, ["text"], " (a txt file has one column, 'text')")
-    for _, line in iter_utf8_lines(path):
+    for number, line in iter_utf8_lines(path):
         if line.strip():
-            yield _select(path, {"text": line}, columns)
+            yield f"line {number}", _select(path, {"text": line}, columns)
 
 
 def _iter_tsv(path: Path, fmt: str, columns: dict[str, str] | None) -> Iterator[dict]:
@@ -140,7 +164,7 @@ def _iter_tsv(path: Path, fmt: str, columns: dict[str, str] | None) -> Iterator[
                 f"{path}: line {number}: {len(fields)} tab-separated fields, but the header has "
                 f"{len(header)} ({', '.join(header)})"
             )
-        yield _select(path, dict(zip(header, fields)), columns)
+        yield f"line {number}", _select(path, dict(zip(header, fields)), columns)
 
 
 def _iter_gzip_utf8_lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -176,7 +200,7 @@ def _iter_jsonl(path: Path, fmt: str, columns: dict[str, str] | None) -> Iterato
             raise InputError(
                 f"{path}: line {number}: expected a JSON object per line, got {type(record).__name__}"
             )
-        yield _select(path, record, columns, f": line {number}")
+        yield f"line {number}", _select(path, record, columns, f": line {number}")
 
 
 def _iter_parquet(path: Path, fmt: str, columns: dict[str, str] | None) -> Iterator[dict]:
@@ -194,6 +218,8 @@ def _iter_parquet(path: Path, fmt: str, columns: dict[str, str] | None) -> Itera
         wanted = list(dict.fromkeys(columns.values()))
     else:
         wanted = found
+    number = 0
     for batch in parquet.iter_batches(columns=wanted):
         for row in batch.to_pylist():
-            yield _select(path, row, columns)
+            number += 1
+            yield f"row {number}", _select(path, row, columns)

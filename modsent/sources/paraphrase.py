@@ -26,6 +26,7 @@ import pandas as pd
 
 from modsent.io import InputError, atomic_path
 from modsent.sources.corpus import normalise_text
+from modsent.sources.local import record_location
 
 PAIR_COLUMNS = ("pair_id", "dataset", "anchor", "positive", "negative")
 
@@ -49,15 +50,13 @@ def pairs_frame(records: Iterable[Mapping], dataset: str, *, source: str | None 
     for number, record in enumerate(records, start=1):
         missing = [c for c in ("anchor", "positive") if c not in record]
         if missing:
-            raise InputError(
-                f"{source}: record {number}: missing field(s) {', '.join(missing)}; found {', '.join(record)}"
-            )
+            raise InputError(f"{record_location(record, source, number)}: missing field(s) {', '.join(missing)}; "
+                             f"found {', '.join(record)}")
         anchor, positive, negative = record["anchor"], record["positive"], record.get("negative")
         for name, value in (("anchor", anchor), ("positive", positive), ("negative", negative)):
             if value is not None and not isinstance(value, str):
-                raise InputError(
-                    f"{source}: record {number}: {name} must be a string, got {type(value).__name__}"
-                )
+                raise InputError(f"{record_location(record, source, number)}: {name} must be a string, got "
+                                 f"{type(value).__name__}")
         anchor = normalise_text(anchor or "")
         positive = normalise_text(positive or "")
         negative = normalise_text(negative) if negative is not None else None
@@ -115,7 +114,7 @@ def read_local_pairs(
             raise InputError(f"{path}: missing column(s) {missing}; found {found} "
                              "(map yours with columns: {anchor: ..., positive: ..., negative: ...})")
         fields = ("anchor", "positive", "negative")
-        return pairs_frame(({c: r[c] for c in fields if c in r} for r in records), dataset, source=str(path))
+        return pairs_frame((r.like({c: r[c] for c in fields if c in r}) for r in records), dataset, source=str(path))
     return pairs_frame(iter_local_records(path, format=format, columns=columns), dataset, source=str(path))
 
 
