@@ -485,7 +485,8 @@ def local_path_errors(config: dict) -> list[str]:
                             "each language its own source under corpora.per_language")
     for name, dataset in (config.get("paraphrases") or {}).items():
         path = local_path(dataset.get("source"), f"paraphrases.{name}.source") if isinstance(dataset, dict) else None
-        error = path and missing(path)
+        error = path and (missing(path) or Path(path).expanduser().is_dir()
+                          and f"{path!r} is a directory; expected a file of pairs (tsv, jsonl, parquet)")
         if error:
             problems.append(f"paraphrases.{name}.source: {error}")
     translation = config.get("translation") or {}

@@ -578,9 +578,11 @@ def test_local_inputs_that_do_not_exist_are_errors_naming_the_key(tmp_path):
     config["corpora"]["per_language"] = {"de": {"source": f"local:{tmp_path}/{{lang}}.txt"},
                                          "zh": {"source": f"local:{tmp_path}/{{lang}}.txt"}}
     config["paraphrases"]["mine"] = {"source": {"local": str(tmp_path / "pairs.parquet")}}
+    config["paraphrases"]["folder"] = {"source": f"local:{tmp_path}"}  # a directory, not a file of pairs
     with pytest.raises(ConfigError) as err:
         check_config(config)
     message = str(err.value)
+    assert f"paraphrases.folder.source: '{tmp_path}' is a directory; expected a file of pairs" in message
     assert f"base_model.source: local directory '{tmp_path}/no-model' does not exist" in message
     assert f"corpora.per_language.zh.source: local file '{tmp_path}/zh.txt' (for zh) does not exist" in message
     assert "corpora.per_language.de" not in message  # de.txt exists

@@ -621,6 +621,8 @@ def test_local_pairs_without_a_mapping_read_every_record_s_fields(tmp_path):
     frame = paraphrase.read_local_pairs(path, "mine")
     assert frame["negative"].tolist()[0] is None or pd.isna(frame["negative"].tolist()[0])
     assert frame["negative"].tolist()[1] == "Errors pass silently."
+    with pytest.raises(InputError, match=rf"^{tmp_path}: a directory; expected a file \(txt, tsv, jsonl"):
+        paraphrase.read_local_pairs(tmp_path, "mine")
     path.write_text(path.read_text() + "\n" + json.dumps({"anchor": "Now is better."}) + "\n")
     # the file's line, 4 (a blank line is skipped), not the record's count, 3
     with pytest.raises(InputError, match=r"pairs\.jsonl: line 4: missing field\(s\) positive"):

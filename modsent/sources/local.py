@@ -92,6 +92,8 @@ def iter_local_records(
     found; so does invalid UTF-8 (with the line) and a file with no records.
     """
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: a directory; expected a file ({', '.join(FORMATS)})")
     fmt = format if format is not None else infer_format(path)
     if fmt not in FORMATS:
         raise InputError(f"{path}: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
