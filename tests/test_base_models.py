@@ -132,6 +132,9 @@ def test_a_sentence_transformers_directory_with_pickled_module_weights_is_refuse
     dense = next((tmp_path / "dense").glob("*_Dense"))
     torch.save(load_file(str(dense / "model.safetensors")), dense / "pytorch_model.bin")
     assert len(load_sentence_transformer(tmp_path / "dense", device="cpu").encode(["a b"])[0]) == 8  # beside: fine
+    (tmp_path / "dense" / "openvino").mkdir()  # a Hub snapshot's other formats are never loaded: no error
+    (tmp_path / "dense" / "openvino" / "openvino_model.bin").write_bytes(b"not a pickle")
+    assert len(load_sentence_transformer(tmp_path / "dense", device="cpu").encode(["a b"])[0]) == 8
     (dense / "model.safetensors").unlink()
     monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load called"))
     for load in (lambda d: load_sentence_transformer(d, device="cpu"), _sentence_head):

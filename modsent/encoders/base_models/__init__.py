@@ -83,17 +83,31 @@ def parse_source(source: str) -> tuple[str, str]:
 
 
 def check_no_pickled_weights(folder: str | Path) -> None:
-    """An InputError naming the first file with pickled weights (:data:`PICKLE_SUFFIXES`) in a
-    folder under ``folder`` (itself included) that has no safetensors beside it: there
-    sentence-transformers' and transformers' loaders would ``torch.load`` it (a Dense module's
-    ``pytorch_model.bin``, an old checkpoint). Where safetensors are beside it they are read
-    instead, and the pickle is left alone."""
+    """An InputError naming the first pickled weights file that sentence-transformers' or
+    transformers' loaders would ``torch.load`` from the model directory ``folder``: a
+    ``pytorch_model*.bin`` (or ``.pt``, ``.pth``, ``.ckpt``, ``.pkl``, ``.pickle`` file) in the
+    directory itself or a module folder of its ``modules.json`` (a Dense module's), with no
+    safetensors beside it. Where safetensors are beside it they are read instead and the pickle
+    is left alone; other folders (a Hub snapshot's ``openvino/``, ``onnx/``) are never loaded."""
     folder = Path(folder)
-    for path in sorted(folder.rglob("*")):
-        if path.suffix in PICKLE_SUFFIXES and path.is_file() and not any(path.parent.glob("*.safetensors")):
-            raise InputError(f"{path}: pickled weights, which modsent does not load (nothing is unpickled); "
-                             "save the model again with safetensors (save_pretrained / SentenceTransformer.save "
-                             "write them)")
+    folders = [folder]
+    modules_json = folder / "modules.json"
+    if modules_json.is_file():
+        try:
+            entries = json.loads(modules_json.read_text(encoding="utf-8"))
+        except (ValueError, OSError):
+            entries = []  # the loader names a broken modules.json
+        folders += [folder / str(entry.get("path", "")) for entry in entries if isinstance(entry, dict)]
+    for module in dict.fromkeys(folders):
+        if not module.is_dir() or any(module.glob("*.safetensors")):
+            continue
+        for path in sorted(module.iterdir()):
+            loaded = path.name.startswith("pytorch_model") and path.suffix == ".bin" or \
+                path.suffix in PICKLE_SUFFIXES and path.suffix != ".bin"
+            if loaded and path.is_file():
+                raise InputError(f"{path}: pickled weights, which modsent does not load (nothing is unpickled); "
+                                 "save the model again with safetensors (save_pretrained / SentenceTransformer.save "
+                                 "write them)")
 
 
 def check_model_dir(path: Path) -> None:
