@@ -362,11 +362,12 @@ def source_errors(config: dict) -> list[str]:
     for name, dataset in (config.get("paraphrases") or {}).items():
         spec = dataset.get("source") if isinstance(dataset, dict) else None
         if isinstance(spec, str) and spec.startswith("builtin:"):
-            from modsent.sources.prepare import BUILTIN_PARAPHRASE_SETS
+            from modsent.sources.prepare import present_builtin_paraphrase_sets
 
-            if spec.partition(":")[2] not in BUILTIN_PARAPHRASE_SETS:
-                problems.append(f"paraphrases.{name}.source: no built-in paraphrase set {spec.partition(':')[2]!r}; "
-                                f"built-in sets: {', '.join(BUILTIN_PARAPHRASE_SETS)} ('builtin': all of them)")
+            present = sorted(present_builtin_paraphrase_sets())
+            if spec.partition(":")[2] not in present:
+                problems.append(f"paraphrases.{name}.source: no built-in paraphrase set {spec.partition(':')[2]!r} "
+                                f"holds pairs here; built-in sets: {', '.join(present)} ('builtin': all of them)")
         if isinstance(spec, str) and spec.startswith("hf:"):
             try:
                 get_definition(spec[3:])
@@ -486,7 +487,7 @@ def local_path_errors(config: dict) -> list[str]:
     for name, dataset in (config.get("paraphrases") or {}).items():
         path = local_path(dataset.get("source"), f"paraphrases.{name}.source") if isinstance(dataset, dict) else None
         error = path and (missing(path) or Path(path).expanduser().is_dir()
-                          and f"{path!r} is a directory; expected a file of pairs (tsv, jsonl, parquet)")
+                          and f"{path!r} is a directory; expected a file of pairs (tsv, jsonl, jsonl.gz, parquet)")
         if error:
             problems.append(f"paraphrases.{name}.source: {error}")
     translation = config.get("translation") or {}
@@ -510,9 +511,10 @@ def local_path_errors(config: dict) -> list[str]:
         else:
             problems += model_reference_errors("translation.model", model.removeprefix("hf:"))
     for name, settings in (config.get("methods") or {}).items():
-        for key in ("model", "anchor_model"):  # a Hub id or a local directory (modsent.encoders.transformer)
-            value = settings.get(key) if isinstance(settings, dict) else None
-            if isinstance(value, str) and value:
+        # a method's model/*_model settings name a Hub id or a local directory (modsent.methods.Method;
+        # modsent.fetch prefetches the same keys)
+        for key, value in (settings.items() if isinstance(settings, dict) else []):
+            if (key == "model" or key.endswith("_model")) and isinstance(value, str) and value:
                 problems += model_reference_errors(f"methods.{name}.{key}", value, prefixes=False)
     return problems
 
@@ -525,18 +527,21 @@ def model_reference_errors(key: str, value: str, *, prefixes: bool = True) -> li
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
-    if Path(value).expanduser().is_dir():
+    if value.startswith("~"):
+        return [f"{key}: {value!r}: the jobs do not expand '~'; write the whole path"]
+    if Path(value).is_dir():
         return []
     if not prefixes and value.startswith(("local:", "hf:")):
         plain = value.split(":", 1)[1]
         return [f"{key}: {value!r}: write the Hub id or the directory itself ({plain!r}), without a prefix"]
-    if value.startswith(("/", "./", "../", "~")):
+    if value.startswith(("/", "./", "../")):
         return [f"{key}: local directory {value!r} does not exist (relative paths are relative to the run "
                 "directory, as the jobs see them)"]
     try:
         validate_repo_id(value)
     except HFValidationError:
-        return [f"{key}: {value!r} is neither a local directory nor a Hub id (org/name)"]
+        return [f"{key}: {value!r} is neither an existing local directory (a relative path is relative to the run "
+                "directory) nor a Hub id (org/name)"]
     return []
 
 
@@ -697,6 +702,14 @@ def _dataset_label_errors(config: dict, filled: dict) -> list[str]:
         except (InputError, KeyError, TypeError):
             return []
     problems = []
+    builtin = [label for label, key in labels.items() if str(paraphrases[key].get("source")).startswith("builtin")]
+    wanted_builtin = {label for settings in filled.values() if isinstance(settings.get("datasets"), list)
+                      for label in settings["datasets"] if label in builtin}
+    if wanted_builtin:  # a built-in set that holds no pair here (its catalogs are not installed) is no label
+        from modsent.sources.prepare import present_builtin_paraphrase_sets
+
+        present = present_builtin_paraphrase_sets()
+        labels = {label: key for label, key in labels.items() if label not in builtin or label in present}
     for name, settings in filled.items():
         wanted = settings.get("datasets")
         unknown = [label for label in wanted if label not in labels] if isinstance(wanted, list) else []

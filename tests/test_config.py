@@ -169,11 +169,15 @@ CASES = [
     ("a named built-in corpus", lambda c: c["corpora"].update(source="builtin:nosuch"),  # was read as 'builtin'
      ["corpora.source: 'builtin:nosuch': the built-in corpus has no named sets; write 'builtin'"]),
     ("an unknown built-in paraphrase set", lambda c: c["paraphrases"]["builtin"].update(source="builtin:nosuch"),
-     ["paraphrases.builtin.source: no built-in paraphrase set 'nosuch'; built-in sets: builtin-countries, "]),
+     ["paraphrases.builtin.source: no built-in paraphrase set 'nosuch' holds pairs here; built-in sets: "
+      "builtin-countries, "]),
     ("a method's model that is no directory", lambda c: c["methods"]["mST5-xnli"].update(model="/nonexistent/dir"),
      ["methods.mST5-xnli.model: local directory '/nonexistent/dir' does not exist"]),
     ("a method's model that is no Hub id", lambda c: c["methods"]["MEXMA"].update(model="bad id!!"),
-     ["methods.MEXMA.model: 'bad id!!' is neither a local directory nor a Hub id (org/name)"]),
+     ["methods.MEXMA.model: 'bad id!!' is neither an existing local directory (a relative path is relative to "
+      "the run directory) nor a Hub id (org/name)"]),
+    ("a method's model under '~'", lambda c: c["methods"]["MEXMA"].update(model="~/models/xlmr"),
+     ["methods.MEXMA.model: '~/models/xlmr': the jobs do not expand '~'; write the whole path"]),
     ("a method's model with a prefix", lambda c: c["methods"]["DuEAM-weak"].update(anchor_model="local:/x"),
      ["methods.DuEAM-weak.anchor_model: 'local:/x': write the Hub id or the directory itself ('/x'), without"]),
     ("a translation model path that does not exist",  # its name says NLLB: the language check passed it

@@ -68,7 +68,9 @@ class Method:
     file}) and ``translations`` ({language: translation file}, non-English languages), as
     ``uses`` asks, their languages sorted (the order of the config's ``languages`` is spelling:
     reordering it replans no method). A setting named ``datasets`` means a list of labels of the pair files'
-    ``dataset`` column (null: every row): the workflow reads it so. An ``english_only`` method's
+    ``dataset`` column (null: every row): the workflow reads it so; one named ``model`` or
+    ``*_model`` a Hub id or a local directory (``check-config`` checks it is one, and
+    ``modsent fetch`` prefetches it, with its ``revision``/``*_revision``). An ``english_only`` method's
     English pair file also holds the paraphrase datasets that are not translated
     (``paraphrases.{name}.english_only``), when there are any and its ``datasets`` setting,
     where it has one, is null or names one of them: ``results/paraphrase/en.all.parquet``

@@ -159,6 +159,15 @@ BUILTIN_PARAPHRASE_SETS = ("builtin-countries", "builtin-languages", "builtin-cu
                            "builtin-pivot")
 
 
+def present_builtin_paraphrase_sets() -> frozenset[str]:
+    """The built-in paraphrase sets that hold pairs with the packages installed here (a set whose
+    names no installed catalog translates into every demo language has none): builds the
+    built-in pairs (about 2 s), so only the checks that name a set call it."""
+    from modsent.sources.builtin import builtin_paraphrases
+
+    return frozenset(builtin_paraphrases()["dataset"].unique())
+
+
 def paraphrase_labels(name: str, spec: Mapping) -> set[str]:
     """The values of the ``dataset`` column that paraphrases.``name``'s file will hold, known
     without reading it: a catalog entry's ``dataset``, a built-in subset's name (the whole
