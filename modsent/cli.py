@@ -271,6 +271,8 @@ def mod_c_weight(root, given: float | None) -> float:
     them with the first of ``alignment.merge_weights`` only, the weight it evaluates); an
     InputError when there is none, or several (a config whose first weight changed) and none
     was given."""
+    import re
+
     from modsent import layout
     from modsent.io import InputError
 
@@ -279,7 +281,9 @@ def mod_c_weight(root, given: float | None) -> float:
             raise InputError(f"--merge-weight {given:g}: must be in [0, 1]")
         return float(given)
     folder = root / layout.ABLATION_ALIGNMENT
-    merged = sorted(p.name.removeprefix("merged-") for p in folder.glob("merged-*") if p.is_dir())
+    merged = sorted(name for name in (p.name.removeprefix("merged-") for p in folder.glob("merged-*")
+                                      if p.is_dir() and any(c.is_dir() and "." not in c.name for c in p.iterdir()))
+                    if re.fullmatch(r"[01](?:\.[0-9]+)?", name))  # a merge that holds a language's adapter
     if len(merged) == 1:
         return float(merged[0])
     if not merged:

@@ -612,6 +612,8 @@ def test_the_command_line_s_mod_c_is_the_merge_the_tree_holds(data, tree, tmp_pa
     evaluated = {weight: variants.build_encoder("Mod_c", results, base, ["de"], merge_weights=[weight],
                                                 device="cpu").encode(sentences, lang="de") for weight in (0.5, 0.7)}
     shutil.move(ablation / "merged-0.5", tmp_path / "merged-0.5")  # the workflow merged 0.7 only
+    (ablation / "merged-0.3").mkdir()  # a merge that failed before writing a language: no merge
+    (ablation / "merged-foo" / "de").mkdir(parents=True)  # not a weight: no merge
 
     def exported(*options):
         out = tmp_path / f"export{len(list(tmp_path.glob('export*')))}"
