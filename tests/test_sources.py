@@ -624,6 +624,11 @@ def test_local_pairs_without_a_mapping_read_every_record_s_fields(tmp_path):
     with pytest.raises(InputError, match=rf"^{tmp_path}: a directory; expected a file \(txt, tsv, jsonl"):
         paraphrase.read_local_pairs(tmp_path, "mine")
     path.write_text(path.read_text() + "\n" + json.dumps({"anchor": "Now is better."}) + "\n")
+    from modsent.sources.local import Record, record_location
+
+    record = Record({}, path="p.jsonl", position="line 3")  # the same file, however the caller spells it
+    assert [record_location(record, "./p.jsonl", 2), record_location(record, "corpus (de)", 2),
+            record_location({}, "s", 2)] == ["./p.jsonl: line 3", "corpus (de): p.jsonl: line 3", "s: record 2"]
     # the file's line, 4 (a blank line is skipped), not the record's count, 3
     with pytest.raises(InputError, match=r"pairs\.jsonl: line 4: missing field\(s\) positive"):
         paraphrase.read_local_pairs(path, "mine")

@@ -68,7 +68,8 @@ def record_location(record, source: str, number: int) -> str:
     else ``source`` and the record's number among the records."""
     if not isinstance(record, Record):
         return f"{source}: record {number}"
-    return f"{source}: {record.position}" if source == record.path else f"{source}: {record.path}: {record.position}"
+    same = source == record.path or Path(source) == Path(record.path)  # ./p.jsonl is p.jsonl
+    return f"{source}: {record.position}" if same else f"{source}: {record.path}: {record.position}"
 
 
 def iter_local_records(
