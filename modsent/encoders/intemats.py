@@ -21,7 +21,8 @@ between a sublayer's projection and its LayerNorm), so the directory needs this 
 modsent installed. modsent loads it without trusting remote code
 (:func:`modsent.encoders.systems.load_sentence_transformer`); plain sentence-transformers (6+)
 refuses any module class outside its namespace unless ``trust_remote_code=True``, which then
-imports this class from the installed package (no code is read from the directory).
+imports this class from the installed package but also lets transformers run code that the
+directory's ``config.json`` names (``auto_map``): the export's card shows modsent's loader.
 """
 
 from __future__ import annotations
