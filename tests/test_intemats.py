@@ -6,6 +6,7 @@ sentence-transformers, `modsent encode`), resumption bit for bit, the config rul
 
 import json
 import math
+import re
 import shutil
 
 import numpy as np
@@ -443,12 +444,13 @@ def test_storage_dtype_float16_rounds_the_backbone_and_the_fusion_keeps_the_adap
     from modsent import cards
 
     card = cards.system_card(system=intemats.FUSED, system_dir=tmp_path / intemats.FUSED, base_model=None)
-    line = next(text for text in card.splitlines() if text.startswith("model = SentenceTransformer("))
-    scope = {}
-    exec("import torch\nfrom sentence_transformers import SentenceTransformer\n"
-         + line.replace("PATH_OR_HUB_ID", str(tmp_path / intemats.FUSED)), scope)
+    code = re.search(r"## Usage\n\n```python\n(.*?)```", card, re.S).group(1)
+    assert "trust_remote_code" not in code and 'load_sentence_transformer("PATH")' in code
+    scope = {"TEXTS": TEXTS}
+    exec(code.replace('"PATH"', repr(str(tmp_path / intemats.FUSED)))
+         .replace("model.encode([...])", "model.encode(TEXTS, normalize_embeddings=True)"), scope)
     assert {p.dtype for p in scope["model"].parameters()} == {torch.float32}
-    assert np.array_equal(scope["model"].encode(TEXTS, normalize_embeddings=True), b)
+    assert np.array_equal(scope["embeddings"], b)
 
 
 def test_compile_routes_the_encoder_through_dynamo_and_trains_what_eager_trains(data, trained, tmp_path,
