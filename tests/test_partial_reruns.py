@@ -190,9 +190,9 @@ def test_an_english_only_dataset_added_later_translates_and_retrains_nothing(wor
     a finished tree plans that dataset's file, the English-only methods' pairs
     (results/paraphrase/en.all.parquet) and the inputs' summary, no translation, pair file or
     adapter; running them leaves every earlier file as it was. The English-only method whose
-    datasets names it (mST5-en-all's [mnli, snli]; null, in tests/test_workflow.py) trains on
-    en.all.parquet; one whose datasets names none of it (mST5-en's [mnli]) and the cross-lingual
-    ones (mST5-xnli) on what they read before."""
+    datasets names it (mST5-en-all's [builtin-countries, snli]; null, in tests/test_workflow.py)
+    trains on en.all.parquet; one whose datasets names none of it (mST5-en's [builtin-countries])
+    and the cross-lingual ones (mST5-xnli) on what they read before."""
     import json
 
     from modsent.sources import hub
@@ -224,8 +224,9 @@ def test_an_english_only_dataset_added_later_translates_and_retrains_nothing(wor
     units = set(pd.read_parquet(workdir / "results/translation/units.parquet")["text"])
     assert not units & set(snli[["anchor", "positive", "negative"]].stack())
 
-    config["methods"] = {"mST5-en": {"datasets": ["mnli"]}, "mST5-en-all": {"datasets": ["mnli", "snli"]},
-                         "mST5-xnli": {}}
+    # labels the config's files hold (check-config refuses others): the built-in countries, SNLI's key
+    config["methods"] = {"mST5-en": {"datasets": ["builtin-countries"]},
+                         "mST5-en-all": {"datasets": ["builtin-countries", "snli"]}, "mST5-xnli": {"datasets": None}}
     path.write_text(yaml.safe_dump(config))
     methods = [f"results/{BASE}/methods/{name}" for name in config["methods"]]
     out = snakemake(workdir, path, "-n", *methods)
