@@ -348,6 +348,16 @@ def _count_translated(monkeypatch) -> list[int]:
     return calls
 
 
+def crashing_at(batch: int, seen: list):
+    """An ``on_batch`` that records each finished batch's unit ids in ``seen`` and raises Crash
+    after batch number ``batch``."""
+    def on_batch(ids):
+        seen.append(ids)
+        if len(seen) == batch:
+            raise Crash
+    return on_batch
+
+
 def test_resume_after_an_exception_keeps_every_finished_batch(root, nllb, units, reference, monkeypatch):
     path, frame = units
     out = root / "crash.parquet"
@@ -382,14 +392,8 @@ def test_resume_with_a_token_budget(root, nllb, units, reference, monkeypatch):
     common = dict(engine="transformers", model=nllb, tgt_lang="de", batch_size=16, batch_tokens=64,
                   checkpoint_every=1, **OPTIONS)
     first: list[list[str]] = []
-
-    def crash_at_batch_2(ids):
-        first.append(ids)
-        if len(first) == 2:
-            raise Crash
-
     with pytest.raises(Crash):
-        T.translate_shard(path, out, on_batch=crash_at_batch_2, **common)
+        T.translate_shard(path, out, on_batch=crashing_at(2, first), **common)
     calls = _count_translated(monkeypatch)
     T.translate_shard(path, out, **common)
     translator = T.load_translator("transformers", nllb, src_lang="en", tgt_lang="de", **OPTIONS)
@@ -479,15 +483,8 @@ def test_a_partial_made_by_another_model_under_the_same_path_is_discarded(root, 
     model, out = root / "swapped-model", root / "swapped.parquet"
     shutil.copytree(nllb, model)
     common = dict(engine="transformers", model=model, tgt_lang="de", batch_size=4, checkpoint_every=1, **OPTIONS)
-    seen: list[str] = []
-
-    def crash_at_batch_3(ids):
-        seen.extend(ids)
-        if len(seen) == 12:
-            raise Crash
-
     with pytest.raises(Crash):
-        T.translate_shard(path, out, on_batch=crash_at_batch_3, **common)
+        T.translate_shard(path, out, on_batch=crashing_at(3, []), **common)
     assert json.loads((T.partial_dir(out) / "settings.json").read_text())["model_files"]["model.safetensors"]
     weights = load_file(str(model / "model.safetensors"))
     save_file({k: v.flip(0) if v.ndim else v for k, v in weights.items()}, str(model / "model.safetensors"),
