@@ -274,6 +274,7 @@ def mod_c_weight(root, given: float | None) -> float:
     import re
 
     from modsent import layout
+    from modsent.encoders.systems import WEIGHT
     from modsent.io import InputError
 
     if given is not None:
@@ -283,7 +284,7 @@ def mod_c_weight(root, given: float | None) -> float:
     folder = root / layout.ABLATION_ALIGNMENT
     merged = sorted(name for name in (p.name.removeprefix("merged-") for p in folder.glob("merged-*")
                                       if p.is_dir() and any(c.is_dir() and "." not in c.name for c in p.iterdir()))
-                    if re.fullmatch(r"[01](?:\.[0-9]+)?", name))  # a merge that holds a language's adapter
+                    if re.fullmatch(WEIGHT, name))  # a merge that holds a language's adapter
     if len(merged) == 1:
         return float(merged[0])
     if not merged:

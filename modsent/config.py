@@ -348,9 +348,8 @@ def source_errors(config: dict) -> list[str]:
     langs = [code for code in config.get("languages") or [] if registry.is_registered(code)]
     for lang in langs:
         for key, spec in corpus_sources(config, lang):
-            if isinstance(spec, str) and spec.startswith("builtin:"):
-                named = f"{key}: {spec!r}: the built-in corpus has no named sets; write 'builtin'"
-                problems += [named] if named not in problems else []  # once, not once per language
+            if isinstance(spec, str) and spec.startswith("builtin:"):  # (check_config lists a problem once)
+                problems.append(f"{key}: {spec!r}: the built-in corpus has no named sets; write 'builtin'")
             elif spec == "builtin" and lang not in SUPPORTED_LANGUAGES:
                 problems.append(f"{key}: the built-in data has no text in {lang!r}; built-in languages: "
                                 f"{', '.join(SUPPORTED_LANGUAGES)}")
@@ -689,18 +688,12 @@ def _dataset_label_errors(config: dict, filled: dict) -> list[str]:
     pair of it only after the data, translation included, were made. The labels are known from
     the config (:func:`_labels_of`); with a source that cannot be read as given (source_errors
     says so) nothing is said here."""
-    from modsent.io import InputError
-    from modsent.sources.prepare import paraphrase_labels
-
     paraphrases = config.get("paraphrases")
     if not isinstance(paraphrases, dict) or not paraphrases:
         return []
-    labels: dict[str, str] = {}
-    for key, spec in paraphrases.items():
-        try:
-            labels.update(dict.fromkeys(paraphrase_labels(key, spec), key))
-        except (InputError, KeyError, TypeError):
-            return []
+    labels = _labels_of(config, list(paraphrases))
+    if set(labels.values()) != set(paraphrases):  # every source gives a label; one that gave none is unreadable
+        return []
     problems = []
     builtin = [label for label, key in labels.items() if str(paraphrases[key].get("source")).startswith("builtin")]
     wanted_builtin = {label for settings in filled.values() if isinstance(settings.get("datasets"), list)

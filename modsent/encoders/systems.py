@@ -168,7 +168,8 @@ FIXED = {
     "Mod_mc-pl": Variant("Mod_mc-pl", "SE + CLA trained on parallel sentences", cla="pl"),
 }
 ABLATIONS = ("Mod_m-LA", "Mod_c")
-MERGED = re.compile(r"Mod_mc(?:-([01](?:\.[0-9]+)?))?$")
+WEIGHT = r"[01](?:\.[0-9]+)?"  # a merge weight as names and paths spell it (Mod_mc-0.7, merged-0.7)
+MERGED = re.compile(rf"Mod_mc(?:-({WEIGHT}))?$")
 
 
 def weight_name(weight: float) -> str:
@@ -236,7 +237,7 @@ def name_pattern(method_names: Sequence[str] = ()) -> str:
     """The regular expression of every system name (the workflow's ``variant`` wildcard
     constraint): the paper's systems, ``Mod_mc-{w}`` for any weight and ``method_names``."""
     fixed = [BASE, *FULL_BASELINES, *FIXED, *ABLATIONS, *method_names]
-    return "|".join([re.escape(name) for name in fixed] + [r"Mod_mc(?:-[01](?:\.[0-9]+)?)?"])
+    return "|".join([re.escape(name) for name in fixed] + [rf"Mod_mc(?:-{WEIGHT})?"])
 
 
 def group_pattern(method_names: Sequence[str] = ()) -> str:
