@@ -71,6 +71,21 @@ def load_benchmark(name: str):
     return bench
 
 
+def run_card_usage(card: str, path, texts, **encode) -> dict:
+    """Run the ``## Usage`` code of model card text ``card`` on the model at ``path``, its one
+    ``model.encode([...])`` encoding ``texts`` (with ``encode``'s options): the code's variables
+    (``model``, ``embeddings``), and the code as it ran under ``CODE``."""
+    import re
+
+    code = re.search(r"## Usage\n\n```python\n(.*?)```", card, re.S).group(1)
+    assert code.count("model.encode([...])") == 1, code
+    code = re.sub(r'"(PATH_OR_HUB_ID|PATH)"', repr(str(path)), code).replace("model.encode([...])",
+                                                                             "model.encode(TEXTS, **ENCODE)")
+    scope = {"TEXTS": texts, "ENCODE": encode, "CODE": code}
+    exec(compile(code, "the model card's usage", "exec"), scope)
+    return scope
+
+
 def reversed_keys(value):
     """``value`` with every mapping's keys in reverse order: the same configuration, spelled otherwise."""
     if isinstance(value, dict):

@@ -6,7 +6,6 @@ sentence-transformers, `modsent encode`), resumption bit for bit, the config rul
 
 import json
 import math
-import re
 import shutil
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import run_card_usage
 from modsent import losses, methods
 from modsent.encoders import intemats as ie
 from modsent.encoders import transformer as tf
@@ -444,11 +444,9 @@ def test_storage_dtype_float16_rounds_the_backbone_and_the_fusion_keeps_the_adap
     from modsent import cards
 
     card = cards.system_card(system=intemats.FUSED, system_dir=tmp_path / intemats.FUSED, base_model=None)
-    code = re.search(r"## Usage\n\n```python\n(.*?)```", card, re.S).group(1)
-    assert "trust_remote_code" not in code and 'load_sentence_transformer("PATH")' in code
-    scope = {"TEXTS": TEXTS}
-    exec(code.replace('"PATH"', repr(str(tmp_path / intemats.FUSED)))
-         .replace("model.encode([...])", "model.encode(TEXTS, normalize_embeddings=True)"), scope)
+    scope = run_card_usage(card, tmp_path / intemats.FUSED, TEXTS, normalize_embeddings=True)
+    assert "trust_remote_code" not in scope["CODE"]
+    assert f"load_sentence_transformer({str(tmp_path / intemats.FUSED)!r})" in scope["CODE"]
     assert {p.dtype for p in scope["model"].parameters()} == {torch.float32}
     assert np.array_equal(scope["embeddings"], b)
 

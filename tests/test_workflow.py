@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from modsent.schema import SCHEMA_PATH
-from conftest import REPO, load_benchmark, reversed_keys, snakemake_exe
+from conftest import REPO, load_benchmark, reversed_keys, run_card_usage, snakemake_exe
 
 pytestmark = pytest.mark.workflow
 CONFIG = REPO / "configs" / "test.yaml"
@@ -385,20 +385,6 @@ def test_export_writes_a_model_card_and_push_uses_the_hub_s_upload(run, tmp_path
     assert main(["push", str(out), "--repo-id", "org/ky-encoder"]) == 2 and len(calls) == 2  # no card, no upload
 
 
-def card_usage_encodes(export: Path, texts: list[str]):
-    """Run the ``## Usage`` code of an export's model card on ``export``, encoding ``texts``."""
-    import numpy as np
-
-    card = (export / "README.md").read_text(encoding="utf-8")
-    code = re.search(r"## Usage\n\n```python\n(.*?)```", card, re.S).group(1)
-    assert code.count("model.encode([...])") == 1, code
-    code = re.sub(r'"(PATH_OR_HUB_ID|PATH)"', repr(str(export)), code).replace("model.encode([...])",
-                                                                               "model.encode(TEXTS)")
-    scope = {"TEXTS": texts}
-    exec(compile(code, str(export / "README.md"), "exec"), scope)
-    return np.asarray(scope["embeddings"], dtype=np.float32)
-
-
 def test_every_kind_of_exported_system_encodes_what_the_evaluation_stored(run, tmp_path, capsys):
     """Exports equal what was evaluated: for each kind of system (the base; a merged modular system
     of a weight other than the default; the two ablations; a full baseline stored in float16 and
@@ -420,7 +406,8 @@ def test_every_kind_of_exported_system_encodes_what_the_evaluation_stored(run, t
         out = tmp_path / system
         assert main(["export", "--model", str(results), "--variant", system, "--lang", "ky", "--out", str(out),
                      "--device", "cpu"]) == 0, capsys.readouterr().err
-        exported = card_usage_encodes(out, texts)
+        card = (out / "README.md").read_text(encoding="utf-8")
+        exported = np.asarray(run_card_usage(card, out, texts)["embeddings"], dtype=np.float32)
         evaluated = table.embeddings[:12]
         cosines = (exported * evaluated).sum(1) / np.linalg.norm(exported, axis=1) / np.linalg.norm(evaluated, axis=1)
         # tight: the tiny systems are close to each other (Mod_mc-0.5 against -0.7: 0.99992 here)
